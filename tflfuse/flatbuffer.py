@@ -1,0 +1,546 @@
+""".tflite bytes <-> `tflfuse.ir.Model`: the only module that touches the flatbuffer schema.
+
+Reading goes through the schema object API and `flatbuffer_utils` shipped in ai-edge-litert (with
+TensorFlow's copy as a fallback), so buffers stored by offset and large custom options are resolved
+by the library that defines them. Writing packs a `ModelT` and aligns every constant buffer to 16
+bytes, as the TFLite converter does. Models whose constants do not fit in a 2 GiB flatbuffer are
+written with buffers stored by offset after the flatbuffer.
+
+Anything wrong with the bytes becomes a `ModelError` naming the file: a corrupt model is user input,
+not a bug, and must never surface as a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tflfuse.errors import ModelError
+from tflfuse.files import atomic_write_bytes
+from tflfuse.ir import NUMPY_DTYPES, Graph, IRError, Model, Op, Quantization, Signature, Tensor
+
+try:  # one place decides where the schema comes from
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.tools import flatbuffer_utils
+except ImportError:  # pragma: no cover - exercised only where ai-edge-litert is missing
+    from tensorflow.lite.python import schema_py_generated as schema  # type: ignore[no-redef]
+    from tensorflow.lite.tools import flatbuffer_utils  # type: ignore[no-redef]
+
+import flatbuffers
+
+FILE_IDENTIFIER = b"TFL3"
+_FLATBUFFER_LIMIT = 2**31 - 2**24  # leave room for the non-buffer part of the model
+_BUFFER_ALIGNMENT = 16
+_ENUM_FIELDS = {"fusedActivationFunction": "activation", "padding": "padding"}
+
+
+# -- schema enums as name tables ---------------------------------------------------------------
+def _enum(cls: type) -> dict[int, str]:
+    return {v: k for k, v in vars(cls).items() if not k.startswith("_") and isinstance(v, int)}
+
+
+OP_NAMES = _enum(schema.BuiltinOperator)
+OP_CODES = {v: k for k, v in OP_NAMES.items()}
+TYPE_NAMES = _enum(schema.TensorType)
+TYPE_CODES = {v: k for k, v in TYPE_NAMES.items()}
+_OPTIONS_NAMES = _enum(schema.BuiltinOptions)
+_OPTIONS2_NAMES = _enum(schema.BuiltinOptions2)
+_ENUMS = {
+    "activation": _enum(schema.ActivationFunctionType),
+    "padding": _enum(schema.Padding),
+}
+_ENUM_CODES = {kind: {v: k for k, v in table.items()} for kind, table in _ENUMS.items()}
+
+# Ops whose options table is not simply CamelCase(op name) + "Options".
+_OPTIONS_FOR_OP = {
+    "AVERAGE_POOL_2D": "Pool2DOptions",
+    "MAX_POOL_2D": "Pool2DOptions",
+    "L2_POOL_2D": "Pool2DOptions",
+    "MEAN": "ReducerOptions",
+    "SUM": "ReducerOptions",
+    "REDUCE_MAX": "ReducerOptions",
+    "REDUCE_MIN": "ReducerOptions",
+    "REDUCE_PROD": "ReducerOptions",
+    "REDUCE_ANY": "ReducerOptions",
+    "MAXIMUM": "MaximumMinimumOptions",
+    "MINIMUM": "MaximumMinimumOptions",
+    "CONCATENATION": "ConcatenationOptions",
+    "DEPTHWISE_CONV_2D": "DepthwiseConv2DOptions",
+    "CONV_2D": "Conv2DOptions",
+    "CONV_3D": "Conv3DOptions",
+    "L2_NORMALIZATION": "L2NormOptions",
+    "SELECT_V2": "SelectV2Options",
+    "BATCH_MATMUL": "BatchMatMulOptions",
+    "PADV2": "PadV2Options",
+}
+
+
+def options_type_for(op_type: str) -> str | None:
+    """The BuiltinOptions table an op of this type carries, or None if it takes none."""
+    if op_type in _OPTIONS_FOR_OP:
+        return _OPTIONS_FOR_OP[op_type]
+    camel = "".join(part.capitalize() for part in op_type.split("_")) + "Options"
+    return camel if camel in _OPTIONS_NAMES.values() else None
+
+
+@functools.cache
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+@functools.cache
+def _camel_fields(cls: type) -> dict[str, str]:
+    """snake_case -> camelCase attribute names of one options class."""
+    return {_snake(k): k for k in vars(cls()).keys()}
+
+
+def _options_to_dict(obj: Any) -> dict[str, Any]:
+    out = {}
+    for key, value in vars(obj).items():
+        kind = _ENUM_FIELDS.get(key)
+        if kind is not None and value in _ENUMS[kind]:
+            value = _ENUMS[kind][value]
+        elif isinstance(value, np.ndarray):
+            value = value.tolist()
+        out[_snake(key)] = value
+    return out
+
+
+def _options_from_dict(options_type: str, values: dict[str, Any]) -> Any:
+    cls = getattr(schema, options_type + "T", None)
+    if cls is None:
+        raise IRError(f"unknown options table {options_type!r}")
+    obj = cls()
+    fields = _camel_fields(cls)
+    for key, value in values.items():
+        attr = fields.get(key)
+        if attr is None:
+            raise IRError(f"{options_type} has no field {key!r}")
+        kind = _ENUM_FIELDS.get(attr)
+        if kind is not None and isinstance(value, str):
+            value = _ENUM_CODES[kind][value]
+        setattr(obj, attr, value)
+    return obj
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else value.decode("utf-8", "surrogateescape")
+
+
+def _utf8(value: str) -> bytes:
+    return value.encode("utf-8", "surrogateescape")
+
+
+# -- reading -----------------------------------------------------------------------------------
+def load(path: str | Path) -> Model:
+    """Read a .tflite file into a Model; any problem with the file raises ModelError."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(p, "no such file")
+    if p.is_dir():
+        raise ModelError(p, "is a directory, not a .tflite file")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise ModelError(p, f"cannot read: {exc.strerror or exc}") from None
+    return from_bytes(data, source=p)
+
+
+def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model:
+    """Parse .tflite bytes into a Model; corrupt or foreign bytes raise ModelError."""
+    if len(data) == 0:
+        raise ModelError(source, "file is empty")
+    if len(data) < 8:
+        raise ModelError(source, f"file is truncated ({len(data)} bytes)")
+    ident = bytes(data[4:8])
+    if ident != FILE_IDENTIFIER:
+        raise ModelError(
+            source, f"not a TFLite model (file identifier {ident!r}, expected {FILE_IDENTIFIER!r})"
+        )
+    try:
+        model_t = flatbuffer_utils.read_model_from_bytearray(bytearray(data))
+        model = _model_from_object(model_t)
+        model.validate()
+    except ModelError:
+        raise
+    except (IRError, _Corrupt) as exc:
+        raise ModelError(source, f"not a valid TFLite model: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the bytes are untrusted input; any failure is theirs
+        raise ModelError(
+            source, f"not a valid TFLite model (corrupt flatbuffer: {type(exc).__name__})"
+        ) from None
+    return model
+
+
+class _Corrupt(Exception):
+    """An index or size inside the flatbuffer points nowhere."""
+
+
+def _at(items: list, index: int, what: str) -> Any:
+    if not isinstance(index, (int, np.integer)) or not 0 <= index < len(items):
+        raise _Corrupt(f"{what} index {index} out of range (0..{len(items) - 1})")
+    return items[index]
+
+
+def _model_from_object(m: Any) -> Model:
+    buffers = m.buffers or []
+    codes = []
+    for code in m.operatorCodes or []:
+        number = max(code.builtinCode, code.deprecatedBuiltinCode)
+        if number not in OP_NAMES:
+            raise _Corrupt(f"unknown builtin operator code {number}")
+        codes.append((OP_NAMES[number], _text(code.customCode) or None, code.version or 1))
+
+    shared: dict[tuple, np.ndarray] = {}  # tensors sharing a buffer share one array
+    subgraphs = [_graph_from_object(sg, i, codes, buffers, shared) for i, sg in enumerate(m.subgraphs or [])]
+    metadata = {}
+    for entry in m.metadata or []:
+        buf = _at(buffers, entry.buffer, "metadata buffer")
+        metadata[_text(entry.name)] = bytes(buf.data) if buf.data is not None else b""
+    signatures = []
+    for sig in m.signatureDefs or []:
+        graph = _at(subgraphs, sig.subgraphIndex, "signature subgraph")
+        signatures.append(
+            Signature(
+                key=_text(sig.signatureKey),
+                subgraph=sig.subgraphIndex,
+                inputs={_text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor") for t in sig.inputs or []},
+                outputs={_text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor") for t in sig.outputs or []},
+            )
+        )
+    extra = {
+        k: v
+        for k, v in (("externalBufferGroups", m.externalBufferGroups), ("externalBuffers", m.externalBuffers))
+        if v
+    }
+    return Model(subgraphs, _text(m.description), m.version, metadata, signatures, extra)
+
+
+def _graph_from_object(sg: Any, index: int, codes: list, buffers: list, shared: dict) -> Graph:
+    tensors = [_tensor_from_object(t, buffers, shared) for t in sg.tensors or []]
+    ops = []
+    for o in sg.operators or []:
+        op_type, custom_code, version = _at(codes, o.opcodeIndex, "operator code")
+        ins = [None if i == -1 else _at(tensors, i, "tensor") for i in o.inputs or []]
+        outs = [_at(tensors, i, "tensor") for i in o.outputs or []]
+        options_type = _OPTIONS_NAMES.get(o.builtinOptionsType) if o.builtinOptionsType else None
+        options = _options_to_dict(o.builtinOptions) if o.builtinOptions is not None else {}
+        extra: dict[str, Any] = {}
+        if o.builtinOptions2Type:
+            extra["options2_type"] = _OPTIONS2_NAMES.get(o.builtinOptions2Type)
+            extra["options2"] = o.builtinOptions2
+        if o.mutatingVariableInputs:
+            extra["mutating_variable_inputs"] = list(o.mutatingVariableInputs)
+        if o.customOptionsFormat:
+            extra["custom_options_format"] = o.customOptionsFormat
+        custom = bytes(np.asarray(o.customOptions, dtype=np.uint8)) if o.customOptions is not None else None
+        try:
+            op = Op(
+                op_type, ins, outs, options,
+                version=version, custom_code=custom_code, custom_options=custom,
+                options_type=options_type,
+                intermediates=[_at(tensors, i, "tensor") for i in o.intermediates or []],
+                extra=extra,
+            )
+        except IRError as exc:
+            raise _Corrupt(str(exc)) from None
+        ops.append(op)
+    return Graph(
+        name=_text(sg.name) or ("main" if index == 0 else f"subgraph_{index}"),
+        ops=ops,
+        tensors=tensors,
+        inputs=[_at(tensors, i, "tensor") for i in sg.inputs or []],
+        outputs=[_at(tensors, i, "tensor") for i in sg.outputs or []],
+        extra={"had_name": bool(sg.name), "debug_metadata_index": sg.debugMetadataIndex},
+    )
+
+
+def _tensor_from_object(t: Any, buffers: list, shared: dict) -> Tensor:
+    dtype = TYPE_NAMES.get(t.type)
+    if dtype is None:
+        raise _Corrupt(f"unknown tensor type {t.type}")
+    shape = tuple(int(d) for d in (t.shape or ()))
+    buf = _at(buffers, t.buffer, "buffer") if buffers else None
+    data = None
+    if buf is not None and buf.data is not None and len(buf.data) > 0:
+        key = (t.buffer, dtype, shape)
+        data = shared.get(key)
+        if data is None:
+            data = _array(buf.data, dtype, shape)
+            shared[key] = data
+    extra: dict[str, Any] = {}
+    if t.sparsity is not None:
+        extra["sparsity"] = t.sparsity
+    if t.variantTensors:
+        extra["variant_tensors"] = t.variantTensors
+    if t.hasRank:
+        extra["has_rank"] = True
+    if t.externalBuffer:
+        extra["external_buffer"] = t.externalBuffer
+    return Tensor(
+        _text(t.name), shape, dtype, data, _quantization_from_object(t.quantization),
+        shape_signature=None if t.shapeSignature is None else [int(d) for d in t.shapeSignature],
+        is_variable=bool(t.isVariable), extra=extra,
+    )
+
+
+def _array(raw: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A constant's bytes as an array of its type and shape, or raw uint8 when they do not fit."""
+    flat = np.frombuffer(bytes(raw) if not isinstance(raw, np.ndarray) else raw, dtype=np.uint8)
+    np_dtype = NUMPY_DTYPES.get(dtype)
+    if np_dtype is None or any(d < 0 for d in shape):
+        return flat
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if count * np_dtype.itemsize != flat.size:
+        return flat
+    return flat.view(np_dtype).reshape(shape)
+
+
+def _quantization_from_object(q: Any) -> Quantization | None:
+    if q is None:
+        return None
+
+    def arr(v: Any, dt: str) -> np.ndarray | None:
+        return None if v is None else np.asarray(v, dtype=dt)
+
+    return Quantization(
+        scale=arr(q.scale, "<f4"),
+        zero_point=arr(q.zeroPoint, "<i8"),
+        axis=int(q.quantizedDimension),
+        min=arr(q.min, "<f4"),
+        max=arr(q.max, "<f4"),
+        details=q.details if q.detailsType else None,
+    )
+
+
+# -- writing -----------------------------------------------------------------------------------
+def save(model: Model, path: str | Path) -> int:
+    """Write the model atomically (temp file + rename). Returns the number of bytes written."""
+    data = to_bytes(model)
+    atomic_write_bytes(Path(path), data)
+    return len(data)
+
+
+def to_bytes(model: Model, *, buffers_by_offset: bool | None = None) -> bytes:
+    """Serialize a Model. `buffers_by_offset=None` chooses offsets only when the model needs them."""
+    writer = _Writer(model)
+    model_t = writer.build()
+    total = sum(len(b.data) for b in model_t.buffers if b.data is not None)
+    if buffers_by_offset is None:
+        buffers_by_offset = total > _FLATBUFFER_LIMIT
+    if not buffers_by_offset:
+        return bytes(_pack(model_t))
+    return _pack_with_offsets(model_t)
+
+
+class _AlignedBufferT(schema.BufferT):
+    """A Buffer whose data vector starts on a 16-byte boundary (kernels may read it in place)."""
+
+    def Pack(self, builder: flatbuffers.Builder) -> int:  # noqa: N802 - schema API name
+        data = None
+        if self.data is not None:
+            payload = self.data.tobytes()
+            builder.StartVector(1, len(payload), _BUFFER_ALIGNMENT)
+            builder.head -= len(payload)
+            builder.Bytes[builder.head : builder.head + len(payload)] = payload
+            builder.vectorNumElems = len(payload)
+            data = builder.EndVector()
+        schema.BufferStart(builder)
+        if data is not None:
+            schema.BufferAddData(builder, data)
+        schema.BufferAddOffset(builder, self.offset)
+        schema.BufferAddSize(builder, self.size)
+        return schema.BufferEnd(builder)
+
+
+def _pack(model_t: Any) -> bytearray:
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(model_t.Pack(builder), file_identifier=FILE_IDENTIFIER)
+    return builder.Output()
+
+
+def _pack_with_offsets(model_t: Any) -> bytes:
+    """Constants go after the flatbuffer; each Buffer records its offset and size."""
+    payloads = []
+    for b in model_t.buffers:
+        if b.data is not None and len(b.data):
+            payloads.append(b.data)
+            b.data, b.offset, b.size = None, 1, 1  # placeholders so the fields are written
+        else:
+            payloads.append(None)
+    head = _pack(model_t)
+    packed = schema.Model.GetRootAs(head, 0)
+    tail = bytearray()
+    start = -(-len(head) // _BUFFER_ALIGNMENT) * _BUFFER_ALIGNMENT
+    for i, payload in enumerate(payloads):
+        if payload is None:
+            continue
+        pad = (-(start + len(tail))) % _BUFFER_ALIGNMENT
+        tail += b"\0" * pad
+        flatbuffer_utils.update_packed_buffer(
+            packed.Buffers(i), offset=start + len(tail), size=payload.size
+        )
+        tail += payload.tobytes()
+    return bytes(head) + b"\0" * (start - len(head)) + bytes(tail)
+
+
+class _Writer:
+    """IR -> ModelT, assigning tensor, buffer and opcode indices."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.buffers: list[Any] = [_AlignedBufferT()]
+        self.buffer_of: dict[int, int] = {}
+        self.codes: list[Any] = []
+        self.code_of: dict[tuple, int] = {}
+
+    def build(self) -> Any:
+        m = schema.ModelT()
+        m.version = self.model.version
+        m.description = _utf8(self.model.description) if self.model.description else None
+        m.subgraphs = []
+        indices = []
+        for graph in self.model.subgraphs:
+            sg, index_of = self._subgraph(graph)
+            m.subgraphs.append(sg)
+            indices.append(index_of)
+        m.operatorCodes = self.codes
+        m.metadata = []
+        for name, payload in self.model.metadata.items():
+            entry = schema.MetadataT()
+            entry.name = _utf8(name)
+            entry.buffer = self._buffer(np.frombuffer(payload, dtype=np.uint8), key=None)
+            m.metadata.append(entry)
+        m.metadata = m.metadata or None
+        m.signatureDefs = [self._signature(s, indices[s.subgraph]) for s in self.model.signatures] or None
+        m.buffers = self.buffers
+        for key, value in self.model.extra.items():
+            setattr(m, key, value)
+        return m
+
+    def _buffer(self, data: np.ndarray | None, key: int | None) -> int:
+        if data is None:
+            return 0
+        if key is not None and key in self.buffer_of:
+            return self.buffer_of[key]
+        b = _AlignedBufferT()
+        b.data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self.buffers.append(b)
+        index = len(self.buffers) - 1
+        if key is not None:
+            self.buffer_of[key] = index
+        return index
+
+    def _opcode(self, op: Op) -> int:
+        key = (op.type, op.custom_code, op.version)
+        if key not in self.code_of:
+            if op.type not in OP_CODES:
+                raise IRError(f"unknown op type {op.type!r}")
+            c = schema.OperatorCodeT()
+            c.builtinCode = OP_CODES[op.type]
+            c.deprecatedBuiltinCode = min(c.builtinCode, schema.BuiltinOperator.PLACEHOLDER_FOR_GREATER_OP_CODES)
+            c.customCode = _utf8(op.custom_code) if op.custom_code else None
+            c.version = op.version
+            self.code_of[key] = len(self.codes)
+            self.codes.append(c)
+        return self.code_of[key]
+
+    def _subgraph(self, graph: Graph) -> tuple[Any, dict[Tensor, int]]:
+        ordered = list(graph.tensors)
+        index_of = {t: i for i, t in enumerate(ordered)}
+        referenced = [
+            t
+            for op in graph.ops
+            for t in (*op.inputs, *op.outputs, *op.intermediates)
+            if t is not None
+        ] + graph.inputs + graph.outputs
+        for t in referenced:  # tolerate a rule that wired a tensor it did not register
+            if t not in index_of:
+                index_of[t] = len(ordered)
+                ordered.append(t)
+        sg = schema.SubGraphT()
+        sg.name = _utf8(graph.name) if graph.extra.get("had_name", True) else None
+        sg.debugMetadataIndex = graph.extra.get("debug_metadata_index", -1)
+        sg.tensors = [self._tensor(t) for t in ordered]
+        sg.inputs = [index_of[t] for t in graph.inputs]
+        sg.outputs = [index_of[t] for t in graph.outputs]
+        sg.operators = [self._operator(op, index_of) for op in graph.ops]
+        return sg, index_of
+
+    def _tensor(self, t: Tensor) -> Any:
+        o = schema.TensorT()
+        o.name = _utf8(t.name)
+        o.shape = list(t.shape)
+        o.type = TYPE_CODES[t.dtype]
+        o.buffer = self._buffer(t.data, key=id(t.data) if t.data is not None else None)
+        o.isVariable = t.is_variable
+        o.shapeSignature = list(t.shape_signature) if t.shape_signature is not None else None
+        o.quantization = _quantization_to_object(t.quantization)
+        o.sparsity = t.extra.get("sparsity")
+        o.variantTensors = t.extra.get("variant_tensors")
+        o.hasRank = t.extra.get("has_rank", False)
+        o.externalBuffer = t.extra.get("external_buffer", 0)
+        return o
+
+    def _operator(self, op: Op, index_of: dict[Tensor, int]) -> Any:
+        o = schema.OperatorT()
+        o.opcodeIndex = self._opcode(op)
+        o.inputs = [-1 if t is None else index_of[t] for t in op.inputs]
+        o.outputs = [index_of[t] for t in op.outputs]
+        options_type = op.options_type or (options_type_for(op.type) if op.options else None)
+        if options_type is not None:
+            o.builtinOptionsType = getattr(schema.BuiltinOptions, options_type)
+            o.builtinOptions = _options_from_dict(options_type, op.options)
+        if op.extra.get("options2_type"):
+            o.builtinOptions2Type = getattr(schema.BuiltinOptions2, op.extra["options2_type"])
+            o.builtinOptions2 = op.extra["options2"]
+        if op.custom_options is not None:
+            o.customOptions = np.frombuffer(op.custom_options, dtype=np.uint8)
+        o.customOptionsFormat = op.extra.get("custom_options_format", 0)
+        o.mutatingVariableInputs = op.extra.get("mutating_variable_inputs")
+        o.intermediates = [index_of[t] for t in op.intermediates] or None
+        return o
+
+    def _signature(self, s: Signature, index_of: dict[Tensor, int]) -> Any:
+        o = schema.SignatureDefT()
+        o.signatureKey = _utf8(s.key)
+        o.subgraphIndex = s.subgraph
+
+        def maps(named: dict[str, Tensor]) -> list:
+            out = []
+            for name, t in named.items():
+                tm = schema.TensorMapT()
+                tm.name = _utf8(name)
+                tm.tensorIndex = index_of[t]
+                out.append(tm)
+            return out
+
+        o.inputs = maps(s.inputs)
+        o.outputs = maps(s.outputs)
+        return o
+
+
+def _quantization_to_object(q: Quantization | None) -> Any:
+    if q is None:
+        return None
+    o = schema.QuantizationParametersT()
+    o.scale = None if q.scale is None else q.scale.astype("<f4").tolist()
+    o.zeroPoint = None if q.zero_point is None else q.zero_point.astype("<i8").tolist()
+    o.min = None if q.min is None else q.min.astype("<f4").tolist()
+    o.max = None if q.max is None else q.max.astype("<f4").tolist()
+    o.quantizedDimension = q.axis
+    if q.details is not None:
+        o.details = q.details
+        o.detailsType = _details_type(q.details)
+    return o
+
+
+def _details_type(details: Any) -> int:
+    name = type(details).__name__.removesuffix("T")
+    return getattr(schema.QuantizationDetails, name)

@@ -1,0 +1,101 @@
+"""Are two models the same function? Run both on the same seeded inputs and compare outputs.
+
+Models are run in one interpreter each, invoked once per input set in order, so stateful models
+(variables, streaming) are compared over the same sequence. `Agreement.varies` says whether the
+reference output changed with the input at all: a constant output makes any equality vacuous.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tflfuse.runtime import make_interpreter
+
+
+@dataclass
+class Agreement:
+    """How closely `candidate` reproduced `reference` on the same inputs."""
+
+    max_abs: float
+    max_rel: float
+    identical: bool
+    varies: bool
+    runs: int
+
+    def within(self, atol: float, rtol: float) -> bool:
+        return self.max_abs <= atol or self.max_rel <= rtol
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def seeded_inputs(interp: Any, seed: int, runs: int) -> list[list[np.ndarray]]:
+    """`runs` sets of random inputs matching the interpreter's input details."""
+    rng = np.random.default_rng(seed)
+    sets = []
+    for _ in range(runs):
+        one = []
+        for d in interp.get_input_details():
+            shape, dtype = tuple(int(s) for s in d["shape"]), np.dtype(d["dtype"])
+            if dtype.kind == "f":
+                one.append(rng.uniform(-1.0, 1.0, shape).astype(dtype))
+            elif dtype == np.bool_:
+                one.append(rng.integers(0, 2, shape).astype(bool))
+            elif dtype.kind in "iu" and dtype.itemsize == 1:
+                info = np.iinfo(dtype)
+                one.append(rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype))
+            elif dtype.kind in "iu":
+                one.append(rng.integers(0, 10, shape).astype(dtype))
+            else:
+                raise ValueError(f"cannot generate inputs of dtype {dtype}")
+        sets.append(one)
+    return sets
+
+
+def run(model: bytes, inputs: list[list[np.ndarray]], delegate: str = "none") -> list[list[np.ndarray]]:
+    """Outputs of `model` for each input set, in output-detail order."""
+    interp = make_interpreter(model, delegate=delegate)
+    in_details = interp.get_input_details()
+    out_details = interp.get_output_details()
+    results = []
+    for one in inputs:
+        for d, value in zip(in_details, one):
+            interp.set_tensor(d["index"], value)
+        interp.invoke()
+        results.append([interp.get_tensor(d["index"]).copy() for d in out_details])
+    return results
+
+
+def _as_real(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float64) if x.dtype.kind in "fiub" else np.abs(x).astype(np.float64)
+
+
+def compare(
+    reference: bytes, candidate: bytes, *, seed: int = 0, runs: int = 3, delegate: str = "none"
+) -> Agreement:
+    """Run both models on the same `runs` seeded input sets and measure the worst difference."""
+    ref_interp = make_interpreter(reference, delegate=delegate)
+    inputs = seeded_inputs(ref_interp, seed, runs)
+    ref = run(reference, inputs, delegate)
+    cand = run(candidate, inputs, delegate)
+    max_abs = max_rel = 0.0
+    identical = True
+    for r_set, c_set in zip(ref, cand):
+        if len(r_set) != len(c_set):
+            return Agreement(float("inf"), float("inf"), False, True, runs)
+        for r, c in zip(r_set, c_set):
+            if r.shape != c.shape:
+                return Agreement(float("inf"), float("inf"), False, True, runs)
+            identical &= r.dtype == c.dtype and r.tobytes() == c.tobytes()
+            diff = np.abs(_as_real(r) - _as_real(c))
+            if diff.size:
+                max_abs = max(max_abs, float(diff.max()))
+                scale = np.maximum(np.abs(_as_real(r)), 1e-6)
+                max_rel = max(max_rel, float((diff / scale).max()))
+    varies = runs > 1 and any(
+        not np.array_equal(ref[0][k], ref[i][k]) for i in range(1, runs) for k in range(len(ref[0]))
+    )
+    return Agreement(max_abs, max_rel, identical, varies, runs)
