@@ -95,7 +95,7 @@ def _snake(name: str) -> str:
 @functools.cache
 def _camel_fields(cls: type) -> dict[str, str]:
     """snake_case -> camelCase attribute names of one options class."""
-    return {_snake(k): k for k in vars(cls()).keys()}
+    return {_snake(k): k for k in vars(cls())}
 
 
 def _options_to_dict(obj: Any) -> dict[str, Any]:
@@ -169,22 +169,22 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
         model.validate()
     except ModelError:
         raise
-    except (IRError, _Corrupt) as exc:
+    except (IRError, _CorruptError) as exc:
         raise ModelError(source, f"not a valid TFLite model: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the bytes are untrusted input; any failure is theirs
+    except Exception as exc:
         raise ModelError(
             source, f"not a valid TFLite model (corrupt flatbuffer: {type(exc).__name__})"
         ) from None
     return model
 
 
-class _Corrupt(Exception):
+class _CorruptError(Exception):
     """An index or size inside the flatbuffer points nowhere."""
 
 
 def _at(items: list, index: int, what: str) -> Any:
     if not isinstance(index, (int, np.integer)) or not 0 <= index < len(items):
-        raise _Corrupt(f"{what} index {index} out of range (0..{len(items) - 1})")
+        raise _CorruptError(f"{what} index {index} out of range (0..{len(items) - 1})")
     return items[index]
 
 
@@ -194,11 +194,13 @@ def _model_from_object(m: Any) -> Model:
     for code in m.operatorCodes or []:
         number = max(code.builtinCode, code.deprecatedBuiltinCode)
         if number not in OP_NAMES:
-            raise _Corrupt(f"unknown builtin operator code {number}")
+            raise _CorruptError(f"unknown builtin operator code {number}")
         codes.append((OP_NAMES[number], _text(code.customCode) or None, code.version or 1))
 
     shared: dict[tuple, np.ndarray] = {}  # tensors sharing a buffer share one array
-    subgraphs = [_graph_from_object(sg, i, codes, buffers, shared) for i, sg in enumerate(m.subgraphs or [])]
+    subgraphs = [
+        _graph_from_object(sg, i, codes, buffers, shared) for i, sg in enumerate(m.subgraphs or [])
+    ]
     metadata = {}
     for entry in m.metadata or []:
         buf = _at(buffers, entry.buffer, "metadata buffer")
@@ -210,13 +212,22 @@ def _model_from_object(m: Any) -> Model:
             Signature(
                 key=_text(sig.signatureKey),
                 subgraph=sig.subgraphIndex,
-                inputs={_text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor") for t in sig.inputs or []},
-                outputs={_text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor") for t in sig.outputs or []},
+                inputs={
+                    _text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor")
+                    for t in sig.inputs or []
+                },
+                outputs={
+                    _text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor")
+                    for t in sig.outputs or []
+                },
             )
         )
     extra = {
         k: v
-        for k, v in (("externalBufferGroups", m.externalBufferGroups), ("externalBuffers", m.externalBuffers))
+        for k, v in (
+            ("externalBufferGroups", m.externalBufferGroups),
+            ("externalBuffers", m.externalBuffers),
+        )
         if v
     }
     return Model(subgraphs, _text(m.description), m.version, metadata, signatures, extra)
@@ -239,17 +250,26 @@ def _graph_from_object(sg: Any, index: int, codes: list, buffers: list, shared: 
             extra["mutating_variable_inputs"] = list(o.mutatingVariableInputs)
         if o.customOptionsFormat:
             extra["custom_options_format"] = o.customOptionsFormat
-        custom = bytes(np.asarray(o.customOptions, dtype=np.uint8)) if o.customOptions is not None else None
+        custom = (
+            bytes(np.asarray(o.customOptions, dtype=np.uint8))
+            if o.customOptions is not None
+            else None
+        )
         try:
             op = Op(
-                op_type, ins, outs, options,
-                version=version, custom_code=custom_code, custom_options=custom,
+                op_type,
+                ins,
+                outs,
+                options,
+                version=version,
+                custom_code=custom_code,
+                custom_options=custom,
                 options_type=options_type,
                 intermediates=[_at(tensors, i, "tensor") for i in o.intermediates or []],
                 extra=extra,
             )
         except IRError as exc:
-            raise _Corrupt(str(exc)) from None
+            raise _CorruptError(str(exc)) from None
         ops.append(op)
     return Graph(
         name=_text(sg.name) or ("main" if index == 0 else f"subgraph_{index}"),
@@ -264,7 +284,7 @@ def _graph_from_object(sg: Any, index: int, codes: list, buffers: list, shared: 
 def _tensor_from_object(t: Any, buffers: list, shared: dict) -> Tensor:
     dtype = TYPE_NAMES.get(t.type)
     if dtype is None:
-        raise _Corrupt(f"unknown tensor type {t.type}")
+        raise _CorruptError(f"unknown tensor type {t.type}")
     shape = tuple(int(d) for d in (t.shape or ()))
     buf = _at(buffers, t.buffer, "buffer") if buffers else None
     data = None
@@ -284,9 +304,14 @@ def _tensor_from_object(t: Any, buffers: list, shared: dict) -> Tensor:
     if t.externalBuffer:
         extra["external_buffer"] = t.externalBuffer
     return Tensor(
-        _text(t.name), shape, dtype, data, _quantization_from_object(t.quantization),
+        _text(t.name),
+        shape,
+        dtype,
+        data,
+        _quantization_from_object(t.quantization),
         shape_signature=None if t.shapeSignature is None else [int(d) for d in t.shapeSignature],
-        is_variable=bool(t.isVariable), extra=extra,
+        is_variable=bool(t.isVariable),
+        extra=extra,
     )
 
 
@@ -328,7 +353,7 @@ def save(model: Model, path: str | Path) -> int:
 
 
 def to_bytes(model: Model, *, buffers_by_offset: bool | None = None) -> bytes:
-    """Serialize a Model. `buffers_by_offset=None` chooses offsets only when the model needs them."""
+    """Serialize a Model; `buffers_by_offset=None` stores buffers by offset only when needed."""
     writer = _Writer(model)
     model_t = writer.build()
     total = sum(len(b.data) for b in model_t.buffers if b.data is not None)
@@ -418,7 +443,9 @@ class _Writer:
             entry.buffer = self._buffer(np.frombuffer(payload, dtype=np.uint8), key=None)
             m.metadata.append(entry)
         m.metadata = m.metadata or None
-        m.signatureDefs = [self._signature(s, indices[s.subgraph]) for s in self.model.signatures] or None
+        m.signatureDefs = [
+            self._signature(s, indices[s.subgraph]) for s in self.model.signatures
+        ] or None
         m.buffers = self.buffers
         for key, value in self.model.extra.items():
             setattr(m, key, value)
@@ -444,7 +471,9 @@ class _Writer:
                 raise IRError(f"unknown op type {op.type!r}")
             c = schema.OperatorCodeT()
             c.builtinCode = OP_CODES[op.type]
-            c.deprecatedBuiltinCode = min(c.builtinCode, schema.BuiltinOperator.PLACEHOLDER_FOR_GREATER_OP_CODES)
+            c.deprecatedBuiltinCode = min(
+                c.builtinCode, schema.BuiltinOperator.PLACEHOLDER_FOR_GREATER_OP_CODES
+            )
             c.customCode = _utf8(op.custom_code) if op.custom_code else None
             c.version = op.version
             self.code_of[key] = len(self.codes)
@@ -454,12 +483,16 @@ class _Writer:
     def _subgraph(self, graph: Graph) -> tuple[Any, dict[Tensor, int]]:
         ordered = list(graph.tensors)
         index_of = {t: i for i, t in enumerate(ordered)}
-        referenced = [
-            t
-            for op in graph.ops
-            for t in (*op.inputs, *op.outputs, *op.intermediates)
-            if t is not None
-        ] + graph.inputs + graph.outputs
+        referenced = (
+            [
+                t
+                for op in graph.ops
+                for t in (*op.inputs, *op.outputs, *op.intermediates)
+                if t is not None
+            ]
+            + graph.inputs
+            + graph.outputs
+        )
         for t in referenced:  # tolerate a rule that wired a tensor it did not register
             if t not in index_of:
                 index_of[t] = len(ordered)

@@ -182,7 +182,7 @@ class Op:
 
     def __init__(
         self,
-        type: str,  # noqa: A002 - it is the TFLite op type
+        type: str,
         inputs: Sequence[Tensor | None] = (),
         outputs: Sequence[Tensor] = (),
         options: dict[str, Any] | None = None,
@@ -315,7 +315,10 @@ class Graph:
         return t
 
     def add_constant(
-        self, name: str, value: np.ndarray, dtype: str | None = None,
+        self,
+        name: str,
+        value: np.ndarray,
+        dtype: str | None = None,
         quantization: Quantization | None = None,
     ) -> Tensor:
         """A new constant tensor holding `value` (cast to `dtype`'s numpy type when given)."""
@@ -326,7 +329,7 @@ class Graph:
 
     def add_op(
         self,
-        type: str,  # noqa: A002
+        type: str,
         inputs: Sequence[Tensor | None],
         outputs: Sequence[Tensor],
         options: dict[str, Any] | None = None,
@@ -441,7 +444,9 @@ class Graph:
             if t.producer is not None and t.producer not in in_graph:
                 raise IRError(f"tensor {t.name!r} is produced by an op outside the subgraph")
             if t.data is not None and not t.is_raw and t.data.shape != t.shape:
-                raise IRError(f"constant {t.name!r} has data of shape {t.data.shape}, not {t.shape}")
+                raise IRError(
+                    f"constant {t.name!r} has data of shape {t.data.shape}, not {t.shape}"
+                )
         for t in [*self.inputs, *self.outputs]:
             if t not in known:
                 raise IRError(f"subgraph input/output {t.name!r} is not in the subgraph")

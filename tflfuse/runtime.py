@@ -43,9 +43,11 @@ def make_interpreter(
     module = interpreter_module()
     if delegate not in _RESOLVERS:
         raise TflfuseError(f"unknown delegate {delegate!r} (choose from {', '.join(_RESOLVERS)})")
-    source = {"model_content": bytes(model)} if isinstance(model, (bytes, bytearray)) else {
-        "model_path": str(model)
-    }
+    source = (
+        {"model_content": bytes(model)}
+        if isinstance(model, (bytes, bytearray))
+        else {"model_path": str(model)}
+    )
     resolver = getattr(module.OpResolverType, _RESOLVERS[delegate])
     try:
         interp = module.Interpreter(
@@ -53,5 +55,7 @@ def make_interpreter(
         )
         interp.allocate_tensors()
     except (ValueError, RuntimeError) as exc:
-        raise TflfuseError(f"the interpreter refused the model: {str(exc).strip().splitlines()[0]}") from None
+        raise TflfuseError(
+            f"the interpreter refused the model: {str(exc).strip().splitlines()[0]}"
+        ) from None
     return interp

@@ -55,7 +55,9 @@ def seeded_inputs(interp: Any, seed: int, runs: int) -> list[list[np.ndarray]]:
     return sets
 
 
-def run(model: bytes, inputs: list[list[np.ndarray]], delegate: str = "none") -> list[list[np.ndarray]]:
+def run(
+    model: bytes, inputs: list[list[np.ndarray]], delegate: str = "none"
+) -> list[list[np.ndarray]]:
     """Outputs of `model` for each input set, in output-detail order."""
     interp = make_interpreter(model, delegate=delegate)
     in_details = interp.get_input_details()

@@ -1,0 +1,382 @@
+"""Patterns, rules and the pass manager that applies them to a fixed point.
+
+A rule is three small methods (see ../DESIGN "How a rule looks"):
+
+    class FuseReluIntoConv(Rule):
+        '''CONV_2D(x) -> RELU  =>  CONV_2D(x, fused_activation=RELU).'''
+        def pattern(self, p): return p.RELU(p.CONV_2D(p.x, p.w, p.b, out="conv"))
+        def check(self, m):
+            if m.conv.op.fused_activation != "NONE": return refuse("conv already has an activation")
+        def rewrite(self, m): ...
+
+`p.UPPER(...)` matches an op of that type (`p.any("ADD", "SUB")(...)` one of several), its
+arguments match the op's inputs in order; `p.lower` is a variable that captures a tensor (the same
+name twice must be the same tensor); `p.const("w")` captures a constant; `...` as the last argument
+accepts any further inputs. `out="name"` captures the op's output tensor (`m.name.op` is the op,
+`m.name.consumers` its readers). Binary ops that commute are tried in both input orders.
+
+`check` returns None to go ahead or a `Refusal` (a sentence); the pass manager records refusals
+so `--explain` can tell users why a pattern stayed unfused. `rewrite` edits `m.graph` in place;
+dead ops and tensors left behind are cleaned by `DeadCodeElimination`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tflfuse.ir import Graph, IRError, Model, Op, Tensor
+
+COMMUTATIVE = frozenset(
+    {"ADD", "MUL", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE", "EQUAL", "NOT_EQUAL"}
+)
+
+# Ops whose effect is more than their outputs: dead-code elimination keeps them.
+SIDE_EFFECTS = frozenset(
+    {
+        "ASSIGN_VARIABLE",
+        "VAR_HANDLE",
+        "CALL_ONCE",
+        "WHILE",
+        "IF",
+        "CALL",
+        "CUSTOM",
+        "HASHTABLE",
+        "HASHTABLE_IMPORT",
+        "HASHTABLE_FIND",
+        "HASHTABLE_SIZE",
+        "STABLEHLO_CUSTOM_CALL",
+    }
+)
+
+
+# -- refusals ----------------------------------------------------------------------------------
+class Refusal(str):
+    """Why a rule declined a match: one sentence, shown to the user by `--explain`."""
+
+
+def refuse(reason: str) -> Refusal:
+    return Refusal(reason)
+
+
+# -- patterns ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Var:
+    """Captures one tensor (or a missing optional input, None) under `name`."""
+
+    name: str
+    constant: bool = False
+
+
+@dataclass(frozen=True)
+class OpPattern:
+    types: frozenset[str]
+    inputs: tuple[Any, ...] | None  # None: any inputs
+    out: str | None = None
+    rest: bool = False  # the pattern ended with `...`: further inputs are accepted
+
+
+class PatternBuilder:
+    """`p` in `Rule.pattern(self, p)`: attribute access builds patterns."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name.isupper():
+            return self.any(name)
+        return Var(name)
+
+    def const(self, name: str) -> Var:
+        return Var(name, constant=True)
+
+    def any(self, *types: str) -> Callable[..., OpPattern]:
+        def build(*inputs: Any, out: str | None = None) -> OpPattern:
+            rest = bool(inputs) and inputs[-1] is Ellipsis
+            args = inputs[:-1] if rest else inputs
+            return OpPattern(frozenset(types), tuple(args) if inputs else None, out, rest)
+
+        return build
+
+
+class Match:
+    """Captured tensors by name (`m.x`), the anchor op (`m.root`) and the graph (`m.graph`)."""
+
+    def __init__(self, graph: Graph, root: Op, captures: dict[str, Any], ops: list[Op]) -> None:
+        self.graph = graph
+        self.root = root
+        self.ops = ops
+        self._captures = captures
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._captures[name]
+        except KeyError:
+            raise AttributeError(f"pattern captured no {name!r}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._captures
+
+
+def _match_op(pat: OpPattern, op: Op, env: dict[str, Any], ops: list[Op]) -> Iterator[dict]:
+    if op.type not in pat.types:
+        return
+    env = dict(env)
+    if pat.out is not None:
+        if not op.outputs:
+            return
+        if pat.out in env and env[pat.out] is not op.outputs[0]:
+            return
+        env[pat.out] = op.outputs[0]
+    if pat.inputs is None:
+        ops.append(op)
+        yield env
+        ops.pop()
+        return
+    n = len(pat.inputs)
+    if len(op.inputs) < n or (len(op.inputs) > n and not pat.rest):
+        return
+    orders = [op.inputs[:n]]
+    if op.type in COMMUTATIVE and n == 2 and op.inputs[0] is not op.inputs[1]:
+        orders.append((op.inputs[1], op.inputs[0]))
+    ops.append(op)
+    for args in orders:
+        yield from _match_args(list(pat.inputs), list(args), env, ops)
+    ops.pop()
+
+
+def _match_args(pats: list, tensors: list, env: dict, ops: list[Op]) -> Iterator[dict]:
+    if not pats:
+        yield env
+        return
+    for env2 in _match_tensor(pats[0], tensors[0], env, ops):
+        yield from _match_args(pats[1:], tensors[1:], env2, ops)
+
+
+def _match_tensor(pat: Any, t: Tensor | None, env: dict, ops: list[Op]) -> Iterator[dict]:
+    if isinstance(pat, Var):
+        if pat.constant and (t is None or not t.is_constant):
+            return
+        if pat.name in env:
+            if env[pat.name] is t:
+                yield env
+            return
+        yield {**env, pat.name: t}
+    elif isinstance(pat, OpPattern):
+        if t is None or t.producer is None:
+            return
+        for env2 in _match_op(pat, t.producer, env, ops):
+            if t is not t.producer.outputs[0]:
+                continue  # patterns speak of an op's first output
+            yield env2
+    else:
+        raise TypeError(f"not a pattern: {pat!r}")
+
+
+def find_matches(pattern: OpPattern, graph: Graph, op: Op) -> Iterator[Match]:
+    """Every way `pattern` matches with `op` as its root."""
+    ops: list[Op] = []
+    for env in _match_op(pattern, op, {}, ops):
+        yield Match(graph, op, env, list(ops))
+
+
+# -- rules and passes --------------------------------------------------------------------------
+class Rule:
+    """pattern + check + rewrite. Subclasses set a docstring `before => after`.
+
+    `quantized_ok` says the rewrite is also exact (to within a quantization step) on int8 graphs;
+    the pass manager skips other rules on ops that touch quantized tensors.
+    """
+
+    quantized_ok: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        raise NotImplementedError
+
+    def check(self, m: Match) -> Refusal | None:
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        raise NotImplementedError
+
+    def compiled(self) -> OpPattern:
+        """The pattern, built once per rule instance."""
+        if "_pattern" not in self.__dict__:
+            self._pattern = self.pattern(PatternBuilder())
+        return self._pattern
+
+
+class Pass:
+    """A whole-graph transformation (cleanup, ordering). `run` returns how many changes it made."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def run(self, graph: Graph) -> int:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RewriteEvent:
+    rule: str
+    subgraph: int
+    where: str
+
+
+@dataclass(frozen=True)
+class RefusalEvent:
+    rule: str
+    subgraph: int
+    where: str
+    reason: str
+
+
+@dataclass
+class PassResult:
+    """What a PassManager run did: applied rewrites, refusals at the fixed point, rounds."""
+
+    events: list[RewriteEvent] = field(default_factory=list)
+    refusals: list[RefusalEvent] = field(default_factory=list)
+    rounds: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.events)
+
+    def fired(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self.events:
+            counts[e.rule] = counts.get(e.rule, 0) + 1
+        return counts
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "fired": self.fired(),
+            "events": [vars(e) for e in self.events],
+            "refusals": [vars(r) for r in self.refusals],
+        }
+
+
+class RewriteError(RuntimeError):
+    """A rule left the graph invalid: a bug in that rule, reported with its name."""
+
+
+def touches_quantized(op: Op) -> bool:
+    return any(t is not None and t.is_quantized for t in (*op.inputs, *op.outputs))
+
+
+class PassManager:
+    """Applies rules and passes in order, round after round, until a round changes nothing."""
+
+    def __init__(
+        self,
+        passes: Sequence[Rule | Pass],
+        *,
+        validate: bool = True,
+        max_rounds: int = 50,
+        disabled: Sequence[str] = (),
+    ) -> None:
+        self.passes = [p for p in passes if p.name not in set(disabled)]
+        self.validate = validate
+        self.max_rounds = max_rounds
+
+    def run(self, target: Model | Graph) -> PassResult:
+        graphs = target.subgraphs if isinstance(target, Model) else [target]
+        result = PassResult()
+        for index, graph in enumerate(graphs):
+            self._run_graph(index, graph, result)
+        return result
+
+    def _run_graph(self, index: int, graph: Graph, result: PassResult) -> None:
+        for round_no in range(1, self.max_rounds + 1):
+            result.rounds = max(result.rounds, round_no)
+            refusals: dict[tuple, RefusalEvent] = {}
+            changed = False
+            for p in self.passes:
+                if isinstance(p, Rule):
+                    n = self._apply_rule(p, index, graph, result, refusals)
+                else:
+                    n = p.run(graph)
+                if n:
+                    changed = True
+                    self._check(graph, p.name)
+            if not changed:
+                result.refusals.extend(refusals.values())
+                return
+        raise RewriteError(f"no fixed point after {self.max_rounds} rounds (rules keep rewriting)")
+
+    def _apply_rule(
+        self, rule: Rule, index: int, graph: Graph, result: PassResult, refusals: dict
+    ) -> int:
+        pattern = rule.compiled()
+        applied = 0
+        for op in list(graph.ops):
+            if op.type not in pattern.types or not op.outputs:
+                continue  # wrong type, or removed by an earlier rewrite in this sweep
+            if not rule.quantized_ok and touches_quantized(op):
+                continue
+            for m in find_matches(pattern, graph, op):
+                reason = rule.check(m)
+                if reason is not None:
+                    refusals[(rule.name, op.name, reason)] = RefusalEvent(
+                        rule.name, index, op.name, str(reason)
+                    )
+                    continue
+                where = op.name
+                rule.rewrite(m)
+                result.events.append(RewriteEvent(rule.name, index, where))
+                applied += 1
+                break
+        return applied
+
+    def _check(self, graph: Graph, name: str) -> None:
+        if not self.validate:
+            return
+        try:
+            graph.validate()
+        except IRError as exc:
+            raise RewriteError(f"{name} left subgraph {graph.name!r} invalid: {exc}") from exc
+
+
+# -- the passes every pipeline ends with -------------------------------------------------------
+class DeadCodeElimination(Pass):
+    """Remove ops nobody reads (unless they have side effects) and tensors nobody references."""
+
+    def run(self, graph: Graph) -> int:
+        removed = 0
+        outputs = set(graph.outputs)
+        changed = True
+        while changed:
+            changed = False
+            for op in reversed(list(graph.ops)):
+                if op.type in SIDE_EFFECTS or op.extra.get("mutating_variable_inputs"):
+                    continue
+                if any(t.is_variable for t in op.inputs if t is not None):
+                    continue
+                if any(t.consumers or t in outputs for t in op.outputs):
+                    continue
+                graph.remove_op(op)
+                removed += 1
+                changed = True
+        referenced = set(graph.inputs) | outputs
+        for op in graph.ops:
+            referenced.update(
+                t for t in (*op.inputs, *op.outputs, *op.intermediates) if t is not None
+            )
+        kept = [t for t in graph.tensors if t in referenced]
+        removed += len(graph.tensors) - len(kept)
+        graph.tensors = kept
+        return removed
+
+
+class TopologicalSort(Pass):
+    """Re-order ops so producers come first (rewrites may append ops at the end)."""
+
+    def run(self, graph: Graph) -> int:
+        return int(graph.toposort())
