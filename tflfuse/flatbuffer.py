@@ -138,18 +138,22 @@ def _utf8(value: str) -> bytes:
 
 
 # -- reading -----------------------------------------------------------------------------------
-def load(path: str | Path) -> Model:
-    """Read a .tflite file into a Model; any problem with the file raises ModelError."""
+def read_model_bytes(path: str | Path) -> bytes:
+    """The bytes of a model file; a missing, unreadable or directory path raises ModelError."""
     p = Path(path)
     if not p.exists():
         raise ModelError(p, "no such file")
     if p.is_dir():
         raise ModelError(p, "is a directory, not a .tflite file")
     try:
-        data = p.read_bytes()
+        return p.read_bytes()
     except OSError as exc:
         raise ModelError(p, f"cannot read: {exc.strerror or exc}") from None
-    return from_bytes(data, source=p)
+
+
+def load(path: str | Path) -> Model:
+    """Read a .tflite file into a Model; any problem with the file raises ModelError."""
+    return from_bytes(read_model_bytes(path), source=path)
 
 
 def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model:

@@ -24,9 +24,7 @@ class Agreement:
     identical: bool
     varies: bool
     runs: int
-
-    def within(self, atol: float, rtol: float) -> bool:
-        return self.max_abs <= atol or self.max_rel <= rtol
+    ok: bool  # every element within atol + rtol * |reference| (integers: within int_atol steps)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,28 +74,45 @@ def _as_real(x: np.ndarray) -> np.ndarray:
 
 
 def compare(
-    reference: bytes, candidate: bytes, *, seed: int = 0, runs: int = 3, delegate: str = "none"
+    reference: bytes,
+    candidate: bytes,
+    *,
+    seed: int = 0,
+    runs: int = 3,
+    delegate: str = "none",
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    int_atol: int = 1,
 ) -> Agreement:
-    """Run both models on the same `runs` seeded input sets and measure the worst difference."""
+    """Run both models on the same `runs` seeded input sets and measure the worst difference.
+
+    Float outputs must satisfy |c - r| <= atol + rtol * |r|; integer (quantized) outputs may
+    differ by `int_atol` quantization steps.
+    """
     ref_interp = make_interpreter(reference, delegate=delegate)
     inputs = seeded_inputs(ref_interp, seed, runs)
     ref = run(reference, inputs, delegate)
     cand = run(candidate, inputs, delegate)
     max_abs = max_rel = 0.0
-    identical = True
+    identical = ok = True
+    mismatch = Agreement(float("inf"), float("inf"), False, True, runs, False)
     for r_set, c_set in zip(ref, cand):
         if len(r_set) != len(c_set):
-            return Agreement(float("inf"), float("inf"), False, True, runs)
+            return mismatch
         for r, c in zip(r_set, c_set):
             if r.shape != c.shape:
-                return Agreement(float("inf"), float("inf"), False, True, runs)
+                return mismatch
             identical &= r.dtype == c.dtype and r.tobytes() == c.tobytes()
             diff = np.abs(_as_real(r) - _as_real(c))
             if diff.size:
                 max_abs = max(max_abs, float(diff.max()))
                 scale = np.maximum(np.abs(_as_real(r)), 1e-6)
                 max_rel = max(max_rel, float((diff / scale).max()))
+                if r.dtype.kind == "f":
+                    ok &= bool(np.all(diff <= atol + rtol * np.abs(_as_real(r))))
+                else:
+                    ok &= bool(diff.max() <= int_atol)
     varies = runs > 1 and any(
         not np.array_equal(ref[0][k], ref[i][k]) for i in range(1, runs) for k in range(len(ref[0]))
     )
-    return Agreement(max_abs, max_rel, identical, varies, runs)
+    return Agreement(max_abs, max_rel, identical, varies, runs, ok)

@@ -1,0 +1,210 @@
+"""The `tflfuse` command. The only module that parses arguments.
+
+Each subcommand is a pair: `_add_NAME(subparsers)` declares it, `_run_NAME(args)` does it by
+calling library functions and printing. Errors the user can fix are `TflfuseError`s: printed as
+one line `tflfuse: error: ...`, exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tflfuse import __version__
+from tflfuse.errors import TflfuseError, UsageError
+from tflfuse.files import atomic_write_bytes, atomic_write_text, same_file
+
+
+def _emit_json(payload: Any, destination: str | None) -> None:
+    """Write JSON to stdout ('-') or atomically to a file."""
+    text = json.dumps(payload, indent=2, default=_json_default) + "\n"
+    if destination in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        atomic_write_text(Path(destination), text)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (bytes, bytearray)):
+        return value.hex()
+    return str(value)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _shape(t: dict | None) -> str:
+    if t is None:
+        return "-"
+    mark = "c" if t.get("constant") else ""
+    return f"{mark}{t['dtype'].lower()}{t['shape']}"
+
+
+# -- inspect -------------------------------------------------------------------------------------
+def _add_inspect(sub: Any) -> None:
+    p = sub.add_parser("inspect", help="op table, counts, bytes and quantization of a .tflite")
+    p.add_argument("model", help=".tflite file")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=_run_inspect)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from tflfuse import flatbuffer
+    from tflfuse.summary import model_summary
+
+    summary = model_summary(flatbuffer.load(args.model))
+    if args.json:
+        _emit_json({"model": args.model, **summary}, "-")
+        return 0
+    print(f"{args.model}")
+    for g in summary["subgraphs"]:
+        q = g["quantization"]
+        print(
+            f"\nsubgraph {g['index']} {g['name']!r}: {g['op_count']} ops,"
+            f" {g['tensor_count']} tensors,"
+            f" parameters {_fmt_bytes(g['parameter_bytes'])},"
+            f" activations {_fmt_bytes(g['activation_bytes'])}, quantization {q['kind']}"
+        )
+        print(f"  {'#':>4}  {'op':<24} {'act':<6} {'inputs':<46} outputs")
+        for row in g["ops"]:
+            ins = ", ".join(_shape(t) for t in row["inputs"])
+            outs = ", ".join(_shape(t) for t in row["outputs"])
+            act = row.get("fused_activation", "")
+            act = "" if act == "NONE" else act
+            print(f"  {row['index']:>4}  {row['op']:<24} {act:<6} {ins:<46} {outs}")
+        counts = ", ".join(f"{k} {v}" for k, v in g["op_counts"].items())
+        print(f"  op counts: {counts}")
+    return 0
+
+
+# -- optimize ------------------------------------------------------------------------------------
+def _add_optimize(sub: Any) -> None:
+    p = sub.add_parser("optimize", help="fuse and simplify a .tflite for a target, verified")
+    p.add_argument("model", help="input .tflite")
+    p.add_argument("-o", "--output", required=True, help="output .tflite")
+    p.add_argument(
+        "--level",
+        type=int,
+        choices=(0, 1, 2),
+        default=2,
+        help="0: load and save only; 1: safe fusions; 2: everything (default)",
+    )
+    p.add_argument(
+        "--target",
+        default="xnnpack",
+        choices=("xnnpack", "edgetpu", "gpu", "cpu"),
+        help="runtime the model is for (default xnnpack)",
+    )
+    p.add_argument(
+        "--disable",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="turn one rule off (repeatable)",
+    )
+    p.add_argument(
+        "--explain", action="store_true", help="list rules fired and refusals with reasons"
+    )
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="REPORT",
+        help="write the report as JSON to REPORT (or stdout without a path)",
+    )
+    p.add_argument("--no-verify", action="store_true", help="skip the numeric check")
+    p.add_argument("--in-place", action="store_true", help="allow OUTPUT to be the input file")
+    p.set_defaults(func=_run_optimize)
+
+
+def _run_optimize(args: argparse.Namespace) -> int:
+    from tflfuse import flatbuffer
+    from tflfuse.optimize import optimize_bytes
+    from tflfuse.rules import all_rule_names
+
+    src, dst = Path(args.model), Path(args.output)
+    if same_file(src, dst) and not args.in_place:
+        raise UsageError(f"{dst}: output would overwrite the input (pass --in-place to allow it)")
+    unknown = sorted(set(args.disable) - set(all_rule_names()))
+    if unknown:
+        raise UsageError(f"unknown rule {unknown[0]!r} (rules: {', '.join(all_rule_names())})")
+    data = flatbuffer.read_model_bytes(src)
+    result = optimize_bytes(
+        data,
+        level=args.level,
+        target=args.target,
+        disabled=tuple(args.disable),
+        verify=not args.no_verify,
+        source=str(src),
+    )
+    atomic_write_bytes(dst, result.data)
+    report = {
+        "input": str(src),
+        "output": str(dst),
+        "level": args.level,
+        "target": args.target,
+        **result.to_dict(),
+    }
+    if args.json == "-":
+        _emit_json(report, "-")
+        return 0
+    if args.json:
+        _emit_json(report, args.json)
+    b, a = result.before, result.after
+    print(
+        f"{dst}: {b['op_count']} -> {a['op_count']} ops, activations "
+        f"{_fmt_bytes(b['activation_bytes'])} -> {_fmt_bytes(a['activation_bytes'])}"
+    )
+    v = result.verification
+    if v.get("verified"):
+        print(f"  verified: max abs error {v.get('max_abs', 0.0):.3g}")
+    elif args.level > 0:
+        print(f"  not verified: {v.get('reason')}")
+    if args.explain:
+        for rule, n in result.result.fired().items():
+            print(f"  fired {rule} x{n}")
+        for r in result.result.refusals:
+            print(f"  refused {r.rule} at {r.where!r}: {r.reason}")
+    return 0
+
+
+# -- entry point ---------------------------------------------------------------------------------
+_COMMANDS = (_add_inspect, _add_optimize)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tflfuse",
+        description="Fused, quantized, target-aware TensorFlow Lite models for edge devices.",
+    )
+    parser.add_argument("--version", action="version", version=f"tflfuse {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TflfuseError as exc:
+        print(f"tflfuse: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("tflfuse: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

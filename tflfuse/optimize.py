@@ -1,0 +1,85 @@
+"""`tflfuse optimize`: load a .tflite, run the pipeline for a target, verify, describe what happened.
+
+Verification runs the input and the output in the interpreter on the same seeded inputs. A result
+outside tolerance is an error (nothing is written); a model the interpreter cannot run on this host
+(e.g. an Edge TPU custom op) is reported as not verified, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tflfuse import flatbuffer
+from tflfuse.errors import TflfuseError
+from tflfuse.ir import Model
+from tflfuse.rewrite import PassManager, PassResult
+from tflfuse.rules import pipeline
+from tflfuse.summary import activation_bytes
+
+
+class VerificationError(TflfuseError):
+    """The optimized model does not compute the same function as its input."""
+
+
+@dataclass
+class OptimizeResult:
+    data: bytes
+    model: Model
+    result: PassResult
+    before: dict[str, Any]
+    after: dict[str, Any]
+    verification: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "before": self.before,
+            "after": self.after,
+            **self.result.to_dict(),
+            "verification": self.verification,
+        }
+
+
+def _totals(model: Model) -> dict[str, Any]:
+    return {
+        "op_count": sum(len(g.ops) for g in model.subgraphs),
+        "op_counts": model.main.op_counts(),
+        "activation_bytes": sum(activation_bytes(g) for g in model.subgraphs),
+    }
+
+
+def optimize_bytes(
+    data: bytes,
+    *,
+    level: int = 2,
+    target: str = "xnnpack",
+    disabled: tuple[str, ...] = (),
+    verify: bool = True,
+    source: str = "<bytes>",
+) -> OptimizeResult:
+    """Optimize a .tflite given as bytes; raises VerificationError if the function changed."""
+    model = flatbuffer.from_bytes(data, source)
+    before = _totals(model)
+    result = PassManager(pipeline(level, target), disabled=disabled).run(model)
+    out = flatbuffer.to_bytes(model)
+    verification = _verify(data, out, verify and level > 0)
+    if verification.get("ok") is False:
+        raise VerificationError(
+            f"verification failed: max abs error {verification['max_abs']:.3g} "
+            f"(rules fired: {', '.join(result.fired()) or 'none'}); nothing written"
+        )
+    return OptimizeResult(out, model, result, before, _totals(model), verification)
+
+
+def _verify(reference: bytes, candidate: bytes, enabled: bool) -> dict[str, Any]:
+    if not enabled:
+        return {"verified": False, "reason": "not requested"}
+    if reference == candidate:
+        return {"verified": True, "ok": True, "identical_bytes": True}
+    from tflfuse.verify import compare
+
+    try:
+        agreement = compare(reference, candidate)
+    except TflfuseError as exc:
+        return {"verified": False, "reason": str(exc)}
+    return {"verified": True, **agreement.to_dict()}
