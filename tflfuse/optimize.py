@@ -1,4 +1,4 @@
-"""`tflfuse optimize`: load a .tflite, run the pipeline for a target, verify, describe what happened.
+"""`tflfuse optimize`: load a .tflite, run the target pipeline, verify, describe what happened.
 
 Verification runs the input and the output in the interpreter on the same seeded inputs. A result
 outside tolerance is an error (nothing is written); a model the interpreter cannot run on this host
