@@ -1,24 +1,99 @@
 """Rewrite rules, one module per kind, and the ordered pipelines that use them.
 
 A pipeline is a tuple read top to bottom; `pipeline(level, target)` returns the one to run.
+Level 1 is epilogue fusion and cleanup only (what the stock converter would have done, on any
+.tflite); level 2 adds vertical, horizontal and algebraic rewrites. Targets differ where a
+rewrite pays on one runtime and not another:
+  edgetpu  legalization first; no builtins the compiler does not map (HARD_SWISH, LEAKY_RELU,
+           GELU stay spelled out in supported ops); horizontal merges within its 8 MiB of SRAM
+  xnnpack  everything; horizontal merges avoid SPLIT_V (not delegated)
+  gpu, cpu everything
 """
 
 from __future__ import annotations
 
 from tflfuse.rewrite import DeadCodeElimination, Pass, Rule, TopologicalSort
-from tflfuse.rules.epilogue import FuseActivationIntoProducer
+from tflfuse.rules.algebra import (
+    CancelQuantizeDequantize,
+    CancelTransposePair,
+    CollapseReshapeChain,
+    RecognizeGelu,
+    RecognizeHardSwish,
+    RecognizeLeakyRelu,
+    RemoveIdentityArithmetic,
+)
+from tflfuse.rules.cleanup import (
+    EliminateCommonSubexpressions,
+    FoldConstants,
+    MergeDuplicateConstants,
+)
+from tflfuse.rules.epilogue import (
+    FoldBiasIntoProducer,
+    FoldScaleIntoProducer,
+    FuseActivationIntoProducer,
+)
+from tflfuse.rules.horizontal import MergeSiblingOps, MergeSiblingSum
+from tflfuse.rules.vertical import (
+    FoldAffineIntoFollowing,
+    FoldPadIntoConv,
+    MergeLinearChain,
+    MoveScaleThroughRelu,
+)
+
+TARGETS = ("xnnpack", "edgetpu", "gpu", "cpu")
+
+
+def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
+    try:  # engineer B's module; the pipeline works without it
+        from tflfuse.rules.edgetpu import EDGETPU_LEGALIZATION
+    except ImportError:
+        return ()
+    return tuple(EDGETPU_LEGALIZATION)
 
 
 def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
     """The rules and passes for an optimization level (0: none) and target."""
     if level <= 0:
         return ()
-    return (
-        FuseActivationIntoProducer(),
+    cleanup: tuple[Rule | Pass, ...] = (
+        FoldConstants(),
+        MergeDuplicateConstants(),
+        EliminateCommonSubexpressions(),
         DeadCodeElimination(),
         TopologicalSort(),
     )
+    epilogue: tuple[Rule | Pass, ...] = (
+        FoldBiasIntoProducer(),
+        FoldScaleIntoProducer(),
+        FuseActivationIntoProducer(),
+    )
+    if level == 1:
+        return (*epilogue, *cleanup)
+    algebra: tuple[Rule | Pass, ...] = (
+        RemoveIdentityArithmetic(),
+        CancelTransposePair(),
+        CollapseReshapeChain(),
+        CancelQuantizeDequantize(),
+    )
+    activations: tuple[Rule | Pass, ...] = (
+        () if target == "edgetpu" else (RecognizeHardSwish(), RecognizeLeakyRelu(), RecognizeGelu())
+    )
+    vertical: tuple[Rule | Pass, ...] = (
+        FoldPadIntoConv(),
+        MoveScaleThroughRelu(),
+        FoldAffineIntoFollowing(),
+        MergeLinearChain(),
+    )
+    horizontal: tuple[Rule | Pass, ...] = (
+        MergeSiblingSum(),
+        MergeSiblingOps(target),
+    )
+    legalize = _edgetpu_legalization() if target == "edgetpu" else ()
+    return (*legalize, *algebra, *activations, *epilogue, *vertical, *horizontal, *cleanup)
 
 
 def all_rule_names() -> list[str]:
-    return sorted({p.name for level in (1, 2) for p in pipeline(level)})
+    """Every rule and pass any pipeline uses (the names `--disable` accepts)."""
+    return sorted(
+        {p.name for target in TARGETS for level in (1, 2) for p in pipeline(level, target)}
+    )

@@ -1,20 +1,43 @@
-"""Epilogue fusion: element-wise ops appended to the heavy kernel that produces their input."""
+"""Epilogue fusion: element-wise ops appended to the kernel that produces their input.
+
+Activations go into the producer's `fused_activation_function`; a per-channel bias ADD/SUB or
+scale MUL (a lowered BatchNorm, or a bias a converter left outside) goes into its weights.
+"""
 
 from __future__ import annotations
 
+import numpy as np
+
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rules import common
 
 # Producers whose TFLite kernels apply a fused activation, and the activations they take.
-_ACTIVATION_OPS = ("RELU", "RELU6", "RELU_N1_TO_1")
-_PRODUCERS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD")
+_ACTIVATION_OPS = ("RELU", "RELU6", "RELU_N1_TO_1", "TANH")
+_PRODUCERS = (
+    "CONV_2D",
+    "DEPTHWISE_CONV_2D",
+    "FULLY_CONNECTED",
+    "TRANSPOSE_CONV",
+    "ADD",
+    "SUB",
+    "MUL",
+    "AVERAGE_POOL_2D",
+    "MAX_POOL_2D",
+)
+# The kernels clamp with CalculateActivationRange, which knows only the RELU family.
+_CLAMPS = ("RELU", "RELU6", "RELU_N1_TO_1")
+# int8 pools (and their XNNPACK versions) require equal input and output quantization.
+_SAME_SCALE_ONLY = ("AVERAGE_POOL_2D", "MAX_POOL_2D")
 
 
 class FuseActivationIntoProducer(Rule):
     """PRODUCER(x...) -> RELU|RELU6|RELU_N1_TO_1  =>  PRODUCER(x..., fused_activation=that).
 
-    PRODUCER is CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED or ADD. Float: exact (the kernel
-    clamps the same values). int8: the fused op writes the activation's output tensor, so it
-    requantizes once to the activation's scale instead of twice: equal to within one step.
+    PRODUCER is CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV, ADD, SUB, MUL or a
+    2-D pool. Float: exact (the kernel clamps the same values). int8: the fused op writes the
+    activation's output tensor, so it requantizes once to the activation's scale instead of
+    twice: equal to within one step. TANH is matched only to say why it stays: these kernels
+    clamp, they do not apply a fused TANH.
     """
 
     quantized_ok = True
@@ -23,7 +46,9 @@ class FuseActivationIntoProducer(Rule):
         return p.any(*_ACTIVATION_OPS)(p.any(*_PRODUCERS)(..., out="y"))
 
     def check(self, m: Match) -> Refusal | None:
-        producer = m.y.op
+        producer, act = m.y.op, m.root
+        if act.type not in _CLAMPS:
+            return refuse(f"{producer.type} kernels do not apply a fused {act.type}")
         if producer.fused_activation != "NONE":
             return refuse(
                 f"{producer.type} already has fused activation {producer.fused_activation}"
@@ -32,8 +57,14 @@ class FuseActivationIntoProducer(Rule):
             return refuse(f"{producer.type} output is also read by another op")
         if m.graph.is_graph_output(m.y):
             return refuse(f"{producer.type} output is also a model output")
-        if m.y.dtype != m.root.output.dtype:
+        if m.y.dtype != act.output.dtype:
             return refuse("activation changes the tensor type")
+        if (
+            producer.type in _SAME_SCALE_ONLY
+            and m.y.is_quantized
+            and not m.y.quantization.same_as(act.output.quantization)
+        ):
+            return refuse(f"int8 {producer.type} needs the same scale on input and output")
         return None
 
     def rewrite(self, m: Match) -> None:
@@ -42,3 +73,77 @@ class FuseActivationIntoProducer(Rule):
         m.graph.remove_op(act)
         producer.outputs = [out]
         producer.fused_activation = act.type
+
+
+def _affine_check(m: Match, kind: str) -> Refusal | None:
+    producer = m.y.op
+    if producer.fused_activation != "NONE":
+        return refuse(f"{producer.type} has fused {producer.fused_activation} before the {kind}")
+    if not common.single_reader(m.graph, m.y):
+        return refuse(f"{producer.type} output is also read elsewhere")
+    if not common.has_float_params(producer) or not common.is_float(m.root.output):
+        return refuse(f"{producer.type} weights or bias are not float constants")
+    if m.root.fused_activation not in ("NONE", "RELU", "RELU6", "RELU_N1_TO_1"):
+        return refuse(f"{m.root.type} has fused {m.root.fused_activation}")
+    rank = len(m.y.shape)
+    if common.channel_vector(m.c, common.out_channels(producer), rank) is None:
+        return refuse(f"the {kind} constant is not one value per output channel")
+    if m.root.output.shape != m.y.shape:
+        return refuse(f"the {kind} broadcasts to a larger shape")
+    return None
+
+
+def _adopt(m: Match) -> None:
+    """The producer takes over the root's output and activation."""
+    producer, root = m.y.op, m.root
+    out, act = root.output, root.fused_activation
+    m.graph.remove_op(root)
+    producer.outputs = [out]
+    producer.fused_activation = act
+
+
+class FoldBiasIntoProducer(Rule):
+    """W(x) + c | W(x) - c  =>  W'(x) with bias b + c | b - c, c one value per output channel.
+
+    W is CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED or TRANSPOSE_CONV. Float only. The ADD's
+    fused activation moves to W.
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("ADD", "SUB")(p.any(*common.WEIGHTED)(..., out="y"), p.const("c"))
+
+    def check(self, m: Match) -> Refusal | None:
+        return _affine_check(m, "bias")
+
+    def rewrite(self, m: Match) -> None:
+        producer = m.y.op
+        c = common.channel_vector(m.c, common.out_channels(producer), len(m.y.shape))
+        sign = -1.0 if m.root.type == "SUB" else 1.0
+        common.set_bias(m.graph, producer, common.bias(producer) + sign * c)
+        _adopt(m)
+
+
+class FoldScaleIntoProducer(Rule):
+    """W(x) * s  =>  W'(x) with W'[o] = W[o] * s[o], b' = b * s; s one value per output channel.
+
+    W is CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED or TRANSPOSE_CONV (weights [O, ...];
+    depthwise [1, kh, kw, O]). Float only. The MUL's fused activation moves to W.
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MUL(p.any(*common.WEIGHTED)(..., out="y"), p.const("c"))
+
+    def check(self, m: Match) -> Refusal | None:
+        return _affine_check(m, "scale")
+
+    def rewrite(self, m: Match) -> None:
+        producer = m.y.op
+        s = common.channel_vector(m.c, common.out_channels(producer), len(m.y.shape))
+        w = common.weights(producer)
+        if producer.type == "DEPTHWISE_CONV_2D":
+            scaled = w * s.reshape(1, 1, 1, -1)
+        else:
+            scaled = w * s.reshape(-1, *([1] * (w.ndim - 1)))
+        common.set_weights(m.graph, producer, scaled.astype(np.float32))
+        common.set_bias(m.graph, producer, common.bias(producer) * s)
+        _adopt(m)

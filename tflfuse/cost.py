@@ -1,0 +1,141 @@
+"""A static cost model: kernels, activation traffic, weight bytes, multiply-adds; on-chip budgets.
+
+Fusion pays by launching fewer kernels and writing fewer intermediate tensors to memory and
+reading them back. This module counts those things per op (machine-independent numbers), and
+answers the questions rules ask before a rewrite that is not a pure win on every target:
+does a merged weight tensor still fit on chip, does a chain merge cost more multiply-adds.
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tflfuse.ir import Graph, Model, Op
+
+MIB = 1 << 20
+
+# Bytes of weights a target keeps close to the compute units. Edge TPU: 8 MiB of on-chip
+# SRAM shared by all parameters (edgetpu_compiler's "on-chip memory"); CPUs: a typical
+# Arm/x86 L2 for one GEMM's packed weights; mobile GPUs: keep one layer's weights modest.
+ON_CHIP_BYTES: dict[str, int] = {
+    "edgetpu": 8 * MIB,
+    "xnnpack": 2 * MIB,
+    "cpu": 2 * MIB,
+    "gpu": 4 * MIB,
+}
+
+# Targets whose delegate runs SPLIT_V (with unequal parts) inside the same partition. XNNPACK
+# delegates SPLIT (equal parts) but not SPLIT_V: an unequal split would cut the partition.
+SPLIT_V_DELEGATED: dict[str, bool] = {"edgetpu": True, "xnnpack": False, "cpu": True, "gpu": True}
+
+# Ops that are views or metadata for the runtime, not real kernels with traffic.
+_FREE = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
+
+
+@dataclass
+class OpCost:
+    kernels: int = 0
+    read_bytes: int = 0
+    write_bytes: int = 0
+    weight_bytes: int = 0
+    macs: int = 0
+
+    def __iadd__(self, other: OpCost) -> OpCost:
+        for key, value in asdict(other).items():
+            setattr(self, key, getattr(self, key) + value)
+        return self
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+
+
+def macs(op: Op) -> int:
+    """Multiply-adds of the heavy kernels (0 for element-wise and data-movement ops)."""
+    if not op.outputs or len(op.inputs) < 2 or op.inputs[1] is None:
+        return 0
+    out = _elements(op.output.shape)
+    w = op.inputs[1].shape
+    if op.type == "CONV_2D" and len(w) == 4:
+        return out * w[1] * w[2] * w[3]
+    if op.type == "DEPTHWISE_CONV_2D" and len(w) == 4:
+        return out * w[1] * w[2]
+    if op.type == "FULLY_CONNECTED" and len(w) == 2:
+        return out * w[1]
+    if op.type == "TRANSPOSE_CONV" and len(op.inputs) > 2 and op.inputs[2] is not None:
+        wt = op.inputs[1].shape
+        return _elements(op.inputs[2].shape) * wt[0] * wt[1] * wt[2]
+    if op.type == "BATCH_MATMUL":
+        a = op.inputs[0].shape
+        return out * (a[-1] if a else 1)
+    return 0
+
+
+def op_cost(op: Op) -> OpCost:
+    """What running `op` once costs: one kernel, its activation reads/writes, its weights."""
+    reads = sum(t.nbytes for t in op.inputs if t is not None and not t.is_constant)
+    weights = sum(t.nbytes for t in op.inputs if t is not None and t.is_constant)
+    writes = sum(t.nbytes for t in op.outputs)
+    if op.type in _FREE:
+        return OpCost(0, 0, 0, weights, 0)
+    return OpCost(1, reads, writes, weights, macs(op))
+
+
+def graph_cost(graph: Graph) -> OpCost:
+    total = OpCost()
+    for op in graph.ops:
+        total += op_cost(op)
+    return total
+
+
+def model_cost(model: Model) -> dict[str, int]:
+    """Totals over every subgraph: kernels, read/write bytes, weight bytes, multiply-adds.
+
+    Reports show this before and after optimization (`cost_delta`).
+    """
+    total = OpCost()
+    for g in model.subgraphs:
+        total += graph_cost(g)
+    return asdict(total)
+
+
+def cost_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, dict[str, float]]:
+    """{field: {before, after, ratio}} for a report."""
+    out = {}
+    for key, b in before.items():
+        a = after.get(key, 0)
+        out[key] = {"before": b, "after": a, "ratio": round(a / b, 4) if b else 1.0}
+    return out
+
+
+def chain_merge_pays(inputs: int, middle: int, outputs: int) -> bool:
+    """Merging I->M->O linear maps into I->O costs no more multiply-adds per position."""
+    return inputs * outputs <= inputs * middle + middle * outputs
+
+
+def fits_on_chip(target: str, weight_bytes: int) -> bool:
+    return weight_bytes <= ON_CHIP_BYTES.get(target, ON_CHIP_BYTES["cpu"])
+
+
+def horizontal_pays(
+    target: str, siblings: int, weight_bytes: int, *, absorbs_concat: bool, equal_parts: bool
+) -> str | None:
+    """None when merging `siblings` ops into one pays on `target`, else the reason it does not.
+
+    Kernels after: 1 merged op, plus a split unless the outputs fed one concatenation.
+    """
+    if not fits_on_chip(target, weight_bytes):
+        return (
+            f"merged weights ({weight_bytes / MIB:.1f} MiB) exceed the {target} on-chip budget "
+            f"({ON_CHIP_BYTES.get(target, ON_CHIP_BYTES['cpu']) / MIB:.0f} MiB)"
+        )
+    if not absorbs_concat and not equal_parts and not SPLIT_V_DELEGATED.get(target, True):
+        return f"{target} does not delegate SPLIT_V, which unequal parts would need"
+    after = 1 if absorbs_concat else 2
+    before = siblings + (1 if absorbs_concat else 0)
+    if after >= before:
+        return f"{siblings} ops would become {after} (merged op and a split): no fewer kernels"
+    return None

@@ -1,0 +1,397 @@
+"""Algebraic simplification: identities, cancelling pairs, and activations spelled out in
+element-wise ops (HardSwish, LeakyReLU, GELU) turned back into the one builtin kernel.
+
+Exporters (onnx2tf, older converters, hand-written Keras) often write x * relu6(x + 3) / 6 in
+some order, or maximum(x, 0.2 * x): several kernels and intermediate tensors for one activation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tflfuse.ir import Graph, Op, Tensor
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rules import common
+from tflfuse.rules.common import NotApplicable
+
+
+def _identity_value(op: Op) -> float | None:
+    return {"MUL": 1.0, "DIV": 1.0, "ADD": 0.0, "SUB": 0.0}.get(op.type)
+
+
+class RemoveIdentityArithmetic(Rule):
+    """x * 1 | x / 1 | x + 0 | x - 0  =>  x (when the constant does not broadcast x larger)."""
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("MUL", "DIV", "ADD", "SUB")(p.x, p.const("c"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        value = common.float_constant(m.c)
+        if value is None or not np.all(value == _identity_value(m.root)):
+            return refuse(f"the {m.root.type} constant is not the identity")
+        if m.root.fused_activation != "NONE":
+            return refuse(f"{m.root.type} applies fused {m.root.fused_activation}")
+        if m.x.shape != m.y.shape or m.x.dtype != m.y.dtype:
+            return refuse("the constant broadcasts the value to a larger shape")
+        return _forwardable(m.graph, m.y, m.x)
+
+    def rewrite(self, m: Match) -> None:
+        common.forward(m.graph, m.y, m.x)
+
+
+def _forwardable(graph: Graph, old: Tensor, new: Tensor) -> Refusal | None:
+    if not graph.is_graph_output(old):
+        return None
+    if new.producer is None or graph.is_graph_output(new) or new in graph.inputs:
+        return refuse("the result is a model output that cannot be renamed")
+    return None
+
+
+class CancelTransposePair(Rule):
+    """TRANSPOSE(TRANSPOSE(x, p1), p2)  =>  x when p1[p2] is the identity,
+    else TRANSPOSE(x, p1[p2])."""
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.TRANSPOSE(p.TRANSPOSE(p.x, p.const("p1"), out="mid"), p.const("p2"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        if not common.single_reader(m.graph, m.mid):
+            return refuse("the first TRANSPOSE is read elsewhere")
+        perm = _composed(m)
+        if list(perm) == list(range(len(perm))):
+            return _forwardable(m.graph, m.y, m.x)
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        perm = _composed(m)
+        if list(perm) == list(range(len(perm))):
+            common.forward(m.graph, m.y, m.x)
+            return
+        const = m.graph.add_constant("perm", np.asarray(perm, dtype=np.int32))
+        m.root.inputs = [m.x, const]
+
+
+def _composed(m: Match) -> list[int]:
+    p1 = np.asarray(m.p1.data).reshape(-1)
+    p2 = np.asarray(m.p2.data).reshape(-1)
+    return [int(v) for v in p1[p2]]
+
+
+class CollapseReshapeChain(Rule):
+    """RESHAPE(RESHAPE(x)) | RESHAPE(x) to x's own shape  =>  one RESHAPE | x."""
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.RESHAPE(p.x, ..., out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        inner = m.x.producer
+        if m.x.shape == m.y.shape and _same_q(m.x, m.y):
+            return _forwardable(m.graph, m.y, m.x)
+        if inner is not None and inner.type == "RESHAPE" and common.single_reader(m.graph, m.x):
+            return None
+        return _NOT_A_CHAIN
+
+    def rewrite(self, m: Match) -> None:
+        if m.x.shape == m.y.shape and _same_q(m.x, m.y):
+            common.forward(m.graph, m.y, m.x)
+            return
+        source = m.x.producer.inputs[0]
+        shape = m.graph.add_constant("shape", np.asarray(m.y.shape, dtype=np.int32))
+        m.root.inputs = [source, shape]
+        m.root.options = {"new_shape": list(m.y.shape)} if m.root.options else {}
+
+
+_NOT_A_CHAIN = NotApplicable("a single RESHAPE to a new shape")
+
+
+def _same_q(a: Tensor, b: Tensor) -> bool:
+    qa, qb = a.quantization, b.quantization
+    if qa is None or qa.is_empty():
+        return qb is None or qb.is_empty()
+    return qa.same_as(qb)
+
+
+class CancelQuantizeDequantize(Rule):
+    """QUANTIZE(DEQUANTIZE(q)) with the same type and scale as q  =>  q (exact)."""
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.QUANTIZE(p.DEQUANTIZE(p.q, out="real"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        if m.q.dtype != m.y.dtype or not _same_q(m.q, m.y) or m.q.shape != m.y.shape:
+            return refuse("the QUANTIZE uses another type or scale than the DEQUANTIZE input")
+        return _forwardable(m.graph, m.y, m.q)
+
+    def rewrite(self, m: Match) -> None:
+        common.forward(m.graph, m.y, m.q)
+
+
+# -- activations written out ---------------------------------------------------------------------
+def _is_const(t: Tensor | None, value: float, tol: float = 1e-6) -> bool:
+    v = common.scalar_value(t)
+    return v is not None and abs(v - value) <= tol * max(1.0, abs(value))
+
+
+def _other(op: Op, t: Tensor) -> Tensor | None:
+    """The other input of a binary op whose one input is t."""
+    a, b = op.inputs[0], op.inputs[1]
+    return b if a is t else a if b is t else None
+
+
+def _plain(op: Op | None, *types: str) -> bool:
+    return op is not None and op.type in types and op.fused_activation == "NONE"
+
+
+def _relu6_of_x_plus_3(t: Tensor) -> Tensor | None:
+    """x when t = relu6(x + 3) (a RELU6 op or an ADD with fused RELU6)."""
+    op = t.producer
+    if op is None:
+        return None
+    if op.type == "RELU6":
+        inner = op.inputs[0].producer
+        if not _plain(inner, "ADD"):
+            return None
+        op, act = inner, "RELU6"
+    else:
+        act = op.fused_activation
+    if op.type != "ADD" or act != "RELU6":
+        return None
+    for x, c in ((op.inputs[0], op.inputs[1]), (op.inputs[1], op.inputs[0])):
+        if _is_const(c, 3.0) and not x.is_constant:
+            return x
+    return None
+
+
+def _hard_sigmoid(t: Tensor) -> tuple[Tensor, bool] | None:
+    """(x, divided) when t = relu6(x + 3) [/ 6 | * (1/6)]."""
+    x = _relu6_of_x_plus_3(t)
+    if x is not None:
+        return x, False
+    op = t.producer
+    if _plain(op, "MUL", "DIV"):
+        for inner, c in ((op.inputs[0], op.inputs[1]),) + (
+            ((op.inputs[1], op.inputs[0]),) if op.type == "MUL" else ()
+        ):
+            scale = 1 / 6 if op.type == "MUL" else 6.0
+            if _is_const(c, scale, 1e-5):
+                x = _relu6_of_x_plus_3(inner)
+                if x is not None:
+                    return x, True
+    return None
+
+
+def match_hard_swish(root: Op) -> Tensor | None:
+    """x when root computes x * relu6(x + 3) / 6 in any of the usual association orders."""
+    if not _plain(root, "MUL", "DIV") or len(root.inputs) != 2:
+        return None
+    a, b = root.inputs
+    # x * hsig(x) where hsig already includes the 1/6
+    if root.type == "MUL":
+        for x, h in ((a, b), (b, a)):
+            found = _hard_sigmoid(h)
+            if found is not None and found[0] is x and found[1]:
+                return x
+    # (x * relu6(x + 3)) / 6 or (x * relu6(x + 3)) * (1/6)
+    for inner, c in ((a, b), (b, a)) if root.type == "MUL" else ((a, b),):
+        scale = 1 / 6 if root.type == "MUL" else 6.0
+        if not _is_const(c, scale, 1e-5) or not _plain(inner.producer, "MUL"):
+            continue
+        p, q = inner.producer.inputs
+        for x, h in ((p, q), (q, p)):
+            if _relu6_of_x_plus_3(h) is x:
+                return x
+    # x * (relu6(x + 3) * (1/6)) is covered by the first case; (x/6) * relu6(x + 3):
+    if root.type == "MUL":
+        for s, h in ((a, b), (b, a)):
+            op = s.producer
+            if _plain(op, "MUL", "DIV"):
+                x = _relu6_of_x_plus_3(h)
+                scale = 1 / 6 if op.type == "MUL" else 6.0
+                if x is not None and x in op.inputs and _is_const(_other(op, x), scale, 1e-5):
+                    return x
+    return None
+
+
+class _Recognize(Rule):
+    """Shared rewrite: the root's output becomes the output of one builtin activation op."""
+
+    builtin = ""
+
+    def _source(self, root: Op) -> Tensor | None:
+        raise NotImplementedError
+
+    def _options(self, m: Match) -> dict:
+        return {}
+
+    def check(self, m: Match) -> Refusal | None:
+        x = self._source(m.root)
+        if x is None:
+            return NotApplicable(f"not a {self.builtin} written out")
+        if not common.is_float(x) or x.shape != m.root.output.shape:
+            return refuse(f"the {self.builtin} input is not float or is broadcast")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        x = self._source(m.root)
+        g, out = m.graph, m.root.output
+        options = self._options(m)
+        position = g.ops.index(m.root)
+        g.remove_op(m.root)
+        op = g.add_op(self.builtin, [x], [out], options)
+        g.ops.remove(op)
+        g.ops.insert(position, op)
+
+
+class RecognizeHardSwish(_Recognize):
+    """x * relu6(x + 3) / 6 (any association, / 6 or * 1/6, fused or separate RELU6)  =>
+    HARD_SWISH(x)."""
+
+    builtin = "HARD_SWISH"
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("MUL", "DIV")(p.a, p.b)
+
+    def _source(self, root: Op) -> Tensor | None:
+        return match_hard_swish(root)
+
+
+def _leaky(root: Op) -> tuple[Tensor, float] | None:
+    """(x, alpha) when root = maximum(x, alpha * x), or alpha * x + (1 - alpha) * relu(x)."""
+    a, b = root.inputs[0], root.inputs[1]
+    for x, s in ((a, b), (b, a)):
+        op = s.producer
+        if root.type == "MAXIMUM" and _plain(op, "MUL") and x in op.inputs:
+            alpha = common.scalar_value(_other(op, x))
+            if alpha is not None and 0.0 <= alpha < 1.0:
+                return x, alpha
+    if root.type == "ADD" and root.fused_activation == "NONE":
+        for lin, rel in ((a, b), (b, a)):
+            p, q = lin.producer, rel.producer
+            if not (_plain(p, "MUL") and _plain(q, "MUL")):
+                continue
+            for x in p.inputs:
+                alpha = common.scalar_value(_other(p, x))
+                if alpha is None or not 0.0 <= alpha < 1.0:
+                    continue
+                for r in q.inputs:
+                    relu = r.producer
+                    if relu is not None and relu.type == "RELU" and relu.inputs[0] is x and (
+                        _is_const(_other(q, r), 1.0 - alpha, 1e-5)
+                    ):
+                        return x, alpha
+    return None
+
+
+class RecognizeLeakyRelu(_Recognize):
+    """maximum(x, a * x) | a * x + (1 - a) * relu(x), 0 <= a < 1  =>  LEAKY_RELU(x, alpha=a)."""
+
+    builtin = "LEAKY_RELU"
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("MAXIMUM", "ADD")(p.a, p.b)
+
+    def _source(self, root: Op) -> Tensor | None:
+        found = _leaky(root)
+        return None if found is None else found[0]
+
+    def _options(self, m: Match) -> dict:
+        return {"alpha": float(_leaky(m.root)[1])}
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh_input(t: Tensor) -> Tensor | None:
+    """x when t = 1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)) (x^3 as POW or two MULs)."""
+    op = t.producer
+    if not _plain(op, "ADD"):
+        return None
+    th = next((i for i in op.inputs if i.producer is not None and i.producer.type == "TANH"), None)
+    if th is None or not _is_const(_other(op, th), 1.0):
+        return None
+    inner = th.producer.inputs[0].producer
+    if not _plain(inner, "MUL"):
+        return None
+    poly = next((i for i in inner.inputs if not i.is_constant), None)
+    if poly is None or not _is_const(_other(inner, poly), _SQRT_2_OVER_PI, 1e-4):
+        return None
+    add = poly.producer
+    if not _plain(add, "ADD"):
+        return None
+    for x, cubic in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+        op = cubic.producer
+        if _plain(op, "MUL"):
+            consts = [i for i in op.inputs if i.is_constant]
+            cube = next((i for i in op.inputs if not i.is_constant), None)
+            if (
+                cube is not None
+                and len(consts) == 1
+                and _is_const(consts[0], 0.044715, 1e-4)
+                and _is_cube(cube, x)
+            ):
+                return x
+    return None
+
+
+def _is_cube(t: Tensor, x: Tensor) -> bool:
+    op = t.producer
+    if op is None:
+        return False
+    if op.type == "POW":
+        return op.inputs[0] is x and _is_const(op.inputs[1], 3.0)
+    if _plain(op, "MUL"):
+        a, b = op.inputs
+        sq = b if a is x else a if b is x else None
+        return sq is not None and _plain(sq.producer, "MUL") and list(sq.producer.inputs) == [x, x]
+    return False
+
+
+def _gelu(root: Op) -> Tensor | None:
+    """x when root = 0.5 * x * (1 + tanh(...)) in one of the usual association orders."""
+    if not _plain(root, "MUL"):
+        return None
+    a, b = root.inputs
+    for half, rest in ((a, b), (b, a)):
+        op = half.producer
+        # (0.5 * x) * (1 + tanh(..)) or (x * 0.5) * (...)
+        if _plain(op, "MUL") and any(_is_const(i, 0.5) for i in op.inputs):
+            x = next(i for i in op.inputs if not _is_const(i, 0.5))
+            if _gelu_tanh_input(rest) is x:
+                return x
+        # 0.5 * (x * (1 + tanh(..)))
+        if _is_const(half, 0.5) and _plain(rest.producer, "MUL"):
+            p, q = rest.producer.inputs
+            for x, t in ((p, q), (q, p)):
+                if _gelu_tanh_input(t) is x:
+                    return x
+        # x * (0.5 * (1 + tanh(..)))
+        if _plain(rest.producer, "MUL"):
+            p, q = rest.producer.inputs
+            for c, t in ((p, q), (q, p)):
+                if _is_const(c, 0.5) and _gelu_tanh_input(t) is half:
+                    return half
+    return None
+
+
+class RecognizeGelu(_Recognize):
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), any association  =>
+    GELU(x, approximate=True)."""
+
+    builtin = "GELU"
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MUL(p.a, p.b)
+
+    def _source(self, root: Op) -> Tensor | None:
+        return _gelu(root)
+
+    def _options(self, m: Match) -> dict:
+        return {"approximate": True}

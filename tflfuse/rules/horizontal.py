@@ -1,0 +1,226 @@
+"""Horizontal fusion: sibling CONV_2D / FULLY_CONNECTED ops that read the same tensor become one.
+
+Inception blocks (several 1x1 convs on one input) and attention (Q, K, V projections of one
+sequence) launch one GEMM per sibling and read the input once each. Merged, the input is read
+once by one larger GEMM. The cost model decides per target: merged weights must fit the
+on-chip budget, and a split after the merged op must leave fewer kernels than before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tflfuse import cost
+from tflfuse.ir import Graph, Op, Tensor
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rules import common
+from tflfuse.rules.common import NotApplicable
+
+_SIBLINGS = ("CONV_2D", "FULLY_CONNECTED")
+_GEOMETRY = (
+    "padding",
+    "stride_h",
+    "stride_w",
+    "dilation_h_factor",
+    "dilation_w_factor",
+    "fused_activation_function",
+    "keep_num_dims",
+    "weights_format",
+)
+
+
+def _geometry(op: Op) -> tuple:
+    return (*[op.options.get(k) for k in _GEOMETRY], tuple(op.inputs[1].shape[1:]))
+
+
+def _mergeable(op: Op, x: Tensor) -> bool:
+    return (
+        op.inputs[0] is x
+        and x not in op.inputs[1:]
+        and common.has_float_params(op)
+        and not op.options.get("weights_format", 0)
+    )
+
+
+def _siblings(root: Op, x: Tensor) -> list[Op]:
+    """Ops of root's type and geometry that read x as data, in graph order."""
+    return [
+        op
+        for op in x.consumers
+        if op.type == root.type and _mergeable(op, x) and _geometry(op) == _geometry(root)
+    ]
+
+
+def _absorbing_concat(graph: Graph, group: list[Op]) -> Op | None:
+    """A CONCATENATION on the last axis that reads exactly the group's outputs, each once."""
+    outs = [op.output for op in group]
+    if any(not common.single_reader(graph, t) for t in outs):
+        return None
+    reader = outs[0].consumers[0]
+    if reader.type != "CONCATENATION" or reader.fused_activation != "NONE":
+        return None
+    rank = len(outs[0].shape)
+    if reader.options.get("axis") not in (-1, rank - 1):
+        return None
+    if len(reader.inputs) != len(outs) or set(reader.inputs) != set(outs):
+        return None
+    return reader
+
+
+class MergeSiblingOps(Rule):
+    """W1(x), W2(x), ... Wn(x) (same op type, kernel, stride, padding, dilation, activation)  =>
+    W(x) with W = concat(W1..Wn) and b = concat(b1..bn) on the output-channel axis, then
+    SPLIT/SPLIT_V back into the n outputs — or writing the CONCATENATION that joined them,
+    which disappears. Exact: each output channel is computed from the same weights as before.
+    """
+
+    def __init__(self, target: str = "xnnpack") -> None:
+        self.target = target
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any(*_SIBLINGS)(p.x, p.const("w"), ...)
+
+    def check(self, m: Match) -> Refusal | None:
+        if not _mergeable(m.root, m.x):
+            return NotApplicable("not a float op with constant weights")
+        group = _siblings(m.root, m.x)
+        if len(group) < 2:
+            same_type = [op for op in m.x.consumers if op.type == m.root.type]
+            if len(same_type) > 1:
+                return refuse(f"sibling {m.root.type} ops differ in kernel, stride or activation")
+            return NotApplicable("no sibling reads the same input")
+        concat = _absorbing_concat(m.graph, group)
+        sizes = [op.output.shape[-1] for op in group]
+        weight_bytes = sum(op.inputs[1].nbytes for op in group)
+        return refuse_or_none(
+            cost.horizontal_pays(
+                self.target,
+                len(group),
+                weight_bytes,
+                absorbs_concat=concat is not None,
+                equal_parts=len(set(sizes)) == 1,
+            )
+        )
+
+    def rewrite(self, m: Match) -> None:
+        g, x = m.graph, m.x
+        group = _siblings(m.root, x)
+        concat = _absorbing_concat(g, group)
+        if concat is not None:
+            order = {t: i for i, t in enumerate(concat.inputs)}
+            group.sort(key=lambda op: order[op.output])
+        first = min(group, key=g.ops.index)
+        w = np.concatenate([common.weights(op) for op in group], axis=0)
+        b = np.concatenate([common.bias(op) for op in group], axis=0)
+        outs = [op.output for op in group]
+        proto = group[0]
+        if concat is not None:
+            merged_out = concat.output
+            g.remove_op(concat)
+        else:
+            merged_out = g.add_tensor(
+                proto.output.name + "_merged", (*proto.output.shape[:-1], w.shape[0])
+            )
+        merged = g.add_op(
+            proto.type,
+            [x, common.new_constant(g, proto.inputs[1].name + "_merged", w),
+             common.new_constant(g, proto.name + "_merged_bias", b)],
+            [merged_out],
+            dict(proto.options),
+            before=first,
+            version=proto.version,
+        )
+        for op in group:
+            g.remove_op(op)
+        if concat is None:
+            _split_after(g, merged, outs)
+
+
+def _split_after(g: Graph, merged: Op, outs: list[Tensor]) -> None:
+    axis = g.add_constant("split_axis", np.array(len(outs[0].shape) - 1, dtype=np.int32))
+    sizes = [t.shape[-1] for t in outs]
+    if len(set(sizes)) == 1:
+        g.add_op("SPLIT", [axis, merged.output], outs, {"num_splits": len(outs)}, after=merged)
+    else:
+        size_splits = g.add_constant("split_sizes", np.array(sizes, dtype=np.int32))
+        g.add_op("SPLIT_V", [merged.output, size_splits, axis], outs,
+                 {"num_splits": len(outs)}, after=merged)
+
+
+def refuse_or_none(reason: str | None) -> Refusal | None:
+    return None if reason is None else refuse(reason)
+
+
+def _pad_kernel(w: np.ndarray, kh: int, kw: int) -> np.ndarray:
+    """A [O, h, w, I] kernel centred in a [O, kh, kw, I] one of zeros."""
+    top, left = (kh - w.shape[1]) // 2, (kw - w.shape[2]) // 2
+    out = np.zeros((w.shape[0], kh, kw, w.shape[3]), dtype=w.dtype)
+    out[:, top:top + w.shape[1], left:left + w.shape[2], :] = w
+    return out
+
+
+class MergeSiblingSum(Rule):
+    """W_a(x) + W_b(x)  =>  W(x) with W = W_a + W_b, b = b_a + b_b (the ADD's activation moves).
+
+    Both are CONV_2D (or both FULLY_CONNECTED) with the same stride, padding and no activation.
+    Convs of different odd kernel sizes merge too when both use SAME padding at stride 1 (the
+    smaller kernel is zero-padded to the larger, centred: RepVGG-style re-parametrization).
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.ADD(
+            p.any(*_SIBLINGS)(p.x, p.const("wa"), ..., out="a"),
+            p.any(*_SIBLINGS)(p.x, p.const("wb"), ..., out="b"),
+        )
+
+    def check(self, m: Match) -> Refusal | None:
+        a, b = m.a.op, m.b.op
+        if a is b or a.type != b.type:
+            return refuse("the two addends are not the same kind of op")
+        for op in (a, b):
+            if op.fused_activation != "NONE":
+                return refuse(f"an addend has fused {op.fused_activation}")
+            if not _mergeable(op, m.x):
+                return refuse("an addend's weights are not float constants")
+            if not common.single_reader(m.graph, op.output):
+                return refuse("an addend is read elsewhere")
+        if m.root.output.shape != m.a.shape:
+            return refuse("the ADD broadcasts")
+        geometry = [k for k in _GEOMETRY if k != "fused_activation_function"]
+        if any(a.options.get(k) != b.options.get(k) for k in geometry):
+            return refuse("the addends differ in stride, padding or dilation")
+        if a.inputs[1].shape != b.inputs[1].shape:
+            if a.type != "CONV_2D" or a.options.get("padding") != "SAME":
+                return refuse("different kernel sizes merge only with SAME padding")
+            if (a.options.get("stride_h"), a.options.get("stride_w")) != (1, 1):
+                return refuse("different kernel sizes merge only at stride 1")
+            if (a.options.get("dilation_h_factor", 1), a.options.get("dilation_w_factor", 1)) != (
+                1, 1
+            ):
+                return refuse("different kernel sizes merge only without dilation")
+            if any(d % 2 == 0 for d in (*a.inputs[1].shape[1:3], *b.inputs[1].shape[1:3])):
+                return refuse("an even kernel size has no centre")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, a, b, add = m.graph, m.a.op, m.b.op, m.root
+        wa, wb = common.weights(a), common.weights(b)
+        if wa.shape != wb.shape:
+            kh = max(wa.shape[1], wb.shape[1])
+            kw = max(wa.shape[2], wb.shape[2])
+            wa, wb = _pad_kernel(wa, kh, kw), _pad_kernel(wb, kh, kw)
+        bias = common.bias(a) + common.bias(b)
+        out, act = add.output, add.fused_activation
+        options = dict(a.options)
+        options["fused_activation_function"] = act
+        g.remove_op(add)
+        first = min((a, b), key=g.ops.index)
+        g.add_op(
+            a.type,
+            [m.x, common.new_constant(g, a.inputs[1].name + "_sum", wa + wb),
+             common.new_constant(g, a.name + "_sum_bias", bias)],
+            [out],
+            options,
+            before=first,
+            version=max(a.version, b.version),
+        )

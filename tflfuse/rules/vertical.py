@@ -1,0 +1,269 @@
+"""Vertical fusion: fold an op into the heavy kernel that *follows* it, or merge a chain of them.
+
+The stock converter only folds affine ops that come after a conv. Pre-activation networks
+(BatchNorm -> ReLU -> Conv, ResNetV2) put them before; linear 1x1 chains and explicit PAD ops
+come from other converters. All rules here are float-only: they recompute weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tflfuse import cost
+from tflfuse.ir import Op, Tensor
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rules import common
+
+_READERS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
+
+
+def _absorbing_readers(m: Match, t: Tensor, *, needs_no_padding: bool) -> Refusal | None:
+    """None when every reader of `t` is a float conv/FC taking it as data input only."""
+    if m.graph.is_graph_output(t):
+        return refuse("the value is also a model output")
+    if not t.consumers:
+        return refuse("nothing reads the value")
+    for op in t.consumers:
+        if op.type not in _READERS:
+            return refuse(f"{op.type} reads the value and cannot absorb it")
+        if op.inputs[0] is not t or t in op.inputs[1:]:
+            return refuse(f"{op.type} reads the value as weights")
+        if not common.has_float_params(op):
+            return refuse(f"{op.type} weights or bias are not float constants")
+        if needs_no_padding and not common.same_padding_is_zero(op):
+            return refuse(
+                f"{op.type} uses SAME padding: its zero border would not see the added constant"
+            )
+    return None
+
+
+def _scale_input_channels(op: Op, s: np.ndarray) -> np.ndarray:
+    """Weights of `op` with input channel i multiplied by s[i]."""
+    w = common.weights(op)
+    if op.type == "DEPTHWISE_CONV_2D":
+        multiplier = w.shape[3] // s.size
+        return w * np.repeat(s, multiplier).reshape(1, 1, 1, -1)
+    return w * s.reshape(*([1] * (w.ndim - 1)), -1)
+
+
+def _bias_from_input_offset(op: Op, c: np.ndarray) -> np.ndarray:
+    """The op's bias after its input gains +c[i] on every element of channel i (no padding)."""
+    w = common.weights(op).astype(np.float64)
+    b = common.bias(op).astype(np.float64)
+    if op.type == "DEPTHWISE_CONV_2D":
+        multiplier = w.shape[3] // c.size
+        return (b + np.repeat(c, multiplier) * w.sum(axis=(0, 1, 2))).astype(np.float32)
+    return (b + w.reshape(w.shape[0], -1, w.shape[-1]).sum(axis=1) @ c).astype(np.float32)
+
+
+class FoldAffineIntoFollowing(Rule):
+    """y = x * s | x + c | x - c, read only by CONV_2D/DEPTHWISE_CONV_2D/FULLY_CONNECTED  =>
+    each reader reads x with W'[..., i] = W[..., i] * s[i]  |  b' = b + sum_{k,i} W[o, k, i] c[i].
+
+    s, c hold one value per channel (last axis). A MUL is always exact (zero padding stays
+    zero); an ADD/SUB only when the reader pads nothing, otherwise the border would lack c.
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("MUL", "ADD", "SUB")(p.x, p.const("c"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        root = m.root
+        if root.fused_activation != "NONE":
+            return refuse(f"{root.type} has fused {root.fused_activation}")
+        if not common.is_float(m.x) or m.x.is_constant or m.x.shape != m.y.shape or not m.x.shape:
+            return refuse(f"{root.type} broadcasts or is not a float activation")
+        if common.channel_vector(m.c, m.y.shape[-1], len(m.y.shape)) is None:
+            return refuse(f"the {root.type} constant is not one value per channel")
+        return _absorbing_readers(m, m.y, needs_no_padding=root.type != "MUL")
+
+    def rewrite(self, m: Match) -> None:
+        c = common.channel_vector(m.c, m.y.shape[-1], len(m.y.shape))
+        for op in m.y.consumers:
+            if m.root.type == "MUL":
+                common.set_weights(m.graph, op, _scale_input_channels(op, c))
+            else:
+                sign = -1.0 if m.root.type == "SUB" else 1.0
+                common.set_bias(m.graph, op, _bias_from_input_offset(op, sign * c))
+            op.set_input(0, m.x)
+
+
+class MoveScaleThroughRelu(Rule):
+    """relu(x * s + b)  =>  relu(x + b / s) * s, for s > 0 per channel.
+
+    Exact because relu(s * z) = s * relu(z) when s > 0. Fires only when every reader of the
+    result is a conv/FC, so the MUL then folds into them (FoldAffineIntoFollowing): a
+    pre-activation BatchNorm loses its MUL.
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.ADD(p.MUL(p.x, p.const("s"), out="scaled"), p.const("b"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        if m.root.fused_activation == "NONE":
+            return refuse("no RELU follows the affine, so there is nothing to move it past")
+        if m.root.fused_activation != "RELU":
+            act = m.root.fused_activation
+            return refuse(f"only RELU commutes with a positive scale, not {act}")
+        if m.scaled.op.fused_activation != "NONE" or not common.single_reader(m.graph, m.scaled):
+            return refuse("the scale is read elsewhere or has an activation")
+        if not common.is_float(m.x) or m.x.shape != m.y.shape or not m.x.shape:
+            return refuse("the affine broadcasts or is not float")
+        channels, rank = m.y.shape[-1], len(m.y.shape)
+        s = common.channel_vector(m.s, channels, rank)
+        b = common.channel_vector(m.b, channels, rank)
+        if s is None or b is None:
+            return refuse("scale or offset is not one value per channel")
+        if not np.all(s > 0):
+            return refuse("a scale is not positive, so it does not commute with RELU")
+        return _absorbing_readers(m, m.y, needs_no_padding=False)
+
+    def rewrite(self, m: Match) -> None:
+        channels, rank = m.y.shape[-1], len(m.y.shape)
+        s = common.channel_vector(m.s, channels, rank)
+        b = common.channel_vector(m.b, channels, rank)
+        g, add = m.graph, m.root
+        shifted = g.add_tensor(add.output.name + "_shifted", m.y.shape)
+        new_add = g.add_op(
+            "ADD", [m.x, common.new_constant(g, add.name + "_offset", b / s)], [shifted],
+            {"fused_activation_function": "RELU"}, before=add,
+        )
+        new_add.version = add.version
+        out = add.output
+        g.remove_op(add)
+        g.add_op("MUL", [shifted, common.new_constant(g, out.name + "_scale", s)], [out],
+                 {"fused_activation_function": "NONE"}, after=new_add)
+
+
+def _pointwise(op: Op) -> bool:
+    return op.type == "CONV_2D" and common.kernel_hw(op) == (1, 1)
+
+
+class MergeLinearChain(Rule):
+    """conv1x1_2(conv1x1_1(x)) | fc_2(fc_1(x)) with no activation between  =>  one op with
+    W = W2 @ W1, b = W2 @ b1 + b2.
+
+    Fires when the cost model says the merged op does no more multiply-adds per position
+    (I*O <= I*M + M*O) — it always saves a kernel and the intermediate tensor.
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("CONV_2D", "FULLY_CONNECTED")(
+            p.any("CONV_2D", "FULLY_CONNECTED")(p.x, ..., out="mid"), ...
+        )
+
+    def check(self, m: Match) -> Refusal | None:
+        first, second = m.mid.op, m.root
+        if first.type != second.type:
+            return refuse("a conv and an FC do not merge")
+        if first.fused_activation != "NONE":
+            return refuse(f"{first.fused_activation} between the two ops is not linear")
+        if not common.single_reader(m.graph, m.mid):
+            return refuse("the intermediate is read elsewhere")
+        if second.inputs[0] is not m.mid:
+            return refuse("the first op feeds the weights of the second")
+        if not (common.has_float_params(first) and common.has_float_params(second)):
+            return refuse("weights or bias are not float constants")
+        if first.type == "CONV_2D":
+            if not (_pointwise(first) and _pointwise(second)):
+                return refuse("only 1x1 convolutions merge")
+            strides = [(o.options.get("stride_h", 1), o.options.get("stride_w", 1))
+                       for o in (first, second)]
+            if (1, 1) not in strides:
+                return refuse("both convolutions are strided")
+            if any(o.options.get("dilation_h_factor", 1) != 1 for o in (first, second)):
+                return refuse("dilated 1x1 convolutions")
+        elif first.options.get("weights_format", 0) or second.options.get("weights_format", 0):
+            return refuse("shuffled FC weights")
+        w1, w2 = common.weights(first), common.weights(second)
+        i, mid, o = w1.shape[-1], w1.shape[0], w2.shape[0]
+        if not cost.chain_merge_pays(i, mid, o):
+            return refuse(
+                f"merging {i}->{mid}->{o} channels into {i}->{o} would need more multiply-adds"
+            )
+        if first.type == "FULLY_CONNECTED" and not self._fc_shape_ok(m):
+            return refuse("the merged FC would produce a different shape")
+        return None
+
+    @staticmethod
+    def _fc_shape_ok(m: Match) -> bool:
+        x, out = m.x, m.root.output
+        keep = bool(m.root.options.get("keep_num_dims", False)) and bool(
+            m.mid.op.options.get("keep_num_dims", False)
+        )
+        o = out.shape[-1]
+        rows = int(np.prod(x.shape[:-1]))
+        want = (*x.shape[:-1], o) if keep else (rows, o)
+        return tuple(out.shape) == tuple(want)
+
+    def rewrite(self, m: Match) -> None:
+        first, second, g = m.mid.op, m.root, m.graph
+        w1 = common.weights(first).astype(np.float64)
+        w2 = common.weights(second).astype(np.float64)
+        b1 = common.bias(first).astype(np.float64)
+        b2 = common.bias(second).astype(np.float64)
+        a1, a2 = w1.reshape(w1.shape[0], -1), w2.reshape(w2.shape[0], -1)
+        w = (a2 @ a1).reshape(w2.shape[0], *w1.shape[1:])
+        b = a2 @ b1 + b2
+        if first.type == "CONV_2D":
+            s1 = (first.options.get("stride_h", 1), first.options.get("stride_w", 1))
+            strided = first if s1 != (1, 1) else second
+            for key in ("padding", "stride_h", "stride_w"):
+                second.options[key] = strided.options.get(key, 1)
+        else:
+            second.options["keep_num_dims"] = bool(second.options.get("keep_num_dims")) and bool(
+                first.options.get("keep_num_dims")
+            )
+        common.set_weights(g, second, w.astype(np.float32))
+        common.set_bias(g, second, b.astype(np.float32))
+        second.set_input(0, m.x)
+
+
+class FoldPadIntoConv(Rule):
+    """PAD(x, zeros on H and W) -> CONV_2D|DEPTHWISE_CONV_2D|MAX_POOL_2D (VALID)  =>  the op
+    with SAME padding on x, when the PAD adds exactly the border SAME would.
+
+    For MAX_POOL_2D only when x >= 0 (it follows a RELU): SAME max pool ignores the border,
+    the PAD's zeros never win over non-negative values.
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D")(
+            p.any("PAD", "PADV2")(p.x, p.const("pads"), ..., out="padded"), ...
+        )
+
+    def check(self, m: Match) -> Refusal | None:
+        op, pad = m.root, m.padded.op
+        if op.options.get("padding") != "VALID":
+            return refuse(f"{op.type} already pads")
+        if not common.is_float(m.x) or len(m.x.shape) != 4:
+            return refuse("the PAD input is not a float NHWC tensor")
+        if pad.type == "PADV2" and common.scalar_value(pad.inputs[2]) != 0.0:
+            return refuse("the PAD value is not zero")
+        pads = np.asarray(m.pads.data).reshape(-1, 2).tolist()
+        if len(pads) != 4 or pads[0] != [0, 0] or pads[3] != [0, 0]:
+            return refuse("the PAD touches the batch or channel axis")
+        kh, kw = common.kernel_hw(op)
+        dil_h = op.options.get("dilation_h_factor", 1)
+        dil_w = op.options.get("dilation_w_factor", 1)
+        want_h = common.pads_for_same(m.x.shape[1], kh, op.options.get("stride_h", 1), dil_h)
+        want_w = common.pads_for_same(m.x.shape[2], kw, op.options.get("stride_w", 1), dil_w)
+        if tuple(pads[1]) != want_h or tuple(pads[2]) != want_w:
+            return refuse(
+                f"the PAD adds {pads[1]}/{pads[2]} but SAME would add "
+                f"{list(want_h)}/{list(want_w)}"
+            )
+        if op.type == "MAX_POOL_2D" and not _non_negative(m.x):
+            return refuse("max pool over a zero border equals SAME only for inputs >= 0")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        m.root.options["padding"] = "SAME"
+        m.root.set_input(0, m.x)
+
+
+def _non_negative(t: Tensor) -> bool:
+    op = t.producer
+    if op is None:
+        return False
+    return op.type in ("RELU", "RELU6") or op.fused_activation in ("RELU", "RELU6")
