@@ -89,7 +89,7 @@ def options_type_for(op_type: str) -> str | None:
 
 @functools.cache
 def _snake(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", name).lower()
 
 
 @functools.cache

@@ -145,7 +145,10 @@ class Tensor:
         if self.data is None:
             return False
         want = NUMPY_DTYPES.get(self.dtype)
-        return want is None or self.data.dtype != want or self.data.shape != self.shape
+        if want is None or self.data.dtype != want:
+            return True
+        packed_bytes = self.data.dtype == np.uint8 and self.data.ndim == 1
+        return packed_bytes and self.data.shape != self.shape
 
     @property
     def np_dtype(self) -> np.dtype | None:

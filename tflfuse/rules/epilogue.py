@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tflfuse.ir import Op, Quantization, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rules import common
 
@@ -65,7 +66,7 @@ class FuseActivationIntoProducer(Rule):
             and not m.y.quantization.same_as(act.output.quantization)
         ):
             return refuse(f"int8 {producer.type} needs the same scale on input and output")
-        return None
+        return _saturation_refusal(producer.type, m.y, act)
 
     def rewrite(self, m: Match) -> None:
         producer, act = m.y.op, m.root
@@ -73,6 +74,36 @@ class FuseActivationIntoProducer(Rule):
         m.graph.remove_op(act)
         producer.outputs = [out]
         producer.fused_activation = act.type
+
+
+_CLAMP_RANGE = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
+
+
+def _saturation_refusal(producer: str, y: Tensor, act: Op) -> Refusal | None:
+    """Quantized: unfused, y saturates at its own range before the activation clamps; fused, the
+    kernel clamps in the activation's output range. Equal (to one step) only if y's range covers
+    every value the activation can output."""
+    z = act.output
+    if not (y.is_quantized and z.is_quantized):
+        return None
+    qy, qz = y.quantization, z.quantization
+    if qy.per_channel or qz.per_channel or y.np_dtype is None:
+        return refuse("per-channel quantized activations: saturation cannot be compared")
+    info = np.iinfo(y.np_dtype)
+
+    def real_range(q: Quantization) -> tuple[float, float]:
+        scale, zero = float(q.scale[0]), int(q.zero_point[0]) if q.zero_point is not None else 0
+        return scale * (info.min - zero), scale * (info.max - zero)
+
+    (y_lo, y_hi), (z_lo, z_hi) = real_range(qy), real_range(qz)
+    lo, hi = _CLAMP_RANGE[act.type]
+    need_lo, need_hi, step = max(lo, z_lo), min(hi, z_hi), float(qz.scale[0])
+    if y_lo > need_lo + step or y_hi < need_hi - step:
+        return refuse(
+            f"int8 {producer} output saturates at [{y_lo:.3g}, {y_hi:.3g}], inside the "
+            f"{act.type} output range [{need_lo:.3g}, {need_hi:.3g}]: fusing would change results"
+        )
+    return None
 
 
 def _affine_check(m: Match, kind: str) -> Refusal | None:

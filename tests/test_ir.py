@@ -1,0 +1,95 @@
+"""The IR keeps producers and consumers consistent and catches broken graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from irgraphs import add, conv, model_of, unary
+
+from tflfuse.ir import Graph, IRError, Op, Tensor, dtype_name
+
+
+def small_graph() -> tuple[Graph, Tensor, Op, Op]:
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 4, 4, 3))
+    c = conv(g, x, 4)
+    r = unary(g, "RELU", c.output)
+    model_of(g, [x], [r.output])
+    return g, x, c, r
+
+
+def test_wiring_follows_assignment() -> None:
+    g, x, c, r = small_graph()
+    assert c.output.consumers == [r]
+    assert r.output.producer is r and r.inputs[0].op is c
+    r.set_input(0, x)
+    assert c.output.consumers == []
+    assert r in x.consumers
+
+
+def test_replace_uses_rewires_ops_and_graph_outputs() -> None:
+    g, x, c, r = small_graph()
+    g.replace_uses(r.output, c.output)
+    assert g.outputs == [c.output]
+    g.remove_op(r)
+    g.validate()
+    assert [op.type for op in g.ops] == ["CONV_2D"]
+
+
+def test_a_tensor_cannot_have_two_producers() -> None:
+    g, x, c, r = small_graph()
+    with pytest.raises(IRError, match="already produced"):
+        g.add_op("RELU", [x], [c.output])
+
+
+def test_validate_rejects_use_before_definition() -> None:
+    g, x, c, r = small_graph()
+    g.ops.reverse()
+    with pytest.raises(IRError, match="before it is produced"):
+        g.validate()
+    assert g.toposort() is True
+    g.validate()
+    assert [op.type for op in g.ops] == ["CONV_2D", "RELU"]
+
+
+def test_toposort_keeps_a_valid_order_and_detects_cycles() -> None:
+    g, x, c, r = small_graph()
+    assert g.toposort() is False
+    c.set_input(0, r.output)  # conv reads relu, relu reads conv: a cycle
+    with pytest.raises(IRError, match="cycle"):
+        g.toposort()
+
+
+def test_validate_rejects_foreign_tensors_and_bad_constants() -> None:
+    g, x, c, r = small_graph()
+    stray = Tensor("stray", (1, 4, 4, 4))
+    r.set_input(0, stray)
+    with pytest.raises(IRError, match="not in the subgraph"):
+        g.validate()
+    g2, _, c2, _ = small_graph()
+    c2.inputs[1].data = np.zeros((2, 2), np.float32)
+    with pytest.raises(IRError, match="data of shape"):
+        g2.validate()
+
+
+def test_unique_names_and_dtypes() -> None:
+    g = Graph()
+    a = g.add_tensor("t", (1,))
+    b = g.add_tensor("t", (1,))
+    assert a.name != b.name
+    assert dtype_name(np.dtype(np.int8)) == "INT8"
+    assert dtype_name(np.dtype(">f4")) == "FLOAT32"
+    with pytest.raises(IRError):
+        dtype_name(np.dtype("U3"))
+
+
+def test_op_counts_and_activations() -> None:
+    g = Graph()
+    x = g.add_tensor("x", (1, 2, 2, 2))
+    a = add(g, x, x)
+    r = unary(g, "RELU", a.output)
+    model_of(g, [x], [r.output])
+    assert g.op_counts() == {"ADD": 1, "RELU": 1}
+    assert [t.name for t in g.activations()] == ["add", "relu"]
+    assert a.output.nbytes == 1 * 2 * 2 * 2 * 4
+    assert x.consumers == [a]  # read twice by one op, listed once
