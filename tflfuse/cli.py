@@ -178,8 +178,35 @@ def _run_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- check ---------------------------------------------------------------------------------------
+def _add_check(sub: Any) -> None:
+    p = sub.add_parser("check", help="which ops run on the Edge TPU / XNNPACK / GPU, and why not")
+    p.add_argument("model", help=".tflite file")
+    p.add_argument("--target", required=True, choices=("edgetpu", "xnnpack", "gpu"))
+    p.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    p.set_defaults(func=_run_check)
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    from tflfuse import flatbuffer, targets
+
+    data = flatbuffer.read_model_bytes(args.model)
+    model = flatbuffer.from_bytes(data, args.model)
+    if args.target == "gpu":
+        from tflfuse.delegate_probe import predict_gpu
+
+        prediction = predict_gpu(model, data)
+    else:
+        prediction = targets.predict(model, args.target)
+    if args.json:
+        _emit_json(prediction.to_dict(), "-")
+    else:
+        print(targets.format_prediction(prediction, args.model))
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------------------------
-_COMMANDS = (_add_inspect, _add_optimize)
+_COMMANDS = (_add_inspect, _add_optimize, _add_check)
 
 
 def build_parser() -> argparse.ArgumentParser:

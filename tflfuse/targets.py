@@ -358,7 +358,7 @@ def predict_edgetpu(model: Model) -> Prediction:
             ops.append(cut)
             continue
         if cut is not None and key == "mapped":
-            why = f"after the cut at op {cut.index} ({cut.op}): {cut.reason}"
+            why = f"after the cut at op {cut.index} ({cut.op})"
             ops.append(OpPrediction(index, label, "cpu", status_text["after_cut"], why))
         elif key == "mapped":
             ops.append(OpPrediction(index, label, "edgetpu", status_text[key], reason))
@@ -439,3 +439,43 @@ def predict_xnnpack(model: Model) -> Prediction:
         status = "Delegated to XNNPACK" if taken else "Runs on the TFLite CPU kernels"
         ops.append(OpPrediction(index, op_label(op), "xnnpack" if taken else "cpu", status, reason))
     return Prediction("xnnpack", ops)
+
+
+# -- text ----------------------------------------------------------------------------------------
+def format_table(rows: list[tuple[str, int, str]]) -> list[str]:
+    """Rows in the compiler's `Operator  Count  Status` layout."""
+    lines = [f"{'Operator':<30} {'Count':<10} Status", ""]
+    lines += [f"{op:<30} {count:<10} {status}" for op, count, status in rows]
+    return lines
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}MiB" if n >= 2**20 else f"{n / 2**10:.2f}KiB"
+
+
+def format_prediction(prediction: Prediction, model_name: str) -> str:
+    """The text report of `tflfuse check`: header, status table, then each CPU op and why."""
+    accel = {"edgetpu": "Edge TPU", "xnnpack": "XNNPACK", "gpu": "GPU"}[prediction.target]
+    lines = [f"{model_name}: predicted placement on {accel}"]
+    mem = prediction.memory
+    if mem:
+        lines += [
+            f"Estimated parameters of mapped ops: {_mib(mem['parameter_bytes'])}",
+            f"On-chip memory used for caching model parameters: {_mib(mem['on_chip_bytes'])}"
+            f" of {_mib(mem['cache_bytes'])}",
+            f"Off-chip memory used for streaming uncached model parameters:"
+            f" {_mib(mem['off_chip_bytes'])}",
+        ]
+    lines += [
+        f"Total number of operations: {len(prediction.ops)}",
+        f"Number of operations that will run on {accel}: {prediction.mapped}",
+        f"Number of operations that will run on CPU: {prediction.cpu}",
+        "",
+        *format_table(prediction.table()),
+    ]
+    cpu = [o for o in prediction.ops if o.target == "cpu"]
+    if cpu:
+        lines += ["", "On the CPU, and why:"]
+        lines += [f"  #{o.index:<4} {o.op:<24} {o.reason}" for o in cpu]
+    lines += [f"note: {n}" for n in prediction.notes]
+    return "\n".join(lines)
