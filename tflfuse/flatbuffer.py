@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -175,11 +176,20 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
         raise
     except (IRError, _CorruptError) as exc:
         raise ModelError(source, f"not a valid TFLite model: {exc}") from None
-    except Exception as exc:
-        raise ModelError(
-            source, f"not a valid TFLite model (corrupt flatbuffer: {type(exc).__name__})"
-        ) from None
+    except Exception as exc:  # the bytes are untrusted input: any parser failure is theirs
+        raise ModelError(source, f"not a valid TFLite model ({_describe(exc)})") from None
     return model
+
+
+def _describe(exc: Exception) -> str:
+    """What a parser exception says about the bytes, for a user."""
+    if isinstance(exc, (struct.error, IndexError, ValueError, OverflowError)):
+        return "corrupt flatbuffer: an offset or length points outside the file"
+    if isinstance(exc, UnicodeDecodeError):
+        return "corrupt flatbuffer: a name is not valid UTF-8"
+    if isinstance(exc, MemoryError):
+        return "corrupt flatbuffer: a length is absurdly large"
+    return f"corrupt flatbuffer: a table has the wrong layout ({type(exc).__name__})"
 
 
 class _CorruptError(Exception):
