@@ -205,8 +205,88 @@ def _run_check(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- convert -------------------------------------------------------------------------------------
+def _add_convert(sub: Any) -> None:
+    p = sub.add_parser(
+        "convert",
+        help="Keras/SavedModel -> fused, quantized .tflite + unfused and stock baselines + report",
+    )
+    p.add_argument("model", help=".keras or .h5 file, or a SavedModel folder")
+    p.add_argument(
+        "--recipe",
+        default="xnnpack-int8",
+        help="recipe name (edgetpu, xnnpack-int8, cpu-float, gpu-fp16) or a .toml file",
+    )
+    p.add_argument("--calib", metavar="DATA", help="calibration data: .npy, .npz or image folder")
+    p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output folder")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling and checks (default 0)")
+    p.add_argument("--batch", type=int, default=1, help="size a dynamic batch is pinned to")
+    p.add_argument("--allow-lambda", action="store_true", help="load Lambda layers (trusted files)")
+    p.add_argument("--quant", choices=("int8", "float16", "dynamic", "none"), help="override mode")
+    p.add_argument("--input-type", choices=("float32", "int8", "uint8"), help="override I/O type")
+    p.add_argument("--output-type", choices=("float32", "int8", "uint8"), help="override I/O type")
+    p.add_argument("--target", choices=("edgetpu", "xnnpack", "cpu", "gpu"), help="override rules")
+    p.add_argument("--level", type=int, choices=(0, 1, 2), help="override the rule level")
+    p.add_argument("--samples", type=int, help="override the number of calibration samples")
+    p.add_argument("--scale", type=float, help="image calibration: x / 255 * SCALE + OFFSET")
+    p.add_argument("--offset", type=float, help="image calibration offset")
+    p.add_argument(
+        "--select-tf-ops",
+        action="store_true",
+        default=None,
+        help="keep TF ops with no TFLite builtin as Flex ops (CPU targets only)",
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_run_convert)
+
+
+def _run_convert(args: argparse.Namespace) -> int:
+    from tflfuse.convert import convert_keras
+
+    overrides = {
+        "quant_mode": args.quant,
+        "input_type": args.input_type,
+        "output_type": args.output_type,
+        "target": args.target,
+        "level": args.level,
+        "samples": args.samples,
+        "scale": args.scale,
+        "offset": args.offset,
+        "select_tf_ops": args.select_tf_ops,
+    }
+    result = convert_keras(
+        args.model,
+        recipe=args.recipe,
+        calibration=args.calib,
+        output_dir=Path(args.output),
+        seed=args.seed,
+        batch=args.batch,
+        allow_lambda=args.allow_lambda,
+        progress=not args.json,
+        quiet=False,
+        **{k: v for k, v in overrides.items() if v is not None},
+    )
+    r = result.report
+    if args.json:
+        _emit_json(r, "-")
+        return 0
+    print(f"{result.output_dir}: recipe {r['recipe']['name']}, {r['quantization']['fused_route']}")
+    for name, m in r["models"].items():
+        a = r["agreement"][name]
+        err = f"max abs error {a['max_abs']:.3g}" if a.get("verified") else "not verified"
+        print(
+            f"  {r['files'][name]:<22} {m['op_count']:>4} ops, activations"
+            f" {_fmt_bytes(m['activation_bytes'])}, {m['quantization']}, {err}"
+        )
+    d = r["delegate_check"]
+    if d.get("checked"):
+        print(f"  {d['delegate']}: {d['mapped']} ops mapped, {d['cpu']} on the CPU")
+    print(f"  report: {result.output_dir / 'report.md'}")
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------------------------
-_COMMANDS = (_add_inspect, _add_optimize, _add_check)
+_COMMANDS = (_add_inspect, _add_optimize, _add_check, _add_convert)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,171 @@
+"""Calibration data for quantization: arrays, .npy/.npz files, a folder of images or a callable.
+
+Whatever the source, the result is one float32 array per model input, shaped (N, *input shape
+without batch), checked (shape, dtype, NaN/Inf), and reduced to a seeded subset of the recipe's
+sample count, so the same seed gives the same quantized model. Images are decoded and resized with
+TensorFlow (imported lazily), then scaled as the recipe says: x / 255 * scale + offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tflfuse.errors import TflfuseError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+CalibrationSource = Any  # an ndarray, a .npy/.npz path, an image folder, a callable, or None
+
+
+def _shape_text(shape: tuple[int, ...]) -> str:
+    return "(N, " + ", ".join(str(s) for s in shape) + ")"
+
+
+def check_array(data: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """`data` as float32 (N, *shape), or a one-line error saying what is wrong with it."""
+    arr = np.asarray(data)
+    if arr.dtype == object or arr.dtype.kind not in "fiub":
+        raise TflfuseError(f"{what}: calibration data of dtype {arr.dtype} is not numeric")
+    if arr.dtype.kind in "iub" and arr.dtype != np.float32:
+        raise TflfuseError(
+            f"{what}: calibration data has dtype {arr.dtype}, the model input is float32"
+            " (scale it to the model's input range first, or give a folder of images)"
+        )
+    if arr.ndim == len(shape) + 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]  # (N, 1, ...) batches of one
+    if arr.ndim == len(shape):
+        arr = arr[None]
+    if arr.ndim != len(shape) + 1 or tuple(arr.shape[1:]) != tuple(shape):
+        raise TflfuseError(
+            f"{what}: calibration data has shape {tuple(arr.shape)}, the model input needs"
+            f" {_shape_text(shape)}"
+        )
+    if arr.shape[0] == 0:
+        raise TflfuseError(f"{what}: calibration data is empty")
+    bad = int(np.count_nonzero(~np.isfinite(arr)))
+    if bad:
+        raise TflfuseError(f"{what}: calibration data has {bad} NaN or Inf values")
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _from_npz(path: Path, names: list[str]) -> list[Any]:
+    with np.load(path, allow_pickle=False) as z:
+        keys = list(z.files)
+        if not keys:
+            raise TflfuseError(f"{path}: the .npz holds no arrays")
+        if len(names) == 1:
+            key = names[0] if names[0] in keys else keys[0]
+            if len(keys) > 1 and names[0] not in keys:
+                raise TflfuseError(
+                    f"{path}: {len(keys)} arrays ({', '.join(keys)}); name one after the model"
+                    f" input {names[0]!r} or keep a single array"
+                )
+            return [z[key]]
+        missing = [n for n in names if n not in keys]
+        if missing:
+            raise TflfuseError(f"{path}: no array named {missing[0]!r} (model inputs: {names})")
+        return [z[n] for n in names]
+
+
+def _from_images(folder: Path, shape: tuple[int, ...], scale: float, offset: float) -> np.ndarray:
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise TflfuseError(
+            f"{folder}: no images in the calibration folder ({', '.join(IMAGE_SUFFIXES)})"
+        )
+    if len(shape) != 3:
+        raise TflfuseError(f"{folder}: images need a model input of shape (H, W, C), not {shape}")
+    import tensorflow as tf
+
+    height, width, channels = shape
+    out = []
+    for path in files:
+        try:
+            image = tf.io.decode_image(
+                path.read_bytes(), channels=channels, expand_animations=False
+            )
+        except (tf.errors.InvalidArgumentError, OSError) as exc:
+            raise TflfuseError(f"{path}: cannot decode image: {str(exc).splitlines()[0]}") from None
+        image = tf.image.resize(tf.cast(image, tf.float32), (height, width))
+        out.append(image.numpy() / 255.0 * scale + offset)
+    return np.stack(out).astype(np.float32)
+
+
+def load(
+    source: CalibrationSource,
+    shapes: list[tuple[int, ...]],
+    names: list[str],
+    *,
+    samples: int = 100,
+    seed: int = 0,
+    scale: float = 2.0,
+    offset: float = -1.0,
+) -> list[np.ndarray] | None:
+    """One checked float32 array per model input (None when `source` is None)."""
+    if source is None:
+        return None
+    what = "calibration"
+    raw: list[Any]
+    if callable(source) and not isinstance(source, (str, Path)):
+        what = getattr(source, "__name__", "calibration callable")
+        produced = source()
+        raw = _collect(produced, len(shapes), what)
+    elif isinstance(source, (str, Path)):
+        path = Path(source)
+        what = str(path)
+        if path.is_dir():
+            if len(shapes) != 1:
+                raise TflfuseError(
+                    f"{path}: a folder of images calibrates single-input models only"
+                )
+            raw = [_from_images(path, shapes[0], scale, offset)]
+        elif not path.exists():
+            raise TflfuseError(f"{path}: calibration data not found")
+        elif path.suffix == ".npy":
+            try:
+                raw = [np.load(path, allow_pickle=False)]
+            except (OSError, ValueError) as exc:
+                raise TflfuseError(f"{path}: not a readable .npy file: {exc}") from None
+        elif path.suffix == ".npz":
+            try:
+                raw = _from_npz(path, names)
+            except (OSError, ValueError) as exc:
+                raise TflfuseError(f"{path}: not a readable .npz file: {exc}") from None
+        else:
+            raise TflfuseError(f"{path}: calibration data must be .npy, .npz or a folder of images")
+    else:
+        raw = _collect(source, len(shapes), what)
+    if len(raw) != len(shapes):
+        raise TflfuseError(f"{what}: {len(raw)} calibration arrays for {len(shapes)} model inputs")
+    arrays = [check_array(a, s, what) for a, s in zip(raw, shapes)]
+    counts = {len(a) for a in arrays}
+    if len(counts) != 1:
+        raise TflfuseError(f"{what}: calibration arrays have different sample counts {counts}")
+    n = counts.pop()
+    if n > samples:
+        keep = np.sort(np.random.default_rng(seed).choice(n, samples, replace=False))
+        arrays = [a[keep] for a in arrays]
+    return arrays
+
+
+def _collect(produced: Any, n_inputs: int, what: str) -> list[Any]:
+    """Arrays from an ndarray, a list of per-input arrays, or an iterable of samples."""
+    if isinstance(produced, np.ndarray):
+        return [produced]
+    if (
+        isinstance(produced, (list, tuple))
+        and produced
+        and all(isinstance(a, np.ndarray) for a in produced)
+        and len(produced) == n_inputs
+        and n_inputs > 1
+    ):
+        return list(produced)
+    if isinstance(produced, Iterable):
+        samples = [s if isinstance(s, (list, tuple)) else [s] for s in produced]
+        if not samples:
+            raise TflfuseError(f"{what}: the calibration callable produced no samples")
+        return [np.stack([np.asarray(s[i]) for s in samples]) for i in range(len(samples[0]))]
+    raise TflfuseError(f"{what}: calibration must be arrays or an iterable of samples")

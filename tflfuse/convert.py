@@ -1,0 +1,807 @@
+"""Keras / SavedModel / tf.function -> three .tflite models (fused, unfused, stock) and a report.
+
+The route (see DESIGN.md):
+  frozen TF graph --Grappler (the recipe's optimizer list, remapper off)--> optimized graph
+  --TFLite MLIR converter--> float .tflite --tflfuse rules (recipe's target)--> fused float
+  --ai-edge-quantizer (recipe's mode, calibration data)--> model.tflite
+Baselines, with the same inputs and outputs:
+  unfused  the same graph converted with every Keras layer output (or, without Keras layers, every
+           TF op output) as an extra model output, which stops the converter fusing anything; the
+           extra outputs are then trimmed on the IR (outputs and signature set back, dead code
+           removed), verified against the original, and quantized the same way as the fused model.
+  stock    the plain TFLite converter on the original function with its own PTQ.
+Everything is written to a temporary folder beside OUTPUT_DIR and renamed at the end, so a failed
+conversion leaves nothing half-written. TensorFlow is imported lazily (only here, in
+`calibration` for images and in `quantize` through ai-edge-quantizer).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tflfuse import calibration as calib_mod
+from tflfuse import flatbuffer
+from tflfuse import recipe as recipe_mod
+from tflfuse.errors import TflfuseError
+from tflfuse.ir import Model, Signature
+from tflfuse.rewrite import DeadCodeElimination
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+FUSED, UNFUSED, STOCK = "model.tflite", "model_unfused.tflite", "model_stock.tflite"
+_SKIP_NODES = frozenset({"Const", "Identity", "IdentityN", "Placeholder", "NoOp", "StopGradient"})
+
+
+@dataclass
+class ConversionResult:
+    """Paths of the written models and the report (also written as report.json / report.md)."""
+
+    output_dir: Path
+    fused: Path
+    unfused: Path
+    stock: Path
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Frontend:
+    """The model as one frozen TF function plus what the report and the baselines need."""
+
+    function: Any  # frozen ConcreteFunction, variables inlined as constants
+    input_names: list[str]
+    input_shapes: list[tuple[int, ...]]  # without the batch dimension
+    output_names: list[str]
+    batch: int
+    source: str
+    keras: Any = None  # the Keras model, when there is one (for layer outputs)
+    notices: list[str] = field(default_factory=list)
+
+
+def _tf() -> Any:
+    import tensorflow as tf
+
+    return tf
+
+
+def _note(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"tflfuse: {message}", file=sys.stderr)
+
+
+# -- loading -------------------------------------------------------------------------------------
+def _is_keras_model(obj: Any) -> bool:
+    return any(c.__name__ in ("Model", "Functional", "Sequential") for c in type(obj).__mro__) and (
+        hasattr(obj, "layers")
+    )
+
+
+def _load_keras_file(path: Path, allow_lambda: bool) -> Any:
+    import keras
+
+    try:
+        return keras.saving.load_model(path, compile=False, safe_mode=not allow_lambda)
+    except ValueError as exc:
+        text = str(exc)
+        if "safe_mode" in text or "Lambda" in text:
+            raise TflfuseError(
+                f"{path}: holds a Lambda layer (arbitrary Python code); refused in safe mode"
+                " (pass --allow-lambda if you trust the file)"
+            ) from None
+        if path.suffix != ".h5":
+            raise TflfuseError(f"{path}: Keras cannot load it: {text.splitlines()[0]}") from None
+    except (OSError, TypeError) as exc:
+        if path.suffix != ".h5":
+            raise TflfuseError(
+                f"{path}: Keras cannot load it: {str(exc).splitlines()[0]}"
+            ) from None
+    return _load_legacy_h5(path, allow_lambda)
+
+
+def _load_legacy_h5(path: Path, allow_lambda: bool) -> Any:
+    """Legacy Keras 2 .h5 files that Keras 3 refuses: load them with tf-keras."""
+    if not allow_lambda and _h5_has_lambda(path):
+        raise TflfuseError(
+            f"{path}: holds a Lambda layer (arbitrary Python code); refused in safe mode"
+            " (pass --allow-lambda if you trust the file)"
+        )
+    try:
+        import tf_keras
+    except ImportError:
+        raise TflfuseError(f"{path}: Keras 3 cannot load it; pip install tf-keras") from None
+    try:
+        return tf_keras.models.load_model(path, compile=False)
+    except (ValueError, OSError, TypeError) as exc:
+        raise TflfuseError(f"{path}: cannot load: {str(exc).splitlines()[0]}") from None
+
+
+def _h5_has_lambda(path: Path) -> bool:
+    try:
+        import h5py
+    except ImportError:
+        return False
+    try:
+        with h5py.File(path, "r") as f:
+            config = f.attrs.get("model_config", "")
+    except OSError as exc:
+        raise TflfuseError(f"{path}: not a readable .h5 file: {exc}") from None
+    if isinstance(config, bytes):
+        config = config.decode("utf-8", "replace")
+    return '"class_name": "Lambda"' in str(config)
+
+
+def _specs_from_keras(model: Any, batch: int, quiet: bool) -> tuple[list, list[str], list[str]]:
+    tf = _tf()
+    inputs = model.inputs if getattr(model, "inputs", None) else None
+    if not inputs:
+        raise TflfuseError("the Keras model has no defined inputs; build it or call it once first")
+    specs, names, notices = [], [], []
+    for i, t in enumerate(inputs):
+        shape = list(t.shape)
+        name = getattr(t, "name", "") or f"input_{i}"
+        name = re.sub(r"[^A-Za-z0-9_]", "_", name.split(":")[0]) or f"input_{i}"
+        if shape and shape[0] is None:
+            shape[0] = batch
+            notices.append(f"input {name!r}: dynamic batch dimension pinned to {batch}")
+        if any(d is None for d in shape[1:]):
+            raise TflfuseError(
+                f"input {name!r} has dynamic dimensions {tuple(shape)}; only the batch may be"
+                " dynamic (give a model with a fixed input size)"
+            )
+        specs.append(tf.TensorSpec(shape, t.dtype if hasattr(t, "dtype") else tf.float32, name))
+        names.append(name)
+    return specs, names, notices
+
+
+def _frozen(fn: Any, specs: list) -> Any:
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    concrete = fn.get_concrete_function(*specs) if specs is not None else fn
+    return convert_variables_to_constants_v2(concrete)
+
+
+def _keras_frontend(model: Any, source: str, batch: int, quiet: bool) -> Frontend:
+    tf = _tf()
+    specs, names, notices = _specs_from_keras(model, batch, quiet)
+
+    def call(*xs: Any) -> Any:
+        out = model(list(xs) if len(xs) > 1 else xs[0], training=False)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    frozen = _frozen(tf.function(call), specs)
+    out_names = list(getattr(model, "output_names", None) or [])
+    if len(out_names) != len(frozen.outputs):
+        out_names = [f"output_{i}" for i in range(len(frozen.outputs))]
+    return Frontend(
+        frozen,
+        names,
+        [tuple(int(d) for d in s.shape[1:]) for s in specs],
+        out_names,
+        batch,
+        source,
+        keras=model,
+        notices=notices,
+    )
+
+
+def _function_frontend(fn: Any, source: str, batch: int) -> Frontend:
+    tf = _tf()
+    concrete = fn
+    if hasattr(fn, "get_concrete_function"):
+        sig = getattr(fn, "input_signature", None)
+        if not sig:
+            raise TflfuseError(f"{source}: a tf.function needs an input_signature to be converted")
+        notices = []
+        specs = []
+        for i, s in enumerate(sig):
+            shape = list(s.shape)
+            if shape and shape[0] is None:
+                shape[0] = batch
+                notices.append(f"input {i}: dynamic batch dimension pinned to {batch}")
+            specs.append(tf.TensorSpec(shape, s.dtype, s.name or f"input_{i}"))
+        concrete = fn.get_concrete_function(*specs)
+    else:
+        notices = []
+    frozen = _frozen(concrete, None)
+    shapes = []
+    for t in frozen.inputs:
+        dims = t.shape.as_list()
+        if any(d is None for d in dims):
+            raise TflfuseError(f"{source}: input {t.name} has dynamic dimensions {dims}")
+        shapes.append(tuple(dims[1:]))
+    names = [re.sub(r"[^A-Za-z0-9_]", "_", t.name.split(":")[0]) for t in frozen.inputs]
+    structured = frozen.structured_outputs
+    if isinstance(structured, dict):
+        out_names = sorted(structured)
+    else:
+        out_names = [f"output_{i}" for i in range(len(frozen.outputs))]
+    batch_used = int(frozen.inputs[0].shape[0]) if frozen.inputs else batch
+    return Frontend(frozen, names, shapes, out_names, batch_used, source, notices=notices)
+
+
+def load_model(
+    model: Any, *, batch: int = 1, allow_lambda: bool = False, quiet: bool = True
+) -> Frontend:
+    """A Frontend for a keras.Model, a .keras/.h5 path, a SavedModel folder or a tf.function."""
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not path.exists():
+            raise TflfuseError(f"{path}: no such file or folder")
+        if path.is_dir():
+            if not (path / "saved_model.pb").exists():
+                raise TflfuseError(f"{path}: a folder but not a SavedModel (no saved_model.pb)")
+            tf = _tf()
+            try:
+                loaded = tf.saved_model.load(str(path))
+            except Exception as exc:  # TF raises many types here
+                raise TflfuseError(
+                    f"{path}: cannot load SavedModel: {str(exc).splitlines()[0]}"
+                ) from None
+            signatures = getattr(loaded, "signatures", {})
+            if "serving_default" not in signatures:
+                raise TflfuseError(f"{path}: the SavedModel has no serving_default signature")
+            front = _function_frontend(signatures["serving_default"], str(path), batch)
+            front.notices.insert(0, "SavedModel: using its serving_default signature")
+            return front
+        if path.suffix not in (".keras", ".h5", ".hdf5"):
+            raise TflfuseError(f"{path}: expected a .keras or .h5 file or a SavedModel folder")
+        return _keras_frontend(_load_keras_file(path, allow_lambda), str(path), batch, quiet)
+    if _is_keras_model(model):
+        return _keras_frontend(model, type(model).__name__, batch, quiet)
+    if hasattr(model, "get_concrete_function") or hasattr(model, "structured_outputs"):
+        return _function_frontend(model, getattr(model, "__name__", "tf.function"), batch)
+    raise TflfuseError(
+        f"cannot convert a {type(model).__name__}: give a keras.Model, a .keras/.h5 file, a"
+        " SavedModel folder or a tf.function with an input_signature"
+    )
+
+
+# -- Grappler ------------------------------------------------------------------------------------
+def run_grappler(frozen: Any, optimizers: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    """The frozen graph optimized by Grappler with exactly `optimizers` (remapper off), as a
+    pruned function with the same inputs and outputs, and node counts before and after."""
+    tf = _tf()
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+    from tensorflow.python.grappler import tf_optimizer
+
+    graph_def = frozen.graph.as_graph_def()
+    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=frozen.graph)
+    fetch = meta.collection_def["train_op"]
+    for t in frozen.outputs:
+        fetch.node_list.value.append(t.name)
+    config = config_pb2.ConfigProto()
+    rewrite = config.graph_options.rewrite_options
+    rewrite.optimizers.extend(list(optimizers))
+    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
+    rewrite.min_graph_nodes = -1
+    optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=b"tflfuse")
+    wrapped = tf.compat.v1.wrap_function(
+        lambda: tf.compat.v1.import_graph_def(optimized, name=""), []
+    )
+    g = wrapped.graph
+    pruned = wrapped.prune(
+        feeds=[g.get_tensor_by_name(t.name) for t in frozen.inputs],
+        fetches=[g.get_tensor_by_name(t.name) for t in frozen.outputs],
+    )
+
+    def census(gd: Any) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in gd.node:
+            counts[node.op] = counts.get(node.op, 0) + 1
+        return counts
+
+    before, after = census(graph_def), census(optimized)
+    changed = {
+        k: [before.get(k, 0), after.get(k, 0)]
+        for k in sorted(set(before) | set(after))
+        if before.get(k, 0) != after.get(k, 0)
+    }
+    info = {
+        "optimizers": list(optimizers),
+        "remapper": "off",
+        "nodes_before": len(graph_def.node),
+        "nodes_after": len(optimized.node),
+        "changed_node_types": changed,
+    }
+    return (pruned, wrapped), info
+
+
+# -- the TFLite converter ------------------------------------------------------------------------
+def _flex_ops(message: str) -> list[str]:
+    ops = set(re.findall(r"\btf\.([A-Z][A-Za-z0-9_]*)", message))
+    ops |= set(re.findall(r"Flex([A-Z][A-Za-z0-9_]*)", message))
+    return sorted(ops)
+
+
+def tflite_convert(
+    function: Any,
+    trackable: Any = None,
+    *,
+    select_tf_ops: bool = False,
+    target: str = "xnnpack",
+    configure: Callable[[Any], None] | None = None,
+) -> bytes:
+    """Run the MLIR converter on one concrete function (raises a one-line TflfuseError)."""
+    tf = _tf()
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([function], trackable)
+    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+    if select_tf_ops:
+        ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
+    converter.target_spec.supported_ops = ops
+    if configure is not None:
+        configure(converter)
+    try:
+        return bytes(converter.convert())
+    except Exception as exc:  # ConverterError and friends
+        text = str(exc)
+        names = _flex_ops(text)
+        if names:
+            hint = (
+                "pass --select-tf-ops to keep them as TF (Flex) ops, CPU only"
+                if target in ("xnnpack", "cpu")
+                else f"the {target} cannot run TF ops; replace them in the model"
+            )
+            raise TflfuseError(
+                f"the model uses TF ops with no TFLite builtin: {', '.join(names)} ({hint})"
+            ) from None
+        first = next((line for line in text.splitlines() if "error" in line.lower()), text)
+        raise TflfuseError(f"the TFLite converter failed: {first.strip()[:300]}") from None
+
+
+def _name_of(graph_name: str) -> str:
+    return graph_name.split(":")[0]
+
+
+def set_signature(model: Model, front: Frontend, output_graph_names: list[str]) -> None:
+    """Order the main graph's outputs as the source model's and give it a serving signature."""
+    graph = model.main
+    by_name = {t.name: t for t in graph.outputs}
+    ordered = []
+    for i, gname in enumerate(output_graph_names):
+        t = by_name.get(_name_of(gname))
+        if t is None:
+            t = graph.outputs[i] if i < len(graph.outputs) else None
+        if t is None:
+            raise TflfuseError(f"converted model lost output {gname}")
+        ordered.append(t)
+    graph.outputs = ordered
+    model.signatures = [
+        Signature(
+            "serving_default",
+            0,
+            dict(zip(front.input_names, graph.inputs)),
+            dict(zip(front.output_names, ordered)),
+        )
+    ]
+
+
+# -- unfused baseline ----------------------------------------------------------------------------
+def _layer_outputs(front: Frontend) -> Any | None:
+    """A function returning the model outputs followed by every Keras layer output."""
+    model = front.keras
+    if model is None or not hasattr(model, "layers"):
+        return None
+    originals = list(model.outputs)
+    original_ids = {id(t) for t in originals}
+    extra = []
+    for layer in model.layers:
+        if type(layer).__name__ == "InputLayer":
+            continue
+        try:
+            outs = layer.output
+        except (AttributeError, ValueError):
+            return None  # a subclassed model or a layer used twice: no single output
+        for t in outs if isinstance(outs, (list, tuple)) else [outs]:
+            if id(t) not in original_ids:
+                extra.append(t)
+    try:
+        wide = type(model)(inputs=model.inputs, outputs=originals + extra)
+    except Exception:  # some model classes cannot be rebuilt: fall back to graph outputs
+        try:
+            import keras
+
+            wide = keras.Model(inputs=model.inputs, outputs=originals + extra)
+        except Exception:
+            return None
+    return wide
+
+
+def unfused_function(
+    front: Frontend, optimizers: tuple[str, ...]
+) -> tuple[Any, Any, list[str], int]:
+    """The source function with every Keras layer output (else every TF op output) as an extra
+    output, after Grappler: (function, keep-alive, names of the real outputs, extra count)."""
+    tf = _tf()
+    n_out = len(front.function.outputs)
+    wide = _layer_outputs(front)
+    if wide is not None:
+        specs = [
+            tf.TensorSpec((front.batch, *s), tf.float32, n)
+            for s, n in zip(front.input_shapes, front.input_names)
+        ]
+
+        def call(*xs: Any) -> Any:
+            return list(wide(list(xs) if len(xs) > 1 else xs[0], training=False))
+
+        frozen = _frozen(tf.function(call), specs)
+    else:
+        frozen = _every_op_output(front.function)
+    (pruned, keep), _ = run_grappler(frozen, optimizers)
+    wanted = [_name_of(t.name) for t in frozen.outputs[:n_out]]
+    return pruned, keep, wanted, len(frozen.outputs) - n_out
+
+
+def trim_outputs(data: bytes, wanted: list[str], front: Frontend) -> bytes:
+    """Keep only the outputs named `wanted` (in that order), drop dead code, set the signature."""
+    model = flatbuffer.from_bytes(data, "unfused")
+    graph = model.main
+    by_name = {t.name: t for t in graph.outputs}
+    if not all(w in by_name for w in wanted):
+        raise TflfuseError("unfused baseline: the converter renamed the model outputs; cannot trim")
+    graph.outputs = [by_name[w] for w in wanted]
+    DeadCodeElimination().run(graph)
+    graph.toposort()
+    model.signatures = [
+        Signature(
+            "serving_default",
+            0,
+            dict(zip(front.input_names, graph.inputs)),
+            dict(zip(front.output_names, graph.outputs)),
+        )
+    ]
+    model.validate()
+    return flatbuffer.to_bytes(model)
+
+
+def _every_op_output(frozen: Any) -> Any:
+    """The frozen function with every float TF op output added as an output (no Keras layers)."""
+    tf = _tf()
+    graph_def = frozen.graph.as_graph_def()
+    graph = frozen.graph
+    extra = []
+    for op in graph.get_operations():
+        if op.type in _SKIP_NODES:
+            continue
+        for t in op.outputs:
+            if t.dtype == tf.float32 and t.shape.is_fully_defined():
+                extra.append(t.name)
+    outs = [t.name for t in frozen.outputs]
+    fetch = outs + [n for n in extra if n not in outs]
+    wrapped = tf.compat.v1.wrap_function(
+        lambda: tf.compat.v1.import_graph_def(graph_def, name=""), []
+    )
+    g = wrapped.graph
+    return wrapped.prune(
+        feeds=[g.get_tensor_by_name(t.name) for t in frozen.inputs],
+        fetches=[g.get_tensor_by_name(n) for n in fetch],
+    )
+
+
+# -- the converter's own quantization (stock, and the fallback route) ---------------------------
+def ptq_configure(
+    recipe: Any, calibration: list[np.ndarray] | None, progress: bool, desc: str
+) -> Callable[[Any], None]:
+    """A converter set-up applying the recipe's quantization with the converter's own PTQ."""
+    tf = _tf()
+    from tflfuse.quantize import _progress
+
+    def configure(converter: Any) -> None:
+        mode = recipe.quant_mode
+        if mode == "none":
+            return
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        if mode == "float16":
+            converter.target_spec.supported_types = [tf.float16]
+        elif mode == "int8":
+            assert calibration is not None
+            n = len(calibration[0])
+
+            def representative() -> Any:
+                for i in _progress(range(n), n, desc, progress):
+                    yield [a[i : i + 1] for a in calibration]
+
+            converter.representative_dataset = representative
+            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+            if recipe.input_type != "float32":
+                converter.inference_input_type = getattr(tf, recipe.input_type)
+            if recipe.output_type != "float32":
+                converter.inference_output_type = getattr(tf, recipe.output_type)
+
+    return configure
+
+
+def stock_model(
+    front: Frontend, recipe: Any, calibration: list[np.ndarray] | None, progress: bool
+) -> bytes:
+    """The plain converter on the original function with its own quantization."""
+    configure = ptq_configure(recipe, calibration, progress, "calibrating stock")
+    data = tflite_convert(
+        front.function,
+        None,
+        select_tf_ops=recipe.select_tf_ops,
+        target=recipe.target,
+        configure=configure,
+    )
+    model = flatbuffer.from_bytes(data, "stock")
+    set_signature(model, front, [t.name for t in front.function.outputs])
+    return flatbuffer.to_bytes(model)
+
+
+# -- orchestration -------------------------------------------------------------------------------
+def _prepare_output(output_dir: Path) -> Path:
+    """A fresh temp folder beside `output_dir` (checked writable before any heavy work)."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise TflfuseError(f"{output_dir}: exists and is not a folder")
+    parent = output_dir.resolve().parent
+    if not parent.is_dir():
+        raise TflfuseError(f"{output_dir}: parent folder {parent} does not exist")
+    target = output_dir if output_dir.exists() else parent
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise TflfuseError(f"{output_dir}: cannot write there (permission denied)")
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=parent))
+    except OSError as exc:
+        raise TflfuseError(f"{output_dir}: cannot write there: {exc.strerror or exc}") from None
+
+
+def _publish(tmp: Path, output_dir: Path) -> None:
+    output_dir = Path(output_dir)
+    if not output_dir.exists():
+        os.replace(tmp, output_dir)
+        return
+    for item in sorted(tmp.iterdir()):
+        os.replace(item, output_dir / item.name)
+    tmp.rmdir()
+
+
+def convert_keras(
+    model: Any,
+    recipe: str | Path = "xnnpack-int8",
+    calibration: Any = None,
+    output_dir: Path = Path("out"),
+    seed: int = 0,
+    *,
+    batch: int = 1,
+    allow_lambda: bool = False,
+    progress: bool = True,
+    quiet: bool = True,
+    **overrides: Any,
+) -> ConversionResult:
+    """Convert `model` with `recipe` (name or .toml; `overrides` replace recipe fields) and write
+    model.tflite, model_unfused.tflite, model_stock.tflite, report.json and report.md."""
+    from tflfuse import report as report_mod
+
+    started = time.perf_counter()
+    rec = recipe_mod.load(recipe).override(**overrides) if overrides else recipe_mod.load(recipe)
+    if batch < 1:
+        raise TflfuseError(f"batch size must be at least 1, not {batch}")
+    if rec.quant_mode == "int8" and calibration is None:
+        raise TflfuseError(
+            f"recipe {rec.name!r} quantizes to int8 and needs calibration data (--calib DATA:"
+            " .npy, .npz, a folder of images)"
+        )
+    output_dir = Path(output_dir)
+    tmp = _prepare_output(output_dir)
+    try:
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        front = load_model(model, batch=batch, allow_lambda=allow_lambda, quiet=quiet)
+        for notice in front.notices:
+            _note(notice, quiet)
+        timings["load"] = time.perf_counter() - t0
+        calib = calib_mod.load(
+            calibration,
+            front.input_shapes,
+            front.input_names,
+            samples=rec.samples,
+            seed=seed,
+            scale=rec.scale,
+            offset=rec.offset,
+        )
+        result = _convert(front, rec, calib, tmp, seed, progress, timings)
+        result["notices"] = front.notices
+        result["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
+        result["timings_s"]["total"] = round(time.perf_counter() - started, 3)
+        report_mod.write(result, tmp)
+        _publish(tmp, output_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ConversionResult(
+        output_dir, output_dir / FUSED, output_dir / UNFUSED, output_dir / STOCK, result
+    )
+
+
+def _convert(
+    front: Frontend,
+    rec: Any,
+    calib: list[np.ndarray] | None,
+    tmp: Path,
+    seed: int,
+    progress: bool,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    tf = _tf()
+    from tflfuse.optimize import optimize_bytes
+    from tflfuse.quantize import Quantized, aeq_unsupported, float_compute_ops, quantize
+
+    def lap(name: str, t0: float) -> None:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    (pruned, keep), grappler = run_grappler(front.function, rec.grappler)
+    lap("grappler", t0)
+    t0 = time.perf_counter()
+    float_data = tflite_convert(pruned, keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
+    float_model = flatbuffer.from_bytes(float_data, "converter")
+    set_signature(float_model, front, [t.name for t in front.function.outputs])
+    float_data = flatbuffer.to_bytes(float_model)
+    lap("convert_float", t0)
+
+    t0 = time.perf_counter()
+    fused = optimize_bytes(float_data, level=rec.level, target=rec.target, source="converter")
+    fused_float = fused.data
+    lap("fuse", t0)
+
+    t0 = time.perf_counter()
+    u_fn, u_keep, wanted, extra_outputs = unfused_function(front, rec.grappler)
+    u_float = tflite_convert(u_fn, u_keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
+    unfused_float_data = trim_outputs(u_float, wanted, front)
+    lap("unfused", t0)
+
+    eval_inputs = _eval_inputs(front, calib, seed)
+    reference = _reference_outputs(front, eval_inputs)
+    from tflfuse.verify import compare
+
+    baseline_check = compare(fused_float, unfused_float_data, atol=1e-5, rtol=1e-4, seed=seed)
+    if not baseline_check.ok:
+        raise TflfuseError(
+            f"unfused baseline differs from the fused float model by {baseline_check.max_abs:.3g};"
+            " nothing written"
+        )
+
+    t0 = time.perf_counter()
+    qkw = {"input_type": rec.input_type, "output_type": rec.output_type, "progress": progress}
+    fused_left = aeq_unsupported(fused_float) if rec.quant_mode == "int8" else []
+    if not fused_left:
+        fused_q = quantize(
+            fused_float, rec.quant_mode, calib, desc="calibrating fused", layer_error=True, **qkw
+        )
+    else:
+        # ai-edge-quantizer has no int8 config for these ops, so its model would not be fully
+        # int8 (not Edge TPU-valid): use the converter's PTQ and run the rules on the int8 IR.
+        configure = ptq_configure(rec, calib, progress, "calibrating fused (converter)")
+        data = tflite_convert(
+            pruned, keep, select_tf_ops=rec.select_tf_ops, target=rec.target, configure=configure
+        )
+        qmodel = flatbuffer.from_bytes(data, "converter-int8")
+        set_signature(qmodel, front, [t.name for t in front.function.outputs])
+        ruled = optimize_bytes(
+            flatbuffer.to_bytes(qmodel),
+            level=rec.level,
+            target=rec.target,
+            verify=False,
+            source="converter-int8",
+        )
+        fused_q = Quantized(
+            ruled.data,
+            "TFLite converter PTQ, then tflfuse rules on the int8 graph (ai-edge-quantizer has"
+            f" no int8 config for {', '.join(fused_left)})",
+        )
+    fused_q.float_ops = float_compute_ops(flatbuffer.from_bytes(fused_q.data).main)
+    unfused_left = aeq_unsupported(unfused_float_data) if rec.quant_mode == "int8" else []
+    if not unfused_left:
+        unfused_q = quantize(
+            unfused_float_data, rec.quant_mode, calib, desc="calibrating unfused", **qkw
+        )
+    else:
+        # Same route change for the baseline, so it is not padded with QUANTIZE/DEQUANTIZE pairs.
+        configure = ptq_configure(rec, calib, progress, "calibrating unfused (converter)")
+        data = tflite_convert(
+            u_fn, u_keep, select_tf_ops=rec.select_tf_ops, target=rec.target, configure=configure
+        )
+        unfused_q = Quantized(
+            trim_outputs(data, wanted, front),
+            "TFLite converter PTQ on the output-blocked graph, then trimmed (ai-edge-quantizer"
+            f" has no int8 config for {', '.join(unfused_left)})",
+        )
+    lap("quantize", t0)
+    t0 = time.perf_counter()
+    stock = stock_model(front, rec, calib, progress)
+    lap("stock", t0)
+
+    models = {"fused": fused_q.data, "unfused": unfused_q.data, "stock": stock}
+    for name, data in zip((FUSED, UNFUSED, STOCK), models.values()):
+        (tmp / name).write_bytes(data)
+
+    from tflfuse import report as report_mod
+
+    agreement = {k: report_mod.agreement(v, eval_inputs, reference) for k, v in models.items()}
+    floats = {"fused": fused_float, "unfused": unfused_float_data}
+    float_agreement = {
+        k: report_mod.agreement(v, eval_inputs, reference) for k, v in floats.items()
+    }
+    import ai_edge_quantizer  # noqa: F401 - version for the report
+
+    return {
+        "source": front.source,
+        "recipe": rec.to_dict(),
+        "versions": {
+            "tensorflow": tf.__version__,
+            "ai_edge_quantizer": _version("ai-edge-quantizer"),
+            "tflfuse": _version("tflfuse"),
+        },
+        "inputs": [
+            {"name": n, "shape": [front.batch, *s]}
+            for n, s in zip(front.input_names, front.input_shapes)
+        ],
+        "outputs": list(front.output_names),
+        "grappler": grappler,
+        "rules": {**fused.result.to_dict(), "verification": fused.verification},
+        "unfused_route": (
+            f"converted with {extra_outputs} extra outputs ("
+            + ("every Keras layer output" if front.keras is not None else "every TF op output")
+            + ") to block fusion, then trimmed on the IR and dead-code eliminated"
+        ),
+        "quantization": {
+            "mode": rec.quant_mode,
+            "fused_route": fused_q.route,
+            "unfused_route": unfused_q.route,
+            "stock_route": "TFLite converter PTQ" if rec.quant_mode != "none" else "none",
+            "float_ops_left": fused_q.float_ops,
+            "edgetpu_valid": (not fused_q.float_ops if rec.quant_mode == "int8" else False),
+            "calibration_samples": 0 if calib is None else len(calib[0]),
+            "seed": seed,
+            "layer_error": fused_q.layer_error[:20],
+        },
+        "models": {k: report_mod.model_facts(v) for k, v in models.items()},
+        "float_models": {k: report_mod.model_facts(v) for k, v in floats.items()},
+        "agreement": agreement,
+        "float_agreement": float_agreement,
+        "baseline_check": baseline_check.to_dict(),
+        "delegate_check": report_mod.delegate_check(models["fused"], rec.delegate),
+        "files": {"fused": FUSED, "unfused": UNFUSED, "stock": STOCK},
+    }
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _eval_inputs(front: Frontend, calib: list[np.ndarray] | None, seed: int) -> list[np.ndarray]:
+    """Inputs the three models are checked on: calibration samples, else seeded [-1, 1] noise."""
+    if calib is not None:
+        n = min(16, len(calib[0]))
+        return [a[:n] for a in calib]
+    rng = np.random.default_rng(seed + 1000)
+    return [rng.uniform(-1, 1, (8, *s)).astype(np.float32) for s in front.input_shapes]
+
+
+def _reference_outputs(front: Frontend, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Outputs of the source model (the frozen TF function), one array per output."""
+    tf = _tf()
+    per_sample = []
+    for i in range(len(inputs[0])):
+        xs = [tf.constant(a[i : i + 1]) for a in inputs]
+        outs = front.function(*xs)
+        outs = outs if isinstance(outs, (list, tuple)) else [outs]
+        per_sample.append([np.asarray(o) for o in outs])
+    return [np.concatenate([s[k] for s in per_sample]) for k in range(len(per_sample[0]))]

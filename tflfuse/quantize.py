@@ -1,0 +1,236 @@
+"""Quantize a float .tflite with ai-edge-quantizer, then give it the recipe's I/O types.
+
+Quantizing after fusion keeps the rewrites in exact float arithmetic. Modes:
+  int8     static int8 weights and activations (`static_wi8_ai8`), calibrated on the given data
+  dynamic  int8 weights, activations quantized at run time (`dynamic_wi8_afp32`)
+  float16  float16 weights for CONV/DW/FC, float32 compute (FLOAT_CASTING weight-only)
+ai-edge-quantizer leaves float I/O with a QUANTIZE after each input and a DEQUANTIZE before each
+output. For int8 I/O those boundary ops are removed; for uint8 I/O they are replaced by a
+QUANTIZE between uint8 and int8 (same scale, zero point + 128), the form the Edge TPU compiler
+maps. The quantizer imports TensorFlow, so this module is only used by `convert`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tflfuse import flatbuffer
+from tflfuse.errors import TflfuseError
+from tflfuse.ir import Graph, Model, Quantization
+from tflfuse.rewrite import DeadCodeElimination
+
+BOUNDARY_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
+
+
+@dataclass
+class Quantized:
+    data: bytes
+    route: str
+    float_ops: list[str] = field(default_factory=list)  # ops still computing in float (int8 mode)
+    layer_error: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _progress(samples: Iterable[Any], total: int, desc: str, enabled: bool) -> Iterable[Any]:
+    if not enabled:
+        return samples
+    from tqdm import tqdm
+
+    return tqdm(samples, total=total, desc=desc, unit="sample", leave=False)
+
+
+def _aeq_recipe(mode: str) -> Any:
+    from ai_edge_quantizer import qtyping, recipe, recipe_manager
+
+    if mode == "int8":
+        return recipe.static_wi8_ai8()
+    if mode == "dynamic":
+        return recipe.dynamic_wi8_afp32()
+    if mode == "float16":
+        manager = recipe_manager.RecipeManager()
+        for op in ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D"):
+            manager.add_weight_only_config(
+                regex=".*",
+                operation_name=getattr(qtyping.TFLOperationName, op),
+                num_bits=16,
+                algorithm_key="float_casting",
+            )
+        return manager.get_quantization_recipe()
+    raise TflfuseError(f"quantization mode {mode!r} has no ai-edge-quantizer recipe")
+
+
+def quantize(
+    float_model: bytes,
+    mode: str,
+    calibration: list[np.ndarray] | None,
+    *,
+    input_type: str = "float32",
+    output_type: str = "float32",
+    desc: str = "calibrating",
+    progress: bool = True,
+    layer_error: bool = False,
+) -> Quantized:
+    """The quantized model (bytes) and how it was made; `mode` 'none' returns the input."""
+    if mode == "none":
+        return Quantized(float_model, "none (float32)")
+    import logging
+
+    from ai_edge_quantizer import quantizer
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    model = flatbuffer.from_bytes(float_model)
+    if not model.signatures:
+        raise TflfuseError("the float model has no signature; ai-edge-quantizer needs one")
+    signature = model.signatures[0]
+    q = quantizer.Quantizer(bytearray(float_model), _aeq_recipe(mode))
+    calibration_result = None
+    samples: list[dict[str, np.ndarray]] = []
+    if q.need_calibration:
+        if calibration is None:
+            raise TflfuseError(f"{mode} quantization needs calibration data (--calib)")
+        names = list(signature.inputs)
+        samples = [
+            {name: arr[i : i + 1] for name, arr in zip(names, calibration)}
+            for i in range(len(calibration[0]))
+        ]
+        feed = _progress(samples, len(samples), desc, progress)
+        calibration_result = q.calibrate({signature.key: list(feed)}, num_threads=1)
+    result = q.quantize(calibration_result, enable_progress_report=False)
+    data = bytes(result.quantized_model)
+    out = Quantized(data, f"ai-edge-quantizer {mode}")
+    if layer_error and samples:
+        out.layer_error = _layer_error(q, signature.key, samples[:4])
+    if mode == "int8":
+        qmodel = flatbuffer.from_bytes(data)
+        out.float_ops = float_compute_ops(qmodel.main)
+        set_io_types(qmodel, input_type, output_type)
+        out.data = flatbuffer.to_bytes(qmodel)
+    return out
+
+
+def _layer_error(q: Any, key: str, samples: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
+    """Per-tensor error of the quantized model against the float one (ai-edge-quantizer's
+    validator: mean squared error and signal-to-noise ratio), worst first."""
+    from ai_edge_quantizer.utils import validation_utils
+
+    metrics = [validation_utils.ValidationErrorMetric.MSE]
+    snr = getattr(validation_utils.ValidationErrorMetric, "SNR", None)
+    if snr is not None:
+        metrics.append(snr)
+    try:
+        res = q.validate({key: samples}, error_metrics=metrics, num_threads=1)
+        single = res.get_signature_comparison_result(key)
+    except (ValueError, RuntimeError, KeyError) as exc:
+        return [{"error": f"validation failed: {exc}"}]
+    rows = []
+    for kind, table in (
+        ("output", single.output_tensors),
+        ("activation", single.intermediate_tensors),
+    ):
+        for name, values in table.items():
+            rows.append(
+                {"tensor": name, "kind": kind, **{str(k): float(v) for k, v in values.items()}}
+            )
+    mse_key = next((k for k in rows[0] if k.lower() == "mse"), None) if rows else None
+    if mse_key:
+        rows.sort(key=lambda r: -r.get(mse_key, 0.0))
+    return rows
+
+
+def float_compute_ops(graph: Graph) -> list[str]:
+    """Ops (other than boundary QUANTIZE/DEQUANTIZE) that still read or write float tensors."""
+    out = []
+    for op in graph.ops:
+        if op.type in BOUNDARY_OPS:
+            continue
+        tensors = [t for t in (*op.inputs, *op.outputs) if t is not None]
+        if any(
+            t.dtype == "FLOAT32" and not (t.is_constant and op.type == "DEQUANTIZE")
+            for t in tensors
+        ):
+            out.append(op.type)
+    return out
+
+
+def aeq_unsupported(float_model: bytes) -> list[str]:
+    """Op types of the main graph that ai-edge-quantizer has no int8 config for (e.g. RELU6):
+    with them its output is not fully int8, so the caller takes the converter's PTQ instead."""
+    from ai_edge_quantizer import qtyping
+
+    known = set(qtyping.TFLOperationName.__members__)
+    graph = flatbuffer.from_bytes(float_model).main
+    return sorted({op.type for op in graph.ops if op.type not in known | BOUNDARY_OPS})
+
+
+def set_io_types(model: Model, input_type: str, output_type: str) -> None:
+    """Give a quantized model the requested I/O types. Its int8 core tensors are found whether
+    the quantizer left float boundaries (QUANTIZE after an input, DEQUANTIZE before an output) or
+    int8 I/O; uint8 I/O adds a QUANTIZE between uint8 and int8 (zero point + 128, same scale) and
+    float32 I/O a QUANTIZE / DEQUANTIZE. The signature follows the new tensors."""
+    graph = model.main
+    renamed: dict[Any, Any] = {}
+    new_inputs = []
+    for t in graph.inputs:
+        q = t.consumers[0] if len(t.consumers) == 1 else None
+        if t.dtype == "FLOAT32" and q is not None and q.type == "QUANTIZE":
+            core = q.outputs[0]
+            if input_type == "float32":
+                new_inputs.append(t)
+                continue
+            graph.remove_op(q)
+        elif t.dtype == "INT8":
+            core = t
+        else:
+            new_inputs.append(t)
+            continue
+        new = core if input_type == "int8" else _boundary(graph, core, input_type, "input")
+        renamed[t] = new
+        new_inputs.append(new)
+    graph.inputs = new_inputs
+    new_outputs = []
+    for t in graph.outputs:
+        dq = t.producer
+        if t.dtype == "FLOAT32" and dq is not None and dq.type == "DEQUANTIZE":
+            core = dq.inputs[0]
+            if output_type == "float32":
+                new_outputs.append(t)
+                continue
+            graph.remove_op(dq)
+        elif t.dtype == "INT8":
+            core = t
+        else:
+            new_outputs.append(t)
+            continue
+        new = core if output_type == "int8" else _boundary(graph, core, output_type, "output")
+        renamed[t] = new
+        new_outputs.append(new)
+    graph.outputs = new_outputs
+    for s in model.signatures:
+        s.inputs = {k: renamed.get(v, v) for k, v in s.inputs.items()}
+        s.outputs = {k: renamed.get(v, v) for k, v in s.outputs.items()}
+    DeadCodeElimination().run(graph)
+    graph.toposort()
+    model.validate()
+
+
+def _boundary(graph: Graph, core: Any, io_type: str, side: str) -> Any:
+    """A new uint8 or float32 I/O tensor joined to the int8 `core` by QUANTIZE / DEQUANTIZE."""
+    qp = core.quantization
+    if io_type == "uint8":
+        quant = Quantization(
+            scale=np.array(qp.scale, dtype=np.float32),
+            zero_point=np.array(qp.zero_point, dtype=np.int64) + 128,
+        )
+        new = graph.add_tensor(f"{core.name}_uint8", core.shape, "UINT8", quantization=quant)
+        op_type = "QUANTIZE"
+    else:
+        new = graph.add_tensor(f"{core.name}_float", core.shape, "FLOAT32")
+        op_type = "QUANTIZE" if side == "input" else "DEQUANTIZE"
+    if side == "input":
+        graph.add_op(op_type, [new], [core])
+    else:
+        graph.add_op(op_type, [core], [new])
+    return new
