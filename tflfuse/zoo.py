@@ -174,9 +174,7 @@ def ds_cnn(classes: int = 12, width: int = 32, frames: int = 49, features: int =
     return keras.Model(inputs, outputs, name="ds_cnn")
 
 
-def yolo_style(
-    input_size: int = 96, classes: int = 4, anchors: int = 3, width: int = 16
-) -> Any:
+def yolo_style(input_size: int = 96, classes: int = 4, anchors: int = 3, width: int = 16) -> Any:
     """A YOLO-style detector: Conv-BN-LeakyReLU(0.1) blocks, one hard-swish block, a 1x1
     detection head on the last grid and a class head through GlobalAveragePooling (MEAN),
     flattened and concatenated into one output."""
