@@ -80,7 +80,9 @@ class G:
 
     def binary(self, type: str, a: Tensor, b: Tensor, act: str = "NONE") -> Tensor:
         shape = np.broadcast_shapes(a.shape, b.shape)
-        return self.op(type, [a, b], shape, fused_activation_function=act)
+        if type in ("ADD", "SUB", "MUL", "DIV"):
+            return self.op(type, [a, b], shape, fused_activation_function=act)
+        return self.op(type, [a, b], shape)
 
     def unary(self, type: str, x: Tensor) -> Tensor:
         return self.op(type, [x], x.shape)
@@ -120,3 +122,10 @@ def assert_same_function(ref: bytes, cand: bytes, atol: float = 1e-5, rtol: floa
 
 def refusals(result: PassResult, rule: str) -> list[str]:
     return [r.reason for r in result.refusals if r.rule == rule]
+
+
+def apply(data: bytes, *rules: Any) -> tuple[bytes, Model, PassResult]:
+    """Run the given rules plus dead-code elimination and ordering to a fixed point."""
+    from tflfuse.rewrite import DeadCodeElimination, TopologicalSort
+
+    return run_rules(data, [*rules, DeadCodeElimination(), TopologicalSort()])

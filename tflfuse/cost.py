@@ -29,7 +29,10 @@ ON_CHIP_BYTES: dict[str, int] = {
 
 # Targets whose delegate runs SPLIT_V (with unequal parts) inside the same partition. XNNPACK
 # delegates SPLIT (equal parts) but not SPLIT_V: an unequal split would cut the partition.
+# (tensorflow/lite/delegates/xnnpack/xnnpack_delegate.cc visits kTfLiteBuiltinSplit only, and
+# XNNPACK's even split defines 2, 3 or 4 outputs.)
 SPLIT_V_DELEGATED: dict[str, bool] = {"edgetpu": True, "xnnpack": False, "cpu": True, "gpu": True}
+SPLIT_MAX_PARTS: dict[str, int] = {"xnnpack": 4}
 
 # Ops that are views or metadata for the runtime, not real kernels with traffic.
 _FREE = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
@@ -134,6 +137,8 @@ def horizontal_pays(
         )
     if not absorbs_concat and not equal_parts and not SPLIT_V_DELEGATED.get(target, True):
         return f"{target} does not delegate SPLIT_V, which unequal parts would need"
+    if not absorbs_concat and siblings > SPLIT_MAX_PARTS.get(target, siblings):
+        return f"{target} splits into at most {SPLIT_MAX_PARTS[target]} parts"
     after = 1 if absorbs_concat else 2
     before = siblings + (1 if absorbs_concat else 0)
     if after >= before:

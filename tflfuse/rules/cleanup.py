@@ -98,7 +98,9 @@ class FoldConstants(Pass):
         outs = list(op.outputs)
         graph.remove_op(op)
         for t, value in zip(outs, values):
-            t.data = np.ascontiguousarray(value, dtype=NUMPY_DTYPES[t.dtype])
+            if value.size == t.size and _static_shape(t):
+                value = value.reshape(t.shape)  # keep the declared rank (scalars come back 1-D)
+            t.data = np.array(value, dtype=NUMPY_DTYPES[t.dtype], order="C")
             t.shape = tuple(value.shape)
             t.shape_signature = None
 

@@ -1,0 +1,156 @@
+"""Vertical rules: affine into the following conv/FC, scale through RELU, chains, PAD."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rulekit import G, apply, assert_same_function, ops, refusals
+
+from tflfuse.rules.epilogue import FuseActivationIntoProducer
+from tflfuse.rules.vertical import (
+    FoldAffineIntoFollowing,
+    FoldPadIntoConv,
+    MergeLinearChain,
+    MoveScaleThroughRelu,
+)
+
+
+@pytest.mark.parametrize("reader", ["conv_same", "conv_valid", "dw", "fc"])
+def test_mul_and_add_fold_into_following(reader: str) -> None:
+    g = G()
+    x = g.input((1, 6, 6, 3))
+    y = g.binary("MUL", x, g.rand(3, low=0.5, high=2.0, name="s"))
+    y = g.binary("ADD", y, g.rand(3, name="c"))
+    if reader == "conv_same":
+        out = g.conv(y, 4, k=1)  # SAME with a 1x1 kernel pads nothing
+    elif reader == "conv_valid":
+        out = g.conv(y, 4, k=3, padding="VALID")
+    elif reader == "dw":
+        out = g.dwconv(y, k=3, padding="VALID", multiplier=2)
+    else:
+        out = g.fc(y, 5)  # FC on NHWC: one row per pixel, weights [5, 3]
+    data = g.bytes(out)
+    fused, model, result = apply(data, FoldAffineIntoFollowing())
+    assert len(model.main.ops) == 1
+    assert result.fired() == {"FoldAffineIntoFollowing": 2}
+    assert_same_function(data, fused)
+
+
+def test_add_before_same_padded_conv_is_refused() -> None:
+    g = G()
+    x = g.input((1, 6, 6, 3))
+    y = g.binary("ADD", x, g.rand(3, name="c"))
+    data = g.bytes(g.conv(y, 4, k=3))
+    _, model, result = apply(data, FoldAffineIntoFollowing())
+    assert ops(model) == ["ADD", "CONV_2D"]
+    assert refusals(result, "FoldAffineIntoFollowing") == [
+        "CONV_2D uses SAME padding: its zero border would not see the added constant"
+    ]
+
+
+def test_mul_before_same_padded_conv_folds_and_feeds_two_readers() -> None:
+    g = G()
+    x = g.input((1, 6, 6, 3))
+    y = g.binary("MUL", x, g.rand(3, name="s"))
+    data = g.bytes(g.conv(y, 4, k=3), g.dwconv(y, k=3))
+    fused, model, _ = apply(data, FoldAffineIntoFollowing())
+    assert ops(model) == ["CONV_2D", "DEPTHWISE_CONV_2D"]
+    assert_same_function(data, fused)
+
+
+def test_scale_through_relu_folds_preactivation_batchnorm() -> None:
+    g = G()
+    x = g.input((1, 6, 6, 4))
+    h = g.binary("ADD", x, g.conv(x, 4, k=3))  # a residual: the BN cannot fold backwards
+    bn = g.binary("MUL", h, g.rand(4, low=0.3, high=2.0, name="gamma"))
+    bn = g.binary("ADD", bn, g.rand(4, name="beta"))
+    data = g.bytes(g.conv(g.unary("RELU", bn), 6, k=3))
+    fused, model, result = apply(
+        data, FuseActivationIntoProducer(), MoveScaleThroughRelu(), FoldAffineIntoFollowing()
+    )
+    assert ops(model) == ["CONV_2D", "ADD", "ADD", "CONV_2D"]
+    assert model.main.ops[2].fused_activation == "RELU"
+    assert result.fired()["MoveScaleThroughRelu"] == 1
+    assert_same_function(data, fused)
+
+
+def test_scale_through_relu_refuses_a_negative_scale() -> None:
+    g = G()
+    x = g.input((1, 6, 6, 2))
+    bn = g.binary("MUL", x, g.const(np.array([0.5, -1.0], np.float32), "s"))
+    bn = g.binary("ADD", bn, g.rand(2, name="b"), act="RELU")
+    data = g.bytes(g.conv(bn, 3, k=1))
+    _, model, result = apply(data, MoveScaleThroughRelu())
+    assert ops(model) == ["MUL", "ADD", "CONV_2D"]
+    assert refusals(result, "MoveScaleThroughRelu") == [
+        "a scale is not positive, so it does not commute with RELU"
+    ]
+
+
+@pytest.mark.parametrize("kind", ["conv", "fc"])
+def test_linear_chain_merges(kind: str) -> None:
+    g = G()
+    x = g.input((1, 4, 4, 8))
+    if kind == "conv":
+        mid = g.conv(x, 16, k=1, stride=2)
+        out = g.conv(mid, 4, k=1, act="RELU6")
+    else:
+        out = g.fc(g.fc(x, 16), 4, act="RELU6")
+    data = g.bytes(out)
+    fused, model, result = apply(data, MergeLinearChain())
+    assert ops(model) == ["CONV_2D" if kind == "conv" else "FULLY_CONNECTED"]
+    assert model.main.ops[0].fused_activation == "RELU6"
+    assert result.fired() == {"MergeLinearChain": 1}
+    assert_same_function(data, fused)
+
+
+def test_linear_chain_refuses_a_bottleneck() -> None:
+    g = G()
+    x = g.input((1, 4, 4, 32))
+    data = g.bytes(g.conv(g.conv(x, 4, k=1), 32, k=1))
+    _, model, result = apply(data, MergeLinearChain())
+    assert ops(model) == ["CONV_2D", "CONV_2D"]
+    assert refusals(result, "MergeLinearChain") == [
+        "merging 32->4->32 channels into 32->32 would need more multiply-adds"
+    ]
+
+
+def test_linear_chain_refuses_an_activation_between() -> None:
+    g = G()
+    x = g.input((1, 4, 4, 8))
+    data = g.bytes(g.conv(g.conv(x, 8, k=1, act="RELU"), 4, k=1))
+    _, _, result = apply(data, MergeLinearChain())
+    assert refusals(result, "MergeLinearChain") == ["RELU between the two ops is not linear"]
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_pad_folds_into_conv_and_relu_maxpool(stride: int) -> None:
+    g = G()
+    x = g.input((1, 7, 7, 3))
+    # SAME with a 3x3 kernel on 7 pixels adds 1 and 1 at stride 1 and at stride 2
+    pads = g.const(np.array([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32), "p")
+    y = g.op("PAD", [x, pads], (1, 9, 9, 3))
+    y = g.conv(y, 4, k=3, stride=stride, padding="VALID", act="RELU")
+    n = y.shape[1]
+    pads2 = g.const(np.array([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32), "p2")
+    z = g.op("PAD", [y, pads2], (1, n + 2, n + 2, 4))
+    z = g.op("MAX_POOL_2D", [z], (1, n, n, 4), padding="VALID", stride_h=1, stride_w=1,
+             filter_height=3, filter_width=3)
+    data = g.bytes(z)
+    fused, model, result = apply(data, FoldPadIntoConv())
+    assert ops(model) == ["CONV_2D", "MAX_POOL_2D"]
+    assert result.fired() == {"FoldPadIntoConv": 2}
+    assert_same_function(data, fused)
+
+
+def test_pad_that_is_not_same_is_refused() -> None:
+    g = G()
+    x = g.input((1, 8, 8, 3))
+    pads = g.const(np.array([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32), "p")
+    y = g.op("PAD", [x, pads], (1, 10, 10, 3))
+    data = g.bytes(g.conv(y, 4, k=3, stride=2, padding="VALID"))
+    _, model, result = apply(data, FoldPadIntoConv())
+    assert ops(model) == ["PAD", "CONV_2D"]
+    assert refusals(result, "FoldPadIntoConv") == [
+        "the PAD adds [1, 1]/[1, 1] but SAME would add [0, 1]/[0, 1]"
+    ]
