@@ -1,0 +1,289 @@
+"""Edge TPU legalization rules: each keeps the function (interpreter outputs) and raises the
+predicted number of ops the compiler maps; refusals say why. Float rules are checked on float
+graphs, integer rules on int8 graphs built inline; the YOLO-style zoo model shows the whole story
+(stock conversion maps few ops, legalized + quantized maps all)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from rulekit import G, apply, assert_same_function, ops, refusals
+
+from tflfuse import flatbuffer, verify
+from tflfuse.ir import Graph, Model, Quantization, Tensor
+from tflfuse.rewrite import DeadCodeElimination, PassManager, TopologicalSort
+from tflfuse.rules.edgetpu import (
+    EDGETPU_LEGALIZATION,
+    DeferUnmappableOps,
+    LegalizeGelu,
+    LegalizeHardSwish,
+    LegalizeLeakyRelu,
+    MeanToAveragePool,
+    SplitOversizedAveragePool,
+)
+from tflfuse.targets import predict
+
+
+def q(scale: float, zero: int) -> Quantization:
+    return Quantization(scale=np.array([scale], np.float32), zero_point=np.array([zero], np.int64))
+
+
+class Q8:
+    """An int8 graph under construction (per-tensor quantization everywhere)."""
+
+    def __init__(self) -> None:
+        self.graph = Graph("main")
+
+    def input(self, shape, scale: float = 0.05, zero: int = 0) -> Tensor:
+        t = self.graph.add_tensor("input", shape, "INT8", quantization=q(scale, zero))
+        self.graph.inputs.append(t)
+        return t
+
+    def op(self, type: str, inputs, shape, scale: float, zero: int, dtype="INT8", **opts) -> Tensor:
+        out = self.graph.add_tensor(type.lower(), shape, dtype, quantization=q(scale, zero))
+        self.graph.add_op(type, inputs, [out], opts)
+        return out
+
+    def bytes(self, *outputs: Tensor) -> bytes:
+        self.graph.outputs = list(outputs)
+        self.graph.validate()
+        return flatbuffer.to_bytes(Model([self.graph]))
+
+
+def mapped(data: bytes) -> tuple[int, int]:
+    p = predict(flatbuffer.from_bytes(data), "edgetpu")
+    return p.mapped, p.cpu
+
+
+# -- LEAKY_RELU ----------------------------------------------------------------------------------
+def test_leaky_relu_float_becomes_mul_relu_mul_add_exactly() -> None:
+    g = G()
+    x = g.input((1, 8, 8, 4))
+    y = g.op("LEAKY_RELU", [g.conv(x, 8, 3)], (1, 8, 8, 8), alpha=0.1)
+    before = g.bytes(y)
+    after, model, result = apply(before, LegalizeLeakyRelu())
+    assert ops(model) == ["CONV_2D", "MUL", "RELU", "MUL", "ADD"]
+    assert result.fired() == {"LegalizeLeakyRelu": 1}
+    assert_same_function(before, after, atol=1e-6, rtol=1e-6)
+
+
+def test_leaky_relu_int8_keeps_the_function_and_maps() -> None:
+    g = Q8()
+    x = g.input((1, 8, 8, 16), 0.05, 3)
+    y = g.op("LEAKY_RELU", [x], x.shape, 0.04, -100, alpha=0.1)
+    before = g.bytes(y)
+    after, model, _ = apply(before, LegalizeLeakyRelu())
+    assert ops(model) == ["MUL", "RELU", "MUL", "ADD"]
+    agreement = verify.compare(before, after, int_atol=1, runs=4)
+    assert agreement.ok and agreement.varies, agreement
+    assert mapped(before) == (0, 1)
+    assert mapped(after) == (4, 0)
+
+
+def test_leaky_relu_int8_alpha_outside_unit_interval_is_refused() -> None:
+    g = Q8()
+    x = g.input((1, 4, 4, 4))
+    y = g.op("LEAKY_RELU", [x], x.shape, 0.05, 0, alpha=1.5)
+    _, model, result = apply(g.bytes(y), LegalizeLeakyRelu())
+    assert ops(model) == ["LEAKY_RELU"]
+    assert refusals(result, "LegalizeLeakyRelu") == [
+        "int8 LEAKY_RELU with alpha 1.5 outside (0, 1)"
+    ]
+
+
+# -- HARD_SWISH ----------------------------------------------------------------------------------
+def test_hard_swish_float_is_exact() -> None:
+    g = G()
+    x = g.input((1, 6, 6, 4))
+    h = g.conv(x, 8, 1)
+    y = g.op("MUL", [h, g.const(np.array([4.0], np.float32))], h.shape)  # reach past +-3
+    out = g.unary("HARD_SWISH", y)
+    before = g.bytes(out)
+    after, model, _ = apply(before, LegalizeHardSwish())
+    assert ops(model) == ["CONV_2D", "MUL", "ADD", "MUL", "MUL"]
+    assert model.main.ops[2].fused_activation == "RELU6"
+    assert_same_function(before, after, atol=1e-5, rtol=1e-5)
+
+
+def test_hard_swish_int8_within_one_step_and_maps() -> None:
+    g = Q8()
+    x = g.input((1, 8, 8, 16), 0.05, 0)  # [-6.4, 6.35]
+    out_scale = (6.35 + 0.375) / 255
+    y = g.op("HARD_SWISH", [x], x.shape, out_scale, round(-128 + 0.375 / out_scale))
+    before = g.bytes(y)
+    after, model, _ = apply(before, LegalizeHardSwish())
+    assert ops(model) == ["ADD", "MUL", "MUL"]
+    agreement = verify.compare(before, after, int_atol=1, runs=4)
+    assert agreement.ok and agreement.varies, agreement
+    assert mapped(before) == (0, 1) and mapped(after) == (3, 0)
+
+
+# -- GELU ----------------------------------------------------------------------------------------
+def test_gelu_float_becomes_tanh_form() -> None:
+    g = G()
+    x = g.input((1, 16))
+    y = g.op("GELU", [g.fc(x, 32)], (1, 32), approximate=True)
+    before = g.bytes(y)
+    after, model, _ = apply(before, LegalizeGelu())
+    assert "GELU" not in ops(model)
+    assert set(ops(model)) == {"FULLY_CONNECTED", "MUL", "ADD", "TANH"}
+    assert_same_function(before, after, atol=1e-5, rtol=1e-4)
+
+
+def test_gelu_int8_is_refused_with_the_reason() -> None:
+    g = Q8()
+    x = g.input((1, 16))
+    y = g.op("GELU", [x], x.shape, 0.03, -20)
+    _, model, result = apply(g.bytes(y), LegalizeGelu())
+    assert ops(model) == ["GELU"]
+    assert refusals(result, "LegalizeGelu") == [
+        "GELU is legalized on the float model, before quantization"
+    ]
+
+
+# -- MEAN ----------------------------------------------------------------------------------------
+def test_mean_hw_int8_becomes_average_pool_with_requantize_and_reshape() -> None:
+    g = Q8()
+    x = g.input((1, 8, 8, 16), 0.05, 0)
+    axes = g.graph.add_constant("axes", np.array([1, 2], np.int32))
+    y = g.op("MEAN", [x, axes], (1, 16), 0.02, 5, keep_dims=False)
+    before = g.bytes(y)
+    after, model, _ = apply(before, MeanToAveragePool())
+    assert ops(model) == ["AVERAGE_POOL_2D", "QUANTIZE", "RESHAPE"]
+    # rounded at the input scale (0.05), then at the finer output scale (0.02): two steps at most
+    agreement = verify.compare(before, after, int_atol=2, runs=4)
+    assert agreement.ok and agreement.varies, agreement
+
+
+def test_oversized_mean_is_pooled_in_two_stages_and_then_maps() -> None:
+    g = Q8()
+    x = g.input((1, 256, 128, 4), 0.05, 0)
+    axes = g.graph.add_constant("axes", np.array([1, 2], np.int32))
+    y = g.op("MEAN", [x, axes], (1, 1, 1, 4), 0.05, 0, keep_dims=True)
+    before = g.bytes(y)
+    after, model, _ = apply(before, MeanToAveragePool())
+    assert ops(model) == ["AVERAGE_POOL_2D", "AVERAGE_POOL_2D"]
+    windows = [(op.options["filter_height"], op.options["filter_width"]) for op in model.main.ops]
+    assert all(h * w <= 16384 for h, w in windows)
+    assert windows[0][0] * windows[1][0] == 256 and windows[0][1] * windows[1][1] == 128
+    agreement = verify.compare(before, after, int_atol=1, runs=3)
+    assert agreement.ok and agreement.varies, agreement
+    assert mapped(before) == (0, 1) and mapped(after) == (2, 0)
+
+
+def test_oversized_global_average_pool_float_is_split_exactly() -> None:
+    g = G()
+    x = g.input((1, 192, 192, 2))
+    y = g.op(
+        "AVERAGE_POOL_2D", [x], (1, 1, 1, 2), padding="VALID", stride_h=1, stride_w=1,
+        filter_height=192, filter_width=192, fused_activation_function="NONE",
+    )  # fmt: skip
+    before = g.bytes(y)
+    after, model, _ = apply(before, SplitOversizedAveragePool())
+    assert ops(model) == ["AVERAGE_POOL_2D", "AVERAGE_POOL_2D"]
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+
+
+def test_mean_over_channels_is_refused() -> None:
+    g = G()
+    x = g.input((1, 4, 4, 8))
+    y = g.op("MEAN", [x, g.const(np.array([3]))], (1, 4, 4, 1), keep_dims=True)
+    _, model, result = apply(g.bytes(y), MeanToAveragePool())
+    assert ops(model) == ["MEAN"]
+    assert refusals(result, "MeanToAveragePool") == ["MEAN reduces axes [3], not height and width"]
+
+
+# -- order ---------------------------------------------------------------------------------------
+def test_unmappable_side_op_is_moved_after_the_mappable_ones() -> None:
+    g = Q8()
+    x = g.input((1, 4, 4, 8), 0.05, 0)
+    axis = g.graph.add_constant("axis", np.array([3], np.int32))
+    side = g.graph.add_tensor("argmax", (1, 4, 4), "INT32")
+    g.graph.add_op("ARG_MAX", [x, axis], [side], {"output_type": 2})
+    a = g.op("RELU", [x], x.shape, 0.05, 0)
+    b = g.op("RELU6", [a], x.shape, 0.05, 0)
+    before = g.bytes(side, b)
+    after, model, _ = apply(before, DeferUnmappableOps())
+    assert ops(model) == ["RELU", "RELU6", "ARG_MAX"]
+    assert verify.compare(before, after, int_atol=0).identical
+    assert mapped(before) == (0, 3) and mapped(after) == (2, 1)
+
+
+# -- a YOLO-style model end to end -----------------------------------------------------------------
+@pytest.fixture(scope="session")
+def yolo() -> dict[str, bytes]:
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("ai_edge_quantizer")
+    from tflfuse import zoo
+    from tflfuse.quantize import quantize
+
+    model = zoo.build("yolo_style", input_size=64)
+    calibration = zoo.sample_inputs((64, 64, 3), n=16, seed=2)
+    out = {
+        "float": zoo.to_tflite(model),
+        "stock": zoo.to_tflite(model, int8=True, calibration=calibration, io_type="uint8"),
+    }
+    legal = flatbuffer.from_bytes(out["float"])
+    PassManager((*EDGETPU_LEGALIZATION, DeadCodeElimination(), TopologicalSort())).run(legal)
+    out["legal_float"] = flatbuffer.to_bytes(legal)
+    out["tflfuse"] = quantize(
+        out["legal_float"], "int8", [calibration], input_type="uint8", output_type="uint8",
+        progress=False,
+    ).data  # fmt: skip
+    return out
+
+
+def _mean_error(data: bytes, reference: bytes, x: np.ndarray) -> float:
+    from tflfuse.runtime import make_interpreter
+
+    def outputs(model: bytes) -> np.ndarray:
+        interp = make_interpreter(model, "none")
+        i, o = interp.get_input_details()[0], interp.get_output_details()[0]
+        results = []
+        for sample in x:
+            value = sample[None]
+            if i["dtype"] == np.uint8:
+                s, z = i["quantization"]
+                value = np.clip(np.round(value / s + z), 0, 255).astype(np.uint8)
+            interp.set_tensor(i["index"], value)
+            interp.invoke()
+            y = interp.get_tensor(o["index"]).astype(np.float32)
+            if o["dtype"] == np.uint8:
+                y = (y - o["quantization"][1]) * o["quantization"][0]
+            results.append(y)
+        return np.concatenate(results)
+
+    return float(np.abs(outputs(data) - outputs(reference)).mean())
+
+
+def test_yolo_stock_maps_under_60_percent_and_tflfuse_maps_all(yolo: dict[str, bytes]) -> None:
+    stock = predict(flatbuffer.from_bytes(yolo["stock"]), "edgetpu")
+    assert stock.fraction_mapped < 0.6
+    assert {o.op for o in stock.ops if o.status == "Operation not supported"} >= {"LEAKY_RELU"}
+    fused = predict(flatbuffer.from_bytes(yolo["tflfuse"]), "edgetpu")
+    assert fused.cpu == 0 and fused.mapped > 0
+    ops_after = {o.op for o in fused.ops}
+    assert not ops_after & {"LEAKY_RELU", "HARD_SWISH", "MEAN"}
+
+
+def test_yolo_legalization_keeps_the_function(yolo: dict[str, bytes]) -> None:
+    assert_same_function(yolo["float"], yolo["legal_float"], atol=1e-4, rtol=1e-4)
+    from tflfuse import zoo
+
+    x = zoo.sample_inputs((64, 64, 3), n=6, seed=7)
+    stock_error = _mean_error(yolo["stock"], yolo["float"], x)
+    fused_error = _mean_error(yolo["tflfuse"], yolo["float"], x)
+    assert fused_error <= 1.5 * stock_error, (fused_error, stock_error)
+
+
+def test_yolo_stock_int8_legalized_in_place_maps_all_and_stays_close(yolo) -> None:
+    model = flatbuffer.from_bytes(yolo["stock"])
+    PassManager((*EDGETPU_LEGALIZATION, DeadCodeElimination(), TopologicalSort())).run(model)
+    legal = flatbuffer.to_bytes(model)
+    assert predict(model, "edgetpu").cpu == 0
+    from tflfuse import zoo
+
+    x = zoo.sample_inputs((64, 64, 3), n=6, seed=7)
+    stock_error = _mean_error(yolo["stock"], yolo["float"], x)
+    legal_error = _mean_error(legal, yolo["float"], x)
+    assert legal_error <= 1.25 * stock_error, (legal_error, stock_error)

@@ -1,0 +1,402 @@
+"""Edge TPU legalization: rewrite ops the compiler does not map into ops it does.
+
+One unmappable op sends itself and everything after it to the CPU, so a single LEAKY_RELU near
+the input of a YOLO-style model costs nearly the whole accelerator. Each rule here replaces such
+an op by the same function spelled in ops from the Edge TPU table (`delegates/edgetpu.toml`,
+[legalization] keeps each choice and its source). They run first in the `edgetpu` pipeline.
+
+Most rules work on float graphs (the `edgetpu` recipe fuses and legalizes in float, then
+quantizes) and on int8/uint8 graphs (a stock-converted `.tflite` given to `optimize`): there the
+new tensors get quantization parameters derived from the tensors they replace, so every step is
+one requantization and the result stays within a step or two of the original. GELU is float only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tflfuse.ir import Graph, Op, Quantization, Tensor
+from tflfuse.rewrite import Match, OpPattern, Pass, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rules.common import is_float
+from tflfuse.targets import capability, edgetpu_op_status
+
+_INT_TYPES = ("INT8", "UINT8")
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _kind(t: Tensor) -> str | None:
+    """ "float", "int" (per-tensor int8/uint8) or None (something these rules do not handle)."""
+    if is_float(t):
+        return "float"
+    if t.dtype in _INT_TYPES and t.is_quantized and not t.quantization.per_channel:
+        return "int"
+    return None
+
+
+def _scale_zp(t: Tensor) -> tuple[float, int]:
+    q = t.quantization
+    return float(q.scale.reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
+
+
+def _quant(scale: float, zero_point: int) -> Quantization:
+    return Quantization(
+        scale=np.array([scale], np.float32), zero_point=np.array([zero_point], np.int64)
+    )
+
+
+def _like(g: Graph, name: str, ref: Tensor, shape=None, q: Quantization | None = None) -> Tensor:
+    """A new activation with `ref`'s type (and the given quantization when integer)."""
+    return g.add_tensor(name, ref.shape if shape is None else shape, ref.dtype, quantization=q)
+
+
+def _scalar(g: Graph, name: str, value: float, ref: Tensor) -> Tensor:
+    """A constant `value` of `ref`'s type: float32, or int8/uint8 holding it exactly."""
+    if ref.dtype == "FLOAT32":
+        return g.add_constant(name, np.array([value], np.float32), "FLOAT32")
+    top = 127 if ref.dtype == "INT8" else 255
+    return g.add_constant(
+        name,
+        np.array([top], np.int8 if top == 127 else np.uint8),
+        ref.dtype,
+        _quant(value / top, 0),
+    )
+
+
+def _range_q(ref: Tensor, low: float, high: float) -> Quantization:
+    """Per-tensor quantization of `ref`'s integer type covering [low, high] (0 included)."""
+    low, high = min(low, 0.0), max(high, 0.0)
+    qmin, qmax = (-128, 127) if ref.dtype == "INT8" else (0, 255)
+    scale = (high - low) / (qmax - qmin) or 1.0
+    zero = round(qmin - low / scale)
+    return _quant(scale, max(qmin, min(qmax, zero)))
+
+
+def _mul(g: Graph, x: Tensor, c: Tensor, out: Tensor, before: Op | None) -> None:
+    g.add_op("MUL", [x, c], [out], {"fused_activation_function": "NONE"}, before=before)
+
+
+def _take_out(g: Graph, op: Op) -> Op | None:
+    """Remove `op` and return the op that followed it (new ops go before it: same place)."""
+    i = g.ops.index(op)
+    after = g.ops[i + 1] if i + 1 < len(g.ops) else None
+    g.remove_op(op)
+    return after
+
+
+# -- activations ---------------------------------------------------------------------------------
+class LegalizeLeakyRelu(Rule):
+    """LEAKY_RELU(x, a)  =>  ADD(MUL(x, a), MUL(RELU(x), 1 - a)).
+
+    x > 0: a x + (1 - a) x = x;  x <= 0: a x + 0 = a x. Built from plainly supported ops: the
+    MAXIMUM(x, a x) form hit internal compiler errors (google-coral/edgetpu#165, #185).
+    int8: a x keeps x's zero point at scale a s, RELU keeps x's parameters, (1 - a) relu(x) at
+    scale (1 - a) s; the ADD writes the original output. Exact in float, a step or two in int8.
+    """
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.LEAKY_RELU(p.x)
+
+    def check(self, m: Match) -> Refusal | None:
+        kind = _kind(m.x)
+        if kind is None or _kind(m.root.output) != kind:
+            return refuse(f"LEAKY_RELU on {m.x.dtype} with per-channel or no quantization")
+        alpha = float(m.root.options.get("alpha", 0.2))
+        if kind == "int" and not 0.0 < alpha < 1.0:
+            return refuse(f"int8 LEAKY_RELU with alpha {alpha} outside (0, 1)")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        alpha = float(op.options.get("alpha", 0.2))
+        out = op.output
+        qa = qr = qb = None
+        if _kind(x) == "int":
+            s, z = _scale_zp(x)
+            qa, qr, qb = _quant(s * alpha, z), _quant(s, z), _quant(s * (1 - alpha), z)
+        at = _take_out(g, op)
+        scaled = _like(g, f"{out.name}/alpha_x", x, q=qa)
+        relu = _like(g, f"{out.name}/relu", x, q=qr)
+        kept = _like(g, f"{out.name}/relu_part", x, q=qb)
+        _mul(g, x, _scalar(g, f"{out.name}/alpha", alpha, x), scaled, at)
+        g.add_op("RELU", [x], [relu], before=at)
+        _mul(g, relu, _scalar(g, f"{out.name}/one_minus_alpha", 1 - alpha, x), kept, at)
+        g.add_op("ADD", [scaled, kept], [out], {"fused_activation_function": "NONE"}, before=at)
+
+
+class LegalizeHardSwish(Rule):
+    """HARD_SWISH(x)  =>  MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6).
+
+    x * relu6(x + 3) / 6 exactly; the RELU6 rides on the ADD as its fused activation (the Edge TPU
+    and the quantizer both take ADD with RELU6). int8: relu6(x + 3) spans [0, 6]; x * relu6(..) is
+    6 y, quantized at 6x the output scale with the output's zero point.
+    """
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.HARD_SWISH(p.x)
+
+    def check(self, m: Match) -> Refusal | None:
+        kind = _kind(m.x)
+        if kind is None or _kind(m.root.output) != kind:
+            return refuse(f"HARD_SWISH on {m.x.dtype} with per-channel or no quantization")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        out = op.output
+        q_gate = q_prod = None
+        if _kind(x) == "int":
+            s_out, z_out = _scale_zp(out)
+            q_gate, q_prod = _range_q(x, 0.0, 6.0), _quant(6 * s_out, z_out)
+        at = _take_out(g, op)
+        gate = _like(g, f"{out.name}/relu6_x_plus_3", x, q=q_gate)
+        prod = _like(g, f"{out.name}/x_times_gate", x, q=q_prod)
+        three = _scalar(g, f"{out.name}/three", 3.0, x)
+        g.add_op("ADD", [x, three], [gate], {"fused_activation_function": "RELU6"}, before=at)
+        _mul(g, x, gate, prod, at)
+        _mul(g, prod, _scalar(g, f"{out.name}/one_sixth", 1.0 / 6.0, x), out, at)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+class LegalizeGelu(Rule):
+    """GELU(x)  =>  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (MUL, ADD, TANH only).
+
+    Exact for GELU(approximate=True); within 1e-3 of the erf form. Float only: legalize before
+    quantizing (the `edgetpu` recipe does), since each of the nine steps would need a calibrated
+    range. (`quantized_ok` only so that an int8 GELU gets that refusal in `--explain`.)
+    """
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.GELU(p.x)
+
+    def check(self, m: Match) -> Refusal | None:
+        if _kind(m.x) != "float":
+            return refuse("GELU is legalized on the float model, before quantization")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        out, name = op.output, op.output.name
+
+        def t(suffix: str) -> Tensor:
+            return _like(g, f"{name}/{suffix}", x)
+
+        def c(suffix: str, v: float) -> Tensor:
+            return _scalar(g, f"{name}/{suffix}", v, x)
+
+        none = {"fused_activation_function": "NONE"}
+        op = _take_out(g, op)  # new ops go where GELU was
+        x2, x3, cubic, inner, arg, th, one_plus, half_x = (
+            t("x2"), t("x3"), t("cubic"), t("inner"), t("arg"), t("tanh"), t("1_plus"), t("half_x")
+        )  # fmt: skip
+        g.add_op("MUL", [x, x], [x2], none, before=op)
+        g.add_op("MUL", [x2, x], [x3], none, before=op)
+        g.add_op("MUL", [x3, c("k", 0.044715)], [cubic], none, before=op)
+        g.add_op("ADD", [x, cubic], [inner], none, before=op)
+        g.add_op("MUL", [inner, c("sqrt_2_over_pi", _SQRT_2_OVER_PI)], [arg], none, before=op)
+        g.add_op("TANH", [arg], [th], before=op)
+        g.add_op("ADD", [th, c("one", 1.0)], [one_plus], none, before=op)
+        g.add_op("MUL", [x, c("half", 0.5)], [half_x], none, before=op)
+        g.add_op("MUL", [half_x, one_plus], [out], none, before=op)
+
+
+# -- reductions ----------------------------------------------------------------------------------
+def _pool_limit() -> int:
+    return int(capability("edgetpu")["ops"]["AVERAGE_POOL_2D"].get("max_pool_plane", 1 << 30))
+
+
+def _pool_stages(h: int, w: int, limit: int) -> list[tuple[int, int]] | None:
+    """Pool windows (fh, fw) whose successive averages equal the mean over h x w, each window at
+    most `limit` pixels: one stage when h*w fits, else two (fh | h, fw | w), else None."""
+    if h * w <= limit:
+        return [(h, w)]
+    best: tuple[int, int] | None = None
+    for fh in (d for d in range(1, h + 1) if h % d == 0):
+        for fw in (d for d in range(1, w + 1) if w % d == 0):
+            fits = fh * fw <= limit and (h // fh) * (w // fw) <= limit
+            if fits and (best is None or fh * fw > best[0] * best[1]):
+                best = (fh, fw)
+    if best is None:
+        return None
+    return [best, (h // best[0], w // best[1])]
+
+
+def _pool(g: Graph, x: Tensor, window: tuple[int, int], out: Tensor, before: Op | None) -> None:
+    fh, fw = window
+    options = {
+        "padding": "VALID",
+        "stride_h": fh,
+        "stride_w": fw,
+        "filter_height": fh,
+        "filter_width": fw,
+        "fused_activation_function": "NONE",
+    }
+    g.add_op("AVERAGE_POOL_2D", [x], [out], options, before=before)
+
+
+def _average_pool_chain(g: Graph, x: Tensor, stages, final: Tensor, anchor: Op) -> None:
+    """x -> AVERAGE_POOL_2D per stage -> final, inserted before `anchor`. Integer pools keep x's
+    parameters (the int8 kernel wants equal input and output scales)."""
+    current, (n, h, w, ch) = x, x.shape
+    for i, (fh, fw) in enumerate(stages):
+        h, w = h // fh, w // fw
+        last = i == len(stages) - 1
+        target = final if last else _like(g, f"{final.name}/pool{i}", x, (n, h, w, ch))
+        if target.quantization is None and x.quantization is not None:
+            target.quantization = x.quantization
+        _pool(g, current, (fh, fw), target, anchor)
+        current = target
+
+
+class MeanToAveragePool(Rule):
+    """MEAN(x, axes=[1, 2])  =>  AVERAGE_POOL_2D(x, filter = H x W) [-> RESHAPE] [-> QUANTIZE].
+
+    The same average (exact in float). A plane larger than the compiler maps is pooled in two
+    stages: windows fh x fw, then the (H/fh) x (W/fw) grid of their averages — the mean of equal-
+    sized tile means is the mean (the split workaround of google-coral/edgetpu#461). keep_dims=False
+    adds a RESHAPE; an int8 MEAN whose output scale differs from its input's adds a requantizing
+    QUANTIZE (the int8 pool kernel ignores output parameters: checked, 38 steps off otherwise), so
+    it rounds twice: within two steps of the MEAN when the output scale is finer than the input's.
+    """
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MEAN(p.x, p.const("axes"))
+
+    def check(self, m: Match) -> Refusal | None:
+        x = m.x
+        if len(x.shape) != 4 or x.shape[0] != 1:
+            return refuse(f"MEAN input {list(x.shape)} is not a batch-1 image tensor")
+        axes = sorted({int(a) % 4 for a in np.asarray(m.axes.data).reshape(-1)})
+        if axes != [1, 2]:
+            return refuse(f"MEAN reduces axes {axes}, not height and width")
+        kind = _kind(x)
+        if kind is None or _kind(m.root.output) != kind:
+            return refuse(f"MEAN on {x.dtype} with per-channel or no quantization")
+        if _pool_stages(x.shape[1], x.shape[2], _pool_limit()) is None:
+            return refuse(f"no exact tiling of the {x.shape[1]}x{x.shape[2]} plane fits the limit")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        out = op.output
+        stages = _pool_stages(x.shape[1], x.shape[2], _pool_limit())
+        pooled_shape = (1, 1, 1, x.shape[3])
+        requant = _kind(x) == "int" and not out.quantization.same_as(x.quantization)
+        if out.shape == pooled_shape and not requant:
+            pooled = out
+        else:
+            pooled = _like(g, f"{out.name}/pooled", x, pooled_shape, x.quantization)
+        anchor = _take_out(g, op)
+        _average_pool_chain(g, x, stages, pooled, anchor)
+        current = pooled
+        if requant:
+            target = (
+                out
+                if out.shape == pooled_shape
+                else _like(g, f"{out.name}/requantized", x, pooled_shape, out.quantization)
+            )
+            g.add_op("QUANTIZE", [current], [target], before=anchor)
+            current = target
+        if current is not out:
+            shape = g.add_constant(f"{out.name}/shape", np.array(out.shape, np.int32), "INT32")
+            g.add_op("RESHAPE", [current, shape], [out], before=anchor)
+
+
+class SplitOversizedAveragePool(Rule):
+    """AVERAGE_POOL_2D over a whole plane larger than the compiler maps  =>  two AVERAGE_POOL_2D
+    stages (fh x fw windows, then their grid), the same mean (google-coral/edgetpu#461)."""
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.AVERAGE_POOL_2D(p.x)
+
+    def check(self, m: Match) -> Refusal | None:
+        op, x = m.root, m.x
+        fh, fw = int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
+        if fh * fw <= _pool_limit():
+            return refuse("the pool window already fits")  # nothing to do
+        if len(x.shape) != 4 or (fh, fw) != tuple(x.shape[1:3]) or op.output.shape[1:3] != (1, 1):
+            return refuse("only a global average pool (window = whole plane) is split")
+        if op.fused_activation != "NONE":
+            return refuse("the pool has a fused activation")
+        if _kind(x) == "int" and not op.output.quantization.same_as(x.quantization):
+            return refuse("int8 pool changes the scale")
+        if _pool_stages(fh, fw, _pool_limit()) is None:
+            return refuse(f"no exact tiling of the {fh}x{fw} plane fits the limit")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        out = op.output
+        stages = _pool_stages(x.shape[1], x.shape[2], _pool_limit())
+        anchor = _take_out(g, op)
+        _average_pool_chain(g, x, stages, out, anchor)
+
+
+# -- order -----------------------------------------------------------------------------------------
+class DeferUnmappableOps(Pass):
+    """Order ops so those the Edge TPU cannot map come as late as the data flow allows.
+
+    The compiler maps ops in execution order until the first it cannot; an unmappable op that
+    nothing mapped depends on (a CPU-only side head, a float output conversion) placed early cuts
+    off every op after it. Moving it behind the mappable ops keeps them on the accelerator; the
+    function is unchanged (only the order of independent ops moves).
+    """
+
+    def run(self, graph: Graph) -> int:
+        if not any(_kind(t) == "int" for op in graph.ops for t in op.outputs):
+            return 0  # float graphs: nothing maps yet, order decided after quantization
+        table = capability("edgetpu")
+        late = {op: edgetpu_op_status(op, table)[0] != "mapped" for op in graph.ops}
+        order = _ordered(graph, late)
+        if order == graph.ops:
+            return 0
+        graph.ops = order
+        return 1
+
+
+def _ordered(graph: Graph, late: dict[Op, bool]) -> list[Op]:
+    import heapq
+
+    position = {op: i for i, op in enumerate(graph.ops)}
+    indegree = {op: 0 for op in graph.ops}
+    users: dict[Op, list[Op]] = {op: [] for op in graph.ops}
+    for op in graph.ops:
+        for t in {i for i in op.inputs if i is not None}:
+            p = t.producer
+            if p is not None and p in indegree and p is not op:
+                indegree[op] += 1
+                users[p].append(op)
+    ready = [(late[op], position[op], op) for op, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[Op] = []
+    while ready:
+        *_, op = heapq.heappop(ready)
+        order.append(op)
+        for u in users[op]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                heapq.heappush(ready, (late[u], position[u], u))
+    return order if len(order) == len(graph.ops) else list(graph.ops)
+
+
+EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
+    LegalizeLeakyRelu(),
+    LegalizeHardSwish(),
+    LegalizeGelu(),
+    MeanToAveragePool(),
+    SplitOversizedAveragePool(),
+    DeferUnmappableOps(),
+)
