@@ -1,15 +1,23 @@
 """Interpreter factory: ai_edge_litert, else tflite_runtime, else tf.lite, with a chosen delegate.
 
 Only numpy and one interpreter package are needed, so the device side (a Coral board with
-`tflite_runtime` and no TensorFlow) can use it. Delegates:
-  xnnpack  the default CPU path (XNNPACK applied by the interpreter)
-  none     plain builtin kernels, no default delegate
-  ref      reference kernels (slow, for correctness checks)
+`tflite_runtime` and no TensorFlow, often Python 3.8) can use it: this module is shipped in the
+device bundle and must stay Python 3.8 syntax. Delegates:
+  xnnpack        the default CPU path (XNNPACK applied by the interpreter)
+  none           plain builtin kernels, no default delegate
+  ref            reference kernels (slow, for correctness checks)
+  edgetpu[:DEV]  the Coral Edge TPU through libedgetpu (Coral's pycoral when it is importable;
+                 PyPI's `pycoral` is an unrelated package); DEV e.g. `usb:0` or `pci:0`
+  gpu            the TFLite GPU delegate library, where one is installed
+  external:PATH  any delegate shared library, loaded with `load_delegate(PATH)`
+A delegate that cannot load is a one-line TflfuseError, never a silent CPU fallback.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
+import platform
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +29,18 @@ _PACKAGES = (
     "tensorflow.lite.python.interpreter",
 )
 _RESOLVERS = {"xnnpack": "AUTO", "none": "BUILTIN_WITHOUT_DEFAULT_DELEGATES", "ref": "BUILTIN_REF"}
+DELEGATES = ("xnnpack", "none", "ref", "edgetpu", "gpu", "external:PATH")
+
+_EDGETPU_LIBRARY = {
+    "Linux": "libedgetpu.so.1",
+    "Darwin": "libedgetpu.1.dylib",
+    "Windows": "edgetpu.dll",
+}
+_GPU_LIBRARIES = (
+    "libtensorflowlite_gpu_delegate.so",
+    "libtensorflowlite_gpu_gl.so",
+    "libLiteRtGpuAccelerator.so",
+)
 
 
 def interpreter_module() -> Any:
@@ -36,23 +56,113 @@ def interpreter_module() -> Any:
     )
 
 
+def interpreter_package() -> str:
+    """Name and version of the interpreter package in use, e.g. 'ai_edge_litert 2.3.0'."""
+    module = interpreter_module()
+    top = module.__name__.split(".")[0]
+    try:
+        from importlib.metadata import version
+
+        dist = {"ai_edge_litert": "ai-edge-litert", "tflite_runtime": "tflite-runtime"}
+        return f"{top} {version(dist.get(top, top))}"
+    except Exception:  # metadata is best-effort (vendored or system packages)
+        return top
+
+
+def check_delegate_name(delegate: str) -> None:
+    """Raise TflfuseError unless `delegate` is one this module knows."""
+    kind = delegate.split(":", 1)[0]
+    if kind in _RESOLVERS or kind in ("edgetpu", "gpu"):
+        return
+    if kind == "external" and delegate[len("external:") :]:
+        return
+    raise TflfuseError(f"unknown delegate {delegate!r} (choose from {', '.join(DELEGATES)})")
+
+
+def _loadable(library: str) -> str | None:
+    """None when the shared library opens, else why not. Checked before `load_delegate`, whose
+    failure path prints an ignored exception from `Delegate.__del__` in some releases."""
+    try:
+        ctypes.CDLL(library)
+    except OSError as exc:
+        return str(exc).strip() or "cannot open it"
+    return None
+
+
+def _load(module: Any, library: str, options: dict | None, what: str) -> Any:
+    problem = _loadable(library)
+    if problem:
+        raise TflfuseError(f"cannot load the {what} delegate ({library}): {problem}")
+    try:
+        return module.load_delegate(library, options or {})
+    except (ValueError, OSError, RuntimeError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TflfuseError(f"cannot load the {what} delegate ({library}): {detail}") from None
+
+
+def _edgetpu_delegate(module: Any, device: str | None) -> Any:
+    options = {"device": device} if device else None
+    try:  # Coral's own pycoral, when present, knows the platform's library name
+        from pycoral.utils import edgetpu as coral  # type: ignore[import-not-found]
+    except ImportError:
+        coral = None
+    if coral is not None and hasattr(coral, "load_edgetpu_delegate"):
+        try:
+            return coral.load_edgetpu_delegate(options)
+        except (ValueError, OSError, RuntimeError) as exc:
+            raise TflfuseError(f"cannot load the edgetpu delegate (pycoral): {exc}") from None
+    library = _EDGETPU_LIBRARY.get(platform.system(), "libedgetpu.so.1")
+    return _load(module, library, options, "edgetpu")
+
+
+def _gpu_delegate(module: Any) -> Any:
+    for library in _GPU_LIBRARIES:
+        if _loadable(library) is None:
+            return _load(module, library, None, "gpu")
+    raise TflfuseError(
+        f"no GPU delegate library found (tried {', '.join(_GPU_LIBRARIES)});"
+        " pass external:PATH to name one"
+    )
+
+
+def load_delegates(delegate: str) -> list[Any]:
+    """The delegate objects to hand the interpreter for `delegate` (empty for CPU paths)."""
+    check_delegate_name(delegate)
+    kind, _, rest = delegate.partition(":")
+    if kind in _RESOLVERS:
+        return []
+    module = interpreter_module()
+    if kind == "edgetpu":
+        return [_edgetpu_delegate(module, rest or None)]
+    if kind == "gpu":
+        return [_gpu_delegate(module)]
+    if not Path(rest).exists():
+        raise TflfuseError(f"cannot load the external delegate: {rest} does not exist")
+    return [_load(module, rest, None, "external")]
+
+
 def make_interpreter(
     model: bytes | str | Path, delegate: str = "xnnpack", threads: int | None = None
 ) -> Any:
     """An allocated interpreter for a model given as bytes or a path."""
     module = interpreter_module()
-    if delegate not in _RESOLVERS:
-        raise TflfuseError(f"unknown delegate {delegate!r} (choose from {', '.join(_RESOLVERS)})")
+    delegates = load_delegates(delegate)
+    kind = delegate.split(":", 1)[0]
     source = (
         {"model_content": bytes(model)}
         if isinstance(model, (bytes, bytearray))
         else {"model_path": str(model)}
     )
-    resolver = getattr(module.OpResolverType, _RESOLVERS[delegate])
+    kwargs: dict[str, Any] = {"num_threads": threads}
+    if delegates:
+        kwargs["experimental_delegates"] = delegates
+    resolvers = getattr(module, "OpResolverType", None)  # absent in old tflite_runtime builds
+    if resolvers is not None and kind in _RESOLVERS:
+        kwargs["experimental_op_resolver_type"] = getattr(resolvers, _RESOLVERS[kind])
+    elif kind in ("none", "ref"):
+        raise TflfuseError(f"delegate {kind!r} needs an interpreter with OpResolverType")
     try:
-        interp = module.Interpreter(
-            **source, num_threads=threads, experimental_op_resolver_type=resolver
-        )
+        interp = module.Interpreter(**source, **kwargs)
         interp.allocate_tensors()
     except (ValueError, RuntimeError) as exc:
         raise TflfuseError(
