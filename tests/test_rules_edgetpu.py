@@ -73,11 +73,12 @@ def test_leaky_relu_int8_keeps_the_function_and_maps() -> None:
     y = g.op("LEAKY_RELU", [x], x.shape, 0.04, -100, alpha=0.1)
     before = g.bytes(y)
     after, model, _ = apply(before, LegalizeLeakyRelu())
-    assert ops(model) == ["MUL", "RELU", "MUL", "ADD"]
+    assert ops(model) == ["PRELU"]
+    # PRELU's kernel rounds differently from LEAKY_RELU's: one step at most (measured)
     agreement = verify.compare(before, after, int_atol=1, runs=4)
     assert agreement.ok and agreement.varies, agreement
     assert mapped(before) == (0, 1)
-    assert mapped(after) == (4, 0)
+    assert mapped(after) == (1, 0)
 
 
 def test_leaky_relu_int8_alpha_outside_unit_interval_is_refused() -> None:

@@ -87,12 +87,15 @@ def _take_out(g: Graph, op: Op) -> Op | None:
 
 # -- activations ---------------------------------------------------------------------------------
 class LegalizeLeakyRelu(Rule):
-    """LEAKY_RELU(x, a)  =>  ADD(MUL(x, a), MUL(RELU(x), 1 - a)).
+    """float: LEAKY_RELU(x, a)  =>  ADD(MUL(x, a), MUL(RELU(x), 1 - a)).
+    int8:  LEAKY_RELU(x, a)  =>  PRELU(x, alpha = a per channel).
 
-    x > 0: a x + (1 - a) x = x;  x <= 0: a x + 0 = a x. Built from plainly supported ops: the
-    MAXIMUM(x, a x) form hit internal compiler errors (google-coral/edgetpu#165, #185).
-    int8: a x keeps x's zero point at scale a s, RELU keeps x's parameters, (1 - a) relu(x) at
-    scale (1 - a) s; the ADD writes the original output. Exact in float, a step or two in int8.
+    x > 0: a x + (1 - a) x = x;  x <= 0: a x + 0 = a x. Built from plainly supported ops (the
+    MAXIMUM(x, a x) form hit internal compiler errors, google-coral/edgetpu#165, #185) and ones
+    ai-edge-quantizer can quantize (it has no PRELU), so the float model is legalized this way
+    before quantizing. On an int8 graph PRELU computes the same two requantizations as the
+    LEAKY_RELU kernel (alpha stored as 127 x a/127: exact), so the rewrite is bit-exact there,
+    where the four-op form would round once more per layer.
     """
 
     quantized_ok = True
@@ -105,22 +108,24 @@ class LegalizeLeakyRelu(Rule):
         if kind is None or _kind(m.root.output) != kind:
             return refuse(f"LEAKY_RELU on {m.x.dtype} with per-channel or no quantization")
         alpha = float(m.root.options.get("alpha", 0.2))
-        if kind == "int" and not 0.0 < alpha < 1.0:
-            return refuse(f"int8 LEAKY_RELU with alpha {alpha} outside (0, 1)")
+        if kind == "int" and not 0.0 < alpha <= 1.0:
+            return refuse(f"int8 LEAKY_RELU with alpha {alpha} outside (0, 1]")
         return None
 
     def rewrite(self, m: Match) -> None:
         g, op, x = m.graph, m.root, m.x
         alpha = float(op.options.get("alpha", 0.2))
         out = op.output
-        qa = qr = qb = None
-        if _kind(x) == "int":
-            s, z = _scale_zp(x)
-            qa, qr, qb = _quant(s * alpha, z), _quant(s, z), _quant(s * (1 - alpha), z)
         at = _take_out(g, op)
-        scaled = _like(g, f"{out.name}/alpha_x", x, q=qa)
-        relu = _like(g, f"{out.name}/relu", x, q=qr)
-        kept = _like(g, f"{out.name}/relu_part", x, q=qb)
+        if _kind(x) == "int":
+            top, np_type = (127, np.int8) if x.dtype == "INT8" else (255, np.uint8)
+            values = np.full((1, 1, x.shape[-1]), top, np_type)
+            slope = g.add_constant(f"{out.name}/alpha", values, x.dtype, _quant(alpha / top, 0))
+            g.add_op("PRELU", [x, slope], [out], before=at)
+            return
+        scaled = _like(g, f"{out.name}/alpha_x", x)
+        relu = _like(g, f"{out.name}/relu", x)
+        kept = _like(g, f"{out.name}/relu_part", x)
         _mul(g, x, _scalar(g, f"{out.name}/alpha", alpha, x), scaled, at)
         g.add_op("RELU", [x], [relu], before=at)
         _mul(g, relu, _scalar(g, f"{out.name}/one_minus_alpha", 1 - alpha, x), kept, at)
