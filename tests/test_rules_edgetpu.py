@@ -88,7 +88,7 @@ def test_leaky_relu_int8_alpha_outside_unit_interval_is_refused() -> None:
     _, model, result = apply(g.bytes(y), LegalizeLeakyRelu())
     assert ops(model) == ["LEAKY_RELU"]
     assert refusals(result, "LegalizeLeakyRelu") == [
-        "int8 LEAKY_RELU with alpha 1.5 outside (0, 1)"
+        "int8 LEAKY_RELU with alpha 1.5 outside (0, 1]"
     ]
 
 
