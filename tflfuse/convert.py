@@ -172,6 +172,33 @@ def _frozen(fn: Any, specs: list) -> Any:
     return convert_variables_to_constants_v2(concrete)
 
 
+def _pin_batch(frozen: Any, batch: int) -> Any:
+    """A frozen function whose inputs have batch `batch` (the graph re-imported behind fixed-shape
+    placeholders; outputs keep their structure)."""
+    tf = _tf()
+    graph_def = frozen.graph.as_graph_def()
+    in_names = [t.name for t in frozen.inputs]
+    out_names = [t.name for t in frozen.outputs]
+    specs = [
+        tf.TensorSpec([batch, *t.shape.as_list()[1:]], t.dtype, t.name.split(":")[0])
+        for t in frozen.inputs
+    ]
+
+    def body(*xs: Any) -> Any:
+        return tf.compat.v1.import_graph_def(
+            graph_def, input_map=dict(zip(in_names, xs)), return_elements=out_names, name=""
+        )
+
+    wrapped = tf.compat.v1.wrap_function(body, specs)
+    structure = frozen.structured_outputs
+    if isinstance(structure, dict):
+        keys = sorted(structure)
+        order = [out_names.index(structure[k].name) for k in keys]
+        fetches = {k: wrapped.outputs[i] for k, i in zip(keys, order)}
+        return wrapped.prune(wrapped.inputs, fetches)
+    return wrapped
+
+
 def _keras_frontend(model: Any, source: str, batch: int, quiet: bool) -> Frontend:
     tf = _tf()
     specs, names, notices = _specs_from_keras(model, batch, quiet)
@@ -210,19 +237,25 @@ def _function_frontend(fn: Any, source: str, batch: int) -> Frontend:
             if shape and shape[0] is None:
                 shape[0] = batch
                 notices.append(f"input {i}: dynamic batch dimension pinned to {batch}")
-            specs.append(tf.TensorSpec(shape, s.dtype, s.name or f"input_{i}"))
+            specs.append(tf.TensorSpec(shape, s.dtype, s.name))
         concrete = fn.get_concrete_function(*specs)
     else:
         notices = []
     frozen = _frozen(concrete, None)
+    if any(t.shape.rank and t.shape[0] is None for t in frozen.inputs):
+        frozen = _pin_batch(frozen, batch)
+        notices.append(f"dynamic batch dimension pinned to {batch}")
     shapes = []
     for t in frozen.inputs:
         dims = t.shape.as_list()
         if any(d is None for d in dims):
-            raise TflfuseError(f"{source}: input {t.name} has dynamic dimensions {dims}")
+            raise TflfuseError(
+                f"{source}: input {t.name} has dynamic dimensions {dims}; only the batch may be"
+                " dynamic"
+            )
         shapes.append(tuple(dims[1:]))
     names = [re.sub(r"[^A-Za-z0-9_]", "_", t.name.split(":")[0]) for t in frozen.inputs]
-    structured = frozen.structured_outputs
+    structured = getattr(concrete, "structured_outputs", None)
     if isinstance(structured, dict):
         out_names = sorted(structured)
     else:

@@ -1,0 +1,314 @@
+"""`tflfuse convert` end to end on a small CNN trained here on sklearn's digits (real labelled
+images, no download): the three models, their agreement, recipes, I/O types and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+pytest.importorskip("sklearn")
+
+from tflfuse import flatbuffer
+from tflfuse.cli import main
+from tflfuse.report import run_float
+from tflfuse.verify import compare
+
+
+@pytest.fixture(scope="session")
+def digits() -> dict[str, np.ndarray]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x = (x.reshape(-1, 8, 8, 1) / 16.0 * 2.0 - 1.0).astype(np.float32)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.3, random_state=0, stratify=y)
+    return {"xtr": xtr, "ytr": ytr, "xte": xte, "yte": yte}
+
+
+@pytest.fixture(scope="session")
+def cnn(digits: dict[str, np.ndarray]) -> object:
+    """Conv-BN-ReLU x2, pooling, dense softmax: unfused it is ~3x the ops of the fused model."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 8, 1), name="digits")
+    x = keras.layers.Conv2D(16, 3, padding="same")(inp)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.Conv2D(32, 3, padding="same", strides=2)(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    out = keras.layers.Dense(10, activation="softmax", name="probs")(x)
+    model = keras.Model(inp, out)
+    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(digits["xtr"], digits["ytr"], epochs=12, batch_size=32, verbose=0)
+    return model
+
+
+def _accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(probs.argmax(-1) == labels))
+
+
+@pytest.fixture(scope="session")
+def int8_run(cnn: object, digits: dict[str, np.ndarray], tmp_path_factory: pytest.TempPathFactory):
+    from tflfuse.convert import convert_keras
+
+    out = tmp_path_factory.mktemp("int8") / "out"
+    return convert_keras(
+        cnn, "xnnpack-int8", calibration=digits["xtr"], output_dir=out, progress=False
+    )
+
+
+@pytest.fixture(scope="session")
+def float_run(cnn: object, tmp_path_factory: pytest.TempPathFactory):
+    from tflfuse.convert import convert_keras
+
+    out = tmp_path_factory.mktemp("float") / "out"
+    return convert_keras(cnn, "cpu-float", output_dir=out, progress=False)
+
+
+def test_int8_fused_accuracy_within_1_5_points_of_keras(int8_run, cnn, digits) -> None:
+    keras_acc = _accuracy(cnn.predict(digits["xte"], verbose=0), digits["yte"])
+    assert keras_acc > 0.85, "the test CNN did not learn; the comparison would mean nothing"
+    probs = run_float(int8_run.fused.read_bytes(), [digits["xte"]])[0]
+    assert abs(_accuracy(probs, digits["yte"]) - keras_acc) <= 0.015
+
+
+def test_fused_and_unfused_float_models_agree_to_1e_5(float_run, digits) -> None:
+    fused, unfused = float_run.fused.read_bytes(), float_run.unfused.read_bytes()
+    a = run_float(fused, [digits["xte"][:64]])[0]
+    b = run_float(unfused, [digits["xte"][:64]])[0]
+    assert not np.allclose(a, a[:1]), "outputs do not vary with the input"
+    assert np.max(np.abs(a - b)) <= 1e-5
+    assert compare(fused, unfused, atol=1e-5, rtol=0).ok
+
+
+def test_unfused_blocks_fusion_without_padding(float_run) -> None:
+    r = float_run.report
+    fused, unfused = r["models"]["fused"], r["models"]["unfused"]
+    assert unfused["op_count"] > fused["op_count"]
+    # every unfused op does arithmetic: no identities or copies to inflate the count
+    assert not {"RESHAPE", "QUANTIZE", "DEQUANTIZE"} & set(unfused["op_counts"])
+    assert unfused["op_counts"]["CONV_2D"] == fused["op_counts"]["CONV_2D"] == 2
+    assert unfused["activation_bytes"] > fused["activation_bytes"]
+
+
+def test_three_models_share_one_signature(int8_run) -> None:
+    sigs = []
+    for path in (int8_run.fused, int8_run.unfused, int8_run.stock):
+        model = flatbuffer.load(path)
+        (sig,) = model.signatures
+        sigs.append(
+            (
+                sig.key,
+                [(k, t.shape, t.dtype) for k, t in sig.inputs.items()],
+                [(k, t.shape, t.dtype) for k, t in sig.outputs.items()],
+            )
+        )
+        assert list(sig.outputs.values()) == model.main.outputs
+    assert sigs[0] == sigs[1] == sigs[2]
+    assert sigs[0][1] == [("digits", (1, 8, 8, 1), "INT8")]
+
+
+def test_int8_report_contents(int8_run) -> None:
+    r = json.loads((int8_run.output_dir / "report.json").read_text())
+    assert (int8_run.output_dir / "report.md").read_text().startswith("# tflfuse conversion")
+    assert r["quantization"]["float_ops_left"] == []
+    assert r["quantization"]["calibration_samples"] == 100
+    assert r["grappler"]["nodes_after"] < r["grappler"]["nodes_before"]
+    assert "remapper" not in r["grappler"]["optimizers"]
+    assert r["quantization"]["layer_error"], "no per-tensor quantization error"
+    for name in ("fused", "unfused", "stock"):
+        a = r["agreement"][name]
+        assert a["verified"] and a["outputs"][0]["varies"]
+        assert a["outputs"][0]["top1_agreement"] >= 0.9
+        assert a["max_abs"] < 0.25
+    assert r["float_agreement"]["fused"]["max_abs"] <= 1e-5
+    assert any("pinned to 1" in n for n in r["notices"])
+
+
+def test_edgetpu_recipe_gives_full_int8_with_uint8_io(cnn, digits, tmp_path) -> None:
+    from tflfuse.convert import convert_keras
+
+    res = convert_keras(
+        cnn, "edgetpu", calibration=digits["xtr"][:32], output_dir=tmp_path / "o", progress=False
+    )
+    for path in (res.fused, res.stock):
+        g = flatbuffer.load(path).main
+        assert [t.dtype for t in g.inputs] == ["UINT8"]
+        assert [t.dtype for t in g.outputs] == ["UINT8"]
+    assert res.report["quantization"]["edgetpu_valid"]
+    assert res.report["agreement"]["fused"]["outputs"][0]["top1_agreement"] >= 0.9
+    d = res.report["delegate_check"]
+    if d["checked"]:
+        assert d["cpu"] == 0
+
+
+def test_cli_convert_with_recipe_file_and_override(cnn, digits, tmp_path) -> None:
+    model = tmp_path / "cnn.keras"
+    cnn.save(model)
+    calib = tmp_path / "calib.npy"
+    np.save(calib, digits["xtr"][:20])
+    recipe = tmp_path / "mine.toml"
+    recipe.write_text('name = "mine"\ntarget = "xnnpack"\n[quantization]\nmode = "dynamic"\n')
+    out = tmp_path / "out"
+    rc = main(
+        [
+            "convert",
+            str(model),
+            "--recipe",
+            str(recipe),
+            "--calib",
+            str(calib),
+            "-o",
+            str(out),
+            "--quant",
+            "float16",
+        ]
+    )
+    assert rc == 0
+    r = json.loads((out / "report.json").read_text())
+    assert r["recipe"]["name"] == "mine" and r["recipe"]["quant_mode"] == "float16"
+    assert r["models"]["fused"]["quantization"] == "float16"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "model.tflite",
+        "model_stock.tflite",
+        "model_unfused.tflite",
+        "report.json",
+        "report.md",
+    ]
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        "no_calib",
+        "wrong_shape",
+        "int_dtype",
+        "nan",
+        "empty_folder",
+        "no_parent",
+        "output_is_file",
+        "bad_recipe",
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(problem, cnn, digits, tmp_path, capsys) -> None:
+    model = tmp_path / "cnn.keras"
+    cnn.save(model)
+    calib = tmp_path / "calib.npy"
+    args = ["convert", str(model), "-o", str(tmp_path / "out")]
+    data = digits["xtr"][:8]
+    expect = {
+        "no_calib": "needs calibration data",
+        "wrong_shape": "the model input needs (N, 8, 8, 1)",
+        "int_dtype": "dtype int64",
+        "nan": "NaN or Inf",
+        "empty_folder": "no images",
+        "no_parent": "does not exist",
+        "output_is_file": "is not a folder",
+        "bad_recipe": "unknown recipe",
+    }[problem]
+    if problem == "wrong_shape":
+        np.save(calib, np.zeros((4, 9, 9, 1), np.float32))
+    elif problem == "int_dtype":
+        np.save(calib, np.zeros((4, 8, 8, 1), np.int64))
+    elif problem == "nan":
+        data = data.copy()
+        data[0, 0, 0, 0] = np.nan
+        np.save(calib, data)
+    else:
+        np.save(calib, data)
+    if problem != "no_calib":
+        args += ["--calib", str(calib)]
+    if problem == "empty_folder":
+        (tmp_path / "images").mkdir()
+        args[-1] = str(tmp_path / "images")
+    if problem == "no_parent":
+        args[3] = str(tmp_path / "missing" / "out")
+    if problem == "output_is_file":
+        (tmp_path / "out").write_text("x")
+    if problem == "bad_recipe":
+        args += ["--recipe", "tpu9000"]
+    before = _leftovers(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("tflfuse: error: ") and expect in err[-1]
+    assert _leftovers(tmp_path) == before
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores modes")
+def test_unwritable_output_folder(cnn, tmp_path, capsys) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        from tflfuse.convert import convert_keras
+        from tflfuse.errors import TflfuseError
+
+        with pytest.raises(TflfuseError, match="cannot write"):
+            convert_keras(cnn, "cpu-float", output_dir=locked / "out", progress=False)
+    finally:
+        locked.chmod(0o700)
+
+
+def test_lambda_layer_refused_in_safe_mode(tmp_path) -> None:
+    import keras
+
+    inp = keras.Input((4,))
+    model = keras.Model(inp, keras.layers.Lambda(lambda x: x * 2.0)(inp))
+    path = tmp_path / "lam.keras"
+    model.save(path)
+    from tflfuse.convert import load_model
+    from tflfuse.errors import TflfuseError
+
+    with pytest.raises(TflfuseError, match="--allow-lambda"):
+        load_model(path)
+    assert load_model(path, allow_lambda=True).input_shapes == [(4,)]
+
+
+def test_tf_op_without_builtin_is_named(tmp_path) -> None:
+    import tensorflow as tf
+
+    from tflfuse.convert import convert_keras
+    from tflfuse.errors import TflfuseError
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 4, 4], tf.float32)])
+    def det(x):
+        return tf.linalg.det(tf.raw_ops.MatrixInverse(input=x)) + 1.0
+
+    with pytest.raises(TflfuseError, match=r"MatrixInverse.*--select-tf-ops"):
+        convert_keras(det, "cpu-float", output_dir=tmp_path / "o", progress=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_savedmodel_and_tf_function_inputs(tmp_path) -> None:
+    import tensorflow as tf
+
+    from tflfuse.convert import convert_keras
+
+    class Affine(tf.Module):
+        def __init__(self) -> None:
+            self.w = tf.Variable(np.random.default_rng(0).normal(size=(6, 3)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 6], tf.float32)])
+        def __call__(self, x):
+            return {"y": tf.nn.relu(tf.matmul(x, self.w) + 0.5)}
+
+    module = Affine()
+    tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
+    res = convert_keras(tmp_path / "sm", "cpu-float", output_dir=tmp_path / "o", progress=False)
+    r = res.report
+    assert r["inputs"][0]["shape"] == [1, 6] and r["outputs"] == ["y"]
+    assert r["agreement"]["fused"]["max_abs"] <= 1e-5
+    assert r["agreement"]["unfused"]["max_abs"] <= 1e-5
+    assert r["models"]["unfused"]["op_count"] >= r["models"]["fused"]["op_count"]
