@@ -165,7 +165,8 @@ def make_interpreter(
         interp = module.Interpreter(**source, **kwargs)
         interp.allocate_tensors()
     except (ValueError, RuntimeError) as exc:
-        raise TflfuseError(
-            f"the interpreter refused the model: {str(exc).strip().splitlines()[0]}"
-        ) from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "edgetpu-custom-op" in first and kind != "edgetpu":
+            first += " (a compiled _edgetpu model runs only with --delegate edgetpu)"
+        raise TflfuseError(f"the interpreter refused the model: {first}") from None
     return interp
