@@ -285,8 +285,59 @@ def _run_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- bench ---------------------------------------------------------------------------------------
+def _add_bench(sub: Any) -> None:
+    p = sub.add_parser("bench", help="time models interleaved: percentiles, jitter, memory, ratios")
+    p.add_argument("models", nargs="+", metavar="MODEL", help=".tflite files (first = baseline)")
+    p.add_argument(
+        "--delegate",
+        default="xnnpack",
+        help="xnnpack (default), none, ref, edgetpu[:DEVICE], gpu or external:PATH",
+    )
+    p.add_argument("--runs", type=int, default=100, help="timed rounds (default 100)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed rounds first (default 10)")
+    p.add_argument("--threads", type=int, default=None, help="interpreter threads")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="OUT",
+        help="write the result as JSON to OUT (or stdout without a path)",
+    )
+    p.add_argument("--plot", metavar="OUT.png", help="plot the latency distributions")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from tflfuse.bench import format_table, plot_latencies, run_benchmark
+
+    for out in (args.json, args.plot):
+        if out and out != "-" and any(same_file(Path(m), Path(out)) for m in args.models):
+            raise UsageError(f"{out}: output would overwrite a model")
+    result = run_benchmark(
+        args.models,
+        delegate=args.delegate,
+        runs=args.runs,
+        warmup=args.warmup,
+        threads=args.threads,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    if args.plot:
+        plot_latencies(result, args.plot)
+    if args.json == "-":
+        _emit_json(result, "-")
+        return 0
+    if args.json:
+        _emit_json(result, args.json)
+    print(format_table(result))
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------------------------
-_COMMANDS = (_add_inspect, _add_optimize, _add_check, _add_convert)
+_COMMANDS = (_add_inspect, _add_optimize, _add_check, _add_convert, _add_bench)
 
 
 def build_parser() -> argparse.ArgumentParser:
