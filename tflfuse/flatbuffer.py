@@ -183,10 +183,10 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
 
 def _describe(exc: Exception) -> str:
     """What a parser exception says about the bytes, for a user."""
-    if isinstance(exc, (struct.error, IndexError, ValueError, OverflowError)):
-        return "corrupt flatbuffer: an offset or length points outside the file"
     if isinstance(exc, UnicodeDecodeError):
         return "corrupt flatbuffer: a name is not valid UTF-8"
+    if isinstance(exc, (struct.error, IndexError, ValueError, OverflowError)):
+        return "corrupt flatbuffer: an offset or length points outside the file"
     if isinstance(exc, MemoryError):
         return "corrupt flatbuffer: a length is absurdly large"
     return f"corrupt flatbuffer: a table has the wrong layout ({type(exc).__name__})"
@@ -523,11 +523,13 @@ class _Writer:
     def _tensor(self, t: Tensor) -> Any:
         o = schema.TensorT()
         o.name = _utf8(t.name)
-        o.shape = list(t.shape)
+        o.shape = _vector(t.shape, "<i4")
         o.type = TYPE_CODES[t.dtype]
         o.buffer = self._buffer(t.data, key=id(t.data) if t.data is not None else None)
         o.isVariable = t.is_variable
-        o.shapeSignature = list(t.shape_signature) if t.shape_signature is not None else None
+        o.shapeSignature = (
+            _vector(t.shape_signature, "<i4") if t.shape_signature is not None else None
+        )
         o.quantization = _quantization_to_object(t.quantization)
         o.sparsity = t.extra.get("sparsity")
         o.variantTensors = t.extra.get("variant_tensors")
@@ -538,8 +540,8 @@ class _Writer:
     def _operator(self, op: Op, index_of: dict[Tensor, int]) -> Any:
         o = schema.OperatorT()
         o.opcodeIndex = self._opcode(op)
-        o.inputs = [-1 if t is None else index_of[t] for t in op.inputs]
-        o.outputs = [index_of[t] for t in op.outputs]
+        o.inputs = _vector([-1 if t is None else index_of[t] for t in op.inputs], "<i4")
+        o.outputs = _vector([index_of[t] for t in op.outputs], "<i4")
         options_type = op.options_type or (options_type_for(op.type) if op.options else None)
         if options_type is not None:
             o.builtinOptionsType = getattr(schema.BuiltinOptions, options_type)
@@ -577,15 +579,20 @@ def _quantization_to_object(q: Quantization | None) -> Any:
     if q is None:
         return None
     o = schema.QuantizationParametersT()
-    o.scale = None if q.scale is None else q.scale.astype("<f4").tolist()
-    o.zeroPoint = None if q.zero_point is None else q.zero_point.astype("<i8").tolist()
-    o.min = None if q.min is None else q.min.astype("<f4").tolist()
-    o.max = None if q.max is None else q.max.astype("<f4").tolist()
+    # numpy vectors take the builder's fast path (lists are packed element by element)
+    o.scale = None if q.scale is None else _vector(q.scale, "<f4")
+    o.zeroPoint = None if q.zero_point is None else _vector(q.zero_point, "<i8")
+    o.min = None if q.min is None else _vector(q.min, "<f4")
+    o.max = None if q.max is None else _vector(q.max, "<f4")
     o.quantizedDimension = q.axis
     if q.details is not None:
         o.details = q.details
         o.detailsType = _details_type(q.details)
     return o
+
+
+def _vector(values: Any, dtype: str) -> np.ndarray:
+    return np.ascontiguousarray(values, dtype=dtype).reshape(-1)
 
 
 def _details_type(details: Any) -> int:
