@@ -336,8 +336,36 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- compile -------------------------------------------------------------------------------------
+def _add_compile(sub: Any) -> None:
+    p = sub.add_parser("compile", help="run edgetpu_compiler and compare with the prediction")
+    p.add_argument("model", help="quantized .tflite")
+    p.add_argument("--target", default="edgetpu", choices=("edgetpu",))
+    p.add_argument("-o", "--out-dir", help="where the compiled model and logs go (default: beside)")
+    p.add_argument("--num-segments", type=int, metavar="N", help="split for N pipelined TPUs")
+    p.add_argument("--search-delegate", action="store_true", help="compiler's delegate search")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=_run_compile)
+
+
+def _run_compile(args: argparse.Namespace) -> int:
+    from tflfuse import edgetpu_compiler
+
+    result = edgetpu_compiler.compile_model(
+        Path(args.model),
+        Path(args.out_dir) if args.out_dir else None,
+        num_segments=args.num_segments,
+        search_delegate=args.search_delegate,
+    )
+    if args.json:
+        _emit_json(result.to_dict(), "-")
+    else:
+        print(edgetpu_compiler.format_comparison(result))
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------------------------
-_COMMANDS = (_add_inspect, _add_optimize, _add_check, _add_convert, _add_bench)
+_COMMANDS = (_add_inspect, _add_optimize, _add_check, _add_convert, _add_bench, _add_compile)
 
 
 def build_parser() -> argparse.ArgumentParser:
