@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rulekit import G, apply, assert_same_function, ops, refusals
 
 from tflfuse import flatbuffer, verify
@@ -288,3 +290,35 @@ def test_yolo_stock_int8_legalized_in_place_maps_all_and_stays_close(yolo) -> No
     stock_error = _mean_error(yolo["stock"], yolo["float"], x)
     legal_error = _mean_error(legal, yolo["float"], x)
     assert legal_error <= 1.25 * stock_error, (legal_error, stock_error)
+
+
+# -- property: random float chains keep their function -----------------------------------------
+_ACTS = st.sampled_from(["LEAKY_RELU", "HARD_SWISH", "GELU", "RELU"])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    acts=st.lists(_ACTS, min_size=1, max_size=4),
+    alpha=st.floats(0.01, 0.5),
+    size=st.integers(2, 6),
+    head=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_random_float_chains_are_legalized_and_keep_their_function(
+    acts, alpha, size, head, seed
+) -> None:
+    g = G(seed)
+    x = g.input((1, size, size, 3))
+    y = x
+    for act in acts:
+        y = g.conv(y, 4, 3)
+        options = {"alpha": alpha} if act == "LEAKY_RELU" else {}
+        if act == "GELU":
+            options = {"approximate": True}
+        y = g.op(act, [y], y.shape, **options)
+    if head:
+        y = g.op("MEAN", [y, g.const(np.array([1, 2]))], (1, 4), keep_dims=False)
+    before = g.bytes(y)
+    after, model, _ = apply(before, *EDGETPU_LEGALIZATION)
+    assert not set(ops(model)) & {"LEAKY_RELU", "HARD_SWISH", "GELU", "MEAN"}
+    assert_same_function(before, after, atol=1e-4, rtol=1e-4)
