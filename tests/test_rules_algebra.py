@@ -11,6 +11,7 @@ from tflfuse.rules.algebra import (
     CancelQuantizeDequantize,
     CancelTransposePair,
     CollapseReshapeChain,
+    FactorCommonMultiplier,
     RecognizeGelu,
     RecognizeHardSwish,
     RecognizeLeakyRelu,
@@ -190,3 +191,27 @@ def test_gelu_tanh_form(cube: str) -> None:
     fused, model, _ = apply(data, RecognizeGelu())
     assert ops(model) == ["FULLY_CONNECTED", "GELU"]
     assert_same_function(data, fused, atol=1e-5, rtol=1e-4)
+
+
+def test_layernorm_tail_is_factored() -> None:
+    g = G()
+    x = g.input((1, 6, 8))
+    mean = g.op("MEAN", [x, g.const(np.array([2]))], (1, 6, 1), keep_dims=True)
+    m = g.binary("MUL", g.unary("RSQRT", g.binary("ADD", mean, g.const(np.float32(2.0)))),
+                 g.rand(1, 1, 8, name="gamma"))
+    y = g.binary("ADD", g.binary("MUL", x, m), g.binary("MUL", g.unary("NEG", mean), m))
+    data = g.bytes(y)
+    fused, model, _ = apply(data, FactorCommonMultiplier())
+    assert ops(model) == ["MEAN", "ADD", "RSQRT", "MUL", "SUB", "MUL"]
+    assert_same_function(data, fused)
+
+
+def test_factoring_refused_when_a_product_is_shared() -> None:
+    g = G()
+    x, z = g.input((1, 8)), g.input((1, 8), "z")
+    k = g.rand(1, 8, name="k")
+    a = g.binary("MUL", x, k)
+    data = g.bytes(g.binary("ADD", a, g.binary("MUL", z, k)), a)
+    _, model, result = apply(data, FactorCommonMultiplier())
+    assert ops(model) == ["MUL", "MUL", "ADD"]
+    assert refusals(result, "FactorCommonMultiplier") == ["a product is read elsewhere"]

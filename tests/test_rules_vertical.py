@@ -9,8 +9,10 @@ from rulekit import G, apply, assert_same_function, ops, refusals
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
 from tflfuse.rules.vertical import (
     FoldAffineIntoFollowing,
+    FoldBiasThroughAdd,
     FoldPadIntoConv,
     MergeLinearChain,
+    MoveScaleThroughMean,
     MoveScaleThroughRelu,
 )
 
@@ -153,4 +155,55 @@ def test_pad_that_is_not_same_is_refused() -> None:
     assert ops(model) == ["PAD", "CONV_2D"]
     assert refusals(result, "FoldPadIntoConv") == [
         "the PAD adds [1, 1]/[1, 1] but SAME would add [0, 1]/[0, 1]"
+    ]
+
+
+def test_resnet_v2_tail_scale_moves_through_relu_and_mean_into_the_classifier() -> None:
+    g = G()
+    x = g.input((1, 5, 5, 4))
+    h = g.binary("ADD", x, g.conv(x, 4, k=3))
+    bn = g.binary("MUL", h, g.rand(4, low=0.3, high=2.0, name="gamma"))
+    bn = g.binary("ADD", bn, g.rand(4, name="beta"), act="RELU")
+    pooled = g.op("MEAN", [bn, g.const(np.array([1, 2]))], (1, 4), keep_dims=False)
+    data = g.bytes(g.fc(pooled, 3))
+    fused, model, result = apply(data, MoveScaleThroughRelu(), MoveScaleThroughMean(),
+                                 FoldAffineIntoFollowing(), FoldBiasThroughAdd())
+    assert ops(model) == ["CONV_2D", "ADD", "MEAN", "FULLY_CONNECTED"]
+    assert model.main.ops[1].fused_activation == "RELU"
+    assert result.fired() == {"MoveScaleThroughRelu": 1, "MoveScaleThroughMean": 1,
+                              "FoldAffineIntoFollowing": 1, "FoldBiasThroughAdd": 1}
+    assert_same_function(data, fused)
+
+
+def test_scale_does_not_move_through_a_mean_over_channels() -> None:
+    g = G()
+    x = g.input((1, 5, 5, 4))
+    scaled = g.binary("MUL", x, g.rand(4, name="s"))
+    data = g.bytes(g.fc(g.op("MEAN", [scaled, g.const(np.array([3]))], (1, 5, 5),
+                             keep_dims=False), 2))
+    _, model, result = apply(data, MoveScaleThroughMean())
+    assert ops(model) == ["MUL", "MEAN", "FULLY_CONNECTED"]
+    assert refusals(result, "MoveScaleThroughMean") == ["the MEAN averages over the channel axis"]
+
+
+def test_offset_after_a_residual_add_folds_into_the_branch_conv() -> None:
+    g = G()
+    x = g.input((1, 5, 5, 4))
+    h = g.binary("ADD", g.conv(x, 4, k=3), x)
+    data = g.bytes(g.binary("ADD", h, g.rand(4, name="c"), act="RELU6"))
+    fused, model, _ = apply(data, FoldBiasThroughAdd())
+    assert ops(model) == ["CONV_2D", "ADD"]
+    assert model.main.ops[1].fused_activation == "RELU6"
+    assert_same_function(data, fused)
+
+
+def test_offset_refused_when_the_residual_sum_feeds_the_next_shortcut() -> None:
+    g = G()
+    x = g.input((1, 5, 5, 4))
+    h = g.binary("ADD", g.conv(x, 4, k=3), x)
+    data = g.bytes(g.binary("ADD", h, g.rand(4, name="c")), h)
+    _, model, result = apply(data, FoldBiasThroughAdd())
+    assert ops(model) == ["CONV_2D", "ADD", "ADD"]
+    assert refusals(result, "FoldBiasThroughAdd") == [
+        "the residual sum is read elsewhere (e.g. the next shortcut)"
     ]

@@ -17,6 +17,7 @@ from tflfuse.rules.algebra import (
     CancelQuantizeDequantize,
     CancelTransposePair,
     CollapseReshapeChain,
+    FactorCommonMultiplier,
     RecognizeGelu,
     RecognizeHardSwish,
     RecognizeLeakyRelu,
@@ -35,8 +36,10 @@ from tflfuse.rules.epilogue import (
 from tflfuse.rules.horizontal import MergeSiblingOps, MergeSiblingSum
 from tflfuse.rules.vertical import (
     FoldAffineIntoFollowing,
+    FoldBiasThroughAdd,
     FoldPadIntoConv,
     MergeLinearChain,
+    MoveScaleThroughMean,
     MoveScaleThroughRelu,
 )
 
@@ -74,6 +77,7 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         CancelTransposePair(),
         CollapseReshapeChain(),
         CancelQuantizeDequantize(),
+        FactorCommonMultiplier(),
     )
     activations: tuple[Rule | Pass, ...] = (
         () if target == "edgetpu" else (RecognizeHardSwish(), RecognizeLeakyRelu(), RecognizeGelu())
@@ -81,7 +85,9 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
     vertical: tuple[Rule | Pass, ...] = (
         FoldPadIntoConv(),
         MoveScaleThroughRelu(),
+        MoveScaleThroughMean(),
         FoldAffineIntoFollowing(),
+        FoldBiasThroughAdd(),
         MergeLinearChain(),
     )
     horizontal: tuple[Rule | Pass, ...] = (

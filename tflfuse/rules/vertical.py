@@ -17,13 +17,24 @@ from tflfuse.rules import common
 _READERS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
 
-def _absorbing_readers(m: Match, t: Tensor, *, needs_no_padding: bool) -> Refusal | None:
-    """None when every reader of `t` is a float conv/FC taking it as data input only."""
+def _absorbing_readers(
+    m: Match, t: Tensor, *, needs_no_padding: bool, through_mean: bool = False
+) -> Refusal | None:
+    """None when every reader of `t` is a float conv/FC taking it as data input only.
+
+    With `through_mean`, a MEAN over non-channel axes counts when its own readers absorb
+    (MoveScaleThroughMean then carries the scale past it).
+    """
     if m.graph.is_graph_output(t):
         return refuse("the value is also a model output")
     if not t.consumers:
         return refuse("nothing reads the value")
     for op in t.consumers:
+        if through_mean and _spatial_mean(op, t):
+            reason = _absorbing_readers(m, op.output, needs_no_padding=needs_no_padding)
+            if reason is not None:
+                return reason
+            continue
         if op.type not in _READERS:
             return refuse(f"{op.type} reads the value and cannot absorb it")
         if op.inputs[0] is not t or t in op.inputs[1:]:
@@ -116,7 +127,7 @@ class MoveScaleThroughRelu(Rule):
             return refuse("scale or offset is not one value per channel")
         if not np.all(s > 0):
             return refuse("a scale is not positive, so it does not commute with RELU")
-        return _absorbing_readers(m, m.y, needs_no_padding=False)
+        return _absorbing_readers(m, m.y, needs_no_padding=False, through_mean=True)
 
     def rewrite(self, m: Match) -> None:
         channels, rank = m.y.shape[-1], len(m.y.shape)
@@ -133,6 +144,86 @@ class MoveScaleThroughRelu(Rule):
         g.remove_op(add)
         g.add_op("MUL", [shifted, common.new_constant(g, out.name + "_scale", s)], [out],
                  {"fused_activation_function": "NONE"}, after=new_add)
+
+
+def _spatial_mean(op: Op, t: Tensor) -> bool:
+    """op is a MEAN of t over axes that leave the last (channel) axis in place."""
+    if op.type != "MEAN" or op.inputs[0] is not t or not t.shape or not op.inputs[1].is_constant:
+        return False
+    rank = len(t.shape)
+    axes = {int(a) % rank for a in np.asarray(op.inputs[1].data).reshape(-1)}
+    out = op.output.shape
+    return rank - 1 not in axes and bool(out) and out[-1] == t.shape[-1]
+
+
+class MoveScaleThroughMean(Rule):
+    """MEAN(x * s, axes)  =>  MEAN(x, axes) * s, when axes leave the channel axis of s alone.
+
+    Exact up to rounding: the mean is linear and s is constant along the averaged axes. Fires
+    only when a conv/FC reads the mean, which then absorbs s (global pooling before a classifier).
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MEAN(p.MUL(p.x, p.const("s"), out="scaled"), p.const("axes"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        mul = m.scaled.op
+        if mul.fused_activation != "NONE" or not common.single_reader(m.graph, m.scaled):
+            return refuse("the scale has an activation or is read elsewhere")
+        if not common.is_float(m.x) or m.x.shape != m.scaled.shape or not m.x.shape:
+            return refuse("the scale broadcasts or is not float")
+        if common.channel_vector(m.s, m.x.shape[-1], len(m.x.shape)) is None:
+            return refuse("the scale is not one value per channel")
+        if not _spatial_mean(m.root, m.scaled):
+            return refuse("the MEAN averages over the channel axis")
+        return _absorbing_readers(m, m.y, needs_no_padding=False)
+
+    def rewrite(self, m: Match) -> None:
+        g, mean = m.graph, m.root
+        s = common.channel_vector(m.s, m.x.shape[-1], len(m.x.shape))
+        averaged = g.add_tensor(m.y.name + "_unscaled", m.y.shape)
+        mean.outputs = [averaged]
+        mean.set_input(0, m.x)
+        g.add_op("MUL", [averaged, common.new_constant(g, m.y.name + "_scale", s)], [m.y],
+                 {"fused_activation_function": "NONE"}, after=mean)
+
+
+class FoldBiasThroughAdd(Rule):
+    """(a + W(z)) + c  =>  a + W'(z) with bias b + c (c one value per channel).
+
+    A residual ADD followed by the offset of the next pre-activation BatchNorm: the offset goes
+    into the conv/FC on the residual branch; the outer ADD's activation moves to the inner one.
+    Exact up to the order of float additions.
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.ADD(p.ADD(p.a, p.any(*common.WEIGHTED)(..., out="w"), out="sum"), p.const("c"))
+
+    def check(self, m: Match) -> Refusal | None:
+        inner, producer = m.sum.op, m.w.op
+        if inner.fused_activation != "NONE":
+            return refuse(f"the residual ADD has fused {inner.fused_activation}")
+        if not common.single_reader(m.graph, m.sum):
+            return refuse("the residual sum is read elsewhere (e.g. the next shortcut)")
+        if not common.single_reader(m.graph, m.w) or producer.fused_activation != "NONE":
+            return refuse(f"the {producer.type} output is read elsewhere or has an activation")
+        if not common.has_float_params(producer):
+            return refuse(f"{producer.type} weights or bias are not float constants")
+        shape = m.root.output.shape
+        if not (m.sum.shape == m.w.shape == shape and m.a.shape == shape):
+            return refuse("the ADDs broadcast")
+        if common.channel_vector(m.c, common.out_channels(producer), len(shape)) is None:
+            return refuse("the offset is not one value per channel")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, inner, producer, outer = m.graph, m.sum.op, m.w.op, m.root
+        c = common.channel_vector(m.c, common.out_channels(producer), len(m.sum.shape))
+        common.set_bias(g, producer, common.bias(producer) + c)
+        out, act = outer.output, outer.fused_activation
+        g.remove_op(outer)
+        inner.outputs = [out]
+        inner.fused_activation = act
 
 
 def _pointwise(op: Op) -> bool:
