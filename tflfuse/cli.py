@@ -364,8 +364,60 @@ def _run_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- example -------------------------------------------------------------------------------------
+def _add_example(sub: Any) -> None:
+    p = sub.add_parser(
+        "example", help="build an offline example Keras model (and calibration data) to try tflfuse"
+    )
+    p.add_argument("name", help="digits_cnn (trained on sklearn digits) or a zoo architecture")
+    p.add_argument("-o", "--output", required=True, help="where to save the model (.keras)")
+    p.add_argument("--calib", metavar="NPY", help="also write calibration inputs to this .npy")
+    p.add_argument("--size", type=int, default=96, help="input size of image zoo models")
+    p.set_defaults(func=_run_example)
+
+
+def _run_example(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    out = Path(args.output)
+    if out.suffix != ".keras":
+        raise UsageError(f"{out}: the example is saved as a .keras file")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out}: folder {out.parent} does not exist")
+    if args.name == "digits_cnn":
+        from tflfuse import digits
+
+        split = digits.load_split()
+        model = digits.train_cnn(split)
+        calib = split.x_train
+        test_npz = out.with_name(out.stem + "_test.npz")
+        np.savez(test_npz, x=split.x_test, y=split.y_test)
+        acc = digits.accuracy(model.predict(split.x_test, verbose=0), split.y_test)
+        print(f"trained on sklearn digits: test accuracy {acc:.3f}; held-out set in {test_npz}")
+    else:
+        from tflfuse import zoo
+
+        sized = args.name not in ("transformer_encoder", "ds_cnn")
+        model = zoo.build(args.name, **({"input_size": args.size} if sized else {}))
+        calib = zoo.sample_inputs(tuple(model.input_shape[1:]), n=64, seed=3)
+    model.save(out)
+    print(f"{out}: {args.name}, input {list(model.input_shape)}")
+    if args.calib:
+        np.save(args.calib, calib)
+        print(f"{args.calib}: {len(calib)} calibration samples")
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------------------------
-_COMMANDS = (_add_inspect, _add_optimize, _add_check, _add_convert, _add_bench, _add_compile)
+_COMMANDS = (
+    _add_inspect,
+    _add_optimize,
+    _add_check,
+    _add_convert,
+    _add_bench,
+    _add_compile,
+    _add_example,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
