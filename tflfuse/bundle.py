@@ -1,0 +1,153 @@
+"""Device bundles: the models to benchmark, the code that times them, and a manifest.
+
+A bundle is a folder that runs on its own on a device with Python >= 3.8, numpy and
+`tflite_runtime` or `ai_edge_litert` (no TensorFlow, no tflfuse install):
+    manifest.json          format, sha256 and size of every other file, recipe, versions, models
+    bench_on_device.py     the entry point (device_scripts/bench_on_device.py)
+    tflfuse/               the few modules the protocol needs (errors, runtime, bench, bundle)
+    models/*.tflite
+The device checks the bundle against its manifest before running anything and refuses a
+corrupt one (a file missing, changed or added) or a mismatched one (the host expected another
+manifest: a stale or foreign bundle). The identity of a bundle is the sha256 of manifest.json.
+
+This module is shipped in the bundle: Python 3.8 syntax, standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from tflfuse import __version__
+from tflfuse.errors import TflfuseError
+from tflfuse.runtime import interpreter_package
+
+MANIFEST = "manifest.json"
+FORMAT = "tflfuse-bundle/1"
+SHIPPED_MODULES = ("__init__.py", "errors.py", "runtime.py", "bench.py", "bundle.py")
+ENTRY_POINT = "bench_on_device.py"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_DEVICE_SCRIPTS = _PACKAGE_DIR.parent / "device_scripts"
+
+
+class BundleError(TflfuseError):
+    """A bundle that does not match its manifest (or the manifest the host expected)."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _entry_point_source() -> Path:
+    for candidate in (_DEVICE_SCRIPTS / ENTRY_POINT, _PACKAGE_DIR.parent / ENTRY_POINT):
+        if candidate.is_file():
+            return candidate
+    raise TflfuseError(f"cannot find {ENTRY_POINT} beside the tflfuse package")
+
+
+def make_bundle(
+    models: list[Path],
+    out_dir: Path,
+    *,
+    recipe: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write a bundle for `models` into the empty or absent folder `out_dir`; its manifest path."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise TflfuseError(f"{out_dir}: bundle folder is not empty")
+    paths = [Path(m) for m in models]
+    names = [p.name for p in paths]
+    for p in paths:
+        if not p.is_file():
+            raise TflfuseError(f"{p}: no such model file")
+    if len(set(names)) != len(names):
+        raise TflfuseError("two models share a file name; a bundle keeps names unique")
+    (out_dir / "models").mkdir(parents=True, exist_ok=True)
+    (out_dir / "tflfuse").mkdir(exist_ok=True)
+    for p in paths:
+        shutil.copyfile(p, out_dir / "models" / p.name)
+    for module in SHIPPED_MODULES:
+        shutil.copyfile(_PACKAGE_DIR / module, out_dir / "tflfuse" / module)
+    shutil.copyfile(_entry_point_source(), out_dir / ENTRY_POINT)
+    files = {}
+    for path in sorted(out_dir.rglob("*")):
+        if path.is_file() and path.name != MANIFEST:
+            rel = path.relative_to(out_dir).as_posix()
+            files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    manifest = {
+        "format": FORMAT,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "recipe": recipe,
+        "models": ["models/" + n for n in names],
+        "files": files,
+        "versions": {
+            "tflfuse": __version__,
+            "host_python": platform.python_version(),
+            "host_interpreter": interpreter_package(),
+        },
+    }
+    if extra:
+        manifest["extra"] = extra
+    target = out_dir / MANIFEST
+    target.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return target
+
+
+def manifest_id(bundle_dir: Path) -> str:
+    """The bundle's identity: sha256 of its manifest.json."""
+    path = Path(bundle_dir) / MANIFEST
+    if not path.is_file():
+        raise BundleError(f"{bundle_dir}: no {MANIFEST}: not a tflfuse bundle")
+    return sha256_file(path)
+
+
+def verify_bundle(bundle_dir: Path, expected_id: str | None = None) -> dict[str, Any]:
+    """The manifest, once every file is present with its recorded sha256 and nothing was
+    added; BundleError (one line) otherwise. `expected_id` pins the manifest itself."""
+    bundle_dir = Path(bundle_dir)
+    actual_id = manifest_id(bundle_dir)
+    if expected_id is not None and actual_id != expected_id:
+        raise BundleError(
+            f"bundle mismatch: manifest sha256 {actual_id[:12]}... is not the expected"
+            f" {expected_id[:12]}... (a stale or foreign bundle)"
+        )
+    try:
+        manifest = json.loads((bundle_dir / MANIFEST).read_text())
+    except ValueError as exc:
+        raise BundleError(f"{MANIFEST} is not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise BundleError(f"unsupported bundle format {found!r} (this runner reads {FORMAT})")
+    files = manifest.get("files", {})
+    for rel, info in sorted(files.items()):
+        path = bundle_dir / rel
+        if not path.is_file():
+            raise BundleError(f"bundle is incomplete: {rel} is missing")
+        if path.stat().st_size != info["bytes"] or sha256_file(path) != info["sha256"]:
+            raise BundleError(f"bundle is corrupt: {rel} does not match its sha256")
+    for root, dirs, names in os.walk(bundle_dir):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in names:
+            rel = (Path(root) / name).relative_to(bundle_dir).as_posix()
+            if rel != MANIFEST and rel not in files and not _is_output(rel):
+                raise BundleError(f"bundle has a file its manifest does not list: {rel}")
+    for model in manifest.get("models", []):
+        if model not in files:
+            raise BundleError(f"manifest names model {model} but records no checksum for it")
+    return manifest
+
+
+def _is_output(rel: str) -> bool:
+    """Files a run may leave in the bundle folder (results), which the manifest cannot list."""
+    return rel.startswith("results/")
