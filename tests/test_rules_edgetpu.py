@@ -22,6 +22,7 @@ from tflfuse.rules.edgetpu import (
     LegalizeLeakyRelu,
     MeanToAveragePool,
     SplitOversizedAveragePool,
+    SplitOversizedResize,
 )
 from tflfuse.targets import predict
 
@@ -322,3 +323,45 @@ def test_random_float_chains_are_legalized_and_keep_their_function(
     after, model, _ = apply(before, *EDGETPU_LEGALIZATION)
     assert not set(ops(model)) & {"LEAKY_RELU", "HARD_SWISH", "GELU", "MEAN"}
     assert_same_function(before, after, atol=1e-4, rtol=1e-4)
+
+
+# -- oversized RESIZE ------------------------------------------------------------------------------
+def test_oversized_bilinear_resize_float_is_tiled_exactly() -> None:
+    g = G()
+    x = g.input((1, 160, 160, 2))
+    y = g.op("RESIZE_BILINEAR", [x, g.const(np.array([320, 320]))], (1, 320, 320, 2),
+             align_corners=False, half_pixel_centers=False)  # fmt: skip
+    before = g.bytes(y)
+    after, model, result = apply(before, SplitOversizedResize())
+    assert result.fired() == {"SplitOversizedResize": 1}
+    resizes = [op for op in model.main.ops if op.type == "RESIZE_BILINEAR"]
+    assert len(resizes) == 2
+    assert all(op.output.shape[1] * op.output.shape[2] <= 65536 for op in resizes)
+    assert ops(model)[-1] == "CONCATENATION"
+    assert_same_function(before, after, atol=1e-5, rtol=1e-5)
+
+
+def test_oversized_nearest_resize_int8_is_tiled_bit_exactly_and_maps() -> None:
+    g = Q8()
+    x = g.input((1, 160, 160, 4), 0.05, 0)
+    size = g.graph.add_constant("size", np.array([320, 320], np.int32))
+    y = g.op("RESIZE_NEAREST_NEIGHBOR", [x, size], (1, 320, 320, 4), 0.05, 0,
+             align_corners=False, half_pixel_centers=False)  # fmt: skip
+    before = g.bytes(y)
+    after, model, _ = apply(before, SplitOversizedResize())
+    assert ops(model).count("RESIZE_NEAREST_NEIGHBOR") == 2
+    assert verify.compare(before, after, int_atol=0, runs=2).identical
+    assert mapped(before) == (0, 1)
+    assert mapped(after) == (len(model.main.ops), 0)
+
+
+def test_align_corners_resize_is_not_tiled() -> None:
+    g = G()
+    x = g.input((1, 160, 160, 1))
+    y = g.op("RESIZE_BILINEAR", [x, g.const(np.array([320, 320]))], (1, 320, 320, 1),
+             align_corners=True, half_pixel_centers=False)  # fmt: skip
+    _, model, result = apply(g.bytes(y), SplitOversizedResize())
+    assert ops(model) == ["RESIZE_BILINEAR"]
+    assert refusals(result, "SplitOversizedResize") == [
+        "only resizes without align_corners / half_pixel_centers are tiled"
+    ]

@@ -19,7 +19,7 @@ import numpy as np
 
 from tflfuse.ir import Graph, Op, Quantization, Tensor
 from tflfuse.rewrite import Match, OpPattern, Pass, PatternBuilder, Refusal, Rule, refuse
-from tflfuse.rules.common import is_float
+from tflfuse.rules.common import NotApplicable, is_float
 from tflfuse.targets import capability, edgetpu_op_status
 
 _INT_TYPES = ("INT8", "UINT8")
@@ -331,7 +331,7 @@ class SplitOversizedAveragePool(Rule):
         op, x = m.root, m.x
         fh, fw = int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
         if fh * fw <= _pool_limit():
-            return refuse("the pool window already fits")  # nothing to do
+            return NotApplicable("the pool window already fits")
         if len(x.shape) != 4 or (fh, fw) != tuple(x.shape[1:3]) or op.output.shape[1:3] != (1, 1):
             return refuse("only a global average pool (window = whole plane) is split")
         if op.fused_activation != "NONE":
@@ -348,6 +348,86 @@ class SplitOversizedAveragePool(Rule):
         stages = _pool_stages(x.shape[1], x.shape[2], _pool_limit())
         anchor = _take_out(g, op)
         _average_pool_chain(g, x, stages, out, anchor)
+
+
+# -- resize ----------------------------------------------------------------------------------------
+def _slice(g: Graph, x: Tensor, begin, size, name: str, q, at: Op | None) -> Tensor:
+    out = g.add_tensor(name, tuple(size), x.dtype, quantization=q)
+    b = g.add_constant(f"{name}/begin", np.array(begin, np.int32), "INT32")
+    s = g.add_constant(f"{name}/size", np.array(size, np.int32), "INT32")
+    g.add_op("SLICE", [x, b, s], [out], before=at)
+    return out
+
+
+class SplitOversizedResize(Rule):
+    """RESIZE(x) with an output plane larger than the compiler maps  =>
+    CONCATENATION_rows(RESIZE(SLICE_rows(x)) ...), tiles of input rows each under the limit.
+
+    Integer scale factors, no align_corners, no half-pixel centers: output row r reads input rows
+    floor(r/f) and (bilinear) the next one, so a tile of input rows [a, b) plus one extra row
+    gives output rows [a f, b f) exactly; the extra output rows are sliced off. The same
+    numbers in float; int8 tiles keep the tensors' parameters (the kernels do not rescale).
+    """
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")(p.x, p.const("size"))
+
+    def _plan(self, m: Match) -> tuple[int, int, int] | Refusal:
+        op, x = m.root, m.x
+        limit = _resize_limit(op.type)
+        (n, h, w, _), (_, big_h, big_w, _) = x.shape, op.output.shape
+        if n != 1 or big_h * big_w <= limit:
+            return NotApplicable("the resize output already fits")
+        if op.options.get("align_corners") or op.options.get("half_pixel_centers"):
+            return refuse("only resizes without align_corners / half_pixel_centers are tiled")
+        if big_h % h or big_w % w:
+            return refuse(f"scale {h}x{w} -> {big_h}x{big_w} is not an integer factor")
+        if _kind(x) is None:
+            return refuse(f"RESIZE on {x.dtype} with per-channel or no quantization")
+        fh = big_h // h
+        extra = 1 if op.type == "RESIZE_BILINEAR" else 0
+        rows = limit // (fh * big_w) - extra
+        if rows < 1:
+            return refuse(f"even one input row resizes to more than {limit} pixels")
+        return fh, rows, extra
+
+    def check(self, m: Match) -> Refusal | None:
+        plan = self._plan(m)
+        return plan if isinstance(plan, Refusal) else None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        fh, rows, extra = self._plan(m)
+        out = op.output
+        _, h, w, c = x.shape
+        big_w = out.shape[2]
+        at = _take_out(g, op)
+        tiles = []
+        for i, a in enumerate(range(0, h, rows)):
+            b = min(h, a + rows)
+            ext = min(h, b + extra)
+            name = f"{out.name}/tile{i}"
+            piece = _slice(g, x, [0, a, 0, 0], [1, ext - a, w, c], name, x.quantization, at)
+            full = g.add_tensor(f"{name}/resized", (1, (ext - a) * fh, big_w, c), out.dtype)
+            full.quantization = out.quantization
+            size = g.add_constant(
+                f"{name}/out_size", np.array([(ext - a) * fh, big_w], np.int32), "INT32"
+            )
+            g.add_op(op.type, [piece, size], [full], dict(op.options), before=at)
+            if ext > b:
+                full = _slice(
+                    g, full, [0, 0, 0, 0], [1, (b - a) * fh, big_w, c], f"{name}/rows",
+                    out.quantization, at,
+                )  # fmt: skip
+            tiles.append(full)
+        options = {"axis": 1, "fused_activation_function": "NONE"}
+        g.add_op("CONCATENATION", tiles, [out], options, before=at)
+
+
+def _resize_limit(op_type: str) -> int:
+    return int(capability("edgetpu")["ops"][op_type].get("max_output_plane", 1 << 30))
 
 
 # -- order -----------------------------------------------------------------------------------------
@@ -403,5 +483,6 @@ EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
     LegalizeGelu(),
     MeanToAveragePool(),
     SplitOversizedAveragePool(),
+    SplitOversizedResize(),
     DeferUnmappableOps(),
 )
