@@ -148,3 +148,17 @@ def test_optimize_json_report_file(small_model: Path, tmp_path: Path) -> None:
     assert report["verification"]["verified"] and report["verification"]["ok"]
     assert report["verification"]["varies"]
     assert "fired FuseActivationIntoProducer" in proc.stdout
+
+
+def test_outputs_get_a_normal_file_mode(small_model: Path, tmp_path: Path) -> None:
+    import os
+    import stat
+
+    out = tmp_path / "o.tflite"
+    assert run("optimize", str(small_model), "-o", str(out)).returncode == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
+    out.chmod(0o640)
+    assert run("optimize", str(small_model), "-o", str(out)).returncode == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640  # an existing file keeps its mode
