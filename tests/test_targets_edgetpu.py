@@ -217,3 +217,22 @@ def test_table_rows_each_cite_a_source() -> None:
         "unsupported",
         "version",
     }
+
+
+@needs_oracle()
+def test_older_compiler_does_not_know_the_lstm() -> None:
+    model = flatbuffer.load(ORACLE / "keras_lstm_mnist_ptq.tflite")
+    assert predict(model, "edgetpu").cpu == 0
+    old = predict(model, "edgetpu", compiler_version="15.0")
+    assert old.ops[1].op == "UNIDIRECTIONAL_SEQUENCE_LSTM"
+    assert old.ops[1].status == STATUS["unsupported"] and "16.0" in old.ops[1].reason
+    assert old.mapped == 1  # only the input QUANTIZE before it
+
+
+def test_float_model_gets_a_note() -> None:
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 4, 4, 2), "FLOAT32")
+    y = g.add_tensor("y", x.shape, "FLOAT32")
+    g.add_op("RELU", [x], [y])
+    p = predict(model_of(g, [x], [y]), "edgetpu")
+    assert any("full int8" in n for n in p.notes)

@@ -183,6 +183,9 @@ def _add_check(sub: Any) -> None:
     p = sub.add_parser("check", help="which ops run on the Edge TPU / XNNPACK / GPU, and why not")
     p.add_argument("model", help=".tflite file")
     p.add_argument("--target", required=True, choices=("edgetpu", "xnnpack", "gpu"))
+    p.add_argument(
+        "--compiler-version", metavar="V", help="predict an older edgetpu_compiler (e.g. 14.1)"
+    )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.set_defaults(func=_run_check)
 
@@ -197,7 +200,7 @@ def _run_check(args: argparse.Namespace) -> int:
 
         prediction = predict_gpu(model, data)
     else:
-        prediction = targets.predict(model, args.target)
+        prediction = targets.predict(model, args.target, args.compiler_version)
     if args.json:
         _emit_json(prediction.to_dict(), "-")
     else:

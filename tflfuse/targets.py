@@ -13,6 +13,7 @@ No TensorFlow here (GPU compatibility comes from TFLite's analyzer, in `tflfuse.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -120,10 +121,10 @@ def op_label(op: Op) -> str:
     return op.custom_code if op.type == "CUSTOM" and op.custom_code else op.type
 
 
-def predict(model: Model, target: str) -> Prediction:
+def predict(model: Model, target: str, compiler_version: str | None = None) -> Prediction:
     """Where each op of the main subgraph runs on `target` ("edgetpu", "xnnpack" or "gpu")."""
     if target == "edgetpu":
-        return predict_edgetpu(model)
+        return predict_edgetpu(model, compiler_version)
     if target == "xnnpack":
         return predict_xnnpack(model)
     if target == "gpu":
@@ -342,17 +343,29 @@ def _boundary_cpu(op: Op, graph: Graph, status: str) -> bool:
     return False
 
 
-def predict_edgetpu(model: Model) -> Prediction:
-    """The compiler's mapping of the main subgraph, predicted from `delegates/edgetpu.toml`."""
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+def predict_edgetpu(model: Model, compiler_version: str | None = None) -> Prediction:
+    """The compiler's mapping of the main subgraph, predicted from `delegates/edgetpu.toml`.
+
+    `compiler_version` (e.g. "14.1") predicts an older compiler: ops its table row says were
+    added later are not supported by it. Default: the version the table describes.
+    """
     table = capability("edgetpu")
     status_text = table["status"]
     graph = model.main
     ops: list[OpPrediction] = []
     cut: OpPrediction | None = None
     mapped_ops: list[Op] = []
+    wanted = _version(compiler_version) if compiler_version else None
     for index, op in enumerate(graph.ops):
         key, reason = edgetpu_op_status(op, table)
         label = op_label(op)
+        since = table["ops"].get(op.type, {}).get("since")
+        if wanted and since and _version(since) > wanted and op.type != "CUSTOM":
+            key, reason = "unsupported", f"{label} needs compiler {since} or later"
         if cut is None and key != "mapped" and not _boundary_cpu(op, graph, key):
             cut = OpPrediction(index, label, "cpu", status_text[key], reason)
             ops.append(cut)
@@ -366,6 +379,11 @@ def predict_edgetpu(model: Model) -> Prediction:
         else:
             ops.append(OpPrediction(index, label, "cpu", status_text[key], reason))
     prediction = Prediction("edgetpu", ops, memory=_edgetpu_memory(mapped_ops, table))
+    if cut is not None and cut.status == status_text["data_type"] and not mapped_ops:
+        prediction.notes.append(
+            "the model computes in float: the Edge TPU needs full int8 (convert with the edgetpu"
+            " recipe, uint8 I/O)"
+        )
     if len(model.subgraphs) > 1:
         prediction.notes.append(
             f"only the main subgraph is predicted ({len(model.subgraphs) - 1} more not compiled)"
