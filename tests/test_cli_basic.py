@@ -1,4 +1,4 @@
-"""`tflfuse inspect` and `tflfuse optimize`: output shapes, and bad input handled as one clean line."""
+"""`tflfuse inspect` and `optimize`: output shapes, and bad input handled as one clean line."""
 
 from __future__ import annotations
 
@@ -116,8 +116,12 @@ def test_inspect_json_shape(small_model: Path) -> None:
     assert sg["parameter_bytes"] == (4 * 3 * 3 * 3 + 4) * 4
     assert sg["activation_bytes"] == 2 * 8 * 8 * 4 * 4
     assert sg["ops"][0]["op"] == "CONV_2D" and sg["ops"][0]["fused_activation"] == "NONE"
-    assert sg["ops"][0]["inputs"][1] == {"name": "conv/w", "shape": [4, 3, 3, 3],
-                                         "dtype": "FLOAT32", "constant": True}
+    assert sg["ops"][0]["inputs"][1] == {
+        "name": "conv/w",
+        "shape": [4, 3, 3, 3],
+        "dtype": "FLOAT32",
+        "constant": True,
+    }
     assert sg["quantization"]["kind"] == "float"
 
 
@@ -139,8 +143,9 @@ def test_optimize_level_0_is_a_pure_load_save(small_model: Path, tmp_path: Path)
 
 def test_optimize_json_report_file(small_model: Path, tmp_path: Path) -> None:
     out, report_path = tmp_path / "fused.tflite", tmp_path / "report.json"
-    proc = run("optimize", str(small_model), "-o", str(out), "--json", str(report_path),
-               "--explain")
+    proc = run(
+        "optimize", str(small_model), "-o", str(out), "--json", str(report_path), "--explain"
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(report_path.read_text())
     assert report["before"]["op_count"] == 2 and report["after"]["op_count"] == 1

@@ -1,4 +1,4 @@
-"""Loading a .tflite into the IR and saving it back is exact: same structure, bit-identical outputs."""
+"""Loading a .tflite into the IR and saving it back is exact: same structure, same outputs."""
 
 from __future__ import annotations
 
@@ -184,3 +184,29 @@ def test_shared_buffers_stay_shared() -> None:
     a, b = reread.main.ops[0].inputs[1], reread.main.ops[1].inputs[1]
     assert a.data is b.data
     assert len(once) < len(flatbuffer.to_bytes(m)) + 1  # stable size
+
+
+def test_string_and_packed_constants_keep_their_bytes() -> None:
+    """STRING (TFLite's packed string buffer) and INT4 data are opaque bytes to the IR."""
+    from tflfuse.ir import Graph, Tensor
+
+    g = Graph("main")
+    packed = np.frombuffer(
+        (2).to_bytes(4, "little")
+        + (16).to_bytes(4, "little")
+        + (19).to_bytes(4, "little")
+        + (21).to_bytes(4, "little")
+        + b"abcde",
+        dtype=np.uint8,
+    )
+    words = Tensor("words", (2,), "STRING", packed)
+    nibbles = Tensor("nibbles", (4,), "INT4", np.array([0x21, 0x43], np.uint8))
+    x = g.add_tensor("x", (1,), "STRING")
+    g.tensors += [words, nibbles]
+    g.inputs, g.outputs = [x], [x]
+    m = Model([g])
+    reread = flatbuffer.from_bytes(flatbuffer.to_bytes(m))
+    by_name = {t.name: t for t in reread.main.tensors}
+    assert by_name["words"].is_raw and by_name["words"].data.tobytes() == packed.tobytes()
+    assert by_name["nibbles"].dtype == "INT4"
+    assert by_name["nibbles"].data.tobytes() == b"\x21\x43"

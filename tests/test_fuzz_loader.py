@@ -66,12 +66,12 @@ def mutated(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
-class Hang(Exception):
+class HangError(Exception):
     pass
 
 
 def _alarm(signum, frame):  # pragma: no cover - only on a hang
-    raise Hang()
+    raise HangError()
 
 
 def load_or_clean_error(data: bytes) -> None:
@@ -114,4 +114,3 @@ def test_fuzz_covers_more_than_the_tiny_model() -> None:
     if not oracle_models() and not wheel_models("pymicro-wakeword"):
         pytest.skip("no real models available here")
     assert len(SEEDS) >= 2
-

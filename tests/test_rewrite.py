@@ -72,7 +72,7 @@ def test_ellipsis_accepts_any_further_inputs() -> None:
     assert len(list(find_matches(p.CONV_2D(p.x, ...), g, c))) == 1
 
 
-# -- FuseActivationIntoProducer ----------------------------------------------------------------------
+# -- FuseActivationIntoProducer --------------------------------------------------------------
 def build_producer(kind: str) -> tuple[Graph, object]:
     g = Graph()
     if kind == "FULLY_CONNECTED":
@@ -200,7 +200,7 @@ def test_int8_fusion_refused_when_the_producer_saturates_first() -> None:
     assert op_types(m) == ["CONV_2D", "RELU"]
 
 
-# -- the pass manager --------------------------------------------------------------------------------
+# -- the pass manager ---------------------------------------------------------------------------
 class BreaksTheGraph(Rule):
     """RELU(x) => (an op reading a tensor from nowhere): a deliberately wrong rule."""
 
