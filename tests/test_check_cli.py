@@ -45,3 +45,17 @@ def test_check_missing_file_is_one_line(tmp_path, capsys: pytest.CaptureFixture[
     assert main(["check", str(tmp_path / "nope.tflite"), "--target", "edgetpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tflfuse: error:") and err.count("\n") == 1
+
+
+@needs_oracle()
+def test_check_gpu_comes_from_the_analyzer_or_says_why_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tflfuse.delegate_probe import analyzer_checks_gpu
+
+    code = main(["check", str(ORACLE / "split_concat.tflite"), "--target", "gpu", "--json"])
+    captured = capsys.readouterr()
+    if analyzer_checks_gpu():
+        assert code == 0 and json.loads(captured.out)["ops"]
+    else:  # this build's analyzer passes everything (TOPK_V2 included): no fake report
+        assert code == 2 and "does not check GPU compatibility" in captured.err

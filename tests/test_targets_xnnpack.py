@@ -43,3 +43,33 @@ def test_models_cover_both_outcomes() -> None:
         taken += len(delegated)
         not_taken += len(observable_ops(model) - delegated)
     assert taken > 100 and not_taken >= 3
+
+
+# A reconstruction of the analyzer's report format (tensorflow/lite/python/analyzer_wrapper/
+# model_analyzer.cc): each op line, then a warning line right after an op the GPU cannot take.
+ANALYZER_REPORT = """\
+=== TFLite ModelAnalyzer ===
+
+Your TFLite model has '1' subgraph(s). In the subgraph description below,
+T# represents the Tensor numbers.
+
+Subgraph#0 main(T#0) -> [T#7]
+  Op#0 CAST(T#0) -> [T#2]
+  Op#1 TOPK_V2(T#2, T#1[3]) -> [T#3, T#4]
+GPU COMPATIBILITY WARNING: Not supported op TOPK_V2
+  Op#2 RELU(T#3) -> [T#6]
+  Op#3 CUMSUM(T#6, T#1[3]) -> [T#7]
+GPU COMPATIBILITY WARNING: Not supported op CUMSUM
+
+GPU COMPATIBILITY WARNING: Subgraph#0 has GPU delegate compatibility issues at nodes 1, 3 with \
+TFLite runtime version 2.21.0
+"""
+
+
+def test_gpu_report_parser_attaches_warnings_to_ops() -> None:
+    from tflfuse.delegate_probe import parse_gpu_report
+
+    assert parse_gpu_report(ANALYZER_REPORT) == {
+        1: "Not supported op TOPK_V2",
+        3: "Not supported op CUMSUM",
+    }

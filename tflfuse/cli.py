@@ -193,14 +193,8 @@ def _add_check(sub: Any) -> None:
 def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
 
-    data = flatbuffer.read_model_bytes(args.model)
-    model = flatbuffer.from_bytes(data, args.model)
-    if args.target == "gpu":
-        from tflfuse.delegate_probe import predict_gpu
-
-        prediction = predict_gpu(model, data)
-    else:
-        prediction = targets.predict(model, args.target, args.compiler_version)
+    model = flatbuffer.load(args.model)
+    prediction = targets.predict(model, args.target, args.compiler_version)
     if args.json:
         _emit_json(prediction.to_dict(), "-")
     else:

@@ -52,7 +52,9 @@ def xnnpack_delegated_ops(model: bytes) -> set[int]:
     return taken
 
 
-_GPU_FAIL = re.compile(r"^GPU COMPATIBILITY WARNING: Subgraph#(\d+) / Op#(\d+) \(([^)]*)\)\s*(.*)$")
+_SUBGRAPH = re.compile(r"^Subgraph#(\d+)\b")
+_OP_LINE = re.compile(r"^Op#(\d+)\s+\S+\(")
+_GPU_WARNING = re.compile(r"^GPU COMPATIBILITY WARNING:\s*(?!Subgraph#)(.*)$")
 _GPU_OK = "looks compatible with GPU delegate"
 
 
@@ -103,12 +105,28 @@ def _topk_model() -> bytes:
 
 
 def parse_gpu_report(text: str) -> dict[int, str]:
-    """{op index: reason} for the main subgraph's ops the analyzer says the GPU cannot run."""
+    """{op index: reason} for the main subgraph's ops the analyzer says the GPU cannot run.
+
+    The analyzer prints each op (`  Op#3 CUMSUM(T#0, T#1) -> [T#5]`) and, right after an op the
+    GPU delegate cannot take, `GPU COMPATIBILITY WARNING: <why>`; a summary line per subgraph
+    (`GPU COMPATIBILITY WARNING: Subgraph#0 has ... issues at nodes 3, 5 ...`) follows.
+    """
     failures: dict[int, str] = {}
+    subgraph, op_index = -1, None
     for line in text.splitlines():
-        m = _GPU_FAIL.match(line.strip())
-        if m and int(m.group(1)) == 0:
-            failures[int(m.group(2))] = m.group(4).strip() or "not supported by the GPU delegate"
+        stripped = line.strip()
+        sub = _SUBGRAPH.match(stripped)
+        if sub:
+            subgraph, op_index = int(sub.group(1)), None
+            continue
+        op = _OP_LINE.match(stripped)
+        if op:
+            op_index = int(op.group(1))
+            continue
+        warning = _GPU_WARNING.match(stripped)
+        if warning and op_index is not None and subgraph == 0:
+            failures[op_index] = warning.group(1).strip() or "not supported by the GPU delegate"
+            op_index = None
     return failures
 
 

@@ -127,10 +127,11 @@ def predict(model: Model, target: str, compiler_version: str | None = None) -> P
         return predict_edgetpu(model, compiler_version)
     if target == "xnnpack":
         return predict_xnnpack(model)
-    if target == "gpu":
-        raise TflfuseError(
-            "GPU compatibility needs the model bytes: use delegate_probe.predict_gpu"
-        )
+    if target == "gpu":  # TFLite's analyzer reads bytes; it needs the interpreter package
+        from tflfuse import flatbuffer
+        from tflfuse.delegate_probe import predict_gpu
+
+        return predict_gpu(model, flatbuffer.to_bytes(model))
     raise TflfuseError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
 
 
