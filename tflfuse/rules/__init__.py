@@ -33,7 +33,7 @@ from tflfuse.rules.epilogue import (
     FoldScaleIntoProducer,
     FuseActivationIntoProducer,
 )
-from tflfuse.rules.horizontal import MergeSiblingOps, MergeSiblingSum
+from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
 from tflfuse.rules.vertical import (
     FoldAffineIntoFollowing,
     FoldBiasThroughAdd,
@@ -93,6 +93,7 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
     horizontal: tuple[Rule | Pass, ...] = (
         MergeSiblingSum(),
         MergeSiblingOps(target),
+        HoistLayoutAboveSplit(),
     )
     legalize = _edgetpu_legalization() if target == "edgetpu" else ()
     return (*legalize, *algebra, *activations, *epilogue, *vertical, *horizontal, *cleanup)

@@ -8,6 +8,8 @@ on-chip budget, and a split after the merged op must leave fewer kernels than be
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tflfuse import cost
@@ -224,3 +226,118 @@ class MergeSiblingSum(Rule):
             before=first,
             version=max(a.version, b.version),
         )
+
+
+def _perm(op: Op) -> list[int] | None:
+    t = op.inputs[1] if len(op.inputs) > 1 else None
+    return None if t is None or not t.is_constant else [int(v) for v in t.data.reshape(-1)]
+
+
+def _swap_last(perm: list[int]) -> list[int]:
+    return [*perm[:-2], perm[-1], perm[-2]]
+
+
+def _adjoint_reader(t: Tensor) -> tuple[Op, str] | None:
+    """(BATCH_MATMUL, flag) when t is read only by one BATCH_MATMUL that can transpose it."""
+    if len(t.consumers) != 1:
+        return None
+    op = t.consumers[0]
+    if op.type != "BATCH_MATMUL" or op.inputs[0] is op.inputs[1]:
+        return None
+    return op, "adj_x" if op.inputs[0] is t else "adj_y"
+
+
+class HoistLayoutAboveSplit(Rule):
+    """SPLIT(x) -> n x (RESHAPE -> TRANSPOSE(p))  =>  RESHAPE(x) -> TRANSPOSE -> SPLIT(axis 0).
+
+    After merged Q/K/V projections each head split is reshaped and transposed separately
+    (2n kernels); one reshape and one transpose of the merged tensor do the same. A part whose
+    transpose differs by swapping the last two axes, read by a BATCH_MATMUL (K^T), takes the
+    common layout and the matmul's adj flag flips instead. Pure data movement: exact.
+    """
+
+    quantized_ok = True
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.SPLIT(p.const("axis"), p.x)
+
+    def check(self, m: Match) -> Refusal | None:
+        plan = _hoist_plan(m)
+        return plan if isinstance(plan, Refusal) else None
+
+    def rewrite(self, m: Match) -> None:
+        g, split = m.graph, m.root
+        base, mid, split_c, chains = _hoist_plan(m)
+        n, rank = len(chains), len(chains[0][1].output.shape)
+        m_len = len(mid)
+        axis_map = {0: m_len, **{k: k - 1 for k in range(1, m_len + 1)}}
+        axis_map.update({k: k for k in range(m_len + 1, rank)})
+        q = [axis_map[a] for a in base]
+        outs = []
+        for _reshape, transpose, reader in chains:
+            out = transpose.output
+            if reader is not None:
+                matmul, flag = reader
+                matmul.options[flag] = not matmul.options.get(flag, False)
+                out.shape = (*out.shape[:-2], out.shape[-1], out.shape[-2])
+            outs.append(out)
+        position = g.ops.index(split)
+        for reshape, transpose, _ in chains:
+            g.remove_op(transpose)
+            g.remove_op(reshape)
+        g.remove_op(split)
+        shape = (*mid, n, *split_c)
+        r = g.add_tensor(m.x.name + "_heads", shape, m.x.dtype, quantization=m.x.quantization)
+        t_shape = tuple(shape[a] for a in q)
+        t = g.add_tensor(m.x.name + "_heads_t", t_shape, m.x.dtype,
+                         quantization=m.x.quantization)
+        ops = [
+            g.add_op("RESHAPE", [m.x, g.add_constant("shape", np.array(shape, np.int32))], [r],
+                     {"new_shape": list(shape)}),
+            g.add_op("TRANSPOSE", [r, g.add_constant("perm", np.array(q, np.int32))], [t]),
+            g.add_op("SPLIT", [g.add_constant("axis", np.array(0, np.int32)), t], outs,
+                     {"num_splits": n}),
+        ]
+        for op in ops:
+            g.ops.remove(op)
+        g.ops[position:position] = ops
+
+
+def _hoist_plan(m: Match) -> Any:
+    """(base perm, mid dims, split channel dims, [(reshape, transpose, adj reader)]) or a
+    Refusal."""
+    x, split = m.x, m.root
+    rank = len(x.shape)
+    axis = int(np.asarray(m.axis.data).reshape(-1)[0])
+    if rank < 2 or x.shape[0] != 1 or axis % rank != rank - 1:
+        return NotApplicable("not a split of the channel axis of a batch-1 tensor")
+    chains = []
+    for part in split.outputs:
+        if not common.single_reader(m.graph, part) or part.consumers[0].type != "RESHAPE":
+            return NotApplicable("a part is not only reshaped")
+        reshape = part.consumers[0]
+        out = reshape.output
+        if not common.single_reader(m.graph, out) or out.consumers[0].type != "TRANSPOSE":
+            return NotApplicable("a reshaped part is not only transposed")
+        chains.append((reshape, out.consumers[0]))
+    shapes = {tuple(r.output.shape) for r, _ in chains}
+    if len(shapes) != 1:
+        return refuse("the parts are reshaped differently")
+    shape = next(iter(shapes))
+    mid = tuple(x.shape[1:-1])
+    per_part = x.shape[-1] // len(chains)
+    if shape[: len(mid) + 1] != (1, *mid) or int(np.prod(shape[len(mid) + 1:])) != per_part:
+        return refuse("the reshape does more than split the channel axis")
+    perms = [_perm(t) for _, t in chains]
+    if any(p is None or p[0] != 0 for p in perms):
+        return refuse("a transpose moves the batch axis")
+    base = max(perms, key=perms.count)
+    planned = []
+    for (reshape, transpose), p in zip(chains, perms):
+        reader = None
+        if p != base:
+            reader = _adjoint_reader(transpose.output)
+            if p != _swap_last(base) or reader is None:
+                return refuse("the parts are transposed differently")
+        planned.append((reshape, transpose, reader))
+    return base, mid, tuple(shape[len(mid) + 1:]), planned
