@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""The model-zoo benchmark: unfused vs stock vs fused, float32 and int8, XNNPACK and plain kernels.
+
+    .venv/bin/python benchmarks/zoo_bench.py            # all zoo models, ~15-20 min on 2 cores
+    .venv/bin/python benchmarks/zoo_bench.py --models ds_cnn yolo_style --runs 30
+
+For every architecture in `tflfuse.zoo.BUILDERS` (built offline, `weights=None`, calibrated
+BatchNorm): `convert_keras` with the `cpu-float` and `xnnpack-int8` recipes gives the three
+models (unfused, stock, fused) in float32 and int8; `edgetpu` gives the Edge TPU pair whose
+predicted mapping is compared (stock vs fused). Each (model, precision, delegate) triple is timed
+interleaved with `tflfuse.bench.run_benchmark`. Writes `benchmarks/RESULTS.md`, two PNG plots
+beside it, and the raw JSON to `benchmarks/out/zoo.json` (not committed).
+
+Latency numbers depend on the machine; the ratios between models timed together are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from tflfuse import flatbuffer, zoo  # noqa: E402
+from tflfuse.bench import run_benchmark  # noqa: E402
+from tflfuse.errors import TflfuseError  # noqa: E402
+from tflfuse.runtime import interpreter_package  # noqa: E402
+
+VARIANTS = ("unfused", "stock", "fused")
+PRECISIONS = {"float32": "cpu-float", "int8": "xnnpack-int8"}
+DELEGATES = ("xnnpack", "none")
+CALIBRATION_SAMPLES = 32
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def convert_one(model: Any, recipe: str, calib: Any, out: Path) -> dict[str, Any]:
+    from tflfuse.convert import convert_keras
+
+    t0 = time.perf_counter()
+    result = convert_keras(
+        model, recipe=recipe, calibration=calib, output_dir=out, seed=0, progress=False
+    )
+    report = result.report
+    paths = {"fused": result.fused, "unfused": result.unfused, "stock": result.stock}
+    return {
+        "recipe": recipe,
+        "paths": {k: str(v) for k, v in paths.items()},
+        "seconds": time.perf_counter() - t0,
+        "timings_s": report.get("timings_s", {}),
+        "facts": {
+            k: {
+                "op_count": report["models"][k]["op_count"],
+                "activation_bytes": report["models"][k]["activation_bytes"],
+            }
+            for k in VARIANTS
+        },
+        "max_abs_error": {k: report["agreement"][k].get("max_abs") for k in VARIANTS},
+        "top1_agreement": {
+            k: (report["agreement"][k].get("outputs") or [{}])[0].get("top1_agreement")
+            for k in VARIANTS
+        },
+        "reference_range": (report["agreement"]["fused"].get("outputs") or [{}])[0].get(
+            "reference_range"
+        ),
+    }
+
+
+def edgetpu_prediction(paths: dict[str, str]) -> dict[str, Any]:
+    from tflfuse.targets import predict
+
+    out = {}
+    for variant in ("stock", "fused"):
+        p = predict(flatbuffer.load(paths[variant]), "edgetpu")
+        out[variant] = {"mapped": p.mapped, "total": len(p.ops), "cpu": p.cpu}
+    return out
+
+
+def time_models(paths: dict[str, str], delegate: str, runs: int, warmup: int) -> dict[str, Any]:
+    ordered = [paths[v] for v in VARIANTS]
+    result = run_benchmark(
+        ordered, delegate=delegate, runs=runs, warmup=warmup, threads=1, names=VARIANTS,
+        progress=False,
+    )  # fmt: skip
+    return {
+        m["name"]: {
+            "p50": m["latency_ms"]["p50"],
+            "p90": m["latency_ms"]["p90"],
+            "p99": m["latency_ms"]["p99"],
+            "arena_bytes_estimate": m.get("arena_bytes_estimate"),
+        }
+        for m in result["models"]
+    }
+
+
+def bench_model(name: str, out_root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    log(f"{name}: build")
+    (out_root / name).mkdir(parents=True, exist_ok=True)
+    model = zoo.build(name)
+    calib = zoo.sample_inputs(tuple(model.input_shape[1:]), n=CALIBRATION_SAMPLES, seed=7)
+    row: dict[str, Any] = {"model": name, "input": list(model.input_shape), "precisions": {}}
+    for precision, recipe in PRECISIONS.items():
+        log(f"{name}: convert {recipe}")
+        conv = convert_one(model, recipe, calib if precision == "int8" else None,
+                           out_root / name / precision)  # fmt: skip
+        conv["latency_ms"] = {}
+        for delegate in DELEGATES:
+            log(f"{name}: time {precision} on {delegate}")
+            conv["latency_ms"][delegate] = time_models(conv["paths"], delegate, args.runs,
+                                                       args.warmup)  # fmt: skip
+        row["precisions"][precision] = conv
+    if not args.no_edgetpu:
+        log(f"{name}: convert edgetpu")
+        try:
+            conv = convert_one(model, "edgetpu", calib, out_root / name / "edgetpu")
+            row["edgetpu"] = {"prediction": edgetpu_prediction(conv["paths"]),
+                              "seconds": conv["seconds"]}  # fmt: skip
+        except TflfuseError as exc:
+            row["edgetpu"] = {"error": str(exc)}
+    return row
+
+
+# -- report --------------------------------------------------------------------------------------
+def _kib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1024:.0f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"{a / b:.2f}"
+
+
+def _err(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2g}"
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        "# Model-zoo benchmark",
+        "",
+        f"Regenerate: `{meta['command']}` ({meta['minutes']:.1f} min here). Machine:"
+        f" {meta['machine']}, {meta['cpu_count']} cores, {meta['interpreter']}, Python"
+        f" {meta['python']}. One interpreter thread; {meta['runs']} timed runs after"
+        f" {meta['warmup']} warm-up, the three variants interleaved (unfused, stock, fused).",
+        "",
+        "Models: `tflfuse.zoo` architectures built offline with `weights=None` and calibrated"
+        " BatchNorm (so outputs vary with the input). unfused = the network as written (fusion"
+        " blocked), stock = the plain TFLite converter (its PTQ for int8), fused = tflfuse."
+        f" int8 = recipe `xnnpack-int8` ({CALIBRATION_SAMPLES} calibration samples), float32 ="
+        " recipe `cpu-float`. Error = max |output - Keras output| on the report's check inputs."
+        " Latencies are milliseconds on this machine; compare ratios, not absolute times.",
+        "",
+        "## Ratios (int8)",
+        "",
+        "p50 latency ratios (< 1: fused is faster) and op-count ratios.",
+        "",
+        "| model | fused/unfused XNNPACK | fused/stock XNNPACK | fused/unfused none"
+        " | fused/stock none | ops fused/unfused | ops fused/stock |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r["precisions"].get("int8")
+        if not p:
+            continue
+        lat, ops = p["latency_ms"], p["facts"]
+        cells = [
+            _ratio(lat[d]["fused"]["p50"], lat[d][base]["p50"])
+            for d in DELEGATES
+            for base in ("unfused", "stock")
+        ]
+        cells = [cells[0], cells[1], cells[2], cells[3]]
+        cells += [
+            _ratio(ops["fused"]["op_count"], ops["unfused"]["op_count"]),
+            _ratio(ops["fused"]["op_count"], ops["stock"]["op_count"]),
+        ]
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Predicted Edge TPU mapping (recipe `edgetpu`, uint8 I/O)",
+        "",
+        "Ops the compiler would map, predicted by `tflfuse.targets.predict(model, \"edgetpu\")`"
+        " (the compiler cannot run here).",
+        "",
+        "| model | stock mapped / ops | fused mapped / ops |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        e = r.get("edgetpu")
+        if not e:
+            continue
+        if "error" in e:
+            lines.append(f"| {r['model']} | not measured: {e['error']} | |")
+            continue
+        s, f = e["prediction"]["stock"], e["prediction"]["fused"]
+        lines.append(
+            f"| {r['model']} | {s['mapped']} / {s['total']} | {f['mapped']} / {f['total']} |"
+        )
+    lines += [
+        "",
+        "## All measurements",
+        "",
+        "| model | precision | variant | ops | activations KiB | convert s | max error"
+        " | XNNPACK p50 | XNNPACK p90 | none p50 | none p90 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for precision, p in r["precisions"].items():
+            for v in VARIANTS:
+                lat = p["latency_ms"]
+                stock_s = p["timings_s"].get("stock")
+                seconds = (
+                    f"{p['seconds']:.1f}" if v == "fused" else f"{stock_s:.1f}" if v == "stock"
+                    and stock_s is not None else "-"
+                )  # fmt: skip
+                lines.append(
+                    f"| {r['model']} | {precision} | {v} | {p['facts'][v]['op_count']} | "
+                    f"{_kib(p['facts'][v]['activation_bytes'])} | {seconds} | "
+                    f"{_err(p['max_abs_error'][v])} | {lat['xnnpack'][v]['p50']:.3f} | "
+                    f"{lat['xnnpack'][v]['p90']:.3f} | {lat['none'][v]['p50']:.3f} | "
+                    f"{lat['none'][v]['p90']:.3f} |"
+                )
+    lines += [
+        "",
+        "convert s: for `fused`, the whole `convert_keras` call (Grappler, converter, rules,"
+        " unfused baseline, quantization of all three, verification); for `stock`, the plain"
+        " converter's share of it.",
+        "",
+        "![p50 latency ratios](zoo_latency_ratios.png)",
+        "",
+        "![op counts](zoo_op_counts.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plots(rows: list[dict[str, Any]], folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = [r for r in rows if "int8" in r["precisions"]]
+    names = [r["model"] for r in rows]
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    series = [
+        ("fused/unfused XNNPACK", "xnnpack", "unfused"),
+        ("fused/stock XNNPACK", "xnnpack", "stock"),
+        ("fused/unfused none", "none", "unfused"),
+        ("fused/stock none", "none", "stock"),
+    ]
+    width = 0.2
+    for i, (label, d, base) in enumerate(series):
+        vals = [
+            r["precisions"]["int8"]["latency_ms"][d]["fused"]["p50"]
+            / r["precisions"]["int8"]["latency_ms"][d][base]["p50"]
+            for r in rows
+        ]
+        ax.bar(x + (i - 1.5) * width, vals, width, label=label)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(x)
+    ax.set_xticklabels(names, rotation=20, ha="right")
+    ax.set_ylabel("p50 latency ratio (int8)")
+    ax.set_title("fused vs baselines, int8, 1 thread (< 1: fused faster)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(folder / "zoo_latency_ratios.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for i, v in enumerate(VARIANTS):
+        vals = [r["precisions"]["int8"]["facts"][v]["op_count"] for r in rows]
+        ax.bar(x + (i - 1) * 0.27, vals, 0.27, label=v)
+    ax.set_xticks(x)
+    ax.set_xticklabels(names, rotation=20, ha="right")
+    ax.set_ylabel("ops (int8 model)")
+    ax.set_title("op count per variant, int8")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "zoo_op_counts.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(zoo.BUILDERS), choices=list(zoo.BUILDERS))
+    p.add_argument("--runs", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--no-edgetpu", action="store_true", help="skip the Edge TPU prediction")
+    p.add_argument("--out", default=str(HERE / "out"), help="models and raw JSON")
+    p.add_argument("--results", default=str(HERE), help="folder for RESULTS.md and the plots")
+    args = p.parse_args(argv)
+    started = time.perf_counter()
+    out_root = Path(args.out)
+    out_root.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.models:
+        try:
+            rows.append(bench_model(name, out_root, args))
+        except TflfuseError as exc:
+            log(f"{name}: not measured: {exc}")
+            rows.append({"model": name, "precisions": {}, "error": str(exc)})
+        (out_root / "zoo.json").write_text(json.dumps(rows, indent=2, default=str))
+    meta = {
+        "command": "python benchmarks/zoo_bench.py"
+        + ("" if args.models == list(zoo.BUILDERS) else " --models " + " ".join(args.models)),
+        "minutes": (time.perf_counter() - started) / 60,
+        "machine": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "interpreter": interpreter_package(),
+        "python": platform.python_version(),
+        "runs": args.runs,
+        "warmup": args.warmup,
+    }
+    results = Path(args.results)
+    measured = [r for r in rows if r["precisions"]]
+    text = markdown(measured, meta)
+    failed = [r for r in rows if not r["precisions"]]
+    if failed:
+        text += "\n## Not measured\n\n" + "".join(
+            f"- {r['model']}: {r['error']}\n" for r in failed
+        )
+    (results / "RESULTS.md").write_text(text)
+    if measured:
+        plots(measured, results)
+    log(f"done in {meta['minutes']:.1f} min: {results / 'RESULTS.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
