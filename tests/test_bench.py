@@ -167,3 +167,25 @@ def test_cli_missing_model_exits_2_with_one_line(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no such model file" in proc.stderr
+
+
+def test_cpu_delegates_compute_the_same_function(models) -> None:
+    data = models["chain5"].read_bytes()
+    outputs = {}
+    for delegate in ("xnnpack", "none", "ref"):
+        interp = runtime.make_interpreter(data, delegate=delegate, threads=1)
+        detail = interp.get_input_details()[0]
+        interp.set_tensor(detail["index"], bench.seeded_input_values([detail], 5)[0])
+        interp.invoke()
+        outputs[delegate] = interp.get_tensor(interp.get_output_details()[0]["index"]).copy()
+    assert np.std(outputs["ref"]) > 0
+    np.testing.assert_allclose(outputs["xnnpack"], outputs["ref"], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(outputs["none"], outputs["ref"], rtol=1e-4, atol=1e-4)
+
+
+def test_missing_gpu_delegate_is_one_line(models) -> None:
+    if any(runtime._loadable(lib) is None for lib in runtime._GPU_LIBRARIES):
+        pytest.skip("a GPU delegate library is installed here")
+    with pytest.raises(TflfuseError, match="no GPU delegate library found") as info:
+        runtime.make_interpreter(models["chain2"], delegate="gpu")
+    assert "\n" not in str(info.value)
