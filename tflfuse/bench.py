@@ -320,8 +320,14 @@ def plot_latencies(result: dict[str, Any], path: str | Path) -> None:
     ax.set_xticks(range(1, len(models) + 1))
     ax.set_xticklabels([m["name"] for m in models], rotation=20, ha="right", fontsize=8)
     p = result["protocol"]
+    medians = [float(np.median(d)) for d in data if len(d)]
+    if medians and min(medians) > 0 and max(medians) / min(medians) > 20:
+        ax.set_yscale("log")  # models of very different size stay readable
     ax.set_ylabel("invoke() latency, ms")
-    ax.set_title(f"{p['delegate']}, {p['runs']} interleaved runs (box: p25-p75, whiskers p1-p99)")
+    ax.set_title(
+        f"{p['delegate']}, {p['runs']} interleaved runs\n(box: p25-p75, whiskers: p1-p99)",
+        fontsize=10,
+    )
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     buffer = io.BytesIO()
