@@ -121,7 +121,7 @@ def assert_same_function(ref: bytes, cand: bytes, atol: float = 1e-5, rtol: floa
 
 
 def refusals(result: PassResult, rule: str) -> list[str]:
-    return [r.reason for r in result.refusals if r.rule == rule]
+    return [r.reason for r in (*result.refusals, *result.not_applicable) if r.rule == rule]
 
 
 def apply(data: bytes, *rules: Any) -> tuple[bytes, Model, PassResult]:

@@ -327,7 +327,7 @@ class Graph:
         """A new constant tensor holding `value` (cast to `dtype`'s numpy type when given)."""
         if dtype is None:
             dtype = dtype_name(value.dtype)
-        arr = np.ascontiguousarray(value, dtype=NUMPY_DTYPES[dtype])
+        arr = np.array(value, dtype=NUMPY_DTYPES[dtype], order="C")  # keeps 0-d arrays 0-d
         return self.add_tensor(name, arr.shape, dtype, arr, quantization)
 
     def add_op(

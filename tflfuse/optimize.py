@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tflfuse import flatbuffer
+from tflfuse.cost import cost_delta, model_cost
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model
 from tflfuse.rewrite import PassManager, PassResult
@@ -38,6 +39,7 @@ class OptimizeResult:
             "before": self.before,
             "after": self.after,
             **self.result.to_dict(),
+            "cost": cost_delta(self.before["cost"], self.after["cost"]),
             "verification": self.verification,
         }
 
@@ -47,6 +49,7 @@ def _totals(model: Model) -> dict[str, Any]:
         "op_count": sum(len(g.ops) for g in model.subgraphs),
         "op_counts": model.main.op_counts(),
         "activation_bytes": sum(activation_bytes(g) for g in model.subgraphs),
+        "cost": model_cost(model),
     }
 
 

@@ -55,6 +55,15 @@ SIDE_EFFECTS = frozenset(
 class Refusal(str):
     """Why a rule declined a match: one sentence, shown to the user by `--explain`."""
 
+    quiet = False
+
+
+class NotApplicable(Refusal):
+    """A match that is no candidate at all (a lone conv has no sibling): nothing to explain,
+    so the pass manager does not list it among the refusals."""
+
+    quiet = True
+
 
 def refuse(reason: str) -> Refusal:
     return Refusal(reason)
@@ -234,6 +243,7 @@ class RefusalEvent:
     subgraph: int
     where: str
     reason: str
+    quiet: bool = False  # a NotApplicable: kept for tests and debugging, not for --explain
 
 
 @dataclass
@@ -242,6 +252,7 @@ class PassResult:
 
     events: list[RewriteEvent] = field(default_factory=list)
     refusals: list[RefusalEvent] = field(default_factory=list)
+    not_applicable: list[RefusalEvent] = field(default_factory=list)
     rounds: int = 0
 
     @property
@@ -259,7 +270,9 @@ class PassResult:
             "rounds": self.rounds,
             "fired": self.fired(),
             "events": [vars(e) for e in self.events],
-            "refusals": [vars(r) for r in self.refusals],
+            "refusals": [
+                {k: v for k, v in vars(r).items() if k != "quiet"} for r in self.refusals
+            ],
         }
 
 
@@ -307,7 +320,8 @@ class PassManager:
                     changed = True
                     self._check(graph, p.name)
             if not changed:
-                result.refusals.extend(refusals.values())
+                for r in refusals.values():
+                    (result.not_applicable if r.quiet else result.refusals).append(r)
                 return
         raise RewriteError(f"no fixed point after {self.max_rounds} rounds (rules keep rewriting)")
 
@@ -325,7 +339,7 @@ class PassManager:
                 reason = rule.check(m)
                 if reason is not None:
                     refusals[(rule.name, op.name, reason)] = RefusalEvent(
-                        rule.name, index, op.name, str(reason)
+                        rule.name, index, op.name, str(reason), getattr(reason, "quiet", False)
                     )
                     continue
                 where = op.name

@@ -9,16 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
-from tflfuse.rewrite import Refusal
-
-
-class NotApplicable(Refusal):
-    """A match that is no candidate at all (a lone conv has no sibling): nothing to explain.
-
-    `quiet` asks the pass manager not to list it among the refusals `--explain` shows.
-    """
-
-    quiet = True
+from tflfuse.rewrite import NotApplicable, Refusal  # noqa: F401 - NotApplicable re-exported
 
 # Ops that carry (weights, bias) and where each lives: input index of the weights, of the bias,
 # and the weight axis that indexes output channels / input channels (None: depthwise, see below).
