@@ -64,7 +64,8 @@ class Frontend:
     output_names: list[str]
     batch: int
     source: str
-    keras: Any = None  # the Keras model, when there is one (for layer outputs)
+    keras: Any = None  # the Keras model, when there is one
+    wide: Any = None  # frozen function: real outputs, then every Keras layer output
     notices: list[str] = field(default_factory=list)
 
 
@@ -200,19 +201,26 @@ def _pin_batch(frozen: Any, batch: int) -> Any:
 
 
 def _keras_frontend(model: Any, source: str, batch: int, quiet: bool) -> Frontend:
+    """Trace and freeze the Keras model once, with every layer output as an extra output when the
+    layers allow it (the unfused baseline needs them); the source function is that graph pruned
+    back to the real outputs, so tracing and freezing, the slow part, happen only once."""
     tf = _tf()
     specs, names, notices = _specs_from_keras(model, batch, quiet)
+    wide = _layer_outputs(model)
+    traced = wide if wide is not None else model
 
     def call(*xs: Any) -> Any:
-        out = model(list(xs) if len(xs) > 1 else xs[0], training=False)
+        out = traced(list(xs) if len(xs) > 1 else xs[0], training=False)
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
     frozen = _frozen(tf.function(call), specs)
+    n_out = len(model.outputs) if wide is not None else len(frozen.outputs)
+    function = _prune_outputs(frozen, n_out) if wide is not None else frozen
     out_names = list(getattr(model, "output_names", None) or [])
-    if len(out_names) != len(frozen.outputs):
-        out_names = [f"output_{i}" for i in range(len(frozen.outputs))]
+    if len(out_names) != n_out:
+        out_names = [f"output_{i}" for i in range(n_out)]
     return Frontend(
-        frozen,
+        function,
         names,
         [tuple(int(d) for d in s.shape[1:]) for s in specs],
         out_names,
@@ -220,7 +228,24 @@ def _keras_frontend(model: Any, source: str, batch: int, quiet: bool) -> Fronten
         source,
         keras=model,
         notices=notices,
+        wide=frozen if wide is not None else None,
     )
+
+
+def _prune_outputs(frozen: Any, n_out: int) -> Any:
+    """The frozen function restricted to its first `n_out` outputs (unused ops pruned away)."""
+    tf = _tf()
+    graph_def = frozen.graph.as_graph_def()
+    wrapped = tf.compat.v1.wrap_function(
+        lambda: tf.compat.v1.import_graph_def(graph_def, name=""), []
+    )
+    g = wrapped.graph
+    pruned = wrapped.prune(
+        feeds=[g.get_tensor_by_name(t.name) for t in frozen.inputs],
+        fetches=[g.get_tensor_by_name(t.name) for t in frozen.outputs[:n_out]],
+    )
+    pruned._tflfuse_keepalive = wrapped  # the pruned function reads the wrapped graph
+    return pruned
 
 
 def _function_frontend(fn: Any, source: str, batch: int) -> Frontend:
@@ -421,10 +446,10 @@ def set_signature(model: Model, front: Frontend, output_graph_names: list[str]) 
 
 
 # -- unfused baseline ----------------------------------------------------------------------------
-def _layer_outputs(front: Frontend) -> Any | None:
-    """A function returning the model outputs followed by every Keras layer output."""
-    model = front.keras
-    if model is None or not hasattr(model, "layers"):
+def _layer_outputs(model: Any) -> Any | None:
+    """A Keras model returning `model`'s outputs followed by every layer output (None when the
+    model has no single-output layer graph, e.g. a subclassed model)."""
+    if not hasattr(model, "layers") or not getattr(model, "outputs", None):
         return None
     originals = list(model.outputs)
     original_ids = {id(t) for t in originals}
@@ -456,21 +481,8 @@ def unfused_function(
 ) -> tuple[Any, Any, list[str], int]:
     """The source function with every Keras layer output (else every TF op output) as an extra
     output, after Grappler: (function, keep-alive, names of the real outputs, extra count)."""
-    tf = _tf()
     n_out = len(front.function.outputs)
-    wide = _layer_outputs(front)
-    if wide is not None:
-        specs = [
-            tf.TensorSpec((front.batch, *s), tf.float32, n)
-            for s, n in zip(front.input_shapes, front.input_names)
-        ]
-
-        def call(*xs: Any) -> Any:
-            return list(wide(list(xs) if len(xs) > 1 else xs[0], training=False))
-
-        frozen = _frozen(tf.function(call), specs)
-    else:
-        frozen = _every_op_output(front.function)
+    frozen = front.wide if front.wide is not None else _every_op_output(front.function)
     (pruned, keep), _ = run_grappler(frozen, optimizers)
     wanted = [_name_of(t.name) for t in frozen.outputs[:n_out]]
     return pruned, keep, wanted, len(frozen.outputs) - n_out
