@@ -139,8 +139,42 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "-" if not a or not b else f"{a / b:.2f}"
 
 
+def _top1(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
 def _err(x: float | None) -> str:
     return "-" if x is None else f"{x:.2g}"
+
+
+def ratio_table(rows: list[dict[str, Any]], precision: str) -> list[str]:
+    """p50 latency ratios fused/unfused and fused/stock per delegate, and op-count ratios."""
+    lines = [
+        "",
+        f"## Ratios ({precision})",
+        "",
+        "p50 latency ratios (< 1: fused is faster) and op-count ratios.",
+        "",
+        "| model | fused/unfused XNNPACK | fused/stock XNNPACK | fused/unfused none"
+        " | fused/stock none | ops fused/unfused | ops fused/stock |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r["precisions"].get(precision)
+        if not p:
+            continue
+        lat, ops = p["latency_ms"], p["facts"]
+        cells = [
+            _ratio(lat[d]["fused"]["p50"], lat[d][base]["p50"])
+            for d in DELEGATES
+            for base in ("unfused", "stock")
+        ]
+        cells += [
+            _ratio(ops["fused"]["op_count"], ops["unfused"]["op_count"]),
+            _ratio(ops["fused"]["op_count"], ops["stock"]["op_count"]),
+        ]
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -150,53 +184,38 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Regenerate: `{meta['command']}` ({meta['minutes']:.1f} min here). Machine:"
         f" {meta['machine']}, {meta['cpu_count']} cores, {meta['interpreter']}, Python"
         f" {meta['python']}. One interpreter thread; {meta['runs']} timed runs after"
-        f" {meta['warmup']} warm-up, the three variants interleaved (unfused, stock, fused).",
+        f" {meta['warmup']} warm-up, the three variants interleaved (unfused, stock, fused)."
+        f" The machine was shared with other jobs (load average {meta['load']}): where stock"
+        " and fused are the same graph (equal op counts), their ratio shows the run's noise.",
         "",
         "Models: `tflfuse.zoo` architectures built offline with `weights=None` and calibrated"
         " BatchNorm (so outputs vary with the input). unfused = the network as written (fusion"
         " blocked), stock = the plain TFLite converter (its PTQ for int8), fused = tflfuse."
         f" int8 = recipe `xnnpack-int8` ({CALIBRATION_SAMPLES} calibration samples), float32 ="
-        " recipe `cpu-float`. Error = max |output - Keras output| on the report's check inputs."
+        " recipe `cpu-float`. Error = max |output - Keras output| on the report's check inputs;"
+        " top-1 = how often the arg-max class agrees with Keras (classifiers)."
         " Latencies are milliseconds on this machine; compare ratios, not absolute times.",
         "",
-        "## Ratios (int8)",
-        "",
-        "p50 latency ratios (< 1: fused is faster) and op-count ratios.",
-        "",
-        "| model | fused/unfused XNNPACK | fused/stock XNNPACK | fused/unfused none"
-        " | fused/stock none | ops fused/unfused | ops fused/stock |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        p = r["precisions"].get("int8")
-        if not p:
-            continue
-        lat, ops = p["latency_ms"], p["facts"]
-        cells = [
-            _ratio(lat[d]["fused"]["p50"], lat[d][base]["p50"])
-            for d in DELEGATES
-            for base in ("unfused", "stock")
+    for precision in ("int8", "float32"):
+        lines += ratio_table(rows, precision)
+    tpu_rows = [r for r in rows if r.get("edgetpu")]
+    lines += (
+        []
+        if not tpu_rows
+        else [
+            "",
+            "## Predicted Edge TPU mapping (recipe `edgetpu`, uint8 I/O)",
+            "",
+            'Ops the compiler would map, predicted by `tflfuse.targets.predict(model, "edgetpu")`'
+            " (the compiler cannot run here).",
+            "",
+            "| model | stock mapped / ops | fused mapped / ops |",
+            "|---|---|---|",
         ]
-        cells = [cells[0], cells[1], cells[2], cells[3]]
-        cells += [
-            _ratio(ops["fused"]["op_count"], ops["unfused"]["op_count"]),
-            _ratio(ops["fused"]["op_count"], ops["stock"]["op_count"]),
-        ]
-        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## Predicted Edge TPU mapping (recipe `edgetpu`, uint8 I/O)",
-        "",
-        "Ops the compiler would map, predicted by `tflfuse.targets.predict(model, \"edgetpu\")`"
-        " (the compiler cannot run here).",
-        "",
-        "| model | stock mapped / ops | fused mapped / ops |",
-        "|---|---|---|",
-    ]
-    for r in rows:
-        e = r.get("edgetpu")
-        if not e:
-            continue
+    )
+    for r in tpu_rows:
+        e = r["edgetpu"]
         if "error" in e:
             lines.append(f"| {r['model']} | not measured: {e['error']} | |")
             continue
@@ -208,9 +227,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
         "## All measurements",
         "",
-        "| model | precision | variant | ops | activations KiB | convert s | max error"
+        "| model | precision | variant | ops | activations KiB | convert s | max error | top-1"
         " | XNNPACK p50 | XNNPACK p90 | none p50 | none p90 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         for precision, p in r["precisions"].items():
@@ -224,7 +243,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 lines.append(
                     f"| {r['model']} | {precision} | {v} | {p['facts'][v]['op_count']} | "
                     f"{_kib(p['facts'][v]['activation_bytes'])} | {seconds} | "
-                    f"{_err(p['max_abs_error'][v])} | {lat['xnnpack'][v]['p50']:.3f} | "
+                    f"{_err(p['max_abs_error'][v])} | {_top1(p['top1_agreement'][v])} | "
+                    f"{lat['xnnpack'][v]['p50']:.3f} | "
                     f"{lat['xnnpack'][v]['p90']:.3f} | {lat['none'][v]['p50']:.3f} | "
                     f"{lat['none'][v]['p90']:.3f} |"
                 )
@@ -294,13 +314,14 @@ def plots(rows: list[dict[str, Any]], folder: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(zoo.BUILDERS), choices=list(zoo.BUILDERS))
-    p.add_argument("--runs", type=int, default=50)
+    p.add_argument("--runs", type=int, default=100)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--no-edgetpu", action="store_true", help="skip the Edge TPU prediction")
     p.add_argument("--out", default=str(HERE / "out"), help="models and raw JSON")
     p.add_argument("--results", default=str(HERE), help="folder for RESULTS.md and the plots")
     args = p.parse_args(argv)
     started = time.perf_counter()
+    load_before = os.getloadavg()[0]
     out_root = Path(args.out)
     out_root.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -321,15 +342,14 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "runs": args.runs,
         "warmup": args.warmup,
+        "load": f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
     }
     results = Path(args.results)
     measured = [r for r in rows if r["precisions"]]
     text = markdown(measured, meta)
     failed = [r for r in rows if not r["precisions"]]
     if failed:
-        text += "\n## Not measured\n\n" + "".join(
-            f"- {r['model']}: {r['error']}\n" for r in failed
-        )
+        text += "\n## Not measured\n\n" + "".join(f"- {r['model']}: {r['error']}\n" for r in failed)
     (results / "RESULTS.md").write_text(text)
     if measured:
         plots(measured, results)
