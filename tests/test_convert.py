@@ -312,3 +312,60 @@ def test_savedmodel_and_tf_function_inputs(tmp_path) -> None:
     assert r["agreement"]["fused"]["max_abs"] <= 1e-5
     assert r["agreement"]["unfused"]["max_abs"] <= 1e-5
     assert r["models"]["unfused"]["op_count"] >= r["models"]["fused"]["op_count"]
+
+
+def test_same_seed_gives_the_same_int8_model(int8_run, cnn, digits, tmp_path) -> None:
+    from tflfuse.convert import convert_keras
+
+    again = convert_keras(
+        cnn, "xnnpack-int8", calibration=digits["xtr"], output_dir=tmp_path / "o", progress=False
+    )
+    # tensor names carry TF's per-trace counters; ops, quantization and outputs must match
+    for a, b in ((again.fused, int8_run.fused), (again.unfused, int8_run.unfused)):
+        ga, gb = flatbuffer.load(a).main, flatbuffer.load(b).main
+        assert [op.type for op in ga.ops] == [op.type for op in gb.ops]
+        for ta, tb in zip(ga.tensors, gb.tensors):
+            assert ta.quantization is None or ta.quantization.same_as(tb.quantization)
+        xs = [digits["xte"][:32]]
+        np.testing.assert_array_equal(
+            run_float(a.read_bytes(), xs)[0], run_float(b.read_bytes(), xs)[0]
+        )
+
+
+def test_legacy_h5_from_tf_keras(tmp_path, capsys) -> None:
+    tf_keras = pytest.importorskip("tf_keras")
+    tf_keras.utils.set_random_seed(1)
+    model = tf_keras.Sequential(
+        [
+            tf_keras.layers.InputLayer((6, 6, 2)),
+            tf_keras.layers.DepthwiseConv2D(3, padding="same"),
+            tf_keras.layers.BatchNormalization(
+                moving_mean_initializer="random_normal", moving_variance_initializer="ones"
+            ),
+            tf_keras.layers.ReLU(6.0),
+            tf_keras.layers.Flatten(),
+            tf_keras.layers.Dense(3),
+        ]
+    )
+    path = tmp_path / "legacy.h5"
+    model.save(path, save_format="h5")
+    out = tmp_path / "out"
+    assert main(["convert", str(path), "--recipe", "cpu-float", "-o", str(out), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["agreement"]["fused"]["max_abs"] <= 1e-5
+    assert r["agreement"]["unfused"]["outputs"][0]["varies"]
+    assert r["models"]["unfused"]["op_count"] > r["models"]["fused"]["op_count"]
+
+
+def test_legacy_h5_lambda_refused_before_loading(tmp_path) -> None:
+    tf_keras = pytest.importorskip("tf_keras")
+    from tflfuse.convert import load_model
+    from tflfuse.errors import TflfuseError
+
+    model = tf_keras.Sequential(
+        [tf_keras.layers.InputLayer((4,)), tf_keras.layers.Lambda(lambda x: x + 1.0)]
+    )
+    path = tmp_path / "lam.h5"
+    model.save(path, save_format="h5")
+    with pytest.raises(TflfuseError, match=r"Lambda layer.*--allow-lambda"):
+        load_model(path)

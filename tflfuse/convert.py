@@ -90,6 +90,13 @@ def _is_keras_model(obj: Any) -> bool:
 def _load_keras_file(path: Path, allow_lambda: bool) -> Any:
     import keras
 
+    legacy = path.suffix in (".h5", ".hdf5")
+    if legacy and not allow_lambda and _h5_has_lambda(path):
+        # checked before any loader runs: legacy .h5 loading does not honour safe_mode
+        raise TflfuseError(
+            f"{path}: holds a Lambda layer (arbitrary Python code); refused in safe mode"
+            " (pass --allow-lambda if you trust the file)"
+        )
     try:
         return keras.saving.load_model(path, compile=False, safe_mode=not allow_lambda)
     except ValueError as exc:
@@ -99,23 +106,18 @@ def _load_keras_file(path: Path, allow_lambda: bool) -> Any:
                 f"{path}: holds a Lambda layer (arbitrary Python code); refused in safe mode"
                 " (pass --allow-lambda if you trust the file)"
             ) from None
-        if path.suffix != ".h5":
+        if not legacy:
             raise TflfuseError(f"{path}: Keras cannot load it: {text.splitlines()[0]}") from None
     except (OSError, TypeError) as exc:
-        if path.suffix != ".h5":
+        if not legacy:
             raise TflfuseError(
                 f"{path}: Keras cannot load it: {str(exc).splitlines()[0]}"
             ) from None
-    return _load_legacy_h5(path, allow_lambda)
+    return _load_legacy_h5(path)
 
 
-def _load_legacy_h5(path: Path, allow_lambda: bool) -> Any:
+def _load_legacy_h5(path: Path) -> Any:
     """Legacy Keras 2 .h5 files that Keras 3 refuses: load them with tf-keras."""
-    if not allow_lambda and _h5_has_lambda(path):
-        raise TflfuseError(
-            f"{path}: holds a Lambda layer (arbitrary Python code); refused in safe mode"
-            " (pass --allow-lambda if you trust the file)"
-        )
     try:
         import tf_keras
     except ImportError:
@@ -464,16 +466,17 @@ def _layer_outputs(model: Any) -> Any | None:
         for t in outs if isinstance(outs, (list, tuple)) else [outs]:
             if id(t) not in original_ids:
                 extra.append(t)
-    try:
-        wide = type(model)(inputs=model.inputs, outputs=originals + extra)
-    except Exception:  # some model classes cannot be rebuilt: fall back to graph outputs
+    # a Sequential cannot take outputs=: build a functional Model of the same Keras package
+    # (Keras 3 or tf-keras, whichever made the model)
+    package = sys.modules.get(type(model).__module__.split(".")[0])
+    for make in (type(model), getattr(package, "Model", None)):
+        if make is None:
+            continue
         try:
-            import keras
-
-            wide = keras.Model(inputs=model.inputs, outputs=originals + extra)
-        except Exception:
-            return None
-    return wide
+            return make(inputs=model.inputs, outputs=originals + extra)
+        except Exception:  # any failure: try the next way, then graph outputs
+            continue
+    return None
 
 
 def unfused_function(
@@ -515,12 +518,15 @@ def _every_op_output(frozen: Any) -> Any:
     tf = _tf()
     graph_def = frozen.graph.as_graph_def()
     graph = frozen.graph
+    read = {t.name for op in graph.get_operations() for t in op.inputs}
     extra = []
     for op in graph.get_operations():
         if op.type in _SKIP_NODES:
             continue
         for t in op.outputs:
-            if t.dtype == tf.float32 and t.shape.is_fully_defined():
+            # only tensors another op reads: side outputs (FusedBatchNorm's batch statistics)
+            # would keep a training-only op alive
+            if t.name in read and t.dtype == tf.float32 and t.shape.is_fully_defined():
                 extra.append(t.name)
     outs = [t.name for t in frozen.outputs]
     fetch = outs + [n for n in extra if n not in outs]

@@ -98,7 +98,9 @@ def quantize(
         ]
         feed = _progress(samples, len(samples), desc, progress)
         calibration_result = _calibrate(q, {signature.key: list(feed)})
-    result = q.quantize(calibration_result, enable_progress_report=False)
+    result = q.quantize(
+        calibration_result, enable_progress_bar=False, enable_progress_report=False
+    )
     data = bytes(result.quantized_model)
     out = Quantized(data, f"ai-edge-quantizer {mode}")
     if layer_error and samples:
