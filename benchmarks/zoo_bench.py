@@ -177,6 +177,48 @@ def ratio_table(rows: list[dict[str, Any]], precision: str) -> list[str]:
     return lines
 
 
+def findings(rows: list[dict[str, Any]]) -> list[str]:
+    """Facts computed from this run (so they stay true when the file is regenerated)."""
+    faster, slower, worse_error = [], [], []
+    for r in rows:
+        p = r["precisions"].get("int8")
+        if not p:
+            continue
+        ratios = {
+            d: p["latency_ms"][d]["fused"]["p50"] / p["latency_ms"][d]["stock"]["p50"]
+            for d in DELEGATES
+        }
+        text = f"{r['model']} ({', '.join(f'{d} {v:.2f}' for d, v in ratios.items())})"
+        if all(v <= 0.95 for v in ratios.values()):
+            faster.append(text)
+        elif any(v >= 1.05 for v in ratios.values()):
+            slower.append(text)
+        err = p["max_abs_error"]
+        if err["fused"] and err["stock"] and err["fused"] > 2 * err["stock"]:
+            worse_error.append(f"{r['model']} ({err['fused']:.2g} vs {err['stock']:.2g})")
+    tpu = [
+        f"{r['model']} ({e['stock']['mapped']}/{e['stock']['total']} ->"
+        f" {e['fused']['mapped']}/{e['fused']['total']})"
+        for r in rows
+        if "prediction" in r.get("edgetpu", {})
+        for e in [r["edgetpu"]["prediction"]]
+        if e["fused"]["mapped"] / max(e["fused"]["total"], 1)
+        > e["stock"]["mapped"] / max(e["stock"]["total"], 1) + 0.05
+    ]
+    none = "none"
+    return [
+        "",
+        "## Findings of this run (computed)",
+        "",
+        "- int8 fused at least 5% faster than stock on both runtimes:"
+        f" {'; '.join(faster) or none}.",
+        f"- int8 fused at least 5% slower than stock on a runtime: {'; '.join(slower) or none}.",
+        "- int8 fused max error more than twice stock's (quantization route, not fusion, when"
+        f" unfused shows the same error): {'; '.join(worse_error) or none}.",
+        f"- Edge TPU predicted mapping clearly better fused than stock: {'; '.join(tpu) or none}.",
+    ]
+
+
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Model-zoo benchmark",
@@ -195,8 +237,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         " recipe `cpu-float`. Error = max |output - Keras output| on the report's check inputs;"
         " top-1 = how often the arg-max class agrees with Keras (classifiers)."
         " Latencies are milliseconds on this machine; compare ratios, not absolute times.",
-        "",
     ]
+    lines += findings(rows)
     for precision in ("int8", "float32"):
         lines += ratio_table(rows, precision)
     tpu_rows = [r for r in rows if r.get("edgetpu")]
@@ -311,6 +353,17 @@ def plots(rows: list[dict[str, Any]], folder: Path) -> None:
     plt.close(fig)
 
 
+def write_results(rows: list[dict[str, Any]], meta: dict[str, Any], folder: Path) -> None:
+    measured = [r for r in rows if r["precisions"]]
+    text = markdown(measured, meta)
+    failed = [r for r in rows if not r["precisions"]]
+    if failed:
+        text += "\n## Not measured\n\n" + "".join(f"- {r['model']}: {r['error']}\n" for r in failed)
+    (folder / "RESULTS.md").write_text(text)
+    if measured:
+        plots(measured, folder)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(zoo.BUILDERS), choices=list(zoo.BUILDERS))
@@ -319,11 +372,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-edgetpu", action="store_true", help="skip the Edge TPU prediction")
     p.add_argument("--out", default=str(HERE / "out"), help="models and raw JSON")
     p.add_argument("--results", default=str(HERE), help="folder for RESULTS.md and the plots")
+    p.add_argument(
+        "--render-only", action="store_true", help="rewrite RESULTS.md from OUT/zoo.json"
+    )
     args = p.parse_args(argv)
+    out_root, results = Path(args.out), Path(args.results)
+    if args.render_only:
+        saved = json.loads((out_root / "zoo.json").read_text())
+        write_results(saved["rows"], saved["meta"], results)
+        return 0
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
-    out_root = Path(args.out)
     out_root.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "command": "python benchmarks/zoo_bench.py"
+        + ("" if args.models == list(zoo.BUILDERS) else " --models " + " ".join(args.models)),
+        "machine": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "interpreter": interpreter_package(),
+        "python": platform.python_version(),
+        "runs": args.runs,
+        "warmup": args.warmup,
+    }
     rows = []
     for name in args.models:
         try:
@@ -331,28 +401,11 @@ def main(argv: list[str] | None = None) -> int:
         except TflfuseError as exc:
             log(f"{name}: not measured: {exc}")
             rows.append({"model": name, "precisions": {}, "error": str(exc)})
-        (out_root / "zoo.json").write_text(json.dumps(rows, indent=2, default=str))
-    meta = {
-        "command": "python benchmarks/zoo_bench.py"
-        + ("" if args.models == list(zoo.BUILDERS) else " --models " + " ".join(args.models)),
-        "minutes": (time.perf_counter() - started) / 60,
-        "machine": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "interpreter": interpreter_package(),
-        "python": platform.python_version(),
-        "runs": args.runs,
-        "warmup": args.warmup,
-        "load": f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
-    }
-    results = Path(args.results)
-    measured = [r for r in rows if r["precisions"]]
-    text = markdown(measured, meta)
-    failed = [r for r in rows if not r["precisions"]]
-    if failed:
-        text += "\n## Not measured\n\n" + "".join(f"- {r['model']}: {r['error']}\n" for r in failed)
-    (results / "RESULTS.md").write_text(text)
-    if measured:
-        plots(measured, results)
+        meta["minutes"] = (time.perf_counter() - started) / 60
+        meta["load"] = f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+        saved = {"meta": meta, "rows": rows}
+        (out_root / "zoo.json").write_text(json.dumps(saved, indent=2, default=str))
+    write_results(rows, meta, results)
     log(f"done in {meta['minutes']:.1f} min: {results / 'RESULTS.md'}")
     return 0
 
