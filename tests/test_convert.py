@@ -369,3 +369,16 @@ def test_legacy_h5_lambda_refused_before_loading(tmp_path) -> None:
     model.save(path, save_format="h5")
     with pytest.raises(TflfuseError, match=r"Lambda layer.*--allow-lambda"):
         load_model(path)
+
+
+def test_dynamic_range_recipe_override(cnn, digits, tmp_path) -> None:
+    from tflfuse.convert import convert_keras
+
+    res = convert_keras(
+        cnn, "cpu-float", output_dir=tmp_path / "o", progress=False, quant_mode="dynamic"
+    )
+    r = res.report
+    assert r["recipe"]["overridden"] == ["quant_mode"]
+    assert r["models"]["fused"]["quantization"] == "dynamic-range"
+    assert r["models"]["fused"]["parameter_bytes"] < r["float_models"]["fused"]["parameter_bytes"]
+    assert r["agreement"]["fused"]["outputs"][0]["top1_agreement"] >= 0.9
