@@ -40,20 +40,22 @@ ALIGNMENT = 64
 
 # -- inputs --------------------------------------------------------------------------------------
 def seeded_input_values(details: Sequence[dict], seed: int = 0) -> list[np.ndarray]:
-    """One input set matching the interpreter's input details, reproducible from `seed`."""
-    rng = np.random.default_rng(seed)
+    """One input set matching the interpreter's input details, reproducible from `seed`.
+    Uses numpy's legacy `RandomState`, which old device images (numpy 1.16 on Coral's Mendel)
+    still have, so host and device generate the same values."""
+    rng = np.random.RandomState(seed)
     values = []
     for d in details:
         shape, dtype = tuple(int(s) for s in d["shape"]), np.dtype(d["dtype"])
         if dtype.kind == "f":
             values.append(rng.uniform(-1.0, 1.0, shape).astype(dtype))
         elif dtype == np.bool_:
-            values.append(rng.integers(0, 2, shape).astype(bool))
+            values.append(rng.randint(0, 2, shape).astype(bool))
         elif dtype.kind in "iu" and dtype.itemsize == 1:
             info = np.iinfo(dtype)
-            values.append(rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype))
+            values.append(rng.randint(int(info.min), int(info.max) + 1, shape).astype(dtype))
         elif dtype.kind in "iu":
-            values.append(rng.integers(0, 10, shape).astype(dtype))
+            values.append(rng.randint(0, 10, shape).astype(dtype))
         else:
             raise TflfuseError(f"cannot generate benchmark inputs of dtype {dtype}")
     return values
@@ -96,8 +98,8 @@ def static_facts(model: bytes | str | Path) -> dict[str, Any]:
         interp = make_interpreter(model, delegate="none")
         ops = interp._get_ops_details()
         tensors = {d["index"]: d for d in interp.get_tensor_details()}
-    except (TflfuseError, AttributeError):
-        return {}
+    except (TflfuseError, AttributeError, ValueError, RuntimeError):
+        return {}  # old tflite_runtime builds lack _get_ops_details; facts are optional
     inputs = [int(d["index"]) for d in interp.get_input_details()]
     outputs = [int(d["index"]) for d in interp.get_output_details()]
     lifetimes: dict[int, list[int]] = {t: [0, 0] for t in inputs}
