@@ -92,6 +92,10 @@ def test_shipped_code_is_python38_syntax(path: Path) -> None:
     assert not imports & {"tensorflow", "keras", "tf_keras", "matplotlib"}
     if path.name != "__init__.py":  # annotations stay strings: `X | None` is fine on 3.8
         assert "from __future__ import annotations" in source
+    # APIs newer than Python 3.8 or numpy 1.16 (Coral's Mendel image)
+    newer = ("default_rng", "removeprefix", "removesuffix", "is_relative_to", "file_digest",
+             "functools.cache", "strict=")  # fmt: skip
+    assert [n for n in newer if n in source] == []
 
 
 # -- bundle ------------------------------------------------------------------------------------
