@@ -382,3 +382,21 @@ def test_dynamic_range_recipe_override(cnn, digits, tmp_path) -> None:
     assert r["models"]["fused"]["quantization"] == "dynamic-range"
     assert r["models"]["fused"]["parameter_bytes"] < r["float_models"]["fused"]["parameter_bytes"]
     assert r["agreement"]["fused"]["outputs"][0]["top1_agreement"] >= 0.9
+
+
+def test_batch_flag_pins_another_size(cnn, digits, tmp_path) -> None:
+    from tflfuse.convert import convert_keras
+
+    res = convert_keras(
+        cnn,
+        "xnnpack-int8",
+        calibration=digits["xtr"][:40],
+        output_dir=tmp_path / "o",
+        progress=False,
+        batch=4,
+    )
+    for path in (res.fused, res.unfused, res.stock):
+        assert flatbuffer.load(path).main.inputs[0].shape == (4, 8, 8, 1)
+    assert any("pinned to 4" in n for n in res.report["notices"])
+    a = res.report["agreement"]["fused"]
+    assert a["verified"] and a["samples"] == 16 and a["outputs"][0]["top1_agreement"] >= 0.9

@@ -542,7 +542,7 @@ def _every_op_output(frozen: Any) -> Any:
 
 # -- the converter's own quantization (stock, and the fallback route) ---------------------------
 def ptq_configure(
-    recipe: Any, calibration: list[np.ndarray] | None, progress: bool, desc: str
+    recipe: Any, calibration: list[np.ndarray] | None, progress: bool, desc: str, batch: int = 1
 ) -> Callable[[Any], None]:
     """A converter set-up applying the recipe's quantization with the converter's own PTQ."""
     tf = _tf()
@@ -557,11 +557,12 @@ def ptq_configure(
             converter.target_spec.supported_types = [tf.float16]
         elif mode == "int8":
             assert calibration is not None
-            n = len(calibration[0])
+            b = batch
+            n = len(calibration[0]) // b
 
             def representative() -> Any:
                 for i in _progress(range(n), n, desc, progress):
-                    yield [a[i : i + 1] for a in calibration]
+                    yield [a[i * b : (i + 1) * b] for a in calibration]
 
             converter.representative_dataset = representative
             converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
@@ -577,7 +578,7 @@ def stock_model(
     front: Frontend, recipe: Any, calibration: list[np.ndarray] | None, progress: bool
 ) -> bytes:
     """The plain converter on the original function with its own quantization."""
-    configure = ptq_configure(recipe, calibration, progress, "calibrating stock")
+    configure = ptq_configure(recipe, calibration, progress, "calibrating stock", front.batch)
     data = tflite_convert(
         front.function,
         None,
@@ -662,6 +663,10 @@ def convert_keras(
             scale=rec.scale,
             offset=rec.offset,
         )
+        if calib is not None and len(calib[0]) < front.batch:
+            raise TflfuseError(
+                f"{len(calib[0])} calibration samples cannot fill one batch of {front.batch}"
+            )
         result = _convert(front, rec, calib, tmp, seed, progress, timings)
         result["notices"] = front.notices
         result["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
@@ -734,7 +739,9 @@ def _convert(
     else:
         # ai-edge-quantizer has no int8 config for these ops, so its model would not be fully
         # int8 (not Edge TPU-valid): use the converter's PTQ and run the rules on the int8 IR.
-        configure = ptq_configure(rec, calib, progress, "calibrating fused (converter)")
+        configure = ptq_configure(
+            rec, calib, progress, "calibrating fused (converter)", front.batch
+        )
         data = tflite_convert(
             pruned, keep, select_tf_ops=rec.select_tf_ops, target=rec.target, configure=configure
         )
@@ -760,7 +767,9 @@ def _convert(
         )
     else:
         # Same route change for the baseline, so it is not padded with QUANTIZE/DEQUANTIZE pairs.
-        configure = ptq_configure(rec, calib, progress, "calibrating unfused (converter)")
+        configure = ptq_configure(
+            rec, calib, progress, "calibrating unfused (converter)", front.batch
+        )
         data = tflite_convert(
             u_fn, u_keep, select_tf_ops=rec.select_tf_ops, target=rec.target, configure=configure
         )
@@ -839,19 +848,22 @@ def _version(dist: str) -> str:
 
 def _eval_inputs(front: Frontend, calib: list[np.ndarray] | None, seed: int) -> list[np.ndarray]:
     """Inputs the three models are checked on: calibration samples, else seeded [-1, 1] noise."""
+    b = front.batch
     if calib is not None:
-        n = min(16, len(calib[0]))
+        n = max(16 // b, 1) * b
         return [a[:n] for a in calib]
     rng = np.random.default_rng(seed + 1000)
-    return [rng.uniform(-1, 1, (8, *s)).astype(np.float32) for s in front.input_shapes]
+    n = max(8 // b, 2) * b
+    return [rng.uniform(-1, 1, (n, *s)).astype(np.float32) for s in front.input_shapes]
 
 
 def _reference_outputs(front: Frontend, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """Outputs of the source model (the frozen TF function), one array per output."""
     tf = _tf()
     per_sample = []
-    for i in range(len(inputs[0])):
-        xs = [tf.constant(a[i : i + 1]) for a in inputs]
+    b = front.batch
+    for i in range(len(inputs[0]) // b):
+        xs = [tf.constant(a[i * b : (i + 1) * b]) for a in inputs]
         outs = front.function(*xs)
         outs = outs if isinstance(outs, (list, tuple)) else [outs]
         per_sample.append([np.asarray(o) for o in outs])

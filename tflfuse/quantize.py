@@ -92,15 +92,15 @@ def quantize(
         if calibration is None:
             raise TflfuseError(f"{mode} quantization needs calibration data (--calib)")
         names = list(signature.inputs)
+        first = next(iter(signature.inputs.values()))
+        b = max(int(first.shape[0]), 1) if first.shape else 1
         samples = [
-            {name: arr[i : i + 1] for name, arr in zip(names, calibration)}
-            for i in range(len(calibration[0]))
+            {name: arr[i * b : (i + 1) * b] for name, arr in zip(names, calibration)}
+            for i in range(len(calibration[0]) // b)
         ]
         feed = _progress(samples, len(samples), desc, progress)
         calibration_result = _calibrate(q, {signature.key: list(feed)})
-    result = q.quantize(
-        calibration_result, enable_progress_bar=False, enable_progress_report=False
-    )
+    result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
     out = Quantized(data, f"ai-edge-quantizer {mode}")
     if layer_error and samples:

@@ -58,9 +58,10 @@ def run_float(data: bytes, inputs: list[np.ndarray], delegate: str = "none") -> 
     interp = make_interpreter(data, delegate=delegate)
     ins, outs = interp.get_input_details(), interp.get_output_details()
     results: list[list[np.ndarray]] = [[] for _ in outs]
-    for i in range(len(inputs[0])):
+    b = max(int(ins[0]["shape"][0]), 1) if len(ins[0]["shape"]) else 1
+    for i in range(len(inputs[0]) // b):
         for d, a in zip(ins, inputs):
-            interp.set_tensor(d["index"], _to_model(a[i : i + 1], d))
+            interp.set_tensor(d["index"], _to_model(a[i * b : (i + 1) * b], d))
         interp.invoke()
         for k, d in enumerate(outs):
             results[k].append(_from_model(interp.get_tensor(d["index"]), d))
