@@ -119,8 +119,13 @@ class Recipe:
 
 
 def recipe_dir() -> Path:
-    """The folder of shipped recipes (`converters/` beside the package)."""
-    return Path(__file__).resolve().parent.parent / "converters"
+    """The folder of shipped recipes: `converters/` beside the package (a checkout or editable
+    install), else `tflfuse/data/converters/` (a wheel that packages them as data)."""
+    here = Path(__file__).resolve().parent
+    for folder in (here.parent / "converters", here / "data" / "converters"):
+        if folder.is_dir():
+            return folder
+    return here.parent / "converters"
 
 
 def available() -> list[str]:
