@@ -99,7 +99,7 @@ def quantize(
             for i in range(len(calibration[0]) // b)
         ]
         feed = _progress(samples, len(samples), desc, progress)
-        calibration_result = _calibrate(q, {signature.key: list(feed)})
+        calibration_result = _calibrate(q, float_model, {signature.key: list(feed)})
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
     out = Quantized(data, f"ai-edge-quantizer {mode}")
@@ -113,19 +113,44 @@ def quantize(
     return out
 
 
-def _calibrate(q: Any, dataset: dict[str, list[dict[str, np.ndarray]]]) -> Any:
-    """Min/max of every tensor over the dataset. The profiler-based mode records the same ranges
-    (checked on MobileNetV2: identical up to float32 rounding) about 7x faster than keeping
-    every tensor alive; fall back to that mode where the profiler one is missing."""
+def _calibrate(q: Any, float_model: bytes, dataset: dict[str, list[dict[str, np.ndarray]]]) -> Any:
+    """Min/max of every tensor over the whole dataset, as TFLite's own calibrator keeps them.
+
+    ai-edge-quantizer's default update is a moving average (smoothing 0.95) of per-sample
+    ranges: with a few hundred samples the range it keeps is far narrower than the data's, and
+    outputs clip (measured on MobileNetV2 int8: max error 0.335 against 0.118 for the
+    converter's PTQ). The profiler-based mode records the same ranges as keeping every tensor
+    alive (identical up to float32 rounding on MobileNetV2) about 7x faster.
+    """
     from ai_edge_quantizer import calibrator
 
-    fast = getattr(calibrator.CalibrationMode, "CALIBRATION_PROFILER_BASED", None)
-    if fast is not None:
+    modes = [
+        getattr(calibrator.CalibrationMode, "CALIBRATION_PROFILER_BASED", None),
+        calibrator.CalibrationMode.CALIBRATION_PRESERVE_ALL_TENSORS,
+    ]
+    manager = getattr(q, "_recipe_manager", None)
+    for mode in [m for m in modes if m is not None]:
         try:
-            return q.calibrate(dataset, num_threads=2, mode=fast)
+            if manager is None:  # a future quantizer without the attribute: its own update
+                return q.calibrate(dataset, num_threads=2, mode=mode)
+            calib = calibrator.Calibrator(
+                bytes(float_model), num_threads=2, mode=mode, qsv_update_func=_global_min_max
+            )
+            calib.calibrate(dataset, manager)
+            return calib.get_model_qsvs()
         except (ValueError, RuntimeError):
-            pass
-    return q.calibrate(dataset, num_threads=2)
+            continue
+    raise TflfuseError("ai-edge-quantizer could not calibrate this model")
+
+
+def _global_min_max(qsv: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The running range: the smallest min and the largest max seen so far."""
+    if not qsv:
+        return new
+    merged = dict(qsv)
+    merged["min"] = np.minimum(qsv["min"], new["min"])
+    merged["max"] = np.maximum(qsv["max"], new["max"])
+    return merged
 
 
 def _layer_error(q: Any, key: str, samples: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
