@@ -409,3 +409,23 @@ def test_int8_fused_error_is_no_worse_than_stock_ptq(int8_run) -> None:
     fused, stock = agreement["fused"]["max_abs"], agreement["stock"]["max_abs"]
     assert agreement["fused"]["outputs"][0]["varies"]
     assert fused <= 1.5 * stock + 1e-3
+
+
+def test_exact_gelu_converts_to_the_builtin(tmp_path) -> None:
+    """Grappler's CSE reorders commutative inputs and hides Keras' exact GELU from the converter
+    (it stays a tf.Erfc); convert drops that pass for such a model and says so."""
+    import keras
+
+    from tflfuse.convert import convert_keras
+
+    keras.utils.set_random_seed(1)
+    inp = keras.Input((8,), batch_size=1)
+    x = keras.layers.Dense(8)(inp)
+    out = keras.layers.Dense(8, activation="gelu")(x)
+    result = convert_keras(
+        keras.Model(inp, out), "cpu-float", output_dir=tmp_path / "o", progress=False
+    )
+    ops = [op.type for op in flatbuffer.load(result.fused).main.ops]
+    assert "GELU" in ops and "CUSTOM" not in ops
+    assert result.report["grappler"]["dropped"]["optimizers"] == ["common_subgraph_elimination"]
+    assert result.report["agreement"]["fused"]["max_abs"] < 1e-5

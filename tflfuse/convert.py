@@ -363,6 +363,39 @@ def convert_keras(
     )
 
 
+# Grappler's CSE puts the inputs of commutative ops in a canonical order, which can hide a
+# pattern the converter legalizes by position (seen: Keras' exact GELU, 0.5*x*erfc(-x/sqrt 2),
+# then stays a tf.Erfc with no TFLite builtin). Such a model is converted without that pass.
+_ORDER_SENSITIVE = ("common_subgraph_elimination",)
+
+
+def _grappler_and_convert(
+    front: Frontend, rec: Any
+) -> tuple[tuple[str, ...], Any, Any, dict, bytes]:
+    """Grappler with the recipe's optimizers, then the converter to float. If the converter is
+    left with TF ops only because of an order-sensitive pass, retry without it and say so."""
+    optimizers = tuple(rec.grappler)
+    (pruned, keep), info = run_grappler(front.function, optimizers)
+    try:
+        data = tflite_convert(pruned, keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
+        return optimizers, pruned, keep, info, data
+    except TflfuseError as first:
+        fewer = tuple(o for o in optimizers if o not in _ORDER_SENSITIVE)
+        if fewer == optimizers or "no TFLite builtin" not in str(first):
+            raise
+        (pruned, keep), info = run_grappler(front.function, fewer)
+        try:
+            data = tflite_convert(pruned, keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
+        except TflfuseError:
+            raise first from None
+        dropped = [o for o in optimizers if o not in fewer]
+        info["dropped"] = {
+            "optimizers": dropped,
+            "reason": f"with them the converter left TF ops ({first}); without them it did not",
+        }
+        return fewer, pruned, keep, info, data
+
+
 def _convert(
     front: Frontend,
     rec: Any,
@@ -380,10 +413,9 @@ def _convert(
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    (pruned, keep), grappler = run_grappler(front.function, rec.grappler)
-    lap("grappler", t0)
+    optimizers, pruned, keep, grappler, float_data = _grappler_and_convert(front, rec)
+    lap("grappler+convert_float", t0)
     t0 = time.perf_counter()
-    float_data = tflite_convert(pruned, keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
     float_model = flatbuffer.from_bytes(float_data, "converter")
     set_signature(float_model, front, [t.name for t in front.function.outputs])
     float_data = flatbuffer.to_bytes(float_model)
@@ -395,7 +427,7 @@ def _convert(
     lap("fuse", t0)
 
     t0 = time.perf_counter()
-    u_fn, u_keep, wanted, extra_outputs = unfused_function(front, rec.grappler)
+    u_fn, u_keep, wanted, extra_outputs = unfused_function(front, optimizers)
     u_float = tflite_convert(u_fn, u_keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
     unfused_float_data = trim_outputs(u_float, wanted, front)
     lap("unfused", t0)

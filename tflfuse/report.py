@@ -174,6 +174,9 @@ def markdown(r: dict[str, Any]) -> str:
         f" {g['nodes_before']} -> {g['nodes_after']}.",
         "",
     ]
+    if g.get("dropped"):
+        dropped = g["dropped"]
+        lines += [f"Dropped {', '.join(dropped['optimizers'])}: {dropped['reason']}.", ""]
     for op, (b, a) in g["changed_node_types"].items():
         lines.append(f"- {op}: {b} -> {a}")
     rules = r["rules"]
