@@ -130,17 +130,12 @@ def inception_style(input_size: int = 64, classes: int = 10, width: int = 16) ->
     return keras.Model(inputs, outputs, name="inception_style")
 
 
-def _gelu_tanh(x: Any) -> Any:
-    """GELU, tanh approximation (as in BERT). The exact (erf) form freezes to tf.Erfc, which
-    the TFLite converter maps only when it sees the whole Keras GELU pattern."""
-    return _keras().activations.gelu(x, approximate=True)
-
-
 def transformer_encoder(
     seq_len: int = 16, dim: int = 32, heads: int = 2, classes: int = 10, blocks: int = 2
 ) -> Any:
     """A small transformer encoder on float token embeddings: Q/K/V Dense projections read the
-    same tensor, scaled dot-product attention, a GELU (tanh) MLP, LayerNorm after each residual."""
+    same tensor, scaled dot-product attention, a GELU MLP, LayerNorm after each residual. Only
+    built-in activations, so the model saves as .keras and loads again in safe mode."""
     keras = _keras()
     layers, ops = keras.layers, keras.ops
     head_dim = dim // heads
@@ -158,7 +153,7 @@ def transformer_encoder(
         attn = ops.matmul(layers.Softmax(axis=-1)(scores), v)
         attn = layers.Reshape((seq_len, dim))(layers.Permute((2, 1, 3))(attn))
         x = layers.LayerNormalization()(layers.Add()([x, layers.Dense(dim)(attn)]))
-        mlp = layers.Dense(dim * 2, activation=_gelu_tanh)(x)
+        mlp = layers.Dense(dim * 2, activation="gelu")(x)
         x = layers.LayerNormalization()(layers.Add()([x, layers.Dense(dim)(mlp)]))
     x = layers.GlobalAveragePooling1D()(x)
     outputs = layers.Dense(classes)(x)
