@@ -170,6 +170,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
         print(f"  verified: max abs error {v.get('max_abs', 0.0):.3g}")
     elif args.level > 0:
         print(f"  not verified: {v.get('reason')}")
+    for rule, approx in result.result.approximations().items():
+        bound = approx["error_bound"]
+        print(f"  approximation: {rule} x{approx['count']} (|error| <= {bound:.2g} in all)")
     if args.explain:
         for rule, n in result.result.fired().items():
             print(f"  fired {rule} x{n}")

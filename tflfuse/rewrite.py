@@ -199,6 +199,12 @@ class Rule:
 
     quantized_ok: ClassVar[bool] = False
 
+    def error_bound(self, m: Match) -> float:
+        """The absolute error one application may add to its output: 0 for an exact rewrite.
+        An approximation (e.g. erf GELU in the tanh form, for a target with no GELU) overrides
+        it; the pass manager records it with the event and verification allows for it."""
+        return 0.0
+
     @property
     def name(self) -> str:
         return type(self).__name__
@@ -235,6 +241,7 @@ class RewriteEvent:
     rule: str
     subgraph: int
     where: str
+    error: float = 0.0  # the rule's error bound for this application (0: exact)
 
 
 @dataclass(frozen=True)
@@ -265,9 +272,20 @@ class PassResult:
             counts[e.rule] = counts.get(e.rule, 0) + 1
         return counts
 
+    def approximations(self) -> dict[str, dict[str, float]]:
+        """Rules that fired as approximations: {rule: {count, error_bound}} (summed bounds)."""
+        out: dict[str, dict[str, float]] = {}
+        for e in self.events:
+            if e.error > 0:
+                entry = out.setdefault(e.rule, {"count": 0, "error_bound": 0.0})
+                entry["count"] += 1
+                entry["error_bound"] += e.error
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "rounds": self.rounds,
+            "approximations": self.approximations(),
             "fired": self.fired(),
             "events": [vars(e) for e in self.events],
             "refusals": [
@@ -342,9 +360,9 @@ class PassManager:
                         rule.name, index, op.name, str(reason), getattr(reason, "quiet", False)
                     )
                     continue
-                where = op.name
+                where, error = op.name, rule.error_bound(m)
                 rule.rewrite(m)
-                result.events.append(RewriteEvent(rule.name, index, where))
+                result.events.append(RewriteEvent(rule.name, index, where, error))
                 applied += 1
                 break
         return applied
