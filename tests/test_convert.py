@@ -21,34 +21,18 @@ from tflfuse.verify import compare
 
 @pytest.fixture(scope="session")
 def digits() -> dict[str, np.ndarray]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from tflfuse.digits import load_split
 
-    x, y = load_digits(return_X_y=True)
-    x = (x.reshape(-1, 8, 8, 1) / 16.0 * 2.0 - 1.0).astype(np.float32)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.3, random_state=0, stratify=y)
-    return {"xtr": xtr, "ytr": ytr, "xte": xte, "yte": yte}
+    split = load_split()
+    return {"xtr": split.x_train, "ytr": split.y_train, "xte": split.x_test, "yte": split.y_test}
 
 
 @pytest.fixture(scope="session")
 def cnn(digits: dict[str, np.ndarray]) -> object:
     """Conv-BN-ReLU x2, pooling, dense softmax: unfused it is ~3x the ops of the fused model."""
-    import keras
+    from tflfuse.digits import DigitsSplit, train_cnn
 
-    keras.utils.set_random_seed(0)
-    inp = keras.Input((8, 8, 1), name="digits")
-    x = keras.layers.Conv2D(16, 3, padding="same")(inp)
-    x = keras.layers.BatchNormalization()(x)
-    x = keras.layers.ReLU()(x)
-    x = keras.layers.Conv2D(32, 3, padding="same", strides=2)(x)
-    x = keras.layers.BatchNormalization()(x)
-    x = keras.layers.ReLU()(x)
-    x = keras.layers.GlobalAveragePooling2D()(x)
-    out = keras.layers.Dense(10, activation="softmax", name="probs")(x)
-    model = keras.Model(inp, out)
-    model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-    model.fit(digits["xtr"], digits["ytr"], epochs=12, batch_size=32, verbose=0)
-    return model
+    return train_cnn(DigitsSplit(digits["xtr"], digits["ytr"], digits["xte"], digits["yte"]))
 
 
 def _accuracy(probs: np.ndarray, labels: np.ndarray) -> float:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse.bench import seeded_input_values
 from tflfuse.runtime import make_interpreter
 
 
@@ -31,26 +32,10 @@ class Agreement:
 
 
 def seeded_inputs(interp: Any, seed: int, runs: int) -> list[list[np.ndarray]]:
-    """`runs` sets of random inputs matching the interpreter's input details."""
-    rng = np.random.default_rng(seed)
-    sets = []
-    for _ in range(runs):
-        one = []
-        for d in interp.get_input_details():
-            shape, dtype = tuple(int(s) for s in d["shape"]), np.dtype(d["dtype"])
-            if dtype.kind == "f":
-                one.append(rng.uniform(-1.0, 1.0, shape).astype(dtype))
-            elif dtype == np.bool_:
-                one.append(rng.integers(0, 2, shape).astype(bool))
-            elif dtype.kind in "iu" and dtype.itemsize == 1:
-                info = np.iinfo(dtype)
-                one.append(rng.integers(info.min, info.max, shape, endpoint=True).astype(dtype))
-            elif dtype.kind in "iu":
-                one.append(rng.integers(0, 10, shape).astype(dtype))
-            else:
-                raise ValueError(f"cannot generate inputs of dtype {dtype}")
-        sets.append(one)
-    return sets
+    """`runs` sets of random inputs matching the interpreter's input details (the benchmark's
+    generator, so a verified input set and a timed one come from the same rule)."""
+    details = interp.get_input_details()
+    return [seeded_input_values(details, seed + i) for i in range(runs)]
 
 
 def run(
