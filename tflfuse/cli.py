@@ -35,6 +35,17 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _add_json_option(p: argparse.ArgumentParser, metavar: str, what: str) -> None:
+    """`--json` alone prints JSON on stdout; `--json PATH` writes it to PATH."""
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar=metavar,
+        help=f"write the {what} as JSON to {metavar} (or stdout without a path)",
+    )
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -115,13 +126,7 @@ def _add_optimize(sub: Any) -> None:
     p.add_argument(
         "--explain", action="store_true", help="list rules fired and refusals with reasons"
     )
-    p.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        metavar="REPORT",
-        help="write the report as JSON to REPORT (or stdout without a path)",
-    )
+    _add_json_option(p, "REPORT", "report")
     p.add_argument("--no-verify", action="store_true", help="skip the numeric check")
     p.add_argument("--in-place", action="store_true", help="allow OUTPUT to be the input file")
     p.set_defaults(func=_run_optimize)
@@ -298,13 +303,7 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--warmup", type=int, default=10, help="untimed rounds first (default 10)")
     p.add_argument("--threads", type=int, default=None, help="interpreter threads")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        metavar="OUT",
-        help="write the result as JSON to OUT (or stdout without a path)",
-    )
+    _add_json_option(p, "OUT", "result")
     p.add_argument("--plot", metavar="OUT.png", help="plot the latency distributions")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_bench)
