@@ -32,6 +32,7 @@ def test_recipe_fields_per_target() -> None:
     )
     assert recipe.load("xnnpack-int8").input_type == "int8"
     assert cpu.quant_mode == "none" and gpu.quant_mode == "float16"
+    assert cpu.target == cpu.delegate == "xnnpack"  # rules for the runtime that will run it
     assert not tpu.select_tf_ops
 
 
