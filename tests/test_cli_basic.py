@@ -167,3 +167,17 @@ def test_outputs_get_a_normal_file_mode(small_model: Path, tmp_path: Path) -> No
     out.chmod(0o640)
     assert run("optimize", str(small_model), "-o", str(out)).returncode == 0
     assert stat.S_IMODE(out.stat().st_mode) == 0o640  # an existing file keeps its mode
+
+
+def test_optimize_warns_when_the_check_cannot_tell(tmp_path: Path) -> None:
+    """A model whose output is the same for every input makes equality vacuous: say so."""
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 4, 4, 2))
+    c = conv(g, x, 3)
+    c.inputs[2].data = np.full(3, -100.0, np.float32)  # RELU of a large negative bias: all zero
+    r = unary(g, "RELU", c.output)
+    src = tmp_path / "const.tflite"
+    flatbuffer.save(model_of(g, [x], [r.output]), src)
+    proc = run("optimize", str(src), "-o", str(tmp_path / "o.tflite"))
+    assert proc.returncode == 0, proc.stderr
+    assert "the outputs did not change with the input" in proc.stdout

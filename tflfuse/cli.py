@@ -173,6 +173,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
     v = result.verification
     if v.get("verified"):
         print(f"  verified: max abs error {v.get('max_abs', 0.0):.3g}")
+        if v.get("varies") is False:
+            print("  warning: the outputs did not change with the input, so the check is weak")
     elif args.level > 0:
         print(f"  not verified: {v.get('reason')}")
     for rule, approx in result.result.approximations().items():
