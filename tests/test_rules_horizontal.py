@@ -148,3 +148,19 @@ def test_hoisting_refuses_unrelated_transposes() -> None:
     _, model, result = apply(data, HoistLayoutAboveSplit())
     assert ops(model).count("TRANSPOSE") == 3
     assert refusals(result, "HoistLayoutAboveSplit") == ["the parts are transposed differently"]
+
+
+def test_head_layout_is_not_hoisted_into_a_shape_the_edgetpu_cannot_map() -> None:
+    """The merged layout (4, 3, 2, 4) has four dimensions > 1; the Edge TPU maps at most three,
+    so hoisting would move the CPU cut before the attention (seen on the zoo transformer)."""
+    g = G()
+    q, kt, v = _qkv_heads(g, [0, 2, 3, 1])
+    scores = g.op("BATCH_MATMUL", [q, kt], (1, 2, 4, 4), adj_x=False, adj_y=False)
+    data = g.bytes(g.op("BATCH_MATMUL", [g.unary("TANH", scores), v], (1, 2, 4, 4),
+                        adj_x=False, adj_y=False))
+    _, model, result = apply(data, HoistLayoutAboveSplit("edgetpu"))
+    assert result.fired() == {}
+    assert refusals(result, "HoistLayoutAboveSplit") == [
+        "the merged head layout [4, 3, 2, 4] has more non-trivial dimensions than the edgetpu"
+        " maps (3)"
+    ]

@@ -34,6 +34,17 @@ ON_CHIP_BYTES: dict[str, int] = {
 SPLIT_V_DELEGATED: dict[str, bool] = {"edgetpu": True, "xnnpack": False, "cpu": True, "gpu": True}
 SPLIT_MAX_PARTS: dict[str, int] = {"xnnpack": 4}
 
+# Most dimensions larger than 1 a target maps in one tensor (delegates/edgetpu.toml: the
+# Edge TPU compiler maps tensors with at most 3 non-trivial dimensions).
+MAX_NONTRIVIAL_DIMS: dict[str, int] = {"edgetpu": 3}
+
+
+def layout_fits(target: str, shape: tuple[int, ...]) -> bool:
+    """A new intermediate tensor of this shape keeps the target's mapping."""
+    limit = MAX_NONTRIVIAL_DIMS.get(target)
+    return limit is None or sum(1 for d in shape if d > 1) <= limit
+
+
 # Ops that are views or metadata for the runtime, not real kernels with traffic.
 _FREE = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
 

@@ -93,7 +93,7 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
     horizontal: tuple[Rule | Pass, ...] = (
         MergeSiblingSum(),
         MergeSiblingOps(target),
-        HoistLayoutAboveSplit(),
+        HoistLayoutAboveSplit(target),
     )
     legalize = _edgetpu_legalization() if target == "edgetpu" else ()
     return (*legalize, *algebra, *activations, *epilogue, *vertical, *horizontal, *cleanup)

@@ -258,12 +258,24 @@ class HoistLayoutAboveSplit(Rule):
 
     quantized_ok = True
 
+    def __init__(self, target: str = "xnnpack") -> None:
+        self.target = target
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.SPLIT(p.const("axis"), p.x)
 
     def check(self, m: Match) -> Refusal | None:
         plan = _hoist_plan(m)
-        return plan if isinstance(plan, Refusal) else None
+        if isinstance(plan, Refusal):
+            return plan
+        _, mid, split_c, chains = plan
+        shape = (*mid, len(chains), *split_c)
+        if not cost.layout_fits(self.target, shape):
+            return refuse(
+                f"the merged head layout {list(shape)} has more non-trivial dimensions than "
+                f"the {self.target} maps ({cost.MAX_NONTRIVIAL_DIMS[self.target]})"
+            )
+        return None
 
     def rewrite(self, m: Match) -> None:
         g, split = m.graph, m.root
