@@ -207,6 +207,40 @@ def aeq_unsupported(float_model: bytes) -> list[str]:
     return sorted({op.type for op in graph.ops if op.type not in known | BOUNDARY_OPS})
 
 
+def _float_boundary(t: Any, side: str) -> Any:
+    """The QUANTIZE after a float input (or DEQUANTIZE before a float output) the quantizer
+    left, or None."""
+    if t.dtype != "FLOAT32":
+        return None
+    if side == "input":
+        op = t.consumers[0] if len(t.consumers) == 1 else None
+        return op if op is not None and op.type == "QUANTIZE" else None
+    op = t.producer
+    return op if op is not None and op.type == "DEQUANTIZE" else None
+
+
+def _retype(graph: Any, tensors: list, io_type: str, side: str, renamed: dict) -> list:
+    """The model's inputs (or outputs) with `io_type`; `renamed` maps old tensors to new."""
+    out = []
+    for t in tensors:
+        boundary = _float_boundary(t, side)
+        if boundary is not None:
+            core = boundary.outputs[0] if side == "input" else boundary.inputs[0]
+            if io_type == "float32":
+                out.append(t)
+                continue
+            graph.remove_op(boundary)
+        elif t.dtype == "INT8":
+            core = t
+        else:
+            out.append(t)
+            continue
+        new = core if io_type == "int8" else _boundary(graph, core, io_type, side)
+        renamed[t] = new
+        out.append(new)
+    return out
+
+
 def set_io_types(model: Model, input_type: str, output_type: str) -> None:
     """Give a quantized model the requested I/O types. Its int8 core tensors are found whether
     the quantizer left float boundaries (QUANTIZE after an input, DEQUANTIZE before an output) or
@@ -214,42 +248,8 @@ def set_io_types(model: Model, input_type: str, output_type: str) -> None:
     float32 I/O a QUANTIZE / DEQUANTIZE. The signature follows the new tensors."""
     graph = model.main
     renamed: dict[Any, Any] = {}
-    new_inputs = []
-    for t in graph.inputs:
-        q = t.consumers[0] if len(t.consumers) == 1 else None
-        if t.dtype == "FLOAT32" and q is not None and q.type == "QUANTIZE":
-            core = q.outputs[0]
-            if input_type == "float32":
-                new_inputs.append(t)
-                continue
-            graph.remove_op(q)
-        elif t.dtype == "INT8":
-            core = t
-        else:
-            new_inputs.append(t)
-            continue
-        new = core if input_type == "int8" else _boundary(graph, core, input_type, "input")
-        renamed[t] = new
-        new_inputs.append(new)
-    graph.inputs = new_inputs
-    new_outputs = []
-    for t in graph.outputs:
-        dq = t.producer
-        if t.dtype == "FLOAT32" and dq is not None and dq.type == "DEQUANTIZE":
-            core = dq.inputs[0]
-            if output_type == "float32":
-                new_outputs.append(t)
-                continue
-            graph.remove_op(dq)
-        elif t.dtype == "INT8":
-            core = t
-        else:
-            new_outputs.append(t)
-            continue
-        new = core if output_type == "int8" else _boundary(graph, core, output_type, "output")
-        renamed[t] = new
-        new_outputs.append(new)
-    graph.outputs = new_outputs
+    graph.inputs = _retype(graph, graph.inputs, input_type, "input", renamed)
+    graph.outputs = _retype(graph, graph.outputs, output_type, "output", renamed)
     for s in model.signatures:
         s.inputs = {k: renamed.get(v, v) for k, v in s.inputs.items()}
         s.outputs = {k: renamed.get(v, v) for k, v in s.outputs.items()}
