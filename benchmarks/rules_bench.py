@@ -57,8 +57,15 @@ def compare_model(name: str, runs: int, warmup: int, threads: int | None) -> dic
     paths = [OUT / f"{name}_stock.tflite", OUT / f"{name}_fused.tflite"]
     paths[0].write_bytes(stock)
     paths[1].write_bytes(fused)
-    timing = bench.run_benchmark(paths, delegate="xnnpack", runs=runs, warmup=warmup,
-                                 threads=threads, names=["stock", "fused"], progress=True)
+    timing = bench.run_benchmark(
+        paths,
+        delegate="xnnpack",
+        runs=runs,
+        warmup=warmup,
+        threads=threads,
+        names=["stock", "fused"],
+        progress=True,
+    )
     s, f = timing["models"]
     before = cost.model_cost(flatbuffer.from_bytes(stock))
     after = cost.model_cost(flatbuffer.from_bytes(fused))
@@ -94,15 +101,21 @@ def main(argv: list[str] | None = None) -> int:
     args.json.write_text(json.dumps(report, indent=2))
 
     mb = report["mobilenet"]
-    print(f"{mb['model']}: stock {mb['stock_ops']} ops, defused {mb['defused_ops']}, "
-          f"re-fused {mb['refused_ops']} (max abs vs stock "
-          f"{mb['refused_vs_stock']['max_abs']:.2g})")
-    print(f"{'model':<22} {'stock':>6} {'fused':>6} {'fewer':>7} {'p50 stock':>10} "
-          f"{'p50 fused':>10} {'ratio':>6}")
+    print(
+        f"{mb['model']}: stock {mb['stock_ops']} ops, defused {mb['defused_ops']}, "
+        f"re-fused {mb['refused_ops']} (max abs vs stock "
+        f"{mb['refused_vs_stock']['max_abs']:.2g})"
+    )
+    print(
+        f"{'model':<22} {'stock':>6} {'fused':>6} {'fewer':>7} {'p50 stock':>10} "
+        f"{'p50 fused':>10} {'ratio':>6}"
+    )
     for m in report["models"]:
-        print(f"{m['model']:<22} {m['stock_ops']:>6} {m['fused_ops']:>6} "
-              f"{m['op_reduction']:>7.1%} {m['stock_p50_ms']:>10.4f} {m['fused_p50_ms']:>10.4f} "
-              f"{m['p50_ratio']:>6.3f}")
+        print(
+            f"{m['model']:<22} {m['stock_ops']:>6} {m['fused_ops']:>6} "
+            f"{m['op_reduction']:>7.1%} {m['stock_p50_ms']:>10.4f} {m['fused_p50_ms']:>10.4f} "
+            f"{m['p50_ratio']:>6.3f}"
+        )
     print(f"written {args.json}", file=sys.stderr)
     return 0
 

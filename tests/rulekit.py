@@ -34,21 +34,40 @@ class G:
     def rand(self, *shape: int, low: float = -1.0, high: float = 1.0, name: str = "w") -> Tensor:
         return self.const(self.rng.uniform(low, high, shape).astype(np.float32), name)
 
-    def op(self, type: str, inputs: Sequence[Tensor | None], shape: Sequence[int],
-           outputs: int = 1, **options: Any) -> Tensor:
+    def op(
+        self,
+        type: str,
+        inputs: Sequence[Tensor | None],
+        shape: Sequence[int],
+        outputs: int = 1,
+        **options: Any,
+    ) -> Tensor:
         outs = [self.graph.add_tensor(type.lower(), shape) for _ in range(outputs)]
         self.graph.add_op(type, inputs, outs, options)
         return outs[0]
 
-    def multi(self, type: str, inputs: Sequence[Tensor | None], shapes: Sequence[Sequence[int]],
-              **options: Any) -> list[Tensor]:
+    def multi(
+        self,
+        type: str,
+        inputs: Sequence[Tensor | None],
+        shapes: Sequence[Sequence[int]],
+        **options: Any,
+    ) -> list[Tensor]:
         outs = [self.graph.add_tensor(type.lower(), s) for s in shapes]
         self.graph.add_op(type, inputs, outs, options)
         return outs
 
     # common layers -------------------------------------------------------------------------
-    def conv(self, x: Tensor, out_ch: int, k: int = 1, stride: int = 1, padding: str = "SAME",
-             act: str = "NONE", bias: bool = True) -> Tensor:
+    def conv(
+        self,
+        x: Tensor,
+        out_ch: int,
+        k: int = 1,
+        stride: int = 1,
+        padding: str = "SAME",
+        act: str = "NONE",
+        bias: bool = True,
+    ) -> Tensor:
         n, h, w, c = x.shape
         if padding == "SAME":
             oh, ow = -(-h // stride), -(-w // stride)
@@ -56,27 +75,51 @@ class G:
             oh, ow = (h - k) // stride + 1, (w - k) // stride + 1
         inputs = [x, self.rand(out_ch, k, k, c)]
         inputs.append(self.rand(out_ch, name="b") if bias else None)
-        return self.op("CONV_2D", inputs, (n, oh, ow, out_ch), padding=padding, stride_h=stride,
-                       stride_w=stride, fused_activation_function=act)
+        return self.op(
+            "CONV_2D",
+            inputs,
+            (n, oh, ow, out_ch),
+            padding=padding,
+            stride_h=stride,
+            stride_w=stride,
+            fused_activation_function=act,
+        )
 
-    def dwconv(self, x: Tensor, k: int = 3, stride: int = 1, padding: str = "SAME",
-               act: str = "NONE", multiplier: int = 1) -> Tensor:
+    def dwconv(
+        self,
+        x: Tensor,
+        k: int = 3,
+        stride: int = 1,
+        padding: str = "SAME",
+        act: str = "NONE",
+        multiplier: int = 1,
+    ) -> Tensor:
         n, h, w, c = x.shape
         if padding == "SAME":
             oh, ow = -(-h // stride), -(-w // stride)
         else:
             oh, ow = (h - k) // stride + 1, (w - k) // stride + 1
-        return self.op("DEPTHWISE_CONV_2D",
-                       [x, self.rand(1, k, k, c * multiplier), self.rand(c * multiplier, name="b")],
-                       (n, oh, ow, c * multiplier), padding=padding, stride_h=stride,
-                       stride_w=stride, depth_multiplier=multiplier,
-                       fused_activation_function=act)
+        return self.op(
+            "DEPTHWISE_CONV_2D",
+            [x, self.rand(1, k, k, c * multiplier), self.rand(c * multiplier, name="b")],
+            (n, oh, ow, c * multiplier),
+            padding=padding,
+            stride_h=stride,
+            stride_w=stride,
+            depth_multiplier=multiplier,
+            fused_activation_function=act,
+        )
 
     def fc(self, x: Tensor, out: int, act: str = "NONE") -> Tensor:
         rows = int(np.prod(x.shape[:-1]))
         w, b = self.rand(out, x.shape[-1]), self.rand(out, name="b")
-        return self.op("FULLY_CONNECTED", [x, w, b], (rows, out),
-                       fused_activation_function=act, keep_num_dims=False)
+        return self.op(
+            "FULLY_CONNECTED",
+            [x, w, b],
+            (rows, out),
+            fused_activation_function=act,
+            keep_num_dims=False,
+        )
 
     def binary(self, type: str, a: Tensor, b: Tensor, act: str = "NONE") -> Tensor:
         shape = np.broadcast_shapes(a.shape, b.shape)
@@ -102,8 +145,9 @@ def run_rules(data: bytes, passes: Sequence[Any]) -> tuple[bytes, Model, PassRes
     return flatbuffer.to_bytes(model), model, result
 
 
-def optimize(data: bytes, level: int = 2, target: str = "xnnpack",
-             rules: Sequence[Rule] | None = None) -> tuple[bytes, Model, PassResult]:
+def optimize(
+    data: bytes, level: int = 2, target: str = "xnnpack", rules: Sequence[Rule] | None = None
+) -> tuple[bytes, Model, PassResult]:
     return run_rules(data, rules if rules is not None else pipeline(level, target))
 
 
@@ -111,8 +155,9 @@ def ops(model: Model) -> list[str]:
     return [op.type for op in model.main.ops]
 
 
-def assert_same_function(ref: bytes, cand: bytes, atol: float = 1e-5, rtol: float = 1e-5,
-                         must_vary: bool = True) -> verify.Agreement:
+def assert_same_function(
+    ref: bytes, cand: bytes, atol: float = 1e-5, rtol: float = 1e-5, must_vary: bool = True
+) -> verify.Agreement:
     agreement = verify.compare(ref, cand, atol=atol, rtol=rtol)
     assert agreement.ok, agreement
     if must_vary:

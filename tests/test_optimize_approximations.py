@@ -40,4 +40,3 @@ def test_other_targets_keep_the_builtin() -> None:
     result = optimize_bytes(fc_gelu(approximate=False), target="xnnpack")
     assert result.after["op_counts"].get("GELU") == 1
     assert result.result.approximations() == {}
-

@@ -74,8 +74,9 @@ def test_reshape_chain_collapses() -> None:
     x = g.input((1, 4, 6))
     r1 = g.op("RESHAPE", [x, g.const(np.array([1, 24]))], (1, 24), new_shape=[1, 24])
     r2 = g.op("RESHAPE", [r1, g.const(np.array([2, 12]))], (2, 12), new_shape=[2, 12])
-    r3 = g.op("RESHAPE", [g.unary("RELU", r2), g.const(np.array([2, 12]))], (2, 12),
-              new_shape=[2, 12])
+    r3 = g.op(
+        "RESHAPE", [g.unary("RELU", r2), g.const(np.array([2, 12]))], (2, 12), new_shape=[2, 12]
+    )
     data = g.bytes(g.unary("TANH", r3))
     fused, model, _ = apply(data, CollapseReshapeChain())
     assert ops(model) == ["RESHAPE", "RELU", "TANH"]
@@ -157,8 +158,11 @@ def test_leaky_relu_forms(form: str) -> None:
     if form == "maximum":
         y = g.binary("MAXIMUM", g.binary("MUL", g.const(np.float32(0.2)), x), x)
     else:
-        y = g.binary("ADD", g.binary("MUL", x, g.const(np.float32(0.2))),
-                     g.binary("MUL", g.unary("RELU", x), g.const(np.float32(0.8))))
+        y = g.binary(
+            "ADD",
+            g.binary("MUL", x, g.const(np.float32(0.2))),
+            g.binary("MUL", g.unary("RELU", x), g.const(np.float32(0.8))),
+        )
     data = g.bytes(y)
     fused, model, _ = apply(data, RecognizeLeakyRelu())
     assert ops(model) == ["CONV_2D", "LEAKY_RELU"]
@@ -197,8 +201,11 @@ def test_layernorm_tail_is_factored() -> None:
     g = G()
     x = g.input((1, 6, 8))
     mean = g.op("MEAN", [x, g.const(np.array([2]))], (1, 6, 1), keep_dims=True)
-    m = g.binary("MUL", g.unary("RSQRT", g.binary("ADD", mean, g.const(np.float32(2.0)))),
-                 g.rand(1, 1, 8, name="gamma"))
+    m = g.binary(
+        "MUL",
+        g.unary("RSQRT", g.binary("ADD", mean, g.const(np.float32(2.0)))),
+        g.rand(1, 1, 8, name="gamma"),
+    )
     y = g.binary("ADD", g.binary("MUL", x, m), g.binary("MUL", g.unary("NEG", mean), m))
     data = g.bytes(y)
     fused, model, _ = apply(data, FactorCommonMultiplier())

@@ -21,8 +21,9 @@ def test_constant_subgraph_is_folded_by_the_interpreter() -> None:
     out, model, result = apply(data, FoldConstants())
     assert ops(model) == ["ADD"]
     const = model.main.ops[0].inputs[1]
-    np.testing.assert_allclose(const.data, np.exp(np.arange(6).reshape(2, 3) + 1.0)
-                               * np.arange(6).reshape(2, 3), rtol=1e-6)
+    np.testing.assert_allclose(
+        const.data, np.exp(np.arange(6).reshape(2, 3) + 1.0) * np.arange(6).reshape(2, 3), rtol=1e-6
+    )
     assert_same_function(data, out)
 
 
@@ -32,11 +33,15 @@ def test_shape_chain_of_a_static_tensor_folds_away() -> None:
     shape = g.graph.add_tensor("shape", (3,), "INT32")
     g.graph.add_op("SHAPE", [x], [shape], {"out_type": 2})
     batch = g.graph.add_tensor("batch", (1,), "INT32")
-    g.graph.add_op("STRIDED_SLICE", [shape, g.const(np.array([0])), g.const(np.array([1])),
-                                      g.const(np.array([1]))], [batch])
+    g.graph.add_op(
+        "STRIDED_SLICE",
+        [shape, g.const(np.array([0])), g.const(np.array([1])), g.const(np.array([1]))],
+        [batch],
+    )
     new_shape = g.graph.add_tensor("new_shape", (2,), "INT32")
-    g.graph.add_op("CONCATENATION", [batch, g.const(np.array([24], np.int32), "n")],
-                   [new_shape], {"axis": 0})
+    g.graph.add_op(
+        "CONCATENATION", [batch, g.const(np.array([24], np.int32), "n")], [new_shape], {"axis": 0}
+    )
     y = g.op("RESHAPE", [x, new_shape], (1, 24))
     data = g.bytes(g.unary("RELU", y))
     out, model, _ = apply(data, FoldConstants())

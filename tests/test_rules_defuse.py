@@ -25,8 +25,13 @@ def test_defuse_splits_activations_and_biases() -> None:
     _, data = _small_net()
     out, model, _ = apply(data, Defuse())
     assert model.main.op_counts() == {
-        "ADD": 5, "CONV_2D": 2, "DEPTHWISE_CONV_2D": 1, "FULLY_CONNECTED": 1, "RELU": 2,
-        "RELU6": 1, "RELU_N1_TO_1": 1,
+        "ADD": 5,
+        "CONV_2D": 2,
+        "DEPTHWISE_CONV_2D": 1,
+        "FULLY_CONNECTED": 1,
+        "RELU": 2,
+        "RELU6": 1,
+        "RELU_N1_TO_1": 1,
     }
     assert all(op.fused_activation == "NONE" for op in model.main.ops)
     assert_same_function(data, out)
@@ -46,12 +51,18 @@ def test_defuse_keeps_int8_bias_and_splits_the_activation_exactly() -> None:
     q_out = Quantization(np.array([0.03], np.float32), np.array([-128]))
     x = g.graph.add_tensor("x", (1, 6), "INT8", quantization=q)
     g.graph.inputs.append(x)
-    w = g.graph.add_constant("w", np.arange(-12, 12, dtype=np.int8).reshape(4, 6), "INT8",
-                             quantization=Quantization(np.array([0.02], np.float32),
-                                                       np.array([0])))
-    b = g.graph.add_constant("b", np.array([5, -3, 0, 9], np.int32), "INT32",
-                             quantization=Quantization(np.array([0.001], np.float32),
-                                                       np.array([0])))
+    w = g.graph.add_constant(
+        "w",
+        np.arange(-12, 12, dtype=np.int8).reshape(4, 6),
+        "INT8",
+        quantization=Quantization(np.array([0.02], np.float32), np.array([0])),
+    )
+    b = g.graph.add_constant(
+        "b",
+        np.array([5, -3, 0, 9], np.int32),
+        "INT32",
+        quantization=Quantization(np.array([0.001], np.float32), np.array([0])),
+    )
     out = g.graph.add_tensor("y", (1, 4), "INT8", quantization=q_out)
     g.graph.add_op("FULLY_CONNECTED", [x, w, b], [out], {"fused_activation_function": "RELU6"})
     data = g.bytes(out)

@@ -27,8 +27,16 @@ def test_activation_fuses_into_every_producer(producer: str, act: str) -> None:
     elif producer == "fc":
         y = g.fc(x, 7)
     elif producer == "maxpool":
-        y = g.op("MAX_POOL_2D", [x], (1, 3, 3, 4), padding="VALID", stride_h=2, stride_w=2,
-                 filter_height=2, filter_width=2)
+        y = g.op(
+            "MAX_POOL_2D",
+            [x],
+            (1, 3, 3, 4),
+            padding="VALID",
+            stride_h=2,
+            stride_w=2,
+            filter_height=2,
+            filter_width=2,
+        )
     else:
         y = g.binary(producer.upper(), x, g.rand(4, name="k"))
     out = g.unary(act, y)
@@ -70,8 +78,9 @@ def test_activation_fuses_on_int8() -> None:
     q_mid = Quantization(np.array([0.1], np.float32), np.array([-5]))
     q_out = Quantization(np.array([0.05], np.float32), np.array([-128]))
     x = g.graph.add_tensor("x", (1, 8), "INT8", quantization=q_in)
-    k = g.graph.add_constant("k", np.arange(-4, 4, dtype=np.int8).reshape(1, 8), "INT8",
-                             quantization=q_in)
+    k = g.graph.add_constant(
+        "k", np.arange(-4, 4, dtype=np.int8).reshape(1, 8), "INT8", quantization=q_in
+    )
     g.graph.inputs.append(x)
     mid = g.graph.add_tensor("sum", (1, 8), "INT8", quantization=q_mid)
     out = g.graph.add_tensor("relu", (1, 8), "INT8", quantization=q_out)
@@ -96,8 +105,14 @@ def test_bias_and_scale_fold_into_producer(producer: str) -> None:
         y, c = g.fc(x, 6), 6
     else:
         shape = g.const(np.array([1, 10, 10, 4], np.int32), "oshape")
-        y = g.op("TRANSPOSE_CONV", [shape, g.rand(4, 3, 3, 3), x, g.rand(4, name="b")],
-                 (1, 10, 10, 4), padding="SAME", stride_h=2, stride_w=2)
+        y = g.op(
+            "TRANSPOSE_CONV",
+            [shape, g.rand(4, 3, 3, 3), x, g.rand(4, name="b")],
+            (1, 10, 10, 4),
+            padding="SAME",
+            stride_h=2,
+            stride_w=2,
+        )
         c = 4
     y = g.binary("MUL", y, g.rand(c, low=0.5, high=2.0, name="scale"))
     y = g.binary("SUB", y, g.rand(c, name="shift"))
@@ -129,9 +144,7 @@ def test_scale_fold_refuses_after_an_activation() -> None:
     data = g.bytes(y)
     _, model, result = apply(data, FoldScaleIntoProducer())
     assert ops(model) == ["CONV_2D", "MUL"]
-    assert refusals(result, "FoldScaleIntoProducer") == [
-        "CONV_2D has fused RELU before the scale"
-    ]
+    assert refusals(result, "FoldScaleIntoProducer") == ["CONV_2D has fused RELU before the scale"]
 
 
 def test_shared_weights_are_not_modified_in_place() -> None:

@@ -114,14 +114,21 @@ def test_sum_refuses_valid_padding_with_different_kernels() -> None:
 
 def _qkv_heads(g: G, k_perm: list[int]) -> tuple:
     x = g.input((1, 4, 8))
-    merged = g.op("FULLY_CONNECTED", [x, g.rand(24, 8), g.rand(24, name="b")], (1, 4, 24),
-                  keep_num_dims=True, fused_activation_function="NONE")
-    parts = g.multi("SPLIT", [g.const(np.array(2, np.int32)), merged], [(1, 4, 8)] * 3,
-                    num_splits=3)
+    merged = g.op(
+        "FULLY_CONNECTED",
+        [x, g.rand(24, 8), g.rand(24, name="b")],
+        (1, 4, 24),
+        keep_num_dims=True,
+        fused_activation_function="NONE",
+    )
+    parts = g.multi(
+        "SPLIT", [g.const(np.array(2, np.int32)), merged], [(1, 4, 8)] * 3, num_splits=3
+    )
     heads = []
     for part, perm in zip(parts, ([0, 2, 1, 3], k_perm, [0, 2, 1, 3])):
-        r = g.op("RESHAPE", [part, g.const(np.array([1, 4, 2, 4]))], (1, 4, 2, 4),
-                 new_shape=[1, 4, 2, 4])
+        r = g.op(
+            "RESHAPE", [part, g.const(np.array([1, 4, 2, 4]))], (1, 4, 2, 4), new_shape=[1, 4, 2, 4]
+        )
         shape = tuple((1, 4, 2, 4)[i] for i in perm)
         heads.append(g.op("TRANSPOSE", [r, g.const(np.array(perm))], shape))
     return heads
@@ -131,11 +138,19 @@ def test_head_layout_is_hoisted_above_the_qkv_split() -> None:
     g = G()
     q, kt, v = _qkv_heads(g, [0, 2, 3, 1])
     scores = g.op("BATCH_MATMUL", [q, kt], (1, 2, 4, 4), adj_x=False, adj_y=False)
-    data = g.bytes(g.op("BATCH_MATMUL", [g.unary("TANH", scores), v], (1, 2, 4, 4),
-                        adj_x=False, adj_y=False))
+    data = g.bytes(
+        g.op("BATCH_MATMUL", [g.unary("TANH", scores), v], (1, 2, 4, 4), adj_x=False, adj_y=False)
+    )
     fused, model, result = apply(data, HoistLayoutAboveSplit())
-    assert ops(model) == ["FULLY_CONNECTED", "RESHAPE", "TRANSPOSE", "SPLIT", "BATCH_MATMUL",
-                          "TANH", "BATCH_MATMUL"]
+    assert ops(model) == [
+        "FULLY_CONNECTED",
+        "RESHAPE",
+        "TRANSPOSE",
+        "SPLIT",
+        "BATCH_MATMUL",
+        "TANH",
+        "BATCH_MATMUL",
+    ]
     assert model.main.ops[4].options["adj_y"] is True
     assert result.fired() == {"HoistLayoutAboveSplit": 1}
     assert_same_function(data, fused)
@@ -156,8 +171,9 @@ def test_head_layout_is_not_hoisted_into_a_shape_the_edgetpu_cannot_map() -> Non
     g = G()
     q, kt, v = _qkv_heads(g, [0, 2, 3, 1])
     scores = g.op("BATCH_MATMUL", [q, kt], (1, 2, 4, 4), adj_x=False, adj_y=False)
-    data = g.bytes(g.op("BATCH_MATMUL", [g.unary("TANH", scores), v], (1, 2, 4, 4),
-                        adj_x=False, adj_y=False))
+    data = g.bytes(
+        g.op("BATCH_MATMUL", [g.unary("TANH", scores), v], (1, 2, 4, 4), adj_x=False, adj_y=False)
+    )
     _, model, result = apply(data, HoistLayoutAboveSplit("edgetpu"))
     assert result.fired() == {}
     assert refusals(result, "HoistLayoutAboveSplit") == [

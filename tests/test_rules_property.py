@@ -59,35 +59,48 @@ class RandomNet:
             pad = self.draw(st.sampled_from(["SAME", "VALID"]), "p")
         out = self.draw(st.integers(1, 6), "out")
         n, h, w, c = x.shape
-        oh, ow = ((-(-h // stride), -(-w // stride)) if pad == "SAME"
-                  else ((h - k) // stride + 1, (w - k) // stride + 1))
-        self.x = self.g.op("CONV_2D", [x, self.weights(out, k, k, c, fan_in=k * k * c),
-                                       self.g.rand(out, name="b")], (n, oh, ow, out),
-                           padding=pad, stride_h=stride, stride_w=stride,
-                           fused_activation_function=self.draw(st.sampled_from(ACTS), "act"))
+        oh, ow = (
+            (-(-h // stride), -(-w // stride))
+            if pad == "SAME"
+            else ((h - k) // stride + 1, (w - k) // stride + 1)
+        )
+        self.x = self.g.op(
+            "CONV_2D",
+            [x, self.weights(out, k, k, c, fan_in=k * k * c), self.g.rand(out, name="b")],
+            (n, oh, ow, out),
+            padding=pad,
+            stride_h=stride,
+            stride_w=stride,
+            fused_activation_function=self.draw(st.sampled_from(ACTS), "act"),
+        )
 
     def dwconv(self) -> None:
         m = self.draw(st.sampled_from([1, 1, 2]), "mult")
-        self.x = self.g.dwconv(self.x, k=3, multiplier=m,
-                               act=self.draw(st.sampled_from(ACTS), "act"))
+        self.x = self.g.dwconv(
+            self.x, k=3, multiplier=m, act=self.draw(st.sampled_from(ACTS), "act")
+        )
 
     def fc(self) -> None:
         x = self.x
         if self.rank == 4:
             flat = int(np.prod(x.shape[1:]))
-            x = self.g.op("RESHAPE", [x, self.g.const(np.array([1, flat]))], (1, flat),
-                          new_shape=[1, flat])
+            x = self.g.op(
+                "RESHAPE", [x, self.g.const(np.array([1, flat]))], (1, flat), new_shape=[1, flat]
+            )
         out = self.draw(st.integers(1, 8), "fc_out")
-        self.x = self.g.op("FULLY_CONNECTED", [x, self.weights(out, x.shape[-1],
-                                                               fan_in=x.shape[-1]),
-                                               self.g.rand(out, name="b")], (1, out),
-                           fused_activation_function=self.draw(st.sampled_from(ACTS), "act"),
-                           keep_num_dims=False)
+        self.x = self.g.op(
+            "FULLY_CONNECTED",
+            [x, self.weights(out, x.shape[-1], fan_in=x.shape[-1]), self.g.rand(out, name="b")],
+            (1, out),
+            fused_activation_function=self.draw(st.sampled_from(ACTS), "act"),
+            keep_num_dims=False,
+        )
 
     def affine(self) -> None:
         kind = self.draw(st.sampled_from(["MUL", "ADD", "SUB"]), "affine")
-        self.x = self.g.binary(kind, self.x, self.vector(self.channels),
-                               act=self.draw(st.sampled_from(ACTS), "act"))
+        self.x = self.g.binary(
+            kind, self.x, self.vector(self.channels), act=self.draw(st.sampled_from(ACTS), "act")
+        )
 
     def batchnorm_relu(self) -> None:
         y = self.g.binary("MUL", self.x, self.vector(self.channels, positive=True))
@@ -102,8 +115,9 @@ class RandomNet:
             return
         top, bottom, left, right = (self.draw(st.integers(0, 1), "pad") for _ in range(4))
         n, h, w, c = self.x.shape
-        pads = self.g.const(np.array([[0, 0], [top, bottom], [left, right], [0, 0]], np.int32),
-                            "pads")
+        pads = self.g.const(
+            np.array([[0, 0], [top, bottom], [left, right], [0, 0]], np.int32), "pads"
+        )
         self.x = self.g.op("PAD", [self.x, pads], (n, h + top + bottom, w + left + right, c))
 
     def padded_conv(self) -> None:
@@ -119,15 +133,27 @@ class RandomNet:
         y = self.g.op("PAD", [self.x, pads], (n, h + sum(ph), w + sum(pw), c))
         oh, ow = (y.shape[1] - 3) // stride + 1, (y.shape[2] - 3) // stride + 1
         if self.draw(st.booleans(), "pool"):
-            self.x = self.g.op("MAX_POOL_2D", [y], (n, oh, ow, c), padding="VALID",
-                               stride_h=stride, stride_w=stride, filter_height=3,
-                               filter_width=3)
+            self.x = self.g.op(
+                "MAX_POOL_2D",
+                [y],
+                (n, oh, ow, c),
+                padding="VALID",
+                stride_h=stride,
+                stride_w=stride,
+                filter_height=3,
+                filter_width=3,
+            )
         else:
             out = self.draw(st.integers(1, 4), "out")
-            self.x = self.g.op("CONV_2D", [y, self.weights(out, 3, 3, c, fan_in=9 * c),
-                                           self.g.rand(out, name="b")], (n, oh, ow, out),
-                               padding="VALID", stride_h=stride, stride_w=stride,
-                               fused_activation_function="RELU")
+            self.x = self.g.op(
+                "CONV_2D",
+                [y, self.weights(out, 3, 3, c, fan_in=9 * c), self.g.rand(out, name="b")],
+                (n, oh, ow, out),
+                padding="VALID",
+                stride_h=stride,
+                stride_w=stride,
+                fused_activation_function="RELU",
+            )
 
     def constant_expression(self) -> None:
         """x + (a * b) with a, b constants: folded by the interpreter."""
@@ -142,11 +168,21 @@ class RandomNet:
         for _ in range(n_sib):
             width = self.channels if join == "add" else self.draw(st.integers(1, 4), "sib")
             if self.rank == 4:
-                outs.append(self.g.op("CONV_2D", [x, self.weights(width, 1, 1, self.channels,
-                                                                  fan_in=self.channels),
-                                                  self.g.rand(width, name="b")],
-                                      (*x.shape[:3], width), padding="SAME", stride_h=1,
-                                      stride_w=1, fused_activation_function="NONE"))
+                outs.append(
+                    self.g.op(
+                        "CONV_2D",
+                        [
+                            x,
+                            self.weights(width, 1, 1, self.channels, fan_in=self.channels),
+                            self.g.rand(width, name="b"),
+                        ],
+                        (*x.shape[:3], width),
+                        padding="SAME",
+                        stride_h=1,
+                        stride_w=1,
+                        fused_activation_function="NONE",
+                    )
+                )
             else:
                 outs.append(self.g.fc(x, width))
         if join == "add":
@@ -156,8 +192,9 @@ class RandomNet:
             self.x = y
         elif join == "concat":
             width = sum(o.shape[-1] for o in outs)
-            self.x = self.g.op("CONCATENATION", outs, (*outs[0].shape[:-1], width),
-                               axis=self.rank - 1)
+            self.x = self.g.op(
+                "CONCATENATION", outs, (*outs[0].shape[:-1], width), axis=self.rank - 1
+            )
         else:
             self.x = outs[0]
             self.extra.extend(outs[1:])
@@ -177,17 +214,32 @@ class RandomNet:
 
     def reshape(self) -> None:
         shape = (1, int(np.prod(self.x.shape)))
-        r = self.g.op("RESHAPE", [self.x, self.g.const(np.array(shape))], shape,
-                      new_shape=list(shape))
+        r = self.g.op(
+            "RESHAPE", [self.x, self.g.const(np.array(shape))], shape, new_shape=list(shape)
+        )
         if self.draw(st.booleans(), "back"):
             back = self.x.shape
-            r = self.g.op("RESHAPE", [r, self.g.const(np.array(back))], back,
-                          new_shape=list(back))
+            r = self.g.op("RESHAPE", [r, self.g.const(np.array(back))], back, new_shape=list(back))
         self.x = r
 
-    LAYERS = ("conv", "conv", "dwconv", "fc", "affine", "affine", "batchnorm_relu",
-              "activation", "pad", "siblings", "siblings", "identity", "transposes", "reshape",
-              "padded_conv", "constant_expression")
+    LAYERS = (
+        "conv",
+        "conv",
+        "dwconv",
+        "fc",
+        "affine",
+        "affine",
+        "batchnorm_relu",
+        "activation",
+        "pad",
+        "siblings",
+        "siblings",
+        "identity",
+        "transposes",
+        "reshape",
+        "padded_conv",
+        "constant_expression",
+    )
 
     def build(self) -> bytes:
         for _ in range(self.draw(st.integers(1, 6), "depth")):
@@ -200,8 +252,11 @@ class RandomNet:
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-@given(data=st.data(), seed=st.integers(0, 2**16),
-       target=st.sampled_from(["xnnpack", "edgetpu", "gpu"]))
+@given(
+    data=st.data(),
+    seed=st.integers(0, 2**16),
+    target=st.sampled_from(["xnnpack", "edgetpu", "gpu"]),
+)
 def test_pipeline_keeps_the_function_of_random_graphs(data, seed: int, target: str) -> None:
     original = RandomNet(data, seed).build()
     optimized, model, result = optimize(original, level=2, target=target)

@@ -136,8 +136,16 @@ def test_pad_folds_into_conv_and_relu_maxpool(stride: int) -> None:
     n = y.shape[1]
     pads2 = g.const(np.array([[0, 0], [1, 1], [1, 1], [0, 0]], np.int32), "p2")
     z = g.op("PAD", [y, pads2], (1, n + 2, n + 2, 4))
-    z = g.op("MAX_POOL_2D", [z], (1, n, n, 4), padding="VALID", stride_h=1, stride_w=1,
-             filter_height=3, filter_width=3)
+    z = g.op(
+        "MAX_POOL_2D",
+        [z],
+        (1, n, n, 4),
+        padding="VALID",
+        stride_h=1,
+        stride_w=1,
+        filter_height=3,
+        filter_width=3,
+    )
     data = g.bytes(z)
     fused, model, result = apply(data, FoldPadIntoConv())
     assert ops(model) == ["CONV_2D", "MAX_POOL_2D"]
@@ -166,12 +174,21 @@ def test_resnet_v2_tail_scale_moves_through_relu_and_mean_into_the_classifier() 
     bn = g.binary("ADD", bn, g.rand(4, name="beta"), act="RELU")
     pooled = g.op("MEAN", [bn, g.const(np.array([1, 2]))], (1, 4), keep_dims=False)
     data = g.bytes(g.fc(pooled, 3))
-    fused, model, result = apply(data, MoveScaleThroughRelu(), MoveScaleThroughMean(),
-                                 FoldAffineIntoFollowing(), FoldBiasThroughAdd())
+    fused, model, result = apply(
+        data,
+        MoveScaleThroughRelu(),
+        MoveScaleThroughMean(),
+        FoldAffineIntoFollowing(),
+        FoldBiasThroughAdd(),
+    )
     assert ops(model) == ["CONV_2D", "ADD", "MEAN", "FULLY_CONNECTED"]
     assert model.main.ops[1].fused_activation == "RELU"
-    assert result.fired() == {"MoveScaleThroughRelu": 1, "MoveScaleThroughMean": 1,
-                              "FoldAffineIntoFollowing": 1, "FoldBiasThroughAdd": 1}
+    assert result.fired() == {
+        "MoveScaleThroughRelu": 1,
+        "MoveScaleThroughMean": 1,
+        "FoldAffineIntoFollowing": 1,
+        "FoldBiasThroughAdd": 1,
+    }
     assert_same_function(data, fused)
 
 
@@ -179,8 +196,9 @@ def test_scale_does_not_move_through_a_mean_over_channels() -> None:
     g = G()
     x = g.input((1, 5, 5, 4))
     scaled = g.binary("MUL", x, g.rand(4, name="s"))
-    data = g.bytes(g.fc(g.op("MEAN", [scaled, g.const(np.array([3]))], (1, 5, 5),
-                             keep_dims=False), 2))
+    data = g.bytes(
+        g.fc(g.op("MEAN", [scaled, g.const(np.array([3]))], (1, 5, 5), keep_dims=False), 2)
+    )
     _, model, result = apply(data, MoveScaleThroughMean())
     assert ops(model) == ["MUL", "MEAN", "FULLY_CONNECTED"]
     assert refusals(result, "MoveScaleThroughMean") == ["the MEAN averages over the channel axis"]

@@ -31,9 +31,7 @@ def load_split(seed: int = 0, test_size: float = 0.3) -> DigitsSplit:
 
     x, y = load_digits(return_X_y=True)
     x = (x.reshape(-1, 8, 8, 1) / 16.0 * 2.0 - 1.0).astype(np.float32)
-    xtr, xte, ytr, yte = train_test_split(
-        x, y, test_size=test_size, random_state=seed, stratify=y
-    )
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_size, random_state=seed, stratify=y)
     return DigitsSplit(xtr, ytr.astype(np.int64), xte, yte.astype(np.int64))
 
 

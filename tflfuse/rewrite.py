@@ -288,9 +288,7 @@ class PassResult:
             "approximations": self.approximations(),
             "fired": self.fired(),
             "events": [vars(e) for e in self.events],
-            "refusals": [
-                {k: v for k, v in vars(r).items() if k != "quiet"} for r in self.refusals
-            ],
+            "refusals": [{k: v for k, v in vars(r).items() if k != "quiet"} for r in self.refusals],
         }
 
 

@@ -86,8 +86,9 @@ class FactorCommonMultiplier(Rule):
         out, act = add.output, add.fused_activation
         position = g.ops.index(add)
         g.remove_op(add)
-        first = g.add_op("SUB" if neg else "ADD", [m.a, b], [inner],
-                         {"fused_activation_function": "NONE"})
+        first = g.add_op(
+            "SUB" if neg else "ADD", [m.a, b], [inner], {"fused_activation_function": "NONE"}
+        )
         second = g.add_op("MUL", [inner, m.k], [out], {"fused_activation_function": act})
         for op in (first, second):
             g.ops.remove(op)
@@ -334,8 +335,11 @@ def _leaky(root: Op) -> tuple[Tensor, float] | None:
                     continue
                 for r in q.inputs:
                     relu = r.producer
-                    if relu is not None and relu.type == "RELU" and relu.inputs[0] is x and (
-                        _is_const(_other(q, r), 1.0 - alpha, 1e-5)
+                    if (
+                        relu is not None
+                        and relu.type == "RELU"
+                        and relu.inputs[0] is x
+                        and (_is_const(_other(q, r), 1.0 - alpha, 1e-5))
                     ):
                         return x, alpha
     return None

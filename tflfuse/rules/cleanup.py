@@ -17,8 +17,14 @@ from tflfuse.ir import NUMPY_DTYPES, Graph, Model, Op, Tensor
 from tflfuse.rewrite import SIDE_EFFECTS, Pass
 
 # Kept on purpose: DEQUANTIZE of float16/int8 weights is how compressed models stay small.
-_NEVER_FOLD = SIDE_EFFECTS | {"DEQUANTIZE", "CUSTOM", "DELEGATE", "RANDOM_UNIFORM",
-                              "RANDOM_STANDARD_NORMAL", "MULTINOMIAL"}
+_NEVER_FOLD = SIDE_EFFECTS | {
+    "DEQUANTIZE",
+    "CUSTOM",
+    "DELEGATE",
+    "RANDOM_UNIFORM",
+    "RANDOM_STANDARD_NORMAL",
+    "MULTINOMIAL",
+}
 # A folded constant may not grow the model by more than this over the inputs it replaces.
 _MAX_GROWTH_BYTES = 1 << 20
 
@@ -49,8 +55,14 @@ def evaluate(op: Op) -> list[np.ndarray]:
         if t is not None and t not in clones:
             clones[t] = Tensor(t.name, t.shape, t.dtype, t.data, t.quantization)
     outs = [Tensor(t.name + "_out", t.shape, t.dtype, None, t.quantization) for t in op.outputs]
-    clone = Op(op.type, [None if t is None else clones[t] for t in op.inputs], outs,
-               dict(op.options), version=op.version, options_type=op.options_type)
+    clone = Op(
+        op.type,
+        [None if t is None else clones[t] for t in op.inputs],
+        outs,
+        dict(op.options),
+        version=op.version,
+        options_type=op.options_type,
+    )
     graph.ops = [clone]
     graph.tensors = [*clones.values(), *outs]
     graph.outputs = list(outs)

@@ -127,10 +127,12 @@ def same_padding_is_zero(op: Op) -> bool:
     if len(x.shape) != 4:
         return False
     kh, kw = kernel_hw(op)
-    h = pads_for_same(x.shape[1], kh, op.options.get("stride_h", 1),
-                      op.options.get("dilation_h_factor", 1))
-    w = pads_for_same(x.shape[2], kw, op.options.get("stride_w", 1),
-                      op.options.get("dilation_w_factor", 1))
+    h = pads_for_same(
+        x.shape[1], kh, op.options.get("stride_h", 1), op.options.get("dilation_h_factor", 1)
+    )
+    w = pads_for_same(
+        x.shape[2], kw, op.options.get("stride_w", 1), op.options.get("dilation_w_factor", 1)
+    )
     return h == (0, 0) and w == (0, 0)
 
 
@@ -150,8 +152,10 @@ def forward(graph: Graph, old: Tensor, new: Tensor) -> bool:
         return False
     dying = old.producer
     if dying is not None:
-        dying.outputs = [graph.add_tensor(old.name + "_dead", old.shape, old.dtype)
-                         if t is old else t for t in dying.outputs]
+        dying.outputs = [
+            graph.add_tensor(old.name + "_dead", old.shape, old.dtype) if t is old else t
+            for t in dying.outputs
+        ]
     graph.replace_uses(new, old)
     producer.outputs = [old if t is new else t for t in producer.outputs]
     return True

@@ -83,6 +83,7 @@ class Defuse(Pass):
         pre = graph.add_tensor(out.name + "_prebias", out.shape, out.dtype)
         pre.shape_signature = out.shape_signature
         op.outputs = [pre]
-        graph.add_op("ADD", [pre, bias_const], [out], {"fused_activation_function": "NONE"},
-                     after=op)
+        graph.add_op(
+            "ADD", [pre, bias_const], [out], {"fused_activation_function": "NONE"}, after=op
+        )
         return True

@@ -125,8 +125,11 @@ class MergeSiblingOps(Rule):
             )
         merged = g.add_op(
             proto.type,
-            [x, common.new_constant(g, proto.inputs[1].name + "_merged", w),
-             common.new_constant(g, proto.name + "_merged_bias", b)],
+            [
+                x,
+                common.new_constant(g, proto.inputs[1].name + "_merged", w),
+                common.new_constant(g, proto.name + "_merged_bias", b),
+            ],
             [merged_out],
             dict(proto.options),
             before=first,
@@ -145,8 +148,13 @@ def _split_after(g: Graph, merged: Op, outs: list[Tensor]) -> None:
         g.add_op("SPLIT", [axis, merged.output], outs, {"num_splits": len(outs)}, after=merged)
     else:
         size_splits = g.add_constant("split_sizes", np.array(sizes, dtype=np.int32))
-        g.add_op("SPLIT_V", [merged.output, size_splits, axis], outs,
-                 {"num_splits": len(outs)}, after=merged)
+        g.add_op(
+            "SPLIT_V",
+            [merged.output, size_splits, axis],
+            outs,
+            {"num_splits": len(outs)},
+            after=merged,
+        )
 
 
 def refuse_or_none(reason: str | None) -> Refusal | None:
@@ -157,7 +165,7 @@ def _pad_kernel(w: np.ndarray, kh: int, kw: int) -> np.ndarray:
     """A [O, h, w, I] kernel centred in a [O, kh, kw, I] one of zeros."""
     top, left = (kh - w.shape[1]) // 2, (kw - w.shape[2]) // 2
     out = np.zeros((w.shape[0], kh, kw, w.shape[3]), dtype=w.dtype)
-    out[:, top:top + w.shape[1], left:left + w.shape[2], :] = w
+    out[:, top : top + w.shape[1], left : left + w.shape[2], :] = w
     return out
 
 
@@ -197,7 +205,8 @@ class MergeSiblingSum(Rule):
             if (a.options.get("stride_h"), a.options.get("stride_w")) != (1, 1):
                 return refuse("different kernel sizes merge only at stride 1")
             if (a.options.get("dilation_h_factor", 1), a.options.get("dilation_w_factor", 1)) != (
-                1, 1
+                1,
+                1,
             ):
                 return refuse("different kernel sizes merge only without dilation")
             if any(d % 2 == 0 for d in (*a.inputs[1].shape[1:3], *b.inputs[1].shape[1:3])):
@@ -219,8 +228,11 @@ class MergeSiblingSum(Rule):
         first = min((a, b), key=g.ops.index)
         g.add_op(
             a.type,
-            [m.x, common.new_constant(g, a.inputs[1].name + "_sum", wa + wb),
-             common.new_constant(g, a.name + "_sum_bias", bias)],
+            [
+                m.x,
+                common.new_constant(g, a.inputs[1].name + "_sum", wa + wb),
+                common.new_constant(g, a.name + "_sum_bias", bias),
+            ],
             [out],
             options,
             before=first,
@@ -301,14 +313,18 @@ class HoistLayoutAboveSplit(Rule):
         shape = (*mid, n, *split_c)
         r = g.add_tensor(m.x.name + "_heads", shape, m.x.dtype, quantization=m.x.quantization)
         t_shape = tuple(shape[a] for a in q)
-        t = g.add_tensor(m.x.name + "_heads_t", t_shape, m.x.dtype,
-                         quantization=m.x.quantization)
+        t = g.add_tensor(m.x.name + "_heads_t", t_shape, m.x.dtype, quantization=m.x.quantization)
         ops = [
-            g.add_op("RESHAPE", [m.x, g.add_constant("shape", np.array(shape, np.int32))], [r],
-                     {"new_shape": list(shape)}),
+            g.add_op(
+                "RESHAPE",
+                [m.x, g.add_constant("shape", np.array(shape, np.int32))],
+                [r],
+                {"new_shape": list(shape)},
+            ),
             g.add_op("TRANSPOSE", [r, g.add_constant("perm", np.array(q, np.int32))], [t]),
-            g.add_op("SPLIT", [g.add_constant("axis", np.array(0, np.int32)), t], outs,
-                     {"num_splits": n}),
+            g.add_op(
+                "SPLIT", [g.add_constant("axis", np.array(0, np.int32)), t], outs, {"num_splits": n}
+            ),
         ]
         for op in ops:
             g.ops.remove(op)
@@ -338,7 +354,7 @@ def _hoist_plan(m: Match) -> Any:
     shape = next(iter(shapes))
     mid = tuple(x.shape[1:-1])
     per_part = x.shape[-1] // len(chains)
-    if shape[: len(mid) + 1] != (1, *mid) or int(np.prod(shape[len(mid) + 1:])) != per_part:
+    if shape[: len(mid) + 1] != (1, *mid) or int(np.prod(shape[len(mid) + 1 :])) != per_part:
         return refuse("the reshape does more than split the channel axis")
     perms = [_perm(t) for _, t in chains]
     if any(p is None or p[0] != 0 for p in perms):
@@ -352,4 +368,4 @@ def _hoist_plan(m: Match) -> Any:
             if p != _swap_last(base) or reader is None:
                 return refuse("the parts are transposed differently")
         planned.append((reshape, transpose, reader))
-    return base, mid, tuple(shape[len(mid) + 1:]), planned
+    return base, mid, tuple(shape[len(mid) + 1 :]), planned

@@ -136,14 +136,22 @@ class MoveScaleThroughRelu(Rule):
         g, add = m.graph, m.root
         shifted = g.add_tensor(add.output.name + "_shifted", m.y.shape)
         new_add = g.add_op(
-            "ADD", [m.x, common.new_constant(g, add.name + "_offset", b / s)], [shifted],
-            {"fused_activation_function": "RELU"}, before=add,
+            "ADD",
+            [m.x, common.new_constant(g, add.name + "_offset", b / s)],
+            [shifted],
+            {"fused_activation_function": "RELU"},
+            before=add,
         )
         new_add.version = add.version
         out = add.output
         g.remove_op(add)
-        g.add_op("MUL", [shifted, common.new_constant(g, out.name + "_scale", s)], [out],
-                 {"fused_activation_function": "NONE"}, after=new_add)
+        g.add_op(
+            "MUL",
+            [shifted, common.new_constant(g, out.name + "_scale", s)],
+            [out],
+            {"fused_activation_function": "NONE"},
+            after=new_add,
+        )
 
 
 def _spatial_mean(op: Op, t: Tensor) -> bool:
@@ -184,8 +192,13 @@ class MoveScaleThroughMean(Rule):
         averaged = g.add_tensor(m.y.name + "_unscaled", m.y.shape)
         mean.outputs = [averaged]
         mean.set_input(0, m.x)
-        g.add_op("MUL", [averaged, common.new_constant(g, m.y.name + "_scale", s)], [m.y],
-                 {"fused_activation_function": "NONE"}, after=mean)
+        g.add_op(
+            "MUL",
+            [averaged, common.new_constant(g, m.y.name + "_scale", s)],
+            [m.y],
+            {"fused_activation_function": "NONE"},
+            after=mean,
+        )
 
 
 class FoldBiasThroughAdd(Rule):
@@ -258,8 +271,10 @@ class MergeLinearChain(Rule):
         if first.type == "CONV_2D":
             if not (_pointwise(first) and _pointwise(second)):
                 return refuse("only 1x1 convolutions merge")
-            strides = [(o.options.get("stride_h", 1), o.options.get("stride_w", 1))
-                       for o in (first, second)]
+            strides = [
+                (o.options.get("stride_h", 1), o.options.get("stride_w", 1))
+                for o in (first, second)
+            ]
             if (1, 1) not in strides:
                 return refuse("both convolutions are strided")
             if any(o.options.get("dilation_h_factor", 1) != 1 for o in (first, second)):
@@ -341,8 +356,7 @@ class FoldPadIntoConv(Rule):
         want_w = common.pads_for_same(m.x.shape[2], kw, op.options.get("stride_w", 1), dil_w)
         if tuple(pads[1]) != want_h or tuple(pads[2]) != want_w:
             return refuse(
-                f"the PAD adds {pads[1]}/{pads[2]} but SAME would add "
-                f"{list(want_h)}/{list(want_w)}"
+                f"the PAD adds {pads[1]}/{pads[2]} but SAME would add {list(want_h)}/{list(want_w)}"
             )
         if op.type == "MAX_POOL_2D" and not _non_negative(m.x):
             return refuse("max pool over a zero border equals SAME only for inputs >= 0")
