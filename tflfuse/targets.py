@@ -80,6 +80,7 @@ class Prediction:
     ops: list[OpPrediction]
     memory: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    segments: int | None = None  # Edge TPU: number of compiled segments (edgetpu-custom-ops)
 
     @property
     def mapped(self) -> int:
@@ -348,7 +349,9 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
 
 
-def predict_edgetpu(model: Model, compiler_version: str | None = None) -> Prediction:
+def predict_edgetpu(
+    model: Model, compiler_version: str | None = None, *, multiple_subgraphs: bool = False
+) -> Prediction:
     """The compiler's mapping of the main subgraph, predicted from `delegates/edgetpu.toml`.
 
     `compiler_version` (e.g. "14.1") predicts an older compiler: ops its table row says were

@@ -1,0 +1,105 @@
+"""Score the Edge TPU mapping predictor on real compiled pairs: `exact K/N` per set and half.
+
+    PYTHONPATH=. python benchmarks/edgetpu_oracle_score.py [--extra DIR] [--misses] [--half dev]
+
+Sets: `../shared/oracle/edgetpu`, `../shared/oracle/edgetpu-more`, and with `--extra DIR` (or the
+environment variable TFLFUSE_EXTRA_ORACLE) a further folder of pairs measured locally only (the
+fetch-more set: its pairs come from repositories without a licence, so this script never prints
+their paths unless asked with `--misses`, which is for the local console only).
+
+For each set, split into the "dev" half (rules were built from these) and the "holdout" half (a
+fixed hash of each pair's path; checked only at the end), and into the two compiler modes
+(single Edge TPU subgraph, the default; several, `-a`), it prints tflfuse's exact count beside the
+documented rule's (map in execution order until the first op outside Coral's op table or not
+int8/uint8 or not static). "Exact" is defined in `tflfuse.edgetpu_truth.is_exact`. Where a pair
+has the compiler's `-s` log, the per-op status strings predicted are compared with the log's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+from tflfuse.edgetpu_truth import PairScore, find_pairs, score_pair
+
+HERE = Path(__file__).resolve().parent
+ORACLE = HERE.parent.parent / "shared" / "oracle"
+
+
+def sets(extra: str | None) -> dict[str, Path]:
+    found = {name: ORACLE / name for name in ("edgetpu", "edgetpu-more")}
+    extra = extra or os.environ.get("TFLFUSE_EXTRA_ORACLE")
+    if extra:
+        found["fetch-more"] = Path(extra)
+    return {name: path for name, path in found.items() if path.is_dir()}
+
+
+def _miss_line(s: PairScore, show_path: bool) -> str:
+    where = s.pair.key if show_path else f"pair #{abs(hash(s.pair.key)) % 10000}"
+    if s.error:
+        return f"    {where}: does not load ({s.error[:120]})"
+    t, p = s.truth, s.prediction
+    assert t is not None and p is not None
+    predicted = Counter(o.op for o in p.ops if o.target == "cpu")
+    extra = predicted - t.cpu_types
+    missing = t.cpu_types - predicted
+    first = next((o for o in p.ops if o.target == "cpu"), None)
+    seg = f" segments {getattr(p, 'segments', None)} vs {t.segments}" if s.mode == "multi" else ""
+    return (
+        f"    {where}: mapped {p.mapped} vs {t.mapped} of {t.total};"
+        f" predicted-only CPU {dict(extra)}; compiler-only CPU {dict(missing)}{seg};"
+        f" first predicted CPU op: {first.index if first else '-'} {first.op if first else ''}"
+        f" ({first.reason if first else ''})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--extra", help="a further folder of pairs (default $TFLFUSE_EXTRA_ORACLE)")
+    parser.add_argument("--misses", action="store_true", help="list each miss with its path")
+    parser.add_argument("--half", choices=("dev", "holdout"), help="score one half only")
+    args = parser.parse_args(argv)
+    found = sets(args.extra)
+    if not found:
+        print("no oracle sets found (../shared/oracle is absent)", file=sys.stderr)
+        return 1
+    total_status = [0, 0]
+    for name, root in found.items():
+        licensed = name != "fetch-more"
+        scores = [score_pair(p) for p in find_pairs(root, all_dev=name == "edgetpu")]
+        for half in ("dev", "holdout"):
+            if args.half and half != args.half:
+                continue
+            for mode in ("single", "multi"):
+                group = [s for s in scores if s.pair.half == half and s.mode == mode]
+                if not group:
+                    continue
+                k = sum(s.exact for s in group)
+                b = sum(s.baseline_exact for s in group)
+                print(
+                    f"{name:<12} {half:<8} {mode:<6} tflfuse exact {k}/{len(group)}"
+                    f"   documented rule {b}/{len(group)}"
+                )
+                for s in group:
+                    if not s.exact:
+                        print(_miss_line(s, licensed or args.misses))
+        for s in scores:
+            if s.status and (not args.half or s.pair.half == args.half):
+                total_status[0] += s.status[0]
+                total_status[1] += s.status[1]
+        k = sum(s.exact for s in scores)
+        b = sum(s.baseline_exact for s in scores)
+        print(f"{name:<12} all               tflfuse exact {k}/{len(scores)}   documented rule {b}/{len(scores)}")
+    if total_status[1]:
+        print(
+            f"status strings: {total_status[0]}/{total_status[1]} ops of the compiler logs"
+            " have the predicted status"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

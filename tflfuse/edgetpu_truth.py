@@ -1,0 +1,244 @@
+"""What the real `edgetpu_compiler` did to a model, read from a compiled pair on disk.
+
+A *pair* is a quantized CPU model `X.tflite` beside its compiled twin `X_edgetpu.tflite` (and,
+when the compiler was run with `-s`, its operation log `X_edgetpu.log`). The compiler replaces
+the ops it maps by one `edgetpu-custom-op` per Edge TPU segment and copies every other op
+unchanged, output tensor names included; so the ops of the CPU model whose outputs reappear
+outside the custom ops of the twin are the ones that ran on the CPU. This is the ground truth the
+mapping predictor (`tflfuse.targets.predict_edgetpu`) is measured against
+(`benchmarks/edgetpu_oracle_score.py`, `tests/test_edgetpu_oracle.py`).
+
+No TensorFlow here; the log is read by `tflfuse.edgetpu_compiler.parse_log`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from tflfuse import flatbuffer
+from tflfuse.edgetpu_compiler import CUSTOM_OP, CompilerLog, parse_log
+from tflfuse.ir import Model, Op
+from tflfuse.targets import OpPrediction, Prediction, op_label
+
+COMPILED_SUFFIX = "_edgetpu"
+
+
+@dataclass
+class Pair:
+    """One CPU model and its compiled twin, found under `root` (the set's folder)."""
+
+    root: Path
+    cpu: Path
+    compiled: Path
+    log: Path | None
+    all_dev: bool = False  # the 5 original pairs: all dev (the first predictor was built on them)
+
+    @property
+    def key(self) -> str:
+        """The CPU model's path relative to its set's folder (stable across machines)."""
+        return self.cpu.relative_to(self.root).as_posix()
+
+    @property
+    def half(self) -> str:
+        """"dev" or "holdout": a fixed hash of `key`, decided before any rule was written."""
+        if self.all_dev:
+            return "dev"
+        return "dev" if hashlib.sha256(self.key.encode()).digest()[0] % 2 == 0 else "holdout"
+
+
+def find_pairs(root: Path, *, all_dev: bool = False) -> list[Pair]:
+    """Every `X.tflite` under `root` whose twin `X_edgetpu.tflite` sits beside it, sorted.
+
+    `all_dev` puts every pair in the dev half (the original 5-pair set)."""
+    pairs = []
+    for compiled in sorted(Path(root).rglob(f"*{COMPILED_SUFFIX}.tflite")):
+        stem = compiled.name[: -len(f"{COMPILED_SUFFIX}.tflite")]
+        cpu = compiled.with_name(f"{stem}.tflite")
+        if not cpu.is_file():
+            continue
+        log = compiled.with_suffix(".log")
+        pairs.append(Pair(Path(root), cpu, compiled, log if log.is_file() else None, all_dev))
+    return pairs
+
+
+@dataclass
+class Truth:
+    """Where the compiler put each op of the CPU model's main subgraph.
+
+    `cpu_ops` are indices into `model.main.ops` of the ops left outside every custom op;
+    `unmatched` counts ops of the twin outside the custom ops that match no op of the CPU model by
+    output names (0 on every pair seen: the compiler keeps tensor names); `segments` is the number
+    of `edgetpu-custom-op`s (1 unless compiled with `-a`, several Edge TPU subgraphs allowed).
+    """
+
+    model: Model
+    cpu_ops: list[int]
+    cpu_types: Counter[str]
+    segments: int
+    unmatched: int
+    log: CompilerLog | None
+
+    @property
+    def total(self) -> int:
+        return len(self.model.main.ops)
+
+    @property
+    def mapped(self) -> int:
+        return self.total - len(self.cpu_ops)
+
+    @property
+    def compiler_version(self) -> str | None:
+        return self.log.header.get("version") if self.log else None
+
+
+def read_truth(pair: Pair) -> Truth:
+    """Load both models of `pair` (and its log) and extract the compiler's placement."""
+    model = flatbuffer.load(pair.cpu)
+    compiled = flatbuffer.load(pair.compiled)
+    return truth_of(model, compiled, parse_log(pair.log.read_text()) if pair.log else None)
+
+
+def truth_of(model: Model, compiled: Model, log: CompilerLog | None = None) -> Truth:
+    """The placement the compiler chose, from the CPU model and its compiled twin."""
+    outside = [op for op in compiled.main.ops if op.custom_code != CUSTOM_OP]
+    segments = len(compiled.main.ops) - len(outside)
+    left = {t.name for op in outside for t in op.outputs}
+    cpu_ops = [
+        i
+        for i, op in enumerate(model.main.ops)
+        if op.outputs and all(t.name in left for t in op.outputs)
+    ]
+    matched = {t.name for i in cpu_ops for t in model.main.ops[i].outputs}
+    unmatched = sum(1 for op in outside if not any(t.name in matched for t in op.outputs))
+    types = Counter(op_label(model.main.ops[i]) for i in cpu_ops)
+    return Truth(model, cpu_ops, types, segments, unmatched, log)
+
+
+def is_exact(prediction: Prediction, truth: Truth, *, count_segments: bool = False) -> bool:
+    """The definition of an exact prediction used by the score and the oracle test.
+
+    Exact means: the set of ops (indices into the CPU model's main subgraph) predicted to run on
+    the CPU is the set the compiler left outside its custom op(s), hence also the same multiset of
+    CPU op types and the same number of mapped ops. When some CPU op of the twin could not be
+    matched by name (`truth.unmatched`), the multiset of CPU op types and the mapped count are
+    compared instead. With `count_segments` (the multiple-subgraph mode) the predicted number of
+    Edge TPU segments must also equal the number of `edgetpu-custom-op`s in the twin.
+    """
+    if truth.unmatched:
+        predicted = Counter(o.op for o in prediction.ops if o.target == "cpu")
+        same = predicted == truth.cpu_types and prediction.mapped == truth.mapped
+    else:
+        same = prediction.cpu_ops() == truth.cpu_ops
+    if count_segments:
+        same = same and predicted_segments(prediction) == truth.segments
+    return same
+
+
+def predicted_segments(prediction: Prediction) -> int:
+    """Edge TPU segments a prediction implies (its `segments` note, else 1 when anything maps)."""
+    segments = getattr(prediction, "segments", None)
+    if segments is not None:
+        return int(segments)
+    return 1 if prediction.mapped else 0
+
+
+def status_agreement(prediction: Prediction, log: CompilerLog) -> tuple[int, int]:
+    """(ops whose predicted status the log confirms, ops the log lists), counted per op type.
+
+    The log gives `Operator Count Status` rows, not per-op placement, so agreement is the
+    multiset intersection of (op type, status) between the prediction and the log's rows.
+    """
+    predicted = Counter((o.op, o.status) for o in prediction.ops)
+    actual: Counter[tuple[str, str]] = Counter()
+    for op, count, status in log.rows:
+        actual[(op, status)] += count
+    agree = sum((predicted & actual).values())
+    return agree, sum(actual.values())
+
+
+# -- the documented rule: the baseline every predictor must beat -----------------------------------
+# The op table of https://coral.ai/docs/edgetpu/models-intro/#supported-operations, frozen here
+# (not read from delegates/edgetpu.toml, so that tuning the table cannot move the baseline).
+DOCUMENTED_OPS = frozenset(
+    """ADD AVERAGE_POOL_2D CONCATENATION CONV_2D DEPTHWISE_CONV_2D EXPAND_DIMS FULLY_CONNECTED
+    L2_NORMALIZATION LOGISTIC UNIDIRECTIONAL_SEQUENCE_LSTM MAXIMUM MAX_POOL_2D MEAN MINIMUM MUL
+    PACK PAD PRELU QUANTIZE REDUCE_MAX REDUCE_MIN RELU RELU6 RELU_N1_TO_1 RESHAPE RESIZE_BILINEAR
+    RESIZE_NEAREST_NEIGHBOR RSQRT SLICE SOFTMAX SPACE_TO_DEPTH SPLIT SQUEEZE STRIDED_SLICE SUB SUM
+    SQUARED_DIFFERENCE TANH TRANSPOSE TRANSPOSE_CONV""".split()
+)
+_INT8 = frozenset({"INT8", "UINT8"})
+
+
+def documented_op_ok(op: Op) -> bool:
+    """The documented rule for one op: its type is in the table, every activation it reads or
+    writes is int8/uint8, and every activation has a static (all-positive) shape."""
+    if op.type not in DOCUMENTED_OPS:
+        return False
+    for t in (*op.inputs, *op.outputs):
+        if t is None or t.is_constant:
+            continue
+        if t.dtype not in _INT8 or any(d <= 0 for d in t.shape):
+            return False
+    return True
+
+
+def documented_rule(model: Model) -> Prediction:
+    """Map in execution order until the first op the documented rule refuses; it and every op
+    after it run on the CPU. (No other knowledge of the compiler: this is the baseline.)"""
+    ops = []
+    cut = False
+    for index, op in enumerate(model.main.ops):
+        cut = cut or not documented_op_ok(op)
+        target = "cpu" if cut else "edgetpu"
+        ops.append(OpPrediction(index, op_label(op), target, "", "documented rule"))
+    return Prediction("edgetpu", ops)
+
+
+# -- scoring ----------------------------------------------------------------------------------------
+@dataclass
+class PairScore:
+    """One pair scored: tflfuse's prediction and the documented rule, each exact or not."""
+
+    pair: Pair
+    mode: str  # "single" (one edgetpu-custom-op) or "multi" (compiled with several allowed)
+    truth: Truth | None = None
+    prediction: Prediction | None = None
+    baseline: Prediction | None = None
+    exact: bool = False
+    baseline_exact: bool = False
+    status: tuple[int, int] | None = None  # (agreeing, listed) per-op statuses against the log
+    error: str | None = None
+
+
+def score_pair(pair: Pair) -> PairScore:
+    """Predict `pair` in the mode its twin was compiled in and compare with the truth.
+
+    The compiler version named in the pair's log, when there is one, is passed to the predictor
+    (a user knows which compiler they run). A pair that does not load counts as a miss for both.
+    """
+    from tflfuse.targets import predict_edgetpu
+
+    try:
+        truth = read_truth(pair)
+    except Exception as exc:  # an unloadable pair is a miss, reported with its error
+        return PairScore(pair, "single", error=f"{type(exc).__name__}: {exc}")
+    multi = truth.segments > 1
+    prediction = predict_edgetpu(
+        truth.model, truth.compiler_version, multiple_subgraphs=multi
+    )
+    baseline = documented_rule(truth.model)
+    score = PairScore(
+        pair,
+        "multi" if multi else "single",
+        truth,
+        prediction,
+        baseline,
+        exact=is_exact(prediction, truth, count_segments=multi),
+        baseline_exact=is_exact(baseline, truth, count_segments=multi),
+    )
+    if truth.log is not None and truth.log.rows:
+        score.status = status_agreement(prediction, truth.log)
+    return score
