@@ -18,6 +18,7 @@ has the compiler's `-s` log, the per-op status strings predicted are compared wi
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 from collections import Counter
@@ -38,7 +39,9 @@ def sets(extra: str | None) -> dict[str, Path]:
 
 
 def _miss_line(s: PairScore, show_path: bool) -> str:
-    where = s.pair.key if show_path else f"pair #{abs(hash(s.pair.key)) % 10000}"
+    where = (
+        s.pair.key if show_path else f"pair {hashlib.sha256(s.pair.key.encode()).hexdigest()[:8]}"
+    )
     if s.error:
         return f"    {where}: does not load ({s.error[:120]})"
     t, p = s.truth, s.prediction
@@ -90,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
             if s.status and (not args.half or s.pair.half == args.half):
                 total_status[0] += s.status[0]
                 total_status[1] += s.status[1]
-        k = sum(s.exact for s in scores)
-        b = sum(s.baseline_exact for s in scores)
-        print(f"{name:<12} all               tflfuse exact {k}/{len(scores)}   documented rule {b}/{len(scores)}")
+        if not args.half:
+            k = sum(s.exact for s in scores)
+            b = sum(s.baseline_exact for s in scores)
+            n = len(scores)
+            print(f"{name:<12} all      both   tflfuse exact {k}/{n}   documented rule {b}/{n}")
     if total_status[1]:
         print(
             f"status strings: {total_status[0]}/{total_status[1]} ops of the compiler logs"

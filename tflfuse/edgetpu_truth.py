@@ -43,7 +43,7 @@ class Pair:
 
     @property
     def half(self) -> str:
-        """"dev" or "holdout": a fixed hash of `key`, decided before any rule was written."""
+        """ "dev" or "holdout": a fixed hash of `key`, decided before any rule was written."""
         if self.all_dev:
             return "dev"
         return "dev" if hashlib.sha256(self.key.encode()).digest()[0] % 2 == 0 else "holdout"
@@ -163,11 +163,48 @@ def status_agreement(prediction: Prediction, log: CompilerLog) -> tuple[int, int
 # The op table of https://coral.ai/docs/edgetpu/models-intro/#supported-operations, frozen here
 # (not read from delegates/edgetpu.toml, so that tuning the table cannot move the baseline).
 DOCUMENTED_OPS = frozenset(
-    """ADD AVERAGE_POOL_2D CONCATENATION CONV_2D DEPTHWISE_CONV_2D EXPAND_DIMS FULLY_CONNECTED
-    L2_NORMALIZATION LOGISTIC UNIDIRECTIONAL_SEQUENCE_LSTM MAXIMUM MAX_POOL_2D MEAN MINIMUM MUL
-    PACK PAD PRELU QUANTIZE REDUCE_MAX REDUCE_MIN RELU RELU6 RELU_N1_TO_1 RESHAPE RESIZE_BILINEAR
-    RESIZE_NEAREST_NEIGHBOR RSQRT SLICE SOFTMAX SPACE_TO_DEPTH SPLIT SQUEEZE STRIDED_SLICE SUB SUM
-    SQUARED_DIFFERENCE TANH TRANSPOSE TRANSPOSE_CONV""".split()
+    {
+        "ADD",
+        "AVERAGE_POOL_2D",
+        "CONCATENATION",
+        "CONV_2D",
+        "DEPTHWISE_CONV_2D",
+        "EXPAND_DIMS",
+        "FULLY_CONNECTED",
+        "L2_NORMALIZATION",
+        "LOGISTIC",
+        "UNIDIRECTIONAL_SEQUENCE_LSTM",
+        "MAXIMUM",
+        "MAX_POOL_2D",
+        "MEAN",
+        "MINIMUM",
+        "MUL",
+        "PACK",
+        "PAD",
+        "PRELU",
+        "QUANTIZE",
+        "REDUCE_MAX",
+        "REDUCE_MIN",
+        "RELU",
+        "RELU6",
+        "RELU_N1_TO_1",
+        "RESHAPE",
+        "RESIZE_BILINEAR",
+        "RESIZE_NEAREST_NEIGHBOR",
+        "RSQRT",
+        "SLICE",
+        "SOFTMAX",
+        "SPACE_TO_DEPTH",
+        "SPLIT",
+        "SQUEEZE",
+        "STRIDED_SLICE",
+        "SUB",
+        "SUM",
+        "SQUARED_DIFFERENCE",
+        "TANH",
+        "TRANSPOSE",
+        "TRANSPOSE_CONV",
+    }
 )
 _INT8 = frozenset({"INT8", "UINT8"})
 
@@ -197,7 +234,7 @@ def documented_rule(model: Model) -> Prediction:
     return Prediction("edgetpu", ops)
 
 
-# -- scoring ----------------------------------------------------------------------------------------
+# -- scoring ---------------------------------------------------------------------------------------
 @dataclass
 class PairScore:
     """One pair scored: tflfuse's prediction and the documented rule, each exact or not."""
@@ -226,9 +263,7 @@ def score_pair(pair: Pair) -> PairScore:
     except Exception as exc:  # an unloadable pair is a miss, reported with its error
         return PairScore(pair, "single", error=f"{type(exc).__name__}: {exc}")
     multi = truth.segments > 1
-    prediction = predict_edgetpu(
-        truth.model, truth.compiler_version, multiple_subgraphs=multi
-    )
+    prediction = predict_edgetpu(truth.model, truth.compiler_version, multiple_subgraphs=multi)
     baseline = documented_rule(truth.model)
     score = PairScore(
         pair,

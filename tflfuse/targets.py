@@ -275,34 +275,70 @@ def _check_prelu(op: Op, row: dict[str, Any]) -> str | None:
 
 
 def _check_pack(op: Op, row: dict[str, Any]) -> str | None:
-    if row.get("no_batch_axis") and int(op.options.get("axis", 0)) == 0:
+    """No packing along the batch dimension: dimension 0 of a 4-D (NHWC) output. Packing along
+    dimension 0 of a rank <= 3 output maps (see the PACK row)."""
+    axis = int(op.options.get("axis", 0))
+    if row.get("no_batch_axis") and len(op.outputs[0].shape) == 4 and axis % 4 == 0:
         return "packs along the batch dimension"
     return None
 
 
-_EDGETPU_CHECKS: tuple[Check, ...] = (
-    _check_pool_plane,
-    _check_reduction,
-    _check_concat,
-    _check_pad,
-    _check_softmax,
-    _check_resize,
-    _check_fc,
-    _check_prelu,
-    _check_pack,
+def _check_split(op: Op, row: dict[str, Any]) -> str | None:
+    if op.type != "SPLIT" or not row.get("no_first_axis_split") or len(op.inputs) < 2:
+        return None
+    axis = _const_ints(op.inputs[0])
+    data = op.inputs[1]
+    if axis is None or data is None or not data.shape:
+        return None
+    if axis[0] % len(data.shape) == 0 and data.shape[0] > 1:
+        return f"splits {list(data.shape)} along its first dimension"
+    return None
+
+
+_EDGETPU_CHECKS: tuple[tuple[Check, str], ...] = (
+    (_check_pool_plane, "limitation"),
+    (_check_reduction, "limitation"),
+    (_check_concat, "limitation"),
+    (_check_pad, "limitation"),
+    (_check_softmax, "limitation"),
+    (_check_resize, "limitation"),
+    (_check_fc, "limitation"),
+    (_check_prelu, "limitation"),
+    (_check_pack, "limitation"),
+    (_check_split, "first_dimension"),
 )
 
 
+def _edgetpu_dynamic(t: Tensor) -> bool:
+    """A shape the compiler cannot fix at compile time. A -1 batch in `shape_signature` (every
+    Keras export) is not dynamic to it: it compiles `shape` (see [meta] in edgetpu.toml)."""
+    if any(d <= 0 for d in t.shape):
+        return True
+    sig = t.shape_signature
+    return sig is not None and any(d < 0 for d in sig[1:])
+
+
 def edgetpu_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[str, str]:
-    """(status key, reason) for one op on its own: "mapped" or why not (see [status])."""
+    """(status key, reason) for one op on its own: "mapped" or why not (keys of [status]).
+
+    The order of the checks is the compiler's, as its logs show (see the semantics block of
+    `delegates/edgetpu.toml`): an op writing a tensor that is not int8/uint8 is "working on an
+    unsupported data type" whatever its type; otherwise an op outside the table is "not
+    supported"; then inputs, shapes and the row's constraints.
+    """
     table = table or capability("edgetpu")
     meta = table["meta"]
-    row = table["ops"].get(op.type) if op.type != "CUSTOM" else None
-    if row is None:
-        return "unsupported", f"{op_label(op)} is not in the Edge TPU op table"
     acts, consts = set(meta["activation_types"]), set(meta["constant_types"])
     states = set(meta["state_types"])
-    for t in (*op.inputs, *op.outputs):
+    if op.type == "CUSTOM":
+        return "unsupported", f"{op_label(op)} is a custom op, which the compiler does not map"
+    for t in op.outputs:
+        if t is not None and not t.is_constant and t.dtype not in acts:
+            return "data_type", f"writes {t.dtype} tensor {t.name!r} (the Edge TPU computes int8)"
+    row = table["ops"].get(op.type)
+    if row is None:
+        return "unsupported", f"{op_label(op)} is not in the Edge TPU op table"
+    for t in op.inputs:
         if t is None:
             continue
         if t.is_variable:
@@ -311,11 +347,14 @@ def edgetpu_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[str,
             ok = t.dtype in consts
         else:
             ok = t.dtype in acts
-        if not ok:
-            kind = "constant" if t.is_constant else "tensor"
-            return "data_type", f"{kind} {t.name!r} is {t.dtype} (the Edge TPU runs int8 only)"
+        if ok:
+            continue
+        if not t.is_constant and row.get("float_input") == "limitation":
+            return "limitation", f"reads {t.dtype} tensor {t.name!r}: it stays on the CPU"
+        kind = "constant" if t.is_constant else "tensor"
+        return "data_type", f"{kind} {t.name!r} is {t.dtype} (the Edge TPU runs int8 only)"
     for t in _activations(op):
-        if _is_dynamic(t):
+        if _edgetpu_dynamic(t):
             return "limitation", f"tensor {t.name!r} has a dynamic shape"
         big = [d for d in t.shape if d > 1]
         if len(big) > meta["max_nontrivial_dims"]:
@@ -326,27 +365,76 @@ def edgetpu_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[str,
             return "limitation", f"fused activation {op.fused_activation} is not allowed here"
     if row.get("no_half_pixel_centers") and op.options.get("half_pixel_centers"):
         return "version", "half_pixel_centers makes this op version 3, which the compiler rejects"
-    for check in _EDGETPU_CHECKS:
+    for check, key in _EDGETPU_CHECKS:
         reason = check(op, row)
         if reason:
-            return "limitation", reason
+            return key, reason
     return "mapped", "in the op table; types, shapes and limits hold"
 
 
 def _boundary_cpu(op: Op, graph: Graph, status: str) -> bool:
-    """An op left on the CPU outside the compiled segment without cutting it (float I/O)."""
-    if status != "data_type":
-        return False
-    if op.type == "QUANTIZE":
+    """An op the compiler leaves on the CPU outside its segment without cutting it (float I/O):
+    a QUANTIZE reading a float model input, a DEQUANTIZE writing a model output."""
+    if op.type == "QUANTIZE" and status != "mapped":
         src = op.inputs[0]
         return src is not None and src.dtype in FLOAT_TYPES and src in graph.inputs
-    if op.type == "DEQUANTIZE":
+    if op.type == "DEQUANTIZE" and status == "data_type":
         return all(graph.is_graph_output(t) for t in op.outputs)
     return False
 
 
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+def edgetpu_statuses(model: Model, compiler_version: str | None = None) -> list[tuple[str, str]]:
+    """(status key, reason) of every op of the main subgraph on its own, for one compiler."""
+    table = capability("edgetpu")
+    wanted = _version(compiler_version) if compiler_version else None
+    out = []
+    for op in model.main.ops:
+        key, reason = edgetpu_op_status(op, table)
+        row = table["ops"].get(op.type, {}) if op.type != "CUSTOM" else {}
+        since = row.get("since")
+        if key == "mapped" and wanted and since and _version(since) > wanted:
+            key, reason = "unsupported", f"{op_label(op)} needs compiler {since} or later"
+        out.append((key, reason))
+    return out
+
+
+def _single_segment(graph: Graph, statuses: list[tuple[str, str]]) -> list[bool]:
+    """The default compiler (one Edge TPU subgraph): ops map in execution order until the first
+    that cannot; it and every op after it run on the CPU. Float I/O conversions (`_boundary_cpu`)
+    stay on the CPU without cutting."""
+    mapped = [False] * len(graph.ops)
+    for index, (op, (key, _)) in enumerate(zip(graph.ops, statuses)):
+        if key == "mapped":
+            mapped[index] = True
+        elif not _boundary_cpu(op, graph, key):
+            break
+    return mapped
+
+
+def _segments(graph: Graph, mapped: list[bool]) -> int:
+    """Edge TPU segments: connected groups of mapped ops (joined by the tensors between them)."""
+    index = {op: i for i, op in enumerate(graph.ops)}
+    parent = list(range(len(graph.ops)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, op in enumerate(graph.ops):
+        if not mapped[i]:
+            continue
+        for t in op.inputs:
+            src = t.producer if t is not None else None
+            j = index.get(src) if src is not None else None
+            if j is not None and mapped[j]:
+                parent[find(i)] = find(j)
+    return len({find(i) for i in range(len(graph.ops)) if mapped[i]})
 
 
 def predict_edgetpu(
@@ -356,34 +444,44 @@ def predict_edgetpu(
 
     `compiler_version` (e.g. "14.1") predicts an older compiler: ops its table row says were
     added later are not supported by it. Default: the version the table describes.
+    `multiple_subgraphs` predicts a compiler run that allows several Edge TPU subgraphs
+    (`edgetpu_compiler -a`): every op that can map maps, with no cut, and the prediction counts
+    the segments (connected groups of mapped ops) the compiled model will hold.
     """
     table = capability("edgetpu")
     status_text = table["status"]
     graph = model.main
+    statuses = edgetpu_statuses(model, compiler_version)
+    if multiple_subgraphs:
+        mapped = [key == "mapped" for key, _ in statuses]
+    else:
+        mapped = _single_segment(graph, statuses)
+    cut = next(
+        (
+            i
+            for i, (op, (key, _)) in enumerate(zip(graph.ops, statuses))
+            if not mapped[i] and not _boundary_cpu(op, graph, key)
+        ),
+        None,
+    )
     ops: list[OpPrediction] = []
-    cut: OpPrediction | None = None
-    mapped_ops: list[Op] = []
-    wanted = _version(compiler_version) if compiler_version else None
-    for index, op in enumerate(graph.ops):
-        key, reason = edgetpu_op_status(op, table)
+    for index, (op, (key, reason)) in enumerate(zip(graph.ops, statuses)):
         label = op_label(op)
-        since = table["ops"].get(op.type, {}).get("since")
-        if wanted and since and _version(since) > wanted and op.type != "CUSTOM":
-            key, reason = "unsupported", f"{label} needs compiler {since} or later"
-        if cut is None and key != "mapped" and not _boundary_cpu(op, graph, key):
-            cut = OpPrediction(index, label, "cpu", status_text[key], reason)
-            ops.append(cut)
-            continue
-        if cut is not None and key == "mapped":
-            why = f"after the cut at op {cut.index} ({cut.op})"
-            ops.append(OpPrediction(index, label, "cpu", status_text["after_cut"], why))
-        elif key == "mapped":
+        if mapped[index]:
             ops.append(OpPrediction(index, label, "edgetpu", status_text[key], reason))
-            mapped_ops.append(op)
+        elif key == "mapped":  # mappable, but after the cut of a one-segment compile
+            why = reason if cut is None else f"after the cut at op {cut} ({graph.ops[cut].type})"
+            ops.append(OpPrediction(index, label, "cpu", status_text["after_cut"], why))
         else:
             ops.append(OpPrediction(index, label, "cpu", status_text[key], reason))
-    prediction = Prediction("edgetpu", ops, memory=_edgetpu_memory(mapped_ops, table))
-    if cut is not None and cut.status == status_text["data_type"] and not mapped_ops:
+    mapped_ops = [op for op, m in zip(graph.ops, mapped) if m]
+    prediction = Prediction(
+        "edgetpu",
+        ops,
+        memory=_edgetpu_memory(mapped_ops, table),
+        segments=_segments(graph, mapped),
+    )
+    if not mapped_ops and any(key == "data_type" for key, _ in statuses):
         prediction.notes.append(
             "the model computes in float: the Edge TPU needs full int8 (convert with the edgetpu"
             " recipe, uint8 I/O)"
