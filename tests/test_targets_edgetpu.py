@@ -11,7 +11,7 @@ from conftest import ORACLE, needs_oracle, oracle_models
 
 from tflfuse import flatbuffer
 from tflfuse.ir import Graph, Model, Quantization, Tensor
-from tflfuse.targets import capability, edgetpu_op_status, predict
+from tflfuse.targets import capability, edgetpu_op_status, predict, predict_edgetpu
 
 STATUS = capability("edgetpu")["status"]
 
@@ -115,7 +115,9 @@ def test_float_io_leaves_boundary_quantize_ops_on_the_cpu_without_cutting() -> N
     g.add_op("DEQUANTIZE", [y], [out])
     p = predict(model_of(g, [x], [out]), "edgetpu")
     assert [o.target for o in p.ops] == ["cpu", "edgetpu", "cpu"]
-    assert p.ops[0].status == STATUS["data_type"]
+    # the compiler's logs: a float -> int8 QUANTIZE is "otherwise supported, but not mapped"
+    assert p.ops[0].status == STATUS["limitation"]
+    assert p.ops[2].status == STATUS["data_type"]  # DEQUANTIZE writes float
 
 
 def test_uint8_io_maps_the_boundary_quantize_ops() -> None:
@@ -194,13 +196,17 @@ def test_resize_rules_integer_scale_size_and_half_pixel_version() -> None:
     assert edgetpu_op_status(op)[0] == "limitation"
 
 
-def test_softmax_limit_and_custom_ops() -> None:
-    op, _ = _single("SOFTMAX", [(1, 20000)], (1, 20000), {"beta": 1.0})
-    assert edgetpu_op_status(op)[0] == "limitation"
-    op, _ = _single("SOFTMAX", [(1, 1000)], (1, 1000), {"beta": 1.0})
+def test_softmax_must_be_one_dimensional_and_custom_ops_are_not_supported() -> None:
+    # 16384 elements: above the documented 16000, but compiled pairs map it (edgetpu-more)
+    op, _ = _single("SOFTMAX", [(1, 16384)], (1, 16384), {"beta": 1.0})
     assert edgetpu_op_status(op)[0] == "mapped"
-    op, _ = _single("CUSTOM", [(1, 10)], (1, 10))
-    op.custom_code = "MyOp"
+    op, _ = _single("SOFTMAX", [(1, 8, 8, 2)], (1, 8, 8, 2), {"beta": 1.0})
+    key, reason = edgetpu_op_status(op)
+    assert key == "limitation" and "one-dimensional" in reason
+    g = Graph("main")
+    x = act(g, "x", (1, 10))
+    y = g.add_tensor("y", (1, 10), "FLOAT32")  # a float output does not change the status
+    op = g.add_op("CUSTOM", [x], [y], custom_code="MyOp")
     key, reason = edgetpu_op_status(op)
     assert key == "unsupported" and "MyOp" in reason
 
@@ -217,6 +223,7 @@ def test_table_rows_each_cite_a_source() -> None:
         "data_type",
         "unsupported",
         "version",
+        "first_dimension",
     }
 
 
@@ -237,3 +244,103 @@ def test_float_model_gets_a_note() -> None:
     g.add_op("RELU", [x], [y])
     p = predict(model_of(g, [x], [y]), "edgetpu")
     assert any("full int8" in n for n in p.notes)
+
+
+# -- rules rebuilt from the compiled pairs (delegates/edgetpu.toml cites the pairs per row) -------
+def test_a_minus_one_batch_in_the_shape_signature_is_static() -> None:
+    g = Graph("main")
+    x = act(g, "x", (1, 8, 8, 4))
+    x.shape_signature = (-1, 8, 8, 4)  # what every Keras export writes
+    y = conv(g, x, 8)
+    y.shape_signature = (-1, 8, 8, 8)
+    p = predict(model_of(g, [x], [y]), "edgetpu")
+    assert p.cpu == 0
+    y.shape_signature = (-1, -1, 8, 8)  # an unknown height is dynamic (documented rule)
+    key, reason = edgetpu_op_status(g.ops[0])
+    assert key == "limitation" and "dynamic" in reason
+
+
+def _gather(g: Graph, data: Tensor, out_dtype: str) -> Tensor:
+    idx = g.add_constant("idx", np.array([0, 2], np.int64))
+    out = act(g, f"gathered_{out_dtype}", (2,), out_dtype)
+    g.add_op("GATHER", [data, idx], [out], {"axis": 0})
+    return out
+
+
+def test_the_output_type_is_judged_before_the_op_type() -> None:
+    g = Graph("main")
+    data = act(g, "data", (4,))
+    _gather(g, data, "INT8")
+    wide = g.add_tensor("wide", (4,), "INT64")
+    _gather(g, wide, "INT64")
+    assert edgetpu_op_status(g.ops[0])[0] == "unsupported"  # int8 GATHER: not in the table
+    assert edgetpu_op_status(g.ops[1])[0] == "data_type"  # writes INT64
+
+
+def test_split_along_the_first_dimension_is_refused_with_the_compilers_status() -> None:
+    g = Graph("main")
+    axis0 = g.add_constant("axis0", np.array(0, np.int32))
+    x = act(g, "x", (4, 2, 1))
+    parts = [act(g, f"p{i}", (1, 2, 1)) for i in range(4)]
+    op = g.add_op("SPLIT", [axis0, x], parts, {"num_splits": 4})
+    key, reason = edgetpu_op_status(op)
+    assert key == "first_dimension" and "first dimension" in reason
+    assert STATUS[key].startswith("For example, a fully-connected")
+    axis2 = g.add_constant("axis2", np.array(2, np.int32))
+    y = act(g, "y", (1, 4, 4))
+    halves = [act(g, f"h{i}", (1, 4, 2)) for i in range(2)]
+    assert edgetpu_op_status(g.add_op("SPLIT", [axis2, y], halves, {"num_splits": 2}))[0] == (
+        "mapped"
+    )
+
+
+def test_pack_along_dimension_zero_maps_below_rank_four() -> None:
+    op, _ = _single("PACK", [(2, 1), (2, 1)], (2, 2, 1), {"axis": 0, "values_count": 2})
+    assert edgetpu_op_status(op)[0] == "mapped"
+    op, _ = _single("PACK", [(1, 4, 4), (1, 4, 4)], (2, 1, 4, 4), {"axis": 0, "values_count": 2})
+    key, reason = edgetpu_op_status(op)
+    assert key == "limitation" and "batch" in reason
+
+
+def test_an_unmappable_first_op_still_cuts_unless_it_is_a_float_input_quantize() -> None:
+    g = Graph("main")
+    x = act(g, "x", (1, 8, 8, 4))
+    idx = g.add_tensor("idx", (1, 8, 8), "INT32")
+    g.add_op("ARG_MAX", [x, g.add_constant("axis", np.array([3], np.int32))], [idx])
+    y = conv(g, x, 8)
+    p = predict(model_of(g, [x], [idx, y]), "edgetpu")
+    assert [o.target for o in p.ops] == ["cpu", "cpu"]  # the documented rule stays in force
+    assert p.ops[1].status == STATUS["after_cut"]
+
+
+def _two_islands() -> Model:
+    """conv -> DEQUANTIZE -> CAST -> CAST -> QUANTIZE -> conv: two mappable groups."""
+    g = Graph("main")
+    x = act(g, "x", (1, 4, 4, 4))
+    a = conv(g, x, 4, name="c1")
+    f = g.add_tensor("f", a.shape, "FLOAT32")
+    g.add_op("DEQUANTIZE", [a], [f])
+    i = g.add_tensor("i", a.shape, "INT32")
+    g.add_op("CAST", [f], [i], {"in_data_type": "FLOAT32", "out_data_type": "INT32"})
+    f2 = g.add_tensor("f2", a.shape, "FLOAT32")
+    g.add_op("CAST", [i], [f2], {"in_data_type": "INT32", "out_data_type": "FLOAT32"})
+    q = act(g, "q", a.shape)
+    g.add_op("QUANTIZE", [f2], [q])
+    out = conv(g, q, 4, name="c2")
+    return model_of(g, [x], [out])
+
+
+def test_multiple_subgraphs_maps_every_mappable_op_and_counts_segments() -> None:
+    model = _two_islands()
+    single = predict(model, "edgetpu")
+    assert [o.target for o in single.ops] == ["edgetpu"] + ["cpu"] * 5
+    assert single.segments == 1 and single.ops[5].status == STATUS["after_cut"]
+    multi = predict_edgetpu(model, multiple_subgraphs=True)
+    assert [o.target for o in multi.ops] == ["edgetpu", "cpu", "cpu", "cpu", "cpu", "edgetpu"]
+    assert multi.segments == 2
+    assert [o.status for o in multi.ops[1:5]] == [
+        STATUS["data_type"],
+        STATUS["data_type"],
+        STATUS["data_type"],
+        STATUS["limitation"],  # a float -> int8 QUANTIZE inside the graph
+    ]
