@@ -1,0 +1,91 @@
+"""The Edge TPU predictor against every real compiled pair: `exact K/N` per set, and the goal.
+
+Truth is the compiled twin (tflfuse/edgetpu_truth.py); "exact" is defined in
+`tflfuse.edgetpu_truth.is_exact`. The goal asserted on each set: at least 95% exact, and never
+fewer exact pairs than the documented rule (map in execution order until the first op outside
+Coral's table or not int8 / not static). Pairs compiled with several Edge TPU subgraphs are
+predicted in that mode (`multiple_subgraphs=True`) and counted the same way.
+
+Sets: ../shared/oracle/edgetpu and ../shared/oracle/edgetpu-more (skipped when absent), and a
+further local folder named by the environment variable TFLFUSE_EXTRA_ORACLE (the fetch-more set,
+whose files may not be committed; skipped without it). A pair that does not load is a miss.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import SHARED
+
+from tflfuse.edgetpu_compiler import parse_log
+from tflfuse.edgetpu_truth import PairScore, find_pairs, score_pair, status_agreement
+
+GOAL = 0.95
+
+
+def _sets() -> dict[str, Path]:
+    found = {name: SHARED / "oracle" / name for name in ("edgetpu", "edgetpu-more")}
+    extra = os.environ.get("TFLFUSE_EXTRA_ORACLE")
+    if extra:
+        found["fetch-more"] = Path(extra)
+    return found
+
+
+def _score(name: str, root: Path) -> list[PairScore]:
+    if not root.is_dir():
+        pytest.skip(f"{root} is absent")
+    pairs = find_pairs(root, all_dev=name == "edgetpu")
+    assert pairs, f"no pairs under {root}"
+    return [score_pair(p) for p in pairs]
+
+
+@pytest.mark.parametrize("name", ["edgetpu", "edgetpu-more", "fetch-more"])
+def test_predictor_is_exact_on_real_compiled_pairs(name: str) -> None:
+    root = _sets().get(name)
+    if root is None:
+        pytest.skip("set TFLFUSE_EXTRA_ORACLE to a folder of pairs to score the fetch-more set")
+    scores = _score(name, root)
+    n = len(scores)
+    lines = []
+    for half in ("dev", "holdout"):
+        for mode in ("single", "multi"):
+            group = [s for s in scores if s.pair.half == half and s.mode == mode]
+            if group:
+                k, b = sum(s.exact for s in group), sum(s.baseline_exact for s in group)
+                lines.append(f"  {half} {mode}: exact {k}/{len(group)}, documented rule {b}")
+    exact = sum(s.exact for s in scores)
+    baseline = sum(s.baseline_exact for s in scores)
+    print(f"\n{name}: exact {exact}/{n} (documented rule {baseline}/{n})", *lines, sep="\n")
+    assert exact >= GOAL * n, f"{name}: exact {exact}/{n} is below {GOAL:.0%}"
+    assert exact >= baseline, f"{name}: exact {exact}/{n} is below the documented rule {baseline}"
+
+
+def test_predicted_status_strings_agree_with_the_compilers_logs() -> None:
+    """Where a pair has the compiler's `-s` log, the predicted status of (nearly) every op is the
+    log's: counted per (op type, status) over all logged pairs."""
+    scores = [s for name, root in _sets().items() if root.is_dir() for s in _score(name, root)]
+    logged = [s for s in scores if s.status]
+    if not logged:
+        pytest.skip("no pair with a compiler log")
+    agree = sum(s.status[0] for s in logged)
+    listed = sum(s.status[1] for s in logged)
+    print(f"\nstatus strings: {agree}/{listed} ops of {len(logged)} logs")
+    assert agree >= GOAL * listed
+
+
+def test_status_agreement_counts_per_op_type_and_status() -> None:
+    """The agreement measure itself, on a hand-written log: a wrong status is not counted."""
+    from tflfuse.targets import OpPrediction, Prediction
+
+    log = parse_log(
+        "Edge TPU Compiler version 16.0.384591198\n\nOperator  Count  Status\n\n"
+        "CONV_2D  2  Mapped to Edge TPU\nSOFTMAX  1  Operation not supported\n"
+    )
+    ops = [
+        OpPrediction(0, "CONV_2D", "edgetpu", "Mapped to Edge TPU", ""),
+        OpPrediction(1, "CONV_2D", "edgetpu", "Mapped to Edge TPU", ""),
+        OpPrediction(2, "SOFTMAX", "cpu", "Operation version not supported", ""),
+    ]
+    assert status_agreement(Prediction("edgetpu", ops), log) == (2, 3)
