@@ -321,9 +321,9 @@ def _two_islands() -> Model:
     f = g.add_tensor("f", a.shape, "FLOAT32")
     g.add_op("DEQUANTIZE", [a], [f])
     i = g.add_tensor("i", a.shape, "INT32")
-    g.add_op("CAST", [f], [i], {"in_data_type": "FLOAT32", "out_data_type": "INT32"})
+    g.add_op("CAST", [f], [i])
     f2 = g.add_tensor("f2", a.shape, "FLOAT32")
-    g.add_op("CAST", [i], [f2], {"in_data_type": "INT32", "out_data_type": "FLOAT32"})
+    g.add_op("CAST", [i], [f2])
     q = act(g, "q", a.shape)
     g.add_op("QUANTIZE", [f2], [q])
     out = conv(g, q, 4, name="c2")
@@ -344,3 +344,19 @@ def test_multiple_subgraphs_maps_every_mappable_op_and_counts_segments() -> None
         STATUS["data_type"],
         STATUS["limitation"],  # a float -> int8 QUANTIZE inside the graph
     ]
+
+
+def test_check_multiple_subgraphs_option(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import json
+
+    from tflfuse.cli import main
+
+    path = tmp_path / "islands.tflite"
+    flatbuffer.save(_two_islands(), path)
+    assert main(["check", str(path), "--target", "edgetpu", "--json"]) == 0
+    single = json.loads(capsys.readouterr().out)
+    assert (single["mapped"], single["segments"]) == (1, 1)
+    assert main(["check", str(path), "--target", "edgetpu", "--multiple-subgraphs"]) == 0
+    text = capsys.readouterr().out
+    assert "Number of Edge TPU subgraphs: 2" in text
+    assert "Number of operations that will run on Edge TPU: 2" in text

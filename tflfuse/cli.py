@@ -196,6 +196,11 @@ def _add_check(sub: Any) -> None:
     p.add_argument(
         "--compiler-version", metavar="V", help="predict an older edgetpu_compiler (e.g. 14.1)"
     )
+    p.add_argument(
+        "--multiple-subgraphs",
+        action="store_true",
+        help="predict a compile that allows several Edge TPU subgraphs (edgetpu_compiler -a)",
+    )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.set_defaults(func=_run_check)
 
@@ -204,7 +209,9 @@ def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
 
     model = flatbuffer.load(args.model)
-    prediction = targets.predict(model, args.target, args.compiler_version)
+    prediction = targets.predict(
+        model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
+    )
     if args.json:
         _emit_json(prediction.to_dict(), "-")
     else:

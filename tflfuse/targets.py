@@ -111,6 +111,8 @@ class Prediction:
             "mapped": self.mapped,
             "cpu": self.cpu,
         }
+        if self.segments is not None:
+            out["segments"] = self.segments
         if self.memory:
             out["memory"] = dict(self.memory)
         if self.notes:
@@ -122,10 +124,19 @@ def op_label(op: Op) -> str:
     return op.custom_code if op.type == "CUSTOM" and op.custom_code else op.type
 
 
-def predict(model: Model, target: str, compiler_version: str | None = None) -> Prediction:
-    """Where each op of the main subgraph runs on `target` ("edgetpu", "xnnpack" or "gpu")."""
+def predict(
+    model: Model,
+    target: str,
+    compiler_version: str | None = None,
+    *,
+    multiple_subgraphs: bool = False,
+) -> Prediction:
+    """Where each op of the main subgraph runs on `target` ("edgetpu", "xnnpack" or "gpu").
+
+    `compiler_version` and `multiple_subgraphs` describe the Edge TPU compile (see
+    `predict_edgetpu`); the other targets ignore them."""
     if target == "edgetpu":
-        return predict_edgetpu(model, compiler_version)
+        return predict_edgetpu(model, compiler_version, multiple_subgraphs=multiple_subgraphs)
     if target == "xnnpack":
         return predict_xnnpack(model)
     if target == "gpu":  # TFLite's analyzer reads bytes; it needs the interpreter package
@@ -586,6 +597,8 @@ def format_prediction(prediction: Prediction, model_name: str) -> str:
             f"Off-chip memory used for streaming uncached model parameters:"
             f" {_mib(mem['off_chip_bytes'])}",
         ]
+    if prediction.segments is not None:
+        lines.append(f"Number of Edge TPU subgraphs: {prediction.segments}")
     lines += [
         f"Total number of operations: {len(prediction.ops)}",
         f"Number of operations that will run on {accel}: {prediction.mapped}",
