@@ -59,6 +59,25 @@ def _miss_line(s: PairScore, show_path: bool) -> str:
     )
 
 
+def _versions(scores: list[PairScore]) -> str:
+    found = Counter(s.truth.compiler_version for s in scores if s.truth)
+    return ", ".join(f"{v} x{n}" for v, n in sorted(found.items(), key=str))
+
+
+def _status_misses(s: PairScore, show_path: bool) -> str:
+    """The (op, status) rows of the log the prediction does not have, and what it said instead."""
+    assert s.truth is not None and s.truth.log is not None and s.prediction is not None
+    predicted = Counter((o.op, o.status) for o in s.prediction.ops)
+    actual: Counter[tuple[str, str]] = Counter()
+    for op, count, status in s.truth.log.rows:
+        actual[(op, status)] += count
+    digest = hashlib.sha256(s.pair.key.encode()).hexdigest()[:8]
+    where = s.pair.key if show_path else f"pair {digest}"
+    missing = ", ".join(f"{op} x{n}: {st}" for (op, st), n in (actual - predicted).items())
+    extra = ", ".join(f"{op} x{n}: {st}" for (op, st), n in (predicted - actual).items())
+    return f"    {where}: log has [{missing}]; predicted [{extra}]"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--extra", help="a further folder of pairs (default $TFLFUSE_EXTRA_ORACLE)")
@@ -89,10 +108,21 @@ def main(argv: list[str] | None = None) -> int:
                 for s in group:
                     if not s.exact:
                         print(_miss_line(s, licensed or args.misses))
-        for s in scores:
-            if s.status and (not args.half or s.pair.half == args.half):
-                total_status[0] += s.status[0]
-                total_status[1] += s.status[1]
+        for half in ("dev", "holdout"):
+            logged = [s for s in scores if s.status and s.pair.half == half]
+            if not logged or (args.half and half != args.half):
+                continue
+            agree = sum(s.status[0] for s in logged)
+            listed = sum(s.status[1] for s in logged)
+            total_status[0] += agree
+            total_status[1] += listed
+            print(
+                f"{name:<12} {half:<8} status strings {agree}/{listed} logged ops"
+                f" ({len(logged)} logs, compilers {_versions(logged)})"
+            )
+            for s in logged:
+                if s.status[0] != s.status[1]:
+                    print(_status_misses(s, licensed or args.misses))
         if not args.half:
             k = sum(s.exact for s in scores)
             b = sum(s.baseline_exact for s in scores)
