@@ -13,6 +13,7 @@ whose files may not be committed; skipped without it). A pair that does not load
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -36,6 +37,12 @@ def _sets() -> dict[str, Path]:
 def _score(name: str, root: Path) -> list[PairScore]:
     if not root.is_dir():
         pytest.skip(f"{root} is absent")
+    return _scored(name, root)
+
+
+@functools.cache
+def _scored(name: str, root: Path) -> list[PairScore]:
+    """Every pair of one set scored once per session (the two tests share it)."""
     pairs = find_pairs(root, all_dev=name == "edgetpu")
     assert pairs, f"no pairs under {root}"
     return [score_pair(p) for p in pairs]
