@@ -5,7 +5,7 @@ when the compiler was run with `-s`, its operation log `X_edgetpu.log`). The com
 the ops it maps by one `edgetpu-custom-op` per Edge TPU segment and copies every other op
 unchanged, output tensor names included; so the ops of the CPU model whose outputs reappear
 outside the custom ops of the twin are the ones that ran on the CPU. This is the ground truth the
-mapping predictor (`tflfuse.targets.predict_edgetpu`) is measured against
+mapping predictor (`tflfuse.edgetpu_predict.predict_edgetpu`) is measured against
 (`benchmarks/edgetpu_oracle_score.py`, `tests/test_edgetpu_oracle.py`).
 
 No TensorFlow here; the log is read by `tflfuse.edgetpu_compiler.parse_log`.
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tflfuse import flatbuffer
 from tflfuse.edgetpu_compiler import CUSTOM_OP, CompilerLog, parse_log
+from tflfuse.edgetpu_predict import predict_edgetpu
 from tflfuse.ir import Model, Op
 from tflfuse.targets import OpPrediction, Prediction, op_label
 
@@ -256,8 +257,6 @@ def score_pair(pair: Pair) -> PairScore:
     The compiler version named in the pair's log, when there is one, is passed to the predictor
     (a user knows which compiler they run). A pair that does not load counts as a miss for both.
     """
-    from tflfuse.targets import predict_edgetpu
-
     try:
         truth = read_truth(pair)
     except Exception as exc:  # an unloadable pair is a miss, reported with its error

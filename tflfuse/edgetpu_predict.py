@@ -1,0 +1,380 @@
+"""The Edge TPU mapping predictor: which ops `edgetpu_compiler` maps, from `delegates/edgetpu.toml`.
+
+`edgetpu_op_status` judges one op on its own, in the order the compiler's logs show (output data
+type, then op type, then inputs, shapes and the row's constraints); `predict_edgetpu` places every
+op of the main subgraph for a one-segment compile (map in execution order until the first op that
+cannot; float I/O conversions stay outside without cutting) or, with `multiple_subgraphs`, for
+`edgetpu_compiler -a` (every mappable op maps; segments are the connected groups of mapped ops).
+The evidence for each rule is cited in the table's semantics block and rows; the predictor is
+scored on real compiled pairs by `benchmarks/edgetpu_oracle_score.py` (see `tflfuse.edgetpu_truth`).
+`tflfuse.targets` re-exports the public names. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tflfuse.ir import Graph, Model, Op, Tensor
+from tflfuse.targets import (
+    FLOAT_TYPES,
+    OpPrediction,
+    Prediction,
+    _activations,
+    _axes,
+    _const_ints,
+    capability,
+    op_label,
+)
+
+Check = Callable[[Op, dict[str, Any]], str | None]
+
+
+def _check_pool_plane(op: Op, row: dict[str, Any]) -> str | None:
+    limit = row.get("max_pool_plane")
+    if limit is None:
+        return None
+    if op.type == "AVERAGE_POOL_2D":
+        plane = int(op.options.get("filter_height", 1)) * int(op.options.get("filter_width", 1))
+    else:
+        axes = _axes(op) or []
+        shape = op.inputs[0].shape
+        plane = int(np.prod([shape[a] for a in axes if a not in (0, len(shape) - 1)] or [1]))
+    if plane > limit:
+        return f"averages a {plane}-pixel plane, more than the {limit} the compiler maps"
+    return None
+
+
+def _check_reduction(op: Op, row: dict[str, Any]) -> str | None:
+    if op.type not in ("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN"):
+        return None
+    axes = _axes(op)
+    if axes is None:
+        return "reduction axes are not a constant"
+    shape = op.inputs[0].shape
+    if row.get("no_batch_reduction") and 0 in axes and len(shape) == 4 and shape[0] > 1:
+        return "reduces over the batch dimension"
+    multiple = row.get("z_reduction_multiple")
+    last = len(shape) - 1
+    if multiple and last in axes and len(shape) >= 3 and shape[last] % multiple:
+        return f"reduces over {shape[last]} channels, not a multiple of {multiple}"
+    return None
+
+
+def _check_concat(op: Op, row: dict[str, Any]) -> str | None:
+    if not row.get("constant_input_rule"):
+        return None
+    consts = [t for t in op.inputs if t is not None and t.is_constant]
+    if not consts:
+        return None
+    if len(op.inputs) != 2:
+        return "a constant input is allowed only when there are exactly 2 inputs"
+    for t in consts:
+        zero = 0
+        if t.is_quantized and t.quantization.zero_point is not None:
+            zero = int(np.asarray(t.quantization.zero_point).reshape(-1)[0])
+        if t.is_raw or not np.all(np.asarray(t.data) == zero):
+            return "its constant input is not all zeros"
+    return None
+
+
+def _check_pad(op: Op, row: dict[str, Any]) -> str | None:
+    if not row.get("no_batch_padding"):
+        return None
+    pads = _const_ints(op.inputs[1] if len(op.inputs) > 1 else None)
+    if pads is None:
+        return "paddings are not a constant"
+    if len(pads) >= 2 and (pads[0] or pads[1]):
+        return "pads the batch dimension"
+    return None
+
+
+def _check_softmax(op: Op, row: dict[str, Any]) -> str | None:
+    if not row.get("one_dimensional"):
+        return None
+    shape = op.inputs[0].shape
+    if sum(1 for d in shape if d > 1) > 1:
+        return f"input {list(shape)} is not one-dimensional"
+    limit = row.get("max_elements")
+    if limit and op.inputs[0].size > limit:
+        return f"input has {op.inputs[0].size} elements, more than {limit}"
+    return None
+
+
+def _check_resize(op: Op, row: dict[str, Any]) -> str | None:
+    if not row.get("integer_scale"):
+        return None
+    src, dst = op.inputs[0].shape, op.outputs[0].shape
+    if len(src) != 4 or len(dst) != 4:
+        return "input/output is not an image tensor"
+    align = bool(op.options.get("align_corners", False))
+    for n_in, n_out in ((src[1], dst[1]), (src[2], dst[2])):
+        if n_in == n_out:
+            continue
+        if align:
+            if n_in <= 1 or (n_out - 1) % (n_in - 1):
+                return (
+                    f"align_corners resize {n_in} -> {n_out} has no integer scale"
+                    " (the compiler refuses it to avoid loss in precision)"
+                )
+        elif n_out % n_in:
+            return f"resize {n_in} -> {n_out} has no integer scale"
+    limit = row.get("max_output_plane")
+    if limit and dst[1] * dst[2] > limit:
+        return f"output plane {dst[1]}x{dst[2]} is larger than the compiler maps ({limit} px)"
+    return None
+
+
+def _check_fc(op: Op, row: dict[str, Any]) -> str | None:
+    default_format = op.options.get("weights_format", 0) in (0, "DEFAULT")
+    if row.get("default_weights_only") and not default_format:
+        return "weights are not in the default format"
+    return None
+
+
+def _check_prelu(op: Op, row: dict[str, Any]) -> str | None:
+    if op.type != "PRELU" or len(op.inputs) < 2 or op.inputs[1] is None:
+        return None
+    if any(d > 1 for d in op.inputs[1].shape[:-1]):
+        return "alpha varies along more than the channel dimension"
+    return None
+
+
+def _check_pack(op: Op, row: dict[str, Any]) -> str | None:
+    """No packing along the batch dimension: dimension 0 of a 4-D (NHWC) output. Packing along
+    dimension 0 of a rank <= 3 output maps (see the PACK row)."""
+    axis = int(op.options.get("axis", 0))
+    if row.get("no_batch_axis") and len(op.outputs[0].shape) == 4 and axis % 4 == 0:
+        return "packs along the batch dimension"
+    return None
+
+
+def _check_split(op: Op, row: dict[str, Any]) -> str | None:
+    if op.type != "SPLIT" or not row.get("no_first_axis_split") or len(op.inputs) < 2:
+        return None
+    axis = _const_ints(op.inputs[0])
+    data = op.inputs[1]
+    if axis is None or data is None or not data.shape:
+        return None
+    if axis[0] % len(data.shape) == 0 and data.shape[0] > 1:
+        return f"splits {list(data.shape)} along its first dimension"
+    return None
+
+
+_EDGETPU_CHECKS: tuple[tuple[Check, str], ...] = (
+    (_check_pool_plane, "limitation"),
+    (_check_reduction, "limitation"),
+    (_check_concat, "limitation"),
+    (_check_pad, "limitation"),
+    (_check_softmax, "limitation"),
+    (_check_resize, "limitation"),
+    (_check_fc, "limitation"),
+    (_check_prelu, "limitation"),
+    (_check_pack, "limitation"),
+    (_check_split, "first_dimension"),
+)
+
+
+def _edgetpu_dynamic(t: Tensor) -> bool:
+    """A shape the compiler cannot fix at compile time. A -1 batch in `shape_signature` (every
+    Keras export) is not dynamic to it: it compiles `shape` (see [meta] in edgetpu.toml)."""
+    if any(d <= 0 for d in t.shape):
+        return True
+    sig = t.shape_signature
+    return sig is not None and any(d < 0 for d in sig[1:])
+
+
+def edgetpu_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(status key, reason) for one op on its own: "mapped" or why not (keys of [status]).
+
+    The order of the checks is the compiler's, as its logs show (see the semantics block of
+    `delegates/edgetpu.toml`): an op writing a tensor that is not int8/uint8 is "working on an
+    unsupported data type" whatever its type; otherwise an op outside the table is "not
+    supported"; then inputs, shapes and the row's constraints.
+    """
+    table = table or capability("edgetpu")
+    meta = table["meta"]
+    acts, consts = set(meta["activation_types"]), set(meta["constant_types"])
+    states = set(meta["state_types"])
+    if op.type == "CUSTOM":
+        return "unsupported", f"{op_label(op)} is a custom op, which the compiler does not map"
+    for t in op.outputs:
+        if t is not None and not t.is_constant and t.dtype not in acts:
+            return "data_type", f"writes {t.dtype} tensor {t.name!r} (the Edge TPU computes int8)"
+    row = table["ops"].get(op.type)
+    if row is None:
+        return "unsupported", f"{op_label(op)} is not in the Edge TPU op table"
+    for t in op.inputs:
+        if t is None:
+            continue
+        if t.is_variable:
+            ok = t.dtype in states
+        elif t.is_constant:
+            ok = t.dtype in consts
+        else:
+            ok = t.dtype in acts
+        if ok:
+            continue
+        if not t.is_constant and row.get("float_input") == "limitation":
+            return "limitation", f"reads {t.dtype} tensor {t.name!r}: it stays on the CPU"
+        kind = "constant" if t.is_constant else "tensor"
+        return "data_type", f"{kind} {t.name!r} is {t.dtype} (the Edge TPU runs int8 only)"
+    for t in _activations(op):
+        if _edgetpu_dynamic(t):
+            return "limitation", f"tensor {t.name!r} has a dynamic shape"
+        big = [d for d in t.shape if d > 1]
+        if len(big) > meta["max_nontrivial_dims"]:
+            return "limitation", f"tensor {t.name!r} {list(t.shape)} has more than 3 dimensions > 1"
+    if "fused_activation_function" in op.options:
+        allowed = row.get("fused_activations", meta["default_fused_activations"])
+        if op.fused_activation not in allowed:
+            return "limitation", f"fused activation {op.fused_activation} is not allowed here"
+    if row.get("no_half_pixel_centers") and op.options.get("half_pixel_centers"):
+        return "version", "half_pixel_centers makes this op version 3, which the compiler rejects"
+    for check, key in _EDGETPU_CHECKS:
+        reason = check(op, row)
+        if reason:
+            return key, reason
+    return "mapped", "in the op table; types, shapes and limits hold"
+
+
+def _boundary_cpu(op: Op, graph: Graph, status: str) -> bool:
+    """An op the compiler leaves on the CPU outside its segment without cutting it (float I/O):
+    a QUANTIZE reading a float model input, a DEQUANTIZE writing a model output."""
+    if op.type == "QUANTIZE" and status != "mapped":
+        src = op.inputs[0]
+        return src is not None and src.dtype in FLOAT_TYPES and src in graph.inputs
+    if op.type == "DEQUANTIZE" and status == "data_type":
+        return all(graph.is_graph_output(t) for t in op.outputs)
+    return False
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
+
+
+def edgetpu_statuses(model: Model, compiler_version: str | None = None) -> list[tuple[str, str]]:
+    """(status key, reason) of every op of the main subgraph on its own, for one compiler."""
+    table = capability("edgetpu")
+    wanted = _version(compiler_version) if compiler_version else None
+    out = []
+    for op in model.main.ops:
+        key, reason = edgetpu_op_status(op, table)
+        row = table["ops"].get(op.type, {}) if op.type != "CUSTOM" else {}
+        since = row.get("since")
+        if key == "mapped" and wanted and since and _version(since) > wanted:
+            key, reason = "unsupported", f"{op_label(op)} needs compiler {since} or later"
+        out.append((key, reason))
+    return out
+
+
+def _single_segment(graph: Graph, statuses: list[tuple[str, str]]) -> list[bool]:
+    """The default compiler (one Edge TPU subgraph): ops map in execution order until the first
+    that cannot; it and every op after it run on the CPU. Float I/O conversions (`_boundary_cpu`)
+    stay on the CPU without cutting."""
+    mapped = [False] * len(graph.ops)
+    for index, (op, (key, _)) in enumerate(zip(graph.ops, statuses)):
+        if key == "mapped":
+            mapped[index] = True
+        elif not _boundary_cpu(op, graph, key):
+            break
+    return mapped
+
+
+def _segments(graph: Graph, mapped: list[bool]) -> int:
+    """Edge TPU segments: connected groups of mapped ops (joined by the tensors between them)."""
+    index = {op: i for i, op in enumerate(graph.ops)}
+    parent = list(range(len(graph.ops)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, op in enumerate(graph.ops):
+        if not mapped[i]:
+            continue
+        for t in op.inputs:
+            src = t.producer if t is not None else None
+            j = index.get(src) if src is not None else None
+            if j is not None and mapped[j]:
+                parent[find(i)] = find(j)
+    return len({find(i) for i in range(len(graph.ops)) if mapped[i]})
+
+
+def predict_edgetpu(
+    model: Model, compiler_version: str | None = None, *, multiple_subgraphs: bool = False
+) -> Prediction:
+    """The compiler's mapping of the main subgraph, predicted from `delegates/edgetpu.toml`.
+
+    `compiler_version` (e.g. "14.1") predicts an older compiler: ops its table row says were
+    added later are not supported by it. Default: the version the table describes.
+    `multiple_subgraphs` predicts a compiler run that allows several Edge TPU subgraphs
+    (`edgetpu_compiler -a`): every op that can map maps, with no cut, and the prediction counts
+    the segments (connected groups of mapped ops) the compiled model will hold.
+    """
+    table = capability("edgetpu")
+    status_text = table["status"]
+    graph = model.main
+    statuses = edgetpu_statuses(model, compiler_version)
+    if multiple_subgraphs:
+        mapped = [key == "mapped" for key, _ in statuses]
+    else:
+        mapped = _single_segment(graph, statuses)
+    cut = next(
+        (
+            i
+            for i, (op, (key, _)) in enumerate(zip(graph.ops, statuses))
+            if not mapped[i] and not _boundary_cpu(op, graph, key)
+        ),
+        None,
+    )
+    ops: list[OpPrediction] = []
+    for index, (op, (key, reason)) in enumerate(zip(graph.ops, statuses)):
+        label = op_label(op)
+        if mapped[index]:
+            ops.append(OpPrediction(index, label, "edgetpu", status_text[key], reason))
+        elif key == "mapped":  # mappable, but after the cut of a one-segment compile
+            why = reason if cut is None else f"after the cut at op {cut} ({graph.ops[cut].type})"
+            ops.append(OpPrediction(index, label, "cpu", status_text["after_cut"], why))
+        else:
+            ops.append(OpPrediction(index, label, "cpu", status_text[key], reason))
+    mapped_ops = [op for op, m in zip(graph.ops, mapped) if m]
+    prediction = Prediction(
+        "edgetpu",
+        ops,
+        memory=_edgetpu_memory(mapped_ops, table),
+        segments=_segments(graph, mapped),
+    )
+    if not mapped_ops and any(key == "data_type" for key, _ in statuses):
+        prediction.notes.append(
+            "the model computes in float: the Edge TPU needs full int8 (convert with the edgetpu"
+            " recipe, uint8 I/O)"
+        )
+    if len(model.subgraphs) > 1:
+        prediction.notes.append(
+            f"only the main subgraph is predicted ({len(model.subgraphs) - 1} more not compiled)"
+        )
+    return prediction
+
+
+def _edgetpu_memory(mapped_ops: list[Op], table: dict[str, Any]) -> dict[str, int]:
+    """Estimated parameter bytes of the mapped ops and how much fits in the on-chip cache."""
+    seen: set[int] = set()
+    total = 0
+    for op in mapped_ops:
+        for t in op.inputs:
+            if t is not None and t.is_constant and id(t) not in seen:
+                seen.add(id(t))
+                total += int(t.data.nbytes)
+    cache = int(table["meta"]["parameter_cache_bytes"])
+    return {
+        "parameter_bytes": total,
+        "cache_bytes": cache,
+        "on_chip_bytes": min(total, cache),
+        "off_chip_bytes": max(0, total - cache),
+    }
