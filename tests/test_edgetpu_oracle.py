@@ -96,3 +96,58 @@ def test_status_agreement_counts_per_op_type_and_status() -> None:
         OpPrediction(2, "SOFTMAX", "cpu", "Operation version not supported", ""),
     ]
     assert status_agreement(Prediction("edgetpu", ops), log) == (2, 3)
+
+
+# -- the truth reader and the exact measure, on tiny inline graphs ---------------------------------
+def _chain() -> tuple:
+    """x -> CONV -> CONV -> DEQUANTIZE, and a twin where the first conv went into the custom op."""
+    import numpy as np
+
+    from tflfuse.ir import Graph, Model, Quantization
+
+    q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+
+    def graph(compiled: bool) -> tuple:
+        g = Graph("main")
+        x = g.add_tensor("x", (1, 4, 4, 2), "INT8", quantization=q)
+        a = g.add_tensor("a", (1, 4, 4, 2), "INT8", quantization=q)
+        b = g.add_tensor("b", (1, 4, 4, 2), "INT8", quantization=q)
+        f = g.add_tensor("f", (1, 4, 4, 2), "FLOAT32")
+        w = g.add_constant("w", np.ones((2, 1, 1, 2), np.int8), quantization=q)
+        opts = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+        if compiled:
+            g.add_op("CUSTOM", [x], [a], custom_code="edgetpu-custom-op")
+        else:
+            g.add_op("CONV_2D", [x, w, None], [a], opts)
+        g.add_op("CONV_2D", [a, w, None], [b], opts)
+        g.add_op("DEQUANTIZE", [b], [f])
+        g.inputs, g.outputs = [x], [f]
+        return Model([g])
+
+    return graph(False), graph(True)
+
+
+def test_truth_is_the_ops_left_outside_the_custom_op() -> None:
+    from tflfuse.edgetpu_truth import truth_of
+
+    model, compiled = _chain()
+    truth = truth_of(model, compiled)
+    assert truth.cpu_ops == [1, 2] and truth.segments == 1 and truth.unmatched == 0
+    assert dict(truth.cpu_types) == {"CONV_2D": 1, "DEQUANTIZE": 1}
+    assert truth.mapped == 1
+
+
+def test_exact_needs_the_same_cpu_ops_and_in_multi_mode_the_same_segments() -> None:
+    from tflfuse.edgetpu_truth import documented_rule, is_exact, truth_of
+    from tflfuse.targets import predict
+
+    model, compiled = _chain()
+    truth = truth_of(model, compiled)
+    prediction = predict(model, "edgetpu")  # both convs map, only the DEQUANTIZE is left
+    assert prediction.cpu_ops() == [2]
+    assert not is_exact(prediction, truth)
+    assert not is_exact(documented_rule(model), truth)  # documented: the same two convs map
+    prediction.ops[1].target = "cpu"
+    assert is_exact(prediction, truth)
+    truth.segments = 2
+    assert is_exact(prediction, truth) and not is_exact(prediction, truth, count_segments=True)
