@@ -6,8 +6,13 @@ by the library that defines them. Writing packs a `ModelT` and aligns every cons
 bytes, as the TFLite converter does. Models whose constants do not fit in a 2 GiB flatbuffer are
 written with buffers stored by offset after the flatbuffer.
 
-Anything wrong with the bytes becomes a `ModelError` naming the file: a corrupt model is user input,
-not a bug, and must never surface as a traceback.
+Reading has two stages, and a failure says which one failed. Unpacking the bytes into the schema
+objects (and resolving buffers stored by offset) is parsing: anything wrong there, or an index or
+type code that points nowhere, becomes a `ModelError` naming the file: a corrupt model is user
+input, not a bug, and must never surface as a traceback. Turning the unpacked objects into the IR is
+tflfuse's own code: an unexpected exception there is a tflfuse bug and surfaces as `LoaderBugError`
+(naming the step and the exception), never as "corrupt file", so a bug cannot hide behind the user's
+file.
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ from __future__ import annotations
 import functools
 import re
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tflfuse.errors import ModelError
+from tflfuse.errors import LoaderBugError, ModelError
 from tflfuse.files import atomic_write_bytes
 from tflfuse.ir import NUMPY_DTYPES, Graph, IRError, Model, Op, Quantization, Signature, Tensor
 
@@ -158,7 +164,11 @@ def load(path: str | Path) -> Model:
 
 
 def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model:
-    """Parse .tflite bytes into a Model; corrupt or foreign bytes raise ModelError."""
+    """Parse .tflite bytes into a Model.
+
+    Corrupt or foreign bytes raise ModelError; a failure inside tflfuse's own conversion of a
+    well-formed file raises LoaderBugError (a bug to report, not a problem with the file).
+    """
     if len(data) == 0:
         raise ModelError(source, "file is empty")
     if len(data) < 8:
@@ -169,16 +179,66 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
             source, f"not a TFLite model (file identifier {ident!r}, expected {FILE_IDENTIFIER!r})"
         )
     try:
-        model_t = flatbuffer_utils.read_model_from_bytearray(bytearray(data))
-        model = _model_from_object(model_t)
-        model.validate()
-    except ModelError:
-        raise
-    except (IRError, _CorruptError) as exc:
+        model_t = _unpack(bytearray(data))
+    except _CorruptError as exc:
         raise ModelError(source, f"not a valid TFLite model: {exc}") from None
     except Exception as exc:  # the bytes are untrusted input: any parser failure is theirs
         raise ModelError(source, f"not a valid TFLite model ({_describe(exc)})") from None
+    try:
+        model = _model_from_object(model_t)
+        model.validate()
+    except (IRError, _CorruptError) as exc:
+        raise ModelError(source, f"not a valid TFLite model: {exc}") from None
+    except Exception as exc:
+        raise LoaderBugError(source, _where(exc), exc) from exc
     return model
+
+
+def _unpack(data: bytearray) -> Any:
+    """The schema object tree of the bytes, buffers and custom options stored by offset read in.
+
+    This is `flatbuffer_utils.read_model_from_bytearray` without its buffer compaction, which
+    indexes a table of buffers that real models may leave empty (a graph without constants) and
+    turns every index into a numpy scalar; tflfuse renumbers buffers itself when it writes.
+    """
+    model_t = flatbuffer_utils.convert_bytearray_to_object(data)
+    if sys.byteorder == "big":  # pragma: no cover - no big-endian machine runs the tests
+        flatbuffer_utils.byte_swap_tflite_model_obj(model_t, "little", "big")
+    for i, buffer in enumerate(_seq(model_t.buffers)):
+        if buffer.offset:
+            buffer.data = _slice(data, buffer.offset, buffer.size, f"buffer {i}")
+            buffer.offset = buffer.size = 0
+    for sg in _seq(model_t.subgraphs):
+        for op in _seq(sg.operators):
+            if op.largeCustomOptionsOffset:
+                op.customOptions = _slice(
+                    data, op.largeCustomOptionsOffset, op.largeCustomOptionsSize, "custom options"
+                )
+                op.largeCustomOptionsOffset = op.largeCustomOptionsSize = 0
+    return model_t
+
+
+def _slice(data: bytearray, offset: int, size: int, what: str) -> np.ndarray:
+    if offset < 0 or size < 0 or offset + size > len(data):
+        raise _CorruptError(
+            f"{what} stored at bytes {offset}..{offset + size}, past the end ({len(data)} bytes)"
+        )
+    return np.frombuffer(data, dtype=np.uint8, count=size, offset=offset)
+
+
+def _where(exc: Exception) -> str:
+    """The innermost tflfuse function an exception passed through, for a bug report."""
+    tb, name = exc.__traceback__, "from_bytes"
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__", "").startswith("tflfuse"):
+            name = tb.tb_frame.f_code.co_name
+        tb = tb.tb_next
+    return name
+
+
+def _seq(values: Any) -> list:
+    """A vector field of the object API (None, list or ndarray) as a list; never truth-tested."""
+    return [] if values is None else list(values)
 
 
 def _describe(exc: Exception) -> str:
@@ -203,9 +263,9 @@ def _at(items: list, index: int, what: str) -> Any:
 
 
 def _model_from_object(m: Any) -> Model:
-    buffers = m.buffers or []
+    buffers = _seq(m.buffers)
     codes = []
-    for code in m.operatorCodes or []:
+    for code in _seq(m.operatorCodes):
         number = max(code.builtinCode, code.deprecatedBuiltinCode)
         if number not in OP_NAMES:
             raise _CorruptError(f"unknown builtin operator code {number}")
@@ -213,14 +273,14 @@ def _model_from_object(m: Any) -> Model:
 
     shared: dict[tuple, np.ndarray] = {}  # tensors sharing a buffer share one array
     subgraphs = [
-        _graph_from_object(sg, i, codes, buffers, shared) for i, sg in enumerate(m.subgraphs or [])
+        _graph_from_object(sg, i, codes, buffers, shared) for i, sg in enumerate(_seq(m.subgraphs))
     ]
     metadata = {}
-    for entry in m.metadata or []:
+    for entry in _seq(m.metadata):
         buf = _at(buffers, entry.buffer, "metadata buffer")
         metadata[_text(entry.name)] = bytes(buf.data) if buf.data is not None else b""
     signatures = []
-    for sig in m.signatureDefs or []:
+    for sig in _seq(m.signatureDefs):
         graph = _at(subgraphs, sig.subgraphIndex, "signature subgraph")
         signatures.append(
             Signature(
@@ -228,11 +288,11 @@ def _model_from_object(m: Any) -> Model:
                 subgraph=sig.subgraphIndex,
                 inputs={
                     _text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor")
-                    for t in sig.inputs or []
+                    for t in _seq(sig.inputs)
                 },
                 outputs={
                     _text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor")
-                    for t in sig.outputs or []
+                    for t in _seq(sig.outputs)
                 },
             )
         )
@@ -248,20 +308,20 @@ def _model_from_object(m: Any) -> Model:
 
 
 def _graph_from_object(sg: Any, index: int, codes: list, buffers: list, shared: dict) -> Graph:
-    tensors = [_tensor_from_object(t, buffers, shared) for t in sg.tensors or []]
+    tensors = [_tensor_from_object(t, buffers, shared) for t in _seq(sg.tensors)]
     ops = []
-    for o in sg.operators or []:
+    for o in _seq(sg.operators):
         op_type, custom_code, version = _at(codes, o.opcodeIndex, "operator code")
-        ins = [None if i == -1 else _at(tensors, i, "tensor") for i in o.inputs or []]
-        outs = [_at(tensors, i, "tensor") for i in o.outputs or []]
+        ins = [None if i == -1 else _at(tensors, i, "tensor") for i in _seq(o.inputs)]
+        outs = [_at(tensors, i, "tensor") for i in _seq(o.outputs)]
         options_type = _OPTIONS_NAMES.get(o.builtinOptionsType) if o.builtinOptionsType else None
         options = _options_to_dict(o.builtinOptions) if o.builtinOptions is not None else {}
         extra: dict[str, Any] = {}
         if o.builtinOptions2Type:
             extra["options2_type"] = _OPTIONS2_NAMES.get(o.builtinOptions2Type)
             extra["options2"] = o.builtinOptions2
-        if o.mutatingVariableInputs:
-            extra["mutating_variable_inputs"] = list(o.mutatingVariableInputs)
+        if len(_seq(o.mutatingVariableInputs)):  # a numpy bool array: len, never truth
+            extra["mutating_variable_inputs"] = [bool(v) for v in o.mutatingVariableInputs]
         if o.customOptionsFormat:
             extra["custom_options_format"] = o.customOptionsFormat
         custom = (
@@ -279,7 +339,7 @@ def _graph_from_object(sg: Any, index: int, codes: list, buffers: list, shared: 
                 custom_code=custom_code,
                 custom_options=custom,
                 options_type=options_type,
-                intermediates=[_at(tensors, i, "tensor") for i in o.intermediates or []],
+                intermediates=[_at(tensors, i, "tensor") for i in _seq(o.intermediates)],
                 extra=extra,
             )
         except IRError as exc:
@@ -289,8 +349,8 @@ def _graph_from_object(sg: Any, index: int, codes: list, buffers: list, shared: 
         name=_text(sg.name) or ("main" if index == 0 else f"subgraph_{index}"),
         ops=ops,
         tensors=tensors,
-        inputs=[_at(tensors, i, "tensor") for i in sg.inputs or []],
-        outputs=[_at(tensors, i, "tensor") for i in sg.outputs or []],
+        inputs=[_at(tensors, i, "tensor") for i in _seq(sg.inputs)],
+        outputs=[_at(tensors, i, "tensor") for i in _seq(sg.outputs)],
         extra={"had_name": bool(sg.name), "debug_metadata_index": sg.debugMetadataIndex},
     )
 
@@ -299,7 +359,7 @@ def _tensor_from_object(t: Any, buffers: list, shared: dict) -> Tensor:
     dtype = TYPE_NAMES.get(t.type)
     if dtype is None:
         raise _CorruptError(f"unknown tensor type {t.type}")
-    shape = tuple(int(d) for d in (t.shape or ()))
+    shape = tuple(int(d) for d in _seq(t.shape))
     buf = _at(buffers, t.buffer, "buffer") if buffers else None
     data = None
     if buf is not None and buf.data is not None and len(buf.data) > 0:
