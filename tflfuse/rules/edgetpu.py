@@ -14,11 +14,22 @@ one requantization and the result stays within a step or two of the original. GE
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
-from tflfuse.ir import Graph, Op, Quantization, Tensor
-from tflfuse.rewrite import Match, OpPattern, Pass, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.ir import Graph, Model, Op, Quantization, Tensor
+from tflfuse.rewrite import (
+    Match,
+    OpPattern,
+    Pass,
+    PassManager,
+    PassResult,
+    PatternBuilder,
+    Refusal,
+    Rule,
+    refuse,
+)
 from tflfuse.rules.common import NotApplicable, is_float
 from tflfuse.targets import capability, edgetpu_op_status
 
@@ -484,6 +495,28 @@ def _ordered(graph: Graph, late: dict[Op, bool]) -> list[Op]:
     return order if len(order) == len(graph.ops) else list(graph.ops)
 
 
+# -- fusions the compiler would refuse -------------------------------------------------------------
+def fused_activation_refusal(op_type: str, activation: str) -> Refusal | None:
+    """Why fusing `activation` into an `op_type` op would cost the Edge TPU that op, or None.
+
+    The answer is the op's row in `delegates/edgetpu.toml` (`fused_activations`, else the table's
+    `default_fused_activations`): a pool row allows only NONE, so MAX_POOL_2D + RELU stays two
+    ops, both mapped, instead of one fused pool the compiler leaves on the CPU. An op outside the
+    table runs on the CPU either way: no objection then.
+    """
+    table = capability("edgetpu")
+    row = table["ops"].get(op_type)
+    if row is None:
+        return None
+    allowed = row.get("fused_activations", table["meta"]["default_fused_activations"])
+    if activation in allowed:
+        return None
+    return refuse(
+        f"the Edge TPU maps {op_type} only with fused activation {', '.join(allowed)}: "
+        f"{activation} stays a separate op (delegates/edgetpu.toml)"
+    )
+
+
 EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
     LegalizeLeakyRelu(),
     LegalizeHardSwish(),
@@ -493,3 +526,15 @@ EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
     SplitOversizedResize(),
     DeferUnmappableOps(),
 )
+
+
+def legalize_quantized(model: Model, disabled: Sequence[str] = ()) -> PassResult:
+    """Legalize an int8/uint8 model for the Edge TPU in place; what `convert` runs on the
+    quantized fused model (the float pipeline cannot: nothing maps before quantization, so
+    `DeferUnmappableOps` and the int8 forms of the rules only act here).
+
+    The same passes as `tflfuse.rules.pipeline(2, "edgetpu", quantized=True)`.
+    """
+    from tflfuse.rules import pipeline
+
+    return PassManager(pipeline(2, "edgetpu", quantized=True), disabled=disabled).run(model)
