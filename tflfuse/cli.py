@@ -197,18 +197,32 @@ def _add_check(sub: Any) -> None:
         "--compiler-version", metavar="V", help="predict an older edgetpu_compiler (e.g. 14.1)"
     )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    p.add_argument(
+        "--overlay",
+        metavar="FILE.json",
+        help="also write the placement as Model Explorer node data"
+        " (model-explorer MODEL --node_data_paths FILE.json)",
+    )
     p.set_defaults(func=_run_check)
 
 
 def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
 
+    if args.overlay and same_file(Path(args.model), Path(args.overlay)):
+        raise UsageError(f"{args.overlay}: --overlay would overwrite the model")
     model = flatbuffer.load(args.model)
     prediction = targets.predict(model, args.target, args.compiler_version)
+    if args.overlay:
+        from tflfuse import overlay
+
+        overlay.write(args.overlay, model, prediction)
     if args.json:
         _emit_json(prediction.to_dict(), "-")
     else:
         print(targets.format_prediction(prediction, args.model))
+        if args.overlay:
+            print(f"node data for Model Explorer: {args.overlay}")
     return 0
 
 
