@@ -151,7 +151,8 @@ def test_overlay_into_a_missing_folder_is_a_clean_error(tmp_path: Path, capsys) 
         str(tmp_path / "no/x.json"),
     ]
     assert main(args) == 2
-    assert "does not exist" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "does not exist" in captured.err and captured.out == ""  # nothing printed either
 
 
 def test_a_prediction_for_another_model_is_refused(tmp_path: Path) -> None:

@@ -209,21 +209,29 @@ def _add_check(sub: Any) -> None:
 def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
 
-    if args.overlay and same_file(Path(args.model), Path(args.overlay)):
-        raise UsageError(f"{args.overlay}: --overlay would overwrite the model")
+    if args.overlay:  # checked before any output: a bad destination writes and prints nothing
+        _check_overlay_destination(Path(args.model), Path(args.overlay))
     model = flatbuffer.load(args.model)
     prediction = targets.predict(model, args.target, args.compiler_version)
-    if args.overlay:
-        from tflfuse import overlay
-
-        overlay.write(args.overlay, model, prediction)
     if args.json:
         _emit_json(prediction.to_dict(), "-")
     else:
         print(targets.format_prediction(prediction, args.model))
-        if args.overlay:
+    if args.overlay:
+        from tflfuse import overlay
+
+        overlay.write(args.overlay, model, prediction)
+        if not args.json:
             print(f"node data for Model Explorer: {args.overlay}")
     return 0
+
+
+def _check_overlay_destination(model: Path, out: Path) -> None:
+    if same_file(model, out):
+        raise UsageError(f"{out}: --overlay would overwrite the model")
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{out}: folder {folder} does not exist")
 
 
 # -- convert -------------------------------------------------------------------------------------
