@@ -210,3 +210,114 @@ def test_string_and_packed_constants_keep_their_bytes() -> None:
     assert by_name["words"].is_raw and by_name["words"].data.tobytes() == packed.tobytes()
     assert by_name["nibbles"].dtype == "INT4"
     assert by_name["nibbles"].data.tobytes() == b"\x21\x43"
+
+
+# -- converter-era files and the line between a corrupt file and a tflfuse bug -----------------
+def add_model_bytes(
+    *, buffers: list | None, op: str = "ADD", mutating: list | None = None
+) -> bytes:
+    """Two float inputs through one ADD (or one custom op), packed with the schema object API
+    so the fields real converters wrote (empty vectors, no buffer table) can be set exactly."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    m = schema.ModelT()
+    m.version = 3
+    code = schema.OperatorCodeT()
+    code.version = 1
+    if op == "ADD":
+        code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.ADD
+    else:
+        code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.CUSTOM
+        code.customCode = op.encode()
+    m.operatorCodes = [code]
+    sg = schema.SubGraphT()
+    sg.tensors = []
+    for name in "abc":
+        t = schema.TensorT()
+        t.name, t.shape, t.type, t.buffer = name.encode(), [1, 4], schema.TensorType.FLOAT32, 0
+        sg.tensors.append(t)
+    sg.inputs, sg.outputs = [0, 1], [2]
+    o = schema.OperatorT()
+    o.opcodeIndex, o.inputs, o.outputs = 0, [0, 1], [2]
+    if op == "ADD":
+        o.builtinOptionsType = schema.BuiltinOptions.AddOptions
+        o.builtinOptions = schema.AddOptionsT()
+    o.mutatingVariableInputs = mutating
+    sg.operators = [o]
+    m.subgraphs = [sg]
+    m.buffers = buffers
+    return bytes(flatbuffer._pack(m))
+
+
+def test_empty_mutating_variable_vectors_load() -> None:
+    """2019 converters wrote an empty mutating_variable_inputs vector on every op (inat_bird)."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    data = add_model_bytes(buffers=[schema.BufferT()], mutating=[])
+    model = flatbuffer.from_bytes(data)
+    assert [op.type for op in model.main.ops] == ["ADD"]
+    assert "mutating_variable_inputs" not in model.main.ops[0].extra
+    agreement = verify.compare(data, flatbuffer.to_bytes(model), runs=2)
+    assert agreement.identical and agreement.varies
+
+
+def test_non_empty_mutating_variable_vectors_survive_a_save() -> None:
+    from ai_edge_litert import schema_py_generated as schema
+
+    data = add_model_bytes(buffers=[schema.BufferT()], mutating=[False, True])
+    model = flatbuffer.from_bytes(flatbuffer.to_bytes(flatbuffer.from_bytes(data)))
+    assert model.main.ops[0].extra["mutating_variable_inputs"] == [False, True]
+
+
+def test_a_model_with_an_empty_buffer_table_loads_and_runs() -> None:
+    """No constants, no buffers at all: the interpreter runs it, and flatbuffer_utils' buffer
+    compaction (which tflfuse no longer calls) fails on it with an IndexError."""
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    data = add_model_bytes(buffers=[])
+    with pytest.raises(IndexError):
+        flatbuffer_utils.read_model_from_bytearray(bytearray(data))
+    model = flatbuffer.from_bytes(data)
+    agreement = verify.compare(data, flatbuffer.to_bytes(model), runs=2)
+    assert agreement.identical and agreement.varies
+
+
+def test_an_unknown_custom_op_without_buffers_loads_and_saves() -> None:
+    data = add_model_bytes(buffers=[], op="VendorMagicOp")
+    model = flatbuffer.from_bytes(data)
+    (op,) = model.main.ops
+    assert (op.type, op.custom_code) == ("CUSTOM", "VendorMagicOp")
+    assert_same_structure(model, flatbuffer.from_bytes(flatbuffer.to_bytes(model)))
+
+
+def test_a_tflfuse_bug_is_not_reported_as_a_corrupt_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure in tflfuse's own conversion of well-formed bytes names the step, is not a
+    ModelError (which the CLI would print as "not a valid TFLite model") and keeps its cause."""
+    from ai_edge_litert import schema_py_generated as schema
+
+    from tflfuse.errors import LoaderBugError, ModelError
+
+    data = add_model_bytes(buffers=[schema.BufferT()])
+
+    def broken(options: object) -> dict:
+        raise KeyError("fused_activation_function")
+
+    monkeypatch.setattr(flatbuffer, "_options_to_dict", broken)
+    with pytest.raises(LoaderBugError) as info:
+        flatbuffer.from_bytes(data, "good.tflite")
+    assert not isinstance(info.value, ModelError)
+    message = str(info.value)
+    assert message.startswith("good.tflite: tflfuse bug")
+    assert "_graph_from_object" in message and "KeyError" in message
+    assert "corrupt" not in message and "not a valid" not in message
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_truly_corrupt_bytes_are_still_a_model_error() -> None:
+    from ai_edge_litert import schema_py_generated as schema
+
+    from tflfuse.errors import ModelError
+
+    data = bytearray(add_model_bytes(buffers=[schema.BufferT()]))
+    with pytest.raises(ModelError, match="corrupt flatbuffer"):
+        flatbuffer.from_bytes(bytes(data[: len(data) // 2]), "half.tflite")

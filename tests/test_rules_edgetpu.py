@@ -5,6 +5,8 @@ graphs, integer rules on int8 graphs built inline; the YOLO-style zoo model show
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -365,3 +367,362 @@ def test_align_corners_resize_is_not_tiled() -> None:
     assert refusals(result, "SplitOversizedResize") == [
         "only resizes without align_corners / half_pixel_centers are tiled"
     ]
+
+
+# -- fusions the Edge TPU table forbids ------------------------------------------------------------
+def _int8_conv(g: Q8, x: Tensor, out_ch: int, scale: float, zero: int) -> Tensor:
+    rng = np.random.default_rng(3)
+    s_in = float(x.quantization.scale[0])
+    w = g.graph.add_constant(
+        "w", rng.integers(-100, 100, (out_ch, 3, 3, x.shape[-1])).astype(np.int8), "INT8",
+        q(0.01, 0),
+    )  # fmt: skip
+    b = g.graph.add_constant(
+        "b", rng.integers(-500, 500, (out_ch,)).astype(np.int32), "INT32", q(s_in * 0.01, 0)
+    )
+    shape = (*x.shape[:3], out_ch)
+    return g.op(
+        "CONV_2D", [x, w, b], shape, scale, zero, padding="SAME", stride_h=1, stride_w=1,
+        fused_activation_function="NONE",
+    )  # fmt: skip
+
+
+def _pool_options() -> dict:
+    return {
+        "padding": "VALID", "stride_h": 2, "stride_w": 2, "filter_height": 2, "filter_width": 2,
+        "fused_activation_function": "NONE",
+    }  # fmt: skip
+
+
+def conv_maxpool_relu_int8() -> bytes:
+    g = Q8()
+    x = g.input((1, 8, 8, 4), 0.05, 0)
+    c = _int8_conv(g, x, 8, 0.1, -10)
+    pooled = g.op("MAX_POOL_2D", [c], (1, 4, 4, 8), 0.1, -10, **_pool_options())
+    y = g.op("RELU", [pooled], pooled.shape, 0.1, -10)
+    return g.bytes(y)
+
+
+def conv_maxpool_relu_float(pool: str = "MAX_POOL_2D") -> bytes:
+    g = G()
+    x = g.input((1, 8, 8, 4))
+    pooled = g.op(pool, [g.conv(x, 8, 3)], (1, 4, 4, 8), **_pool_options())
+    return g.bytes(g.unary("RELU", pooled))
+
+
+@pytest.mark.parametrize("pool", ["MAX_POOL_2D", "AVERAGE_POOL_2D"])
+def test_float_pool_relu_stays_separate_for_edgetpu_and_fuses_for_xnnpack(pool: str) -> None:
+    from rulekit import optimize
+
+    before = conv_maxpool_relu_float(pool)
+    tpu, tpu_model, result = optimize(before, target="edgetpu")
+    assert ops(tpu_model) == ["CONV_2D", pool, "RELU"]
+    assert refusals(result, "FuseActivationIntoProducer") == [
+        f"the Edge TPU maps {pool} only with fused activation NONE: RELU stays a separate op"
+        " (delegates/edgetpu.toml)"
+    ]
+    assert_same_function(before, tpu)
+    cpu, cpu_model, _ = optimize(before, target="xnnpack")
+    assert ops(cpu_model) == ["CONV_2D", pool]
+    assert cpu_model.main.ops[1].fused_activation == "RELU"
+    assert_same_function(before, cpu)
+
+
+def test_int8_maxpool_relu_stays_separate_and_all_of_it_maps() -> None:
+    from rulekit import optimize
+
+    before = conv_maxpool_relu_int8()
+    tpu, tpu_model, _ = optimize(before, target="edgetpu")
+    assert ops(tpu_model) == ["CONV_2D", "MAX_POOL_2D", "RELU"]
+    assert mapped(tpu) == (3, 0)
+    agreement = verify.compare(before, tpu, int_atol=0)
+    assert agreement.identical and agreement.varies
+    cpu, cpu_model, _ = optimize(before, target="xnnpack")
+    assert ops(cpu_model) == ["CONV_2D", "MAX_POOL_2D"]
+    assert verify.compare(before, cpu, int_atol=1).ok
+    # what the edgetpu pipeline avoided: the predictor leaves the fused pool on the CPU
+    p = predict(cpu_model, "edgetpu")
+    assert [o.target for o in p.ops] == ["edgetpu", "cpu"]
+    assert "fused activation RELU" in p.ops[1].reason
+
+
+def test_every_fused_activation_the_edgetpu_pipeline_writes_is_in_its_row() -> None:
+    """The pipeline as a whole never fuses what the table forbids (pools, concatenation)."""
+    from rulekit import optimize
+
+    from tflfuse.targets import capability
+
+    g = G()
+    x = g.input((1, 8, 8, 4))
+    a = g.unary("RELU", g.op("MAX_POOL_2D", [g.conv(x, 8, 3)], (1, 4, 4, 8), **_pool_options()))
+    b = g.unary(
+        "RELU6", g.op("AVERAGE_POOL_2D", [g.conv(x, 8, 1)], (1, 4, 4, 8), **_pool_options())
+    )
+    c = g.unary("RELU", g.binary("ADD", a, b))
+    _, model, _ = optimize(g.bytes(c), target="edgetpu")
+    table = capability("edgetpu")
+    for op in model.main.ops:
+        row = table["ops"][op.type]
+        allowed = row.get("fused_activations", table["meta"]["default_fused_activations"])
+        assert op.fused_activation in allowed, (op.type, op.fused_activation)
+    assert [op.fused_activation for op in model.main.ops if op.type == "ADD"] == ["RELU"]
+
+
+# -- the quantized stage: what `convert` runs after quantizing ------------------------------------
+def test_quantized_pipeline_is_the_edgetpu_legalization_only() -> None:
+    from tflfuse.rules import pipeline
+
+    names = [p.name for p in pipeline(2, "edgetpu", quantized=True)]
+    assert names[: len(EDGETPU_LEGALIZATION)] == [p.name for p in EDGETPU_LEGALIZATION]
+    assert "DeferUnmappableOps" in names and "FuseActivationIntoProducer" not in names
+    assert pipeline(2, "xnnpack", quantized=True) == ()
+
+
+def test_legalize_quantized_reorders_an_int8_graph() -> None:
+    from tflfuse.rules.edgetpu import legalize_quantized
+
+    g = Q8()
+    x = g.input((1, 4, 4, 8), 0.05, 0)
+    axis = g.graph.add_constant("axis", np.array([3], np.int32))
+    side = g.graph.add_tensor("argmax", (1, 4, 4), "INT32")
+    g.graph.add_op("ARG_MAX", [x, axis], [side], {"output_type": 2})
+    y = g.op("MEAN", [x, g.graph.add_constant("hw", np.array([1, 2], np.int32))], (1, 8), 0.05, 0)
+    before = g.bytes(side, y)
+    model = flatbuffer.from_bytes(before)
+    result = legalize_quantized(model)
+    assert result.fired() == {"MeanToAveragePool": 1}
+    assert ops(model) == ["AVERAGE_POOL_2D", "RESHAPE", "ARG_MAX"]
+    assert verify.compare(before, flatbuffer.to_bytes(model), int_atol=1).ok
+
+
+MORE = Path(__file__).resolve().parents[1].parent / "shared" / "oracle" / "edgetpu-more"
+YOLOV8_INT8 = (
+    MORE
+    / "MaxwellHogan__coral_wifi_webserver"
+    / "yolov8n_saved_model__yolov8n_full_integer_quant"
+    / "yolov8n_full_integer_quant.tflite"
+)
+YAMNET_INT8 = MORE / "google-coral__coralmicro/models__yamnet_spectra_in/yamnet_spectra_in.tflite"
+
+
+@pytest.mark.skipif(not YOLOV8_INT8.is_file(), reason="../shared/oracle/edgetpu-more is absent")
+def test_legalize_quantized_defers_the_cpu_head_of_a_real_yolov8() -> None:
+    """The DFL SOFTMAX cuts the graph; the class-score branch does not depend on it, so it is
+    moved before it (the real int8 export, as Ultralytics wrote it)."""
+    from tflfuse.rules.edgetpu import legalize_quantized
+
+    data = YOLOV8_INT8.read_bytes()
+    model = flatbuffer.from_bytes(data)
+    before = predict(model, "edgetpu").mapped
+    order_before = [op.name for op in model.main.ops]
+    legalize_quantized(model, disabled=("ConcatFlattenedMapsInNHWC",))  # the reordering alone
+    order_after = [op.name for op in model.main.ops]
+    assert sorted(order_before) == sorted(order_after) and order_before != order_after
+    softmax = next(i for i, op in enumerate(model.main.ops) if op.type == "SOFTMAX")
+    logistic = max(i for i, op in enumerate(model.main.ops) if op.type == "LOGISTIC")
+    assert logistic < softmax  # the class scores no longer wait behind the box head
+    assert predict(model, "edgetpu").mapped > before
+    agreement = verify.compare(data, flatbuffer.to_bytes(model), runs=2, int_atol=0)
+    assert agreement.identical and agreement.varies
+
+
+@pytest.mark.skipif(not YAMNET_INT8.is_file(), reason="../shared/oracle/edgetpu-more is absent")
+def test_legalize_quantized_turns_a_real_int8_mean_into_a_pool() -> None:
+    """YAMNet's int8 head: MEAN over the 3x2 plane becomes AVERAGE_POOL_2D (+ requantize,
+    reshape); its float output (after FULLY_CONNECTED, LOGISTIC, DEQUANTIZE) stays within the
+    rule's two steps of the output scale."""
+    from tflfuse.rules.edgetpu import legalize_quantized
+
+    data = YAMNET_INT8.read_bytes()
+    model = flatbuffer.from_bytes(data)
+    assert "MEAN" in ops(model)
+    result = legalize_quantized(model)
+    assert result.fired() == {"MeanToAveragePool": 1}
+    assert "MEAN" not in ops(model) and "AVERAGE_POOL_2D" in ops(model)
+    step = float(model.main.ops[-1].inputs[0].quantization.scale[0])  # the DEQUANTIZE's input
+    agreement = verify.compare(data, flatbuffer.to_bytes(model), runs=3, atol=2 * step + 1e-7)
+    assert agreement.ok and agreement.varies
+
+
+# -- detection heads -------------------------------------------------------------------------------
+def nearest_upsample(dtype: str, factor: int, hpc: bool = True, align: bool = False) -> bytes:
+    g = G() if dtype == "FLOAT32" else Q8()
+    if dtype == "FLOAT32":
+        x = g.input((1, 3, 5, 4))
+        src = g.conv(x, 4, 1)
+    else:
+        x = g.input((1, 3, 5, 4), 0.05, 0)
+        src = x
+    size = g.graph.add_constant("size", np.array([3 * factor, 5 * factor], np.int32))
+    shape = (1, 3 * factor, 5 * factor, 4)
+    options = {"align_corners": align, "half_pixel_centers": hpc}
+    if dtype == "FLOAT32":
+        y = g.op("RESIZE_NEAREST_NEIGHBOR", [src, size], shape, **options)
+    else:
+        y = g.op("RESIZE_NEAREST_NEIGHBOR", [src, size], shape, 0.05, 0, **options)
+    y.producer.version = 3
+    return g.bytes(y)
+
+
+@pytest.mark.parametrize("factor", [2, 3])
+def test_half_pixel_nearest_upsample_float_becomes_version_1_exactly(factor: int) -> None:
+    from tflfuse.rules.edgetpu import DropHalfPixelCentersFromNearestResize
+
+    before = nearest_upsample("FLOAT32", factor)
+    after, model, result = apply(before, DropHalfPixelCentersFromNearestResize())
+    assert ops(model) == ["CONV_2D", "RESIZE_NEAREST_NEIGHBOR"]
+    resize = model.main.ops[1]
+    assert resize.options["half_pixel_centers"] is False and resize.version == 1
+    assert flatbuffer.from_bytes(after).main.ops[1].version == 1
+    agreement = assert_same_function(before, after, atol=0, rtol=0)
+    assert agreement.identical
+
+
+def test_half_pixel_nearest_upsample_int8_is_bit_exact_and_maps() -> None:
+    from tflfuse.rules.edgetpu import DropHalfPixelCentersFromNearestResize
+
+    before = nearest_upsample("INT8", 2)
+    after, model, _ = apply(before, DropHalfPixelCentersFromNearestResize())
+    assert model.main.ops[0].version == 2
+    agreement = verify.compare(before, after, int_atol=0)
+    assert agreement.identical and agreement.varies
+    assert mapped(before) == (0, 1) and mapped(after) == (1, 0)
+
+
+def test_half_pixel_downsample_and_align_corners_are_refused() -> None:
+    from tflfuse.rules.edgetpu import DropHalfPixelCentersFromNearestResize
+
+    g = G()
+    x = g.input((1, 6, 6, 2))
+    size = g.graph.add_constant("size", np.array([4, 4], np.int32))
+    y = g.op("RESIZE_NEAREST_NEIGHBOR", [x, size], (1, 4, 4, 2), half_pixel_centers=True)
+    _, model, result = apply(g.bytes(y), DropHalfPixelCentersFromNearestResize())
+    assert model.main.ops[0].options["half_pixel_centers"] is True
+    assert refusals(result, "DropHalfPixelCentersFromNearestResize") == [
+        "6x6 -> 4x4 is not an integer upscale"
+    ]
+    _, _, result = apply(
+        nearest_upsample("FLOAT32", 2, align=True), DropHalfPixelCentersFromNearestResize()
+    )
+    assert refusals(result, "DropHalfPixelCentersFromNearestResize") == [
+        "align_corners with half_pixel_centers picks other pixels"
+    ]
+
+
+def _flatten_nchw(g, x: Tensor, q8: bool) -> Tensor:
+    _, h, w, c = x.shape
+    perm = g.graph.add_constant("perm", np.array([0, 3, 1, 2], np.int32))
+    shape = g.graph.add_constant("shape", np.array([1, c, h * w], np.int32))
+    if q8:
+        s, z = float(x.quantization.scale[0]), int(x.quantization.zero_point[0])
+        t = g.op("TRANSPOSE", [x, perm], (1, c, h, w), s, z)
+        return g.op("RESHAPE", [t, shape], (1, c, h * w), s, z)
+    return g.op("RESHAPE", [g.op("TRANSPOSE", [x, perm], (1, c, h, w)), shape], (1, c, h * w))
+
+
+def yolo_head(q8: bool, requantize: bool = False) -> bytes:
+    """Three NHWC scales flattened channels-first and joined, then a class-score LOGISTIC.
+    int8: the join needs one scale on every input (TFLite's kernel); with `requantize` the
+    middle scale comes at another one and a QUANTIZE brings it there, as ai-edge-quantizer does."""
+    g = Q8() if q8 else G()
+    x = g.input((1, 8, 8, 6), 0.05, 0) if q8 else g.input((1, 8, 8, 6))
+    if q8:
+        maps = [x]
+        for size in (4, 2):
+            scale = 0.04 if requantize and size == 4 else 0.05
+            options = {**_pool_options(), "stride_h": 8 // size, "stride_w": 8 // size}
+            options["filter_height"] = options["filter_width"] = 8 // size
+            pooled = g.op("AVERAGE_POOL_2D", [x], (1, size, size, 6), 0.05, 0, **options)
+            if scale != 0.05:  # give the map its own scale first
+                pooled = g.op("QUANTIZE", [pooled], pooled.shape, scale, 0)
+            maps.append(pooled)
+    else:
+        maps = [g.conv(x, 6, 1), g.conv(x, 6, 3, stride=2), g.conv(x, 6, 3, stride=4)]
+    flat = [_flatten_nchw(g, m, q8) for m in maps]
+    if q8 and requantize:
+        flat[1] = g.op("QUANTIZE", [flat[1]], flat[1].shape, 0.05, 0)
+    n = sum(f.shape[2] for f in flat)
+    if q8:
+        joined = g.op("CONCATENATION", flat, (1, 6, n), 0.05, 0, axis=2,
+                      fused_activation_function="NONE")  # fmt: skip
+        y = g.op("LOGISTIC", [joined], joined.shape, 1 / 256, -128)
+    else:
+        joined = g.op("CONCATENATION", flat, (1, 6, n), axis=2, fused_activation_function="NONE")
+        y = g.unary("LOGISTIC", joined)
+    return g.bytes(y)
+
+
+def test_flattened_maps_join_in_nhwc_float_exactly() -> None:
+    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+
+    before = yolo_head(q8=False)
+    after, model, result = apply(before, ConcatFlattenedMapsInNHWC())
+    assert result.fired() == {"ConcatFlattenedMapsInNHWC": 1}
+    assert ops(model) == [
+        "CONV_2D", "CONV_2D", "CONV_2D", "RESHAPE", "RESHAPE", "RESHAPE", "CONCATENATION",
+        "TRANSPOSE", "LOGISTIC",
+    ]  # fmt: skip
+    assert model.main.ops[6].options["axis"] == 1 and model.main.ops[6].output.shape == (1, 84, 6)
+    assert assert_same_function(before, after, atol=0, rtol=0).identical
+
+
+@pytest.mark.parametrize("requantize", [False, True])
+def test_flattened_maps_join_in_nhwc_int8_bit_exactly(requantize: bool) -> None:
+    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+
+    before = yolo_head(q8=True, requantize=requantize)
+    after, model, _ = apply(before, ConcatFlattenedMapsInNHWC())
+    assert ops(model).count("TRANSPOSE") == 1
+    assert ops(model).count("QUANTIZE") == 2 * int(requantize)  # the map's own, and the moved one
+    agreement = verify.compare(before, after, int_atol=0)
+    assert agreement.identical and agreement.varies
+
+
+def test_a_join_of_maps_with_another_layout_is_left_alone() -> None:
+    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+
+    g = G()
+    x = g.input((1, 4, 4, 3))
+    a = _flatten_nchw(g, g.conv(x, 3, 1), q8=False)
+    other = g.graph.add_constant("shape2", np.array([1, 3, 16], np.int32))
+    b = g.op("RESHAPE", [g.conv(x, 3, 1), other], (1, 3, 16))  # no TRANSPOSE: another layout
+    y = g.op("CONCATENATION", [a, b], (1, 3, 32), axis=2, fused_activation_function="NONE")
+    _, model, result = apply(g.bytes(y), ConcatFlattenedMapsInNHWC())
+    assert ops(model).count("TRANSPOSE") == 1 and not result.fired()
+    assert refusals(result, "ConcatFlattenedMapsInNHWC") == [
+        "not every input is an NHWC map flattened channels-first"
+    ]
+
+
+def test_maps_with_different_channel_counts_are_refused() -> None:
+    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+
+    g = G()
+    x = g.input((1, 4, 4, 3))
+    a = _flatten_nchw(g, g.conv(x, 3, 1), q8=False)
+    b = _flatten_nchw(g, g.conv(x, 5, 1), q8=False)
+    # a join along the anchors needs equal channels; this one joins [1, 3, 16] and [1, 5, 16]
+    # along axis 2 of a deliberately inconsistent graph only to reach the refusal
+    y = g.graph.add_tensor("joined", (1, 3, 32))
+    g.graph.add_op("CONCATENATION", [a, b], [y], {"axis": 2, "fused_activation_function": "NONE"})
+    g.graph.outputs = [y]
+    result = PassManager([ConcatFlattenedMapsInNHWC()], validate=False).run(g.graph)
+    assert refusals(result, "ConcatFlattenedMapsInNHWC") == [
+        "the maps have different channel counts"
+    ]
+
+
+@pytest.mark.skipif(not YOLOV8_INT8.is_file(), reason="../shared/oracle/edgetpu-more is absent")
+def test_real_yolov8_head_joins_in_nhwc_bit_exactly() -> None:
+    """The Ultralytics int8 export: the head's feature-map TRANSPOSEs (two of which the real
+    compiler rejected, see its _edgetpu.log) become one after the join; outputs identical."""
+    from rulekit import optimize
+
+    data = YOLOV8_INT8.read_bytes()
+    out, model, result = optimize(data, target="edgetpu")
+    assert result.fired().get("ConcatFlattenedMapsInNHWC") == 1
+    before = flatbuffer.from_bytes(data)
+    assert ops(before).count("TRANSPOSE") == 5 and ops(model).count("TRANSPOSE") == 2
+    assert predict(model, "edgetpu").cpu < predict(before, "edgetpu").cpu
+    agreement = verify.compare(data, out, runs=2, int_atol=0)
+    assert agreement.identical and agreement.varies

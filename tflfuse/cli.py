@@ -202,12 +202,20 @@ def _add_check(sub: Any) -> None:
         help="predict a compile that allows several Edge TPU subgraphs (edgetpu_compiler -a)",
     )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    p.add_argument(
+        "--overlay",
+        metavar="FILE.json",
+        help="also write the placement as Model Explorer node data"
+        " (model-explorer MODEL --node_data_paths FILE.json)",
+    )
     p.set_defaults(func=_run_check)
 
 
 def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
 
+    if args.overlay:  # checked before any output: a bad destination writes and prints nothing
+        _check_overlay_destination(Path(args.model), Path(args.overlay))
     model = flatbuffer.load(args.model)
     prediction = targets.predict(
         model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
@@ -216,7 +224,21 @@ def _run_check(args: argparse.Namespace) -> int:
         _emit_json(prediction.to_dict(), "-")
     else:
         print(targets.format_prediction(prediction, args.model))
+    if args.overlay:
+        from tflfuse import overlay
+
+        overlay.write(args.overlay, model, prediction)
+        if not args.json:
+            print(f"node data for Model Explorer: {args.overlay}")
     return 0
+
+
+def _check_overlay_destination(model: Path, out: Path) -> None:
+    if same_file(model, out):
+        raise UsageError(f"{out}: --overlay would overwrite the model")
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"{out}: folder {folder} does not exist")
 
 
 # -- convert -------------------------------------------------------------------------------------

@@ -54,10 +54,19 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     return tuple(EDGETPU_LEGALIZATION)
 
 
-def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
-    """The rules and passes for an optimization level (0: none) and target."""
+def pipeline(
+    level: int, target: str = "xnnpack", *, quantized: bool = False
+) -> tuple[Rule | Pass, ...]:
+    """The rules and passes for an optimization level (0: none) and target.
+
+    `quantized=True` is the stage after quantization: only the target's legalization of the int8
+    model (Edge TPU: the rules' int8 forms, then `DeferUnmappableOps`), nothing for other targets.
+    """
     if level <= 0:
         return ()
+    if quantized:
+        legalize = _edgetpu_legalization() if target == "edgetpu" else ()
+        return (*legalize, DeadCodeElimination(), TopologicalSort()) if legalize else ()
     cleanup: tuple[Rule | Pass, ...] = (
         FoldConstants(),
         MergeDuplicateConstants(),
@@ -68,7 +77,7 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
     epilogue: tuple[Rule | Pass, ...] = (
         FoldBiasIntoProducer(),
         FoldScaleIntoProducer(),
-        FuseActivationIntoProducer(),
+        FuseActivationIntoProducer(target),
     )
     if level == 1:
         return (*epilogue, *cleanup)

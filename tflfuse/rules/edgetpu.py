@@ -14,12 +14,23 @@ one requantization and the result stays within a step or two of the original. GE
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
-from tflfuse.ir import Graph, Op, Quantization, Tensor
-from tflfuse.rewrite import Match, OpPattern, Pass, PatternBuilder, Refusal, Rule, refuse
-from tflfuse.rules.common import NotApplicable, is_float
+from tflfuse.ir import Graph, Model, Op, Quantization, Tensor
+from tflfuse.rewrite import (
+    Match,
+    OpPattern,
+    Pass,
+    PassManager,
+    PassResult,
+    PatternBuilder,
+    Refusal,
+    Rule,
+    refuse,
+)
+from tflfuse.rules.common import NotApplicable, is_float, single_reader
 from tflfuse.targets import capability, edgetpu_op_status
 
 _INT_TYPES = ("INT8", "UINT8")
@@ -437,6 +448,157 @@ def _resize_limit(op_type: str) -> int:
     return int(capability("edgetpu")["ops"][op_type].get("max_output_plane", 1 << 30))
 
 
+# -- detection heads (YOLOv5/v8 exports) -----------------------------------------------------------
+def _resize_version(dtype: str) -> int:
+    """TFLite's version of RESIZE_NEAREST_NEIGHBOR without half_pixel_centers/align_corners
+    (op_version.cc: 4 for int16, 2 for int8, else 1)."""
+    return {"INT16": 4, "INT8": 2}.get(dtype, 1)
+
+
+class DropHalfPixelCentersFromNearestResize(Rule):
+    """RESIZE_NEAREST_NEIGHBOR(x, half_pixel_centers=True), integer factors  =>
+    RESIZE_NEAREST_NEIGHBOR(x, half_pixel_centers=False) (op version 3 => 1, int8 2).
+
+    For an output index o = k f + r (0 <= r < f, f = out/in an integer) the source row is
+    floor((o + 0.5) / f) = k with half-pixel centers and floor(o / f) = k without: the same
+    pixel, so the same values in float and int8. litert-torch writes every nearest upsample this
+    way (PyTorch's convention); version 3 is what older compilers reject (gh420).
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0  # the same pixels are copied
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.RESIZE_NEAREST_NEIGHBOR(p.x, p.const("size"))
+
+    def check(self, m: Match) -> Refusal | None:
+        op, x = m.root, m.x
+        if not op.options.get("half_pixel_centers"):
+            return NotApplicable("no half_pixel_centers")
+        if op.options.get("align_corners"):
+            return refuse("align_corners with half_pixel_centers picks other pixels")
+        if len(x.shape) != 4 or len(op.output.shape) != 4:
+            return refuse(f"input {list(x.shape)} is not an NHWC image")
+        (_, h, w, _), (_, big_h, big_w, _) = x.shape, op.output.shape
+        if min(h, w) < 1 or big_h % h or big_w % w:
+            return refuse(f"{h}x{w} -> {big_h}x{big_w} is not an integer upscale")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        op = m.root
+        op.options = {**op.options, "half_pixel_centers": False}
+        op.version = _resize_version(m.x.dtype)
+
+
+_NCHW_FROM_NHWC = [0, 3, 1, 2]
+
+
+def _flattened_nchw(graph: Graph, t: Tensor | None) -> tuple[Tensor, Quantization | None] | None:
+    """(x, q) when `t` = [QUANTIZE to q](RESHAPE(TRANSPOSE(x [1, H, W, C], [0, 3, 1, 2]),
+    [1, C, H*W])), each step read only there and the layout steps keeping x's quantization
+    (ai-edge-quantizer puts a requantizing QUANTIZE before a join); else None."""
+    requant = None
+    op = t.producer if t is not None else None
+    if op is not None and op.type == "QUANTIZE" and single_reader(graph, t):
+        if not (t.is_quantized and op.inputs[0] is not None and op.inputs[0].is_quantized):
+            return None
+        requant, t = t.quantization, op.inputs[0]
+        op = t.producer
+    if op is None or op.type != "RESHAPE" or not single_reader(graph, t):
+        return None
+    mid = op.inputs[0]
+    transpose = mid.producer if mid is not None else None
+    if transpose is None or transpose.type != "TRANSPOSE" or not single_reader(graph, mid):
+        return None
+    perm = transpose.inputs[1]
+    if perm is None or not perm.is_constant:
+        return None
+    x = transpose.inputs[0]
+    if [int(v) for v in np.asarray(perm.data).reshape(-1)] != _NCHW_FROM_NHWC:
+        return None
+    if len(x.shape) != 4 or x.shape[0] != 1:
+        return None
+    _, h, w, c = x.shape
+    if t.shape != (1, c, h * w):
+        return None
+    for q in (mid.quantization, t.quantization):
+        if x.is_quantized and (q is None or not q.same_as(x.quantization)):
+            return None
+    return x, requant
+
+
+class ConcatFlattenedMapsInNHWC(Rule):
+    """CONCATENATION_2(RESHAPE(TRANSPOSE(x_i, [0,3,1,2]), [1, C, H_i W_i]) ...)  =>
+    TRANSPOSE(CONCATENATION_1(RESHAPE(x_i, [1, H_i W_i, C]) ...), [0, 2, 1]).
+    (A requantizing QUANTIZE between an input's RESHAPE and the join moves along.)
+
+    The detection head of YOLOv5/v8 exports flattens each feature map [1, H, W, C] to channels-
+    first [1, C, H W] and joins the scales along the anchors. Flattening in NHWC order is a plain
+    reshape (no data moves), and one TRANSPOSE after the join gives the same [1, C, N] tensor:
+    element (c, offset_i + h W_i + w) is x_i[h, w, c] either way. Pure data movement, so exact
+    in float and int8 (the join's requantization is element-wise and unchanged). Three layout
+    TRANSPOSEs of whole feature maps become one; on the real YOLOv8n pair the compiler rejected
+    the feature-map TRANSPOSEs of the 40x40 and 80x80 scales (not the 20x20 one).
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0  # data movement only
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.CONCATENATION()
+
+    def _maps(self, m: Match) -> list[tuple[Tensor, Quantization | None]] | Refusal:
+        op = m.root
+        out = op.output
+        if len(out.shape) != 3 or int(op.options.get("axis", 0)) % 3 != 2:
+            return NotApplicable("not a join along the last axis of a 3-D tensor")
+        if op.fused_activation != "NONE":
+            return refuse("the join has a fused activation")
+        maps = [_flattened_nchw(m.graph, t) for t in op.inputs]
+        if any(x is None for x in maps):
+            return NotApplicable("not every input is an NHWC map flattened channels-first")
+        if len({x.shape[3] for x, _ in maps}) != 1:
+            return refuse("the maps have different channel counts")
+        return maps
+
+    def check(self, m: Match) -> Refusal | None:
+        maps = self._maps(m)
+        return maps if isinstance(maps, Refusal) else None
+
+    def rewrite(self, m: Match) -> None:
+        g, op = m.graph, m.root
+        maps = self._maps(m)
+        out = op.output
+        c = maps[0][0].shape[3]
+        at = _take_out(g, op)
+        rows = []
+        for i, (x, requant) in enumerate(maps):
+            shape = (1, x.shape[1] * x.shape[2], c)
+            row = g.add_tensor(f"{out.name}/nhwc{i}", shape, x.dtype, quantization=x.quantization)
+            target = g.add_constant(f"{row.name}/shape", np.array(shape, np.int32), "INT32")
+            g.add_op("RESHAPE", [x, target], [row], before=at)
+            if requant is not None:  # the same requantization, on the NHWC rows
+                moved = g.add_tensor(
+                    f"{row.name}/requantized", shape, x.dtype, quantization=requant
+                )
+                g.add_op("QUANTIZE", [row], [moved], before=at)
+                row = moved
+            rows.append(row)
+        n = sum(r.shape[1] for r in rows)
+        joined = g.add_tensor(
+            f"{out.name}/nhwc", (1, n, c), out.dtype, quantization=out.quantization
+        )
+        g.add_op(
+            "CONCATENATION",
+            rows,
+            [joined],
+            {"axis": 1, "fused_activation_function": "NONE"},
+            before=at,
+        )
+        perm = g.add_constant(f"{out.name}/perm", np.array([0, 2, 1], np.int32), "INT32")
+        g.add_op("TRANSPOSE", [joined, perm], [out], before=at)
+
+
 # -- order -----------------------------------------------------------------------------------------
 class DeferUnmappableOps(Pass):
     """Order ops so those the Edge TPU cannot map come as late as the data flow allows.
@@ -484,6 +646,28 @@ def _ordered(graph: Graph, late: dict[Op, bool]) -> list[Op]:
     return order if len(order) == len(graph.ops) else list(graph.ops)
 
 
+# -- fusions the compiler would refuse -------------------------------------------------------------
+def fused_activation_refusal(op_type: str, activation: str) -> Refusal | None:
+    """Why fusing `activation` into an `op_type` op would cost the Edge TPU that op, or None.
+
+    The answer is the op's row in `delegates/edgetpu.toml` (`fused_activations`, else the table's
+    `default_fused_activations`): a pool row allows only NONE, so MAX_POOL_2D + RELU stays two
+    ops, both mapped, instead of one fused pool the compiler leaves on the CPU. An op outside the
+    table runs on the CPU either way: no objection then.
+    """
+    table = capability("edgetpu")
+    row = table["ops"].get(op_type)
+    if row is None:
+        return None
+    allowed = row.get("fused_activations", table["meta"]["default_fused_activations"])
+    if activation in allowed:
+        return None
+    return refuse(
+        f"the Edge TPU maps {op_type} only with fused activation {', '.join(allowed)}: "
+        f"{activation} stays a separate op (delegates/edgetpu.toml)"
+    )
+
+
 EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
     LegalizeLeakyRelu(),
     LegalizeHardSwish(),
@@ -491,5 +675,19 @@ EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
     MeanToAveragePool(),
     SplitOversizedAveragePool(),
     SplitOversizedResize(),
+    DropHalfPixelCentersFromNearestResize(),
+    ConcatFlattenedMapsInNHWC(),
     DeferUnmappableOps(),
 )
+
+
+def legalize_quantized(model: Model, disabled: Sequence[str] = ()) -> PassResult:
+    """Legalize an int8/uint8 model for the Edge TPU in place; what `convert` runs on the
+    quantized fused model (the float pipeline cannot: nothing maps before quantization, so
+    `DeferUnmappableOps` and the int8 forms of the rules only act here).
+
+    The same passes as `tflfuse.rules.pipeline(2, "edgetpu", quantized=True)`.
+    """
+    from tflfuse.rules import pipeline
+
+    return PassManager(pipeline(2, "edgetpu", quantized=True), disabled=disabled).run(model)

@@ -11,6 +11,7 @@ import numpy as np
 from tflfuse.ir import Op, Quantization, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rules import common
+from tflfuse.rules.edgetpu import fused_activation_refusal
 
 # Producers whose TFLite kernels apply a fused activation, and the activations they take.
 _ACTIVATION_OPS = ("RELU", "RELU6", "RELU_N1_TO_1", "TANH")
@@ -38,7 +39,8 @@ class FuseActivationIntoProducer(Rule):
     2-D pool. Float: exact (the kernel clamps the same values). int8: the fused op writes the
     activation's output tensor, so it requantizes once to the activation's scale instead of
     twice: equal to within one step. TANH is matched only to say why it stays: these kernels
-    clamp, they do not apply a fused TANH.
+    clamp, they do not apply a fused TANH. For the Edge TPU a fusion its table forbids (a pool
+    with a fused activation) is refused: the separate RELU maps, the fused pool would not.
     """
 
     quantized_ok = True
@@ -46,10 +48,17 @@ class FuseActivationIntoProducer(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any(*_ACTIVATION_OPS)(p.any(*_PRODUCERS)(..., out="y"))
 
+    def __init__(self, target: str = "xnnpack") -> None:
+        self.target = target
+
     def check(self, m: Match) -> Refusal | None:
         producer, act = m.y.op, m.root
         if act.type not in _CLAMPS:
             return refuse(f"{producer.type} kernels do not apply a fused {act.type}")
+        if self.target == "edgetpu":
+            refusal = fused_activation_refusal(producer.type, act.type)
+            if refusal is not None:
+                return refusal
         if producer.fused_activation != "NONE":
             return refuse(
                 f"{producer.type} already has fused activation {producer.fused_activation}"
