@@ -237,33 +237,37 @@ def _add_convert(sub: Any) -> None:
     p.add_argument("--samples", type=int, help="override the number of calibration samples")
     p.add_argument("--scale", type=float, help="image calibration: x / 255 * SCALE + OFFSET")
     p.add_argument("--offset", type=float, help="image calibration offset")
-    p.add_argument(
-        "--select-tf-ops",
-        action="store_true",
-        default=None,
-        help="keep TF ops with no TFLite builtin as Flex ops (CPU targets only)",
-    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_run_convert)
+
+
+# recipe field -> the flag that overrides it (recipe errors name the flag, not the file)
+_RECIPE_FLAGS = {
+    "quant_mode": "--quant",
+    "input_type": "--input-type",
+    "output_type": "--output-type",
+    "target": "--target",
+    "level": "--level",
+    "samples": "--samples",
+    "scale": "--scale",
+    "offset": "--offset",
+}
+
+
+def _recipe_from_args(args: argparse.Namespace) -> Any:
+    """The recipe named by --recipe with the override flags applied (errors name the flag)."""
+    from tflfuse import recipe as recipe_mod
+
+    overrides = {f: getattr(args, flag[2:].replace("-", "_")) for f, flag in _RECIPE_FLAGS.items()}
+    return recipe_mod.load(args.recipe).override(labels=_RECIPE_FLAGS, **overrides)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
     from tflfuse.convert import convert_keras
 
-    overrides = {
-        "quant_mode": args.quant,
-        "input_type": args.input_type,
-        "output_type": args.output_type,
-        "target": args.target,
-        "level": args.level,
-        "samples": args.samples,
-        "scale": args.scale,
-        "offset": args.offset,
-        "select_tf_ops": args.select_tf_ops,
-    }
     result = convert_keras(
         args.model,
-        recipe=args.recipe,
+        recipe=_recipe_from_args(args),
         calibration=args.calib,
         output_dir=Path(args.output),
         seed=args.seed,
@@ -271,7 +275,6 @@ def _run_convert(args: argparse.Namespace) -> int:
         allow_lambda=args.allow_lambda,
         progress=not args.json,
         quiet=False,
-        **{k: v for k, v in overrides.items() if v is not None},
     )
     r = result.report
     if args.json:

@@ -149,7 +149,7 @@ def tflite_convert(
         names = _flex_ops(text)
         if names:
             hint = (
-                "pass --select-tf-ops to keep them as TF (Flex) ops, CPU only"
+                "tflfuse converts to TFLite builtins only; replace them in the model"
                 if target in ("xnnpack", "cpu")
                 else f"the {target} cannot run TF ops; replace them in the model"
             )

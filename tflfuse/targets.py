@@ -17,13 +17,13 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op, Tensor
+from tflfuse.resources import Traversable, data_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,9 +35,9 @@ FLOAT_TYPES = frozenset({"FLOAT32", "FLOAT16", "FLOAT64"})
 
 
 # -- capability tables ---------------------------------------------------------------------------
-def _table_dirs() -> list[Path]:
-    here = Path(__file__).resolve().parent
-    return [here.parent / "delegates", here / "data"]
+def _table_dirs() -> list[Traversable]:
+    """Where the delegate tables are: the package data (`tflfuse.resources`)."""
+    return [data_dir("delegates")]
 
 
 @functools.cache
