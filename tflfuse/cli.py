@@ -15,7 +15,13 @@ from typing import Any
 
 from tflfuse import __version__
 from tflfuse.errors import TflfuseError, UsageError
-from tflfuse.files import atomic_write_bytes, atomic_write_text, same_file
+from tflfuse.files import (
+    Terminated,
+    atomic_write_bytes,
+    atomic_write_text,
+    same_file,
+    signals_raise,
+)
 
 
 def _emit_json(payload: Any, destination: str | None) -> None:
@@ -226,6 +232,11 @@ def _add_convert(sub: Any) -> None:
     )
     p.add_argument("--calib", metavar="DATA", help="calibration data: .npy, .npz or image folder")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output folder")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier result in OUTDIR (all its files; refused for other folders)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and checks (default 0)")
     p.add_argument("--batch", type=int, default=1, help="size a dynamic batch is pinned to")
     p.add_argument("--allow-lambda", action="store_true", help="load Lambda layers (trusted files)")
@@ -275,6 +286,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         allow_lambda=args.allow_lambda,
         progress=not args.json,
         quiet=False,
+        force=args.force,
     )
     r = result.report
     if args.json:
@@ -439,13 +451,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        with signals_raise():  # SIGTERM/SIGHUP unwind like Ctrl-C: temp files are removed
+            return args.func(args)
     except TflfuseError as exc:
         print(f"tflfuse: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("tflfuse: interrupted", file=sys.stderr)
         return 130
+    except Terminated as exc:
+        print(f"tflfuse: terminated by signal {exc.signum}", file=sys.stderr)
+        return 128 + exc.signum
 
 
 if __name__ == "__main__":
