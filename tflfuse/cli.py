@@ -8,7 +8,9 @@ one line `tflfuse: error: ...`, exit code 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from tflfuse.files import (
     Terminated,
     atomic_write_bytes,
     atomic_write_text,
+    check_destination,
     same_file,
     signals_raise,
 )
@@ -206,9 +209,19 @@ def _add_check(sub: Any) -> None:
     p.set_defaults(func=_run_check)
 
 
+_VERSION = re.compile(r"\d+(\.\d+){0,2}")
+
+
 def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
 
+    if args.compiler_version is not None:
+        if args.target != "edgetpu":
+            raise UsageError("--compiler-version is for --target edgetpu only")
+        if not _VERSION.fullmatch(args.compiler_version):
+            raise UsageError(
+                f"--compiler-version {args.compiler_version!r} is not a version (e.g. 14.1, 16.0)"
+            )
     model = flatbuffer.load(args.model)
     prediction = targets.predict(model, args.target, args.compiler_version)
     if args.json:
@@ -327,11 +340,19 @@ def _add_bench(sub: Any) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from tflfuse.bench import format_table, plot_latencies, run_benchmark
+    from tflfuse.bench import check_arguments, format_table, plot_latencies, run_benchmark
+    from tflfuse.runtime import check_delegate_name
 
-    for out in (args.json, args.plot):
-        if out and out != "-" and any(same_file(Path(m), Path(out)) for m in args.models):
-            raise UsageError(f"{out}: output would overwrite a model")
+    # everything that could fail after the benchmark is checked before it
+    check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")
+    check_delegate_name(args.delegate)
+    for flag, out in (("--json", args.json), ("--plot", args.plot)):
+        if out and out != "-":
+            if any(same_file(Path(m), Path(out)) for m in args.models):
+                raise UsageError(f"{out}: output would overwrite a model")
+            check_destination(Path(out), f"{flag} output")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'tflfuse[plot]'")
     result = run_benchmark(
         args.models,
         delegate=args.delegate,
@@ -398,8 +419,15 @@ def _run_example(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.suffix != ".keras":
         raise UsageError(f"{out}: the example is saved as a .keras file")
-    if not out.parent.is_dir():
-        raise UsageError(f"{out}: folder {out.parent} does not exist")
+    check_destination(out, "model")
+    if args.calib:
+        if Path(args.calib).suffix != ".npy":
+            raise UsageError(f"{args.calib}: --calib writes a .npy file")
+        check_destination(Path(args.calib), "calibration data")
+    if args.name == "digits_cnn" and importlib.util.find_spec("sklearn") is None:
+        raise UsageError(
+            "example digits_cnn trains on scikit-learn's digits: pip install scikit-learn"
+        )
     if args.name == "digits_cnn":
         from tflfuse import digits
 

@@ -236,3 +236,15 @@ def signals_raise() -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def check_destination(path: Path, what: str = "output") -> None:
+    """A one-line error now, before any work, if a file could not be written at `path` later."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise TflfuseError(f"{path}: is a folder; the {what} needs a file name")
+    if not folder.is_dir():
+        raise TflfuseError(f"{path}: folder {folder} does not exist")
+    if not _writable(folder) or (path.exists() and not os.access(path, os.W_OK)):
+        raise TflfuseError(f"{path}: cannot write the {what} there (permission denied)")
