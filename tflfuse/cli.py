@@ -8,6 +8,7 @@ one line `tflfuse: error: ...`, exit code 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import re
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tflfuse import __version__
+from tflfuse import __version__, quiet
 from tflfuse.errors import TflfuseError, UsageError
 from tflfuse.files import (
     Terminated,
@@ -470,16 +471,26 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fused, quantized, target-aware TensorFlow Lite models for edge devices.",
     )
     parser.add_argument("--version", action="version", version=f"tflfuse {__version__}")
+    verbose_help = "also show what TensorFlow, the converter and the interpreter print"
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _COMMANDS:
         add(sub)
+    for command in sub.choices.values():  # `tflfuse convert ... -v` works too
+        command.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
+        )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    log = None
     try:
-        with signals_raise():  # SIGTERM/SIGHUP unwind like Ctrl-C: temp files are removed
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(signals_raise())  # SIGTERM/SIGHUP unwind: temp files removed
+            if not args.verbose:  # library chatter goes to a temp file (tflfuse.quiet)
+                log = stack.enter_context(quiet.captured())
             return args.func(args)
     except TflfuseError as exc:
         print(f"tflfuse: error: {exc}", file=sys.stderr)
@@ -490,6 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated as exc:
         print(f"tflfuse: terminated by signal {exc.signum}", file=sys.stderr)
         return 128 + exc.signum
+    except Exception:  # a bug: what the libraries said may explain it, so show it first
+        if log is not None and log.text():
+            sys.stderr.write("tflfuse: library output before the failure:\n" + log.text())
+        raise
 
 
 if __name__ == "__main__":
