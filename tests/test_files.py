@@ -139,7 +139,7 @@ def slow(args):
     tmp = files.prepare_output(Path(sys.argv[1]))
     try:
         (tmp / "model.tflite").write_bytes(b"x" * 1000)
-        print(tmp, flush=True)
+        Path(sys.argv[2]).write_text(str(tmp))  # stdout is captured (tflfuse.quiet)
         time.sleep(60)
         files.publish(tmp, Path(sys.argv[1]))
     except BaseException:
@@ -158,16 +158,21 @@ def test_a_signal_leaves_nothing_behind(tmp_path: Path, signum: int) -> None:
     out = tmp_path / "out"
     script = tmp_path / "slow.py"
     script.write_text(textwrap.dedent(_SLOW_WRITER))
+    ready = tmp_path / "ready"
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(out)],
+        [sys.executable, str(script), str(out), str(ready)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
-    tmp = Path(proc.stdout.readline().strip())
-    assert tmp.is_dir()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ready.exists() and ready.read_text():
+            break
+        time.sleep(0.05)
+    tmp = Path(ready.read_text())
+    assert tmp.is_dir() and (tmp / "model.tflite").is_file()
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == (130 if signum == signal.SIGINT else 128 + signum)
