@@ -97,6 +97,20 @@ def test_output_on_another_device_builds_inside_it(
     assert (out / "report.json").read_text() == "new"
 
 
+def test_writable_folder_under_a_read_only_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(files, "_writable", lambda folder: Path(folder) != tmp_path.resolve())
+    tmp = files.prepare_output(out)
+    assert tmp.parent == out.resolve()  # built inside, not beside
+    (tmp / "report.json").write_text("{}")
+    files.publish(tmp, out)
+    assert [p.name for p in out.iterdir()] == ["report.json"]
+    assert _leftovers(tmp_path) == [] and _leftovers(out) == []
+
+
 def test_a_real_mount_point(tmp_path: Path) -> None:
     mnt = tmp_path / "mnt"
     mnt.mkdir()
