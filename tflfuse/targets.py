@@ -17,13 +17,13 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op, Tensor
-from tflfuse.resources import Traversable, data_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,9 +35,12 @@ FLOAT_TYPES = frozenset({"FLOAT32", "FLOAT16", "FLOAT64"})
 
 
 # -- capability tables ---------------------------------------------------------------------------
-def _table_dirs() -> list[Traversable]:
-    """Where the delegate tables are: the package data (`tflfuse.resources`)."""
-    return [data_dir("delegates")]
+def _table_dirs() -> list[Path]:
+    """Where the delegate tables are: the package data, found by `tflfuse.resources` (a wheel's
+    `tflfuse/data/delegates/`, or `delegates/` of the checkout)."""
+    from tflfuse.resources import data_dir
+
+    return [Path(str(data_dir("delegates")))]  # a Path for every file-system install
 
 
 @functools.cache
