@@ -167,3 +167,18 @@ def test_convert_refuses_a_non_empty_output_folder_first(tmp_path: Path, capsys)
     _fails(base, tmp_path, capsys, "folder is not empty (pass --force")
     _fails([*base, "--force"], tmp_path, capsys, "holds no earlier tflfuse result")
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_argument_errors_are_one_line_too(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["convert", "m.keras", "-o", str(tmp_path / "o"), "--level", "5"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("tflfuse: error: argument --level: invalid choice: 5")
+    _fails(
+        ["convert", "m.keras", "-o", str(tmp_path / "o"), "--batch", "0"],
+        tmp_path,
+        capsys,
+        "--batch",
+    )

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from tflfuse import __version__, quiet
 from tflfuse.errors import TflfuseError, UsageError
@@ -290,6 +290,8 @@ def _recipe_from_args(args: argparse.Namespace) -> Any:
 def _run_convert(args: argparse.Namespace) -> int:
     from tflfuse.convert import convert_keras
 
+    if args.batch < 1:
+        raise UsageError(f"--batch must be at least 1, not {args.batch}")
     result = convert_keras(
         args.model,
         recipe=_recipe_from_args(args),
@@ -465,8 +467,15 @@ _COMMANDS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line like every other error (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"tflfuse: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tflfuse",
         description="Fused, quantized, target-aware TensorFlow Lite models for edge devices.",
     )
