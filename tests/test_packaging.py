@@ -1,14 +1,15 @@
 """The built wheel carries its data (recipes, delegate tables, device scripts) and works from
 outside the checkout: recipes load, `check` and `optimize` run, a device bundle is made and runs.
 
-Builds the wheel once (pip, ~5 s) and unpacks it into a temp folder used as the only place
-tflfuse can be imported from; the dependencies come from the test's own environment.
+Builds the wheel once (pip, ~5 s, from a copy of the sources) and unpacks it into a temp folder,
+the only place tflfuse is then imported from; the dependencies come from the test's environment.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,11 +24,23 @@ from tflfuse.resources import FOLDERS
 REPO = Path(__file__).resolve().parents[1]
 
 
+# what a clean checkout holds that the build reads (copied, so that the build leaves no build/
+# or *.egg-info in the checkout and a stale build/ there cannot leak into the wheel)
+_SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "tflfuse", *FOLDERS)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("src")
+    for name in _SOURCES:
+        if (REPO / name).is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+            shutil.copytree(REPO / name, src / name, ignore=ignore)
+        else:
+            shutil.copy2(REPO / name, src / name)
     out = tmp_path_factory.mktemp("wheel")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(REPO), "-w", str(out)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(out)],
         capture_output=True,
         text=True,
         check=False,
