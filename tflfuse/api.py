@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 ModelSource = Any  # a .tflite path (str or Path), its bytes, or a tflfuse.ir.Model
 CHECK_TARGETS = ("edgetpu", "xnnpack", "gpu")
-_VERSION = re.compile(r"\d+(\.\d+){0,2}")
+COMPILER_VERSION = re.compile(r"\d+(\.\d+){0,2}")  # "16.0", "14.1", "16.0.384591198"
 
 
 def _integer(name: str, value: Any, least: int) -> None:
@@ -136,7 +136,9 @@ def check(
     if compiler_version is not None:
         if target != "edgetpu":
             raise UsageError("compiler_version is for target 'edgetpu' only")
-        if not isinstance(compiler_version, str) or not _VERSION.fullmatch(compiler_version):
+        if not isinstance(compiler_version, str) or not COMPILER_VERSION.fullmatch(
+            compiler_version
+        ):
             raise UsageError(f"compiler_version {compiler_version!r} is not a version (e.g. 14.1)")
     if not isinstance(model, Model):
         data, source = _model_bytes(model)

@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -210,16 +209,14 @@ def _add_check(sub: Any) -> None:
     p.set_defaults(func=_run_check)
 
 
-_VERSION = re.compile(r"\d+(\.\d+){0,2}")
-
-
 def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
+    from tflfuse.api import COMPILER_VERSION
 
     if args.compiler_version is not None:
         if args.target != "edgetpu":
             raise UsageError("--compiler-version is for --target edgetpu only")
-        if not _VERSION.fullmatch(args.compiler_version):
+        if not COMPILER_VERSION.fullmatch(args.compiler_version):
             raise UsageError(
                 f"--compiler-version {args.compiler_version!r} is not a version (e.g. 14.1, 16.0)"
             )
