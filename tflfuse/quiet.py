@@ -9,7 +9,7 @@ silences only part of it.
 
 `captured()` takes both: fds 1 and 2 point at a temp file for the duration, and sys.stdout and
 sys.stderr become routers that pass a write to the terminal only when tflfuse's own code made it
-(the first frame outside the stdlib's io/logging/warnings and tqdm is in a `tflfuse` module) and
+(the first frame outside the stdlib's io/logging/warnings and tqdm is in a file of this package) and
 send everything else to the same temp file. The captured text is kept (`Capture.text()`), so the
 CLI shows it when it matters (a crash) and `-v` skips the capture altogether.
 """
@@ -34,7 +34,7 @@ _SELF = os.path.abspath(__file__)
 
 
 def _is_plumbing(frame: Any) -> bool:
-    if frame.f_code.co_filename == _SELF:
+    if os.path.abspath(frame.f_code.co_filename) == _SELF:
         return True
     module = frame.f_globals.get("__name__", "")
     return any(module == p or module.startswith(p + ".") for p in _PLUMBING)
