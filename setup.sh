@@ -10,14 +10,14 @@ cd "$(dirname "$0")"
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev]"
-export TF_CPP_MIN_LOG_LEVEL=3
-tflfuse=.venv/bin/tflfuse
+tflfuse=.venv/bin/tflfuse   # quiet by default: add -v to see what TensorFlow prints
 mkdir -p out
 
 $tflfuse example digits_cnn -o out/digits.keras --calib out/digits_calib.npy
-$tflfuse convert out/digits.keras --recipe edgetpu --calib out/digits_calib.npy -o out/edgetpu
+# --force: a second run replaces the results of the first (and nothing else)
+$tflfuse convert out/digits.keras --recipe edgetpu --calib out/digits_calib.npy -o out/edgetpu --force
 $tflfuse check out/edgetpu/model.tflite --target edgetpu
-$tflfuse convert out/digits.keras --recipe xnnpack-int8 --calib out/digits_calib.npy -o out/xnnpack
+$tflfuse convert out/digits.keras --recipe xnnpack-int8 --calib out/digits_calib.npy -o out/xnnpack --force
 $tflfuse bench out/xnnpack/model_unfused.tflite out/xnnpack/model_stock.tflite \
   out/xnnpack/model.tflite --runs 300 --json out/xnnpack/bench.json
 echo

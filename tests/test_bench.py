@@ -132,7 +132,7 @@ def test_models_with_one_signature_get_the_same_inputs(models) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"runs": 0}, "--runs"),
+        ({"runs": 0}, "runs must be at least 1"),
         ({"delegate": "tpu9000"}, "unknown delegate"),
         ({"delegate": "external:/no/such/delegate.so"}, "does not exist"),
         ({"delegate": "edgetpu"}, "edgetpu delegate"),

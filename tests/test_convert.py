@@ -184,6 +184,9 @@ def _leftovers(folder: Path) -> list[str]:
         "no_parent",
         "output_is_file",
         "bad_recipe",
+        "empty_npy",
+        "truncated_npz",
+        "output_not_empty",
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(problem, cnn, digits, tmp_path, capsys) -> None:
@@ -201,6 +204,9 @@ def test_bad_input_is_one_line_and_writes_nothing(problem, cnn, digits, tmp_path
         "no_parent": "does not exist",
         "output_is_file": "is not a folder",
         "bad_recipe": "unknown recipe",
+        "empty_npy": "calib.npy: not a readable .npy file: the file is empty",
+        "truncated_npz": "calib.npz: not a readable .npz file: truncated or corrupt",
+        "output_not_empty": "out: folder is not empty (pass --force",
     }[problem]
     if problem == "wrong_shape":
         np.save(calib, np.zeros((4, 9, 9, 1), np.float32))
@@ -223,6 +229,16 @@ def test_bad_input_is_one_line_and_writes_nothing(problem, cnn, digits, tmp_path
         (tmp_path / "out").write_text("x")
     if problem == "bad_recipe":
         args += ["--recipe", "tpu9000"]
+    if problem == "empty_npy":
+        calib.write_bytes(b"")
+    if problem == "truncated_npz":
+        np.savez(tmp_path / "calib.npz", digits=data)
+        whole = (tmp_path / "calib.npz").read_bytes()
+        (tmp_path / "calib.npz").write_bytes(whole[: len(whole) // 2])
+        args[-1] = str(tmp_path / "calib.npz")
+    if problem == "output_not_empty":
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "bench.json").write_text("{}")
     before = _leftovers(tmp_path)
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -270,7 +286,7 @@ def test_tf_op_without_builtin_is_named(tmp_path) -> None:
     def det(x):
         return tf.linalg.det(tf.raw_ops.MatrixInverse(input=x)) + 1.0
 
-    with pytest.raises(TflfuseError, match=r"MatrixInverse.*--select-tf-ops"):
+    with pytest.raises(TflfuseError, match=r"MatrixInverse.*TFLite builtins only"):
         convert_keras(det, "cpu-float", output_dir=tmp_path / "o", progress=False)
     assert not (tmp_path / "o").exists()
 

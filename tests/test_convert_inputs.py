@@ -47,7 +47,7 @@ def test_override_replaces_fields_and_records_them() -> None:
     [
         ({"quant_mode": "int4"}, "quantization mode"),
         ({"quant_mode": "none"}, "needs quantization mode int8"),  # edgetpu keeps uint8 I/O
-        ({"select_tf_ops": True}, "CPU targets only"),
+        ({"select_tf_ops": True}, "builtin ops only"),
         ({"grappler": ["remapper"]}, "Grappler optimizer 'remapper'"),
         ({"colour": "red"}, "unknown recipe field"),
     ],

@@ -188,6 +188,20 @@ def _progress(total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc="bench", unit="inv", file=sys.stderr, leave=False)
 
 
+def check_arguments(*, runs: int, warmup: int, threads: int | None, prefix: str = "") -> None:
+    """One-line errors for counts the interpreter would refuse or misread (before any work);
+    `prefix` "--" names them as the command line does."""
+    for name, value, least in (("runs", runs, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise TflfuseError(f"{prefix}{name} must be at least {least}, not {value!r}")
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise TflfuseError(
+            f"{prefix}threads must be at least 1, not {threads!r} (leave it out for the default)"
+        )
+
+
 def run_benchmark(
     models: Sequence[str | Path],
     *,
@@ -203,13 +217,14 @@ def run_benchmark(
     """Benchmark `models` interleaved under one delegate; a JSON-ready result dict."""
     if not models:
         raise TflfuseError("no models to benchmark")
-    if runs < 1 or warmup < 0:
-        raise TflfuseError("--runs must be at least 1 and --warmup at least 0")
+    check_arguments(runs=runs, warmup=warmup, threads=threads)
     check_delegate_name(delegate)
     paths = [Path(m) for m in models]
     for p in paths:
         if not p.is_file():
             raise TflfuseError(f"{p}: no such model file")
+        if p.stat().st_size == 0:
+            raise TflfuseError(f"{p}: the model file is empty")
     labels = list(names) if names else [p.name for p in paths]
     if len(set(labels)) != len(labels):
         labels = [str(p) for p in paths]
@@ -221,7 +236,12 @@ def run_benchmark(
         entry.update(static_facts(path))
         rss0 = current_rss_bytes()
         t0 = time.perf_counter_ns()
-        interp = make_interpreter(path, delegate=delegate, threads=threads)
+        try:
+            interp = make_interpreter(path, delegate=delegate, threads=threads)
+        except TflfuseError as exc:
+            if str(exc).startswith(str(path)):
+                raise
+            raise TflfuseError(f"{path}: {exc}") from None
         entry["init_ms"] = (time.perf_counter_ns() - t0) / 1e6
         details = interp.get_input_details()
         values = seeded_input_values(details, seed)

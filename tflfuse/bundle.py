@@ -33,7 +33,6 @@ FORMAT = "tflfuse-bundle/1"
 SHIPPED_MODULES = ("__init__.py", "errors.py", "runtime.py", "bench.py", "bundle.py")
 ENTRY_POINT = "bench_on_device.py"
 _PACKAGE_DIR = Path(__file__).resolve().parent
-_DEVICE_SCRIPTS = _PACKAGE_DIR.parent / "device_scripts"
 
 
 class BundleError(TflfuseError):
@@ -48,11 +47,15 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _entry_point_source() -> Path:
-    for candidate in (_DEVICE_SCRIPTS / ENTRY_POINT, _PACKAGE_DIR.parent / ENTRY_POINT):
-        if candidate.is_file():
-            return candidate
-    raise TflfuseError(f"cannot find {ENTRY_POINT} beside the tflfuse package")
+def _entry_point_source() -> bytes:
+    """bench_on_device.py from the package data (host side only: the device never calls this,
+    and its bundle does not ship `tflfuse.resources`, hence the import here)."""
+    from tflfuse.resources import data_file
+
+    source = data_file("device_scripts", ENTRY_POINT)
+    if source is None:
+        raise TflfuseError(f"{ENTRY_POINT} is not installed with tflfuse (a broken install?)")
+    return source.read_bytes()
 
 
 def make_bundle(
@@ -79,7 +82,7 @@ def make_bundle(
         shutil.copyfile(p, out_dir / "models" / p.name)
     for module in SHIPPED_MODULES:
         shutil.copyfile(_PACKAGE_DIR / module, out_dir / "tflfuse" / module)
-    shutil.copyfile(_entry_point_source(), out_dir / ENTRY_POINT)
+    (out_dir / ENTRY_POINT).write_bytes(_entry_point_source())
     files = {}
     for path in sorted(out_dir.rglob("*")):
         if path.is_file() and path.name != MANIFEST:

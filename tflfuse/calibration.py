@@ -8,6 +8,8 @@ TensorFlow (imported lazily), then scaled as the recipe says: x / 255 * scale + 
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -70,6 +72,29 @@ def _from_npz(path: Path, names: list[str]) -> list[Any]:
         return [z[n] for n in names]
 
 
+# what numpy raises for an empty, truncated or corrupt .npy/.npz
+_NUMPY_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError)
+
+
+def _read_numpy(path: Path, names: list[str]) -> list[Any]:
+    """The arrays of a .npy or .npz file, or a one-line error saying why it cannot be read."""
+    kind = path.suffix
+    if path.is_file() and path.stat().st_size == 0:
+        raise TflfuseError(f"{path}: not a readable {kind} file: the file is empty")
+    try:
+        if kind == ".npy":
+            return [np.load(path, allow_pickle=False)]
+        return _from_npz(path, names)
+    except TflfuseError:
+        raise
+    except _NUMPY_READ_ERRORS as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        detail = "".join(c if c.isprintable() else "?" for c in detail)[:160]
+        if isinstance(exc, (EOFError, zipfile.BadZipFile, zlib.error)):
+            detail = f"truncated or corrupt ({detail})"
+        raise TflfuseError(f"{path}: not a readable {kind} file: {detail}") from None
+
+
 def _from_images(folder: Path, shape: tuple[int, ...], scale: float, offset: float) -> np.ndarray:
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
@@ -124,16 +149,8 @@ def load(
             raw = [_from_images(path, shapes[0], scale, offset)]
         elif not path.exists():
             raise TflfuseError(f"{path}: calibration data not found")
-        elif path.suffix == ".npy":
-            try:
-                raw = [np.load(path, allow_pickle=False)]
-            except (OSError, ValueError) as exc:
-                raise TflfuseError(f"{path}: not a readable .npy file: {exc}") from None
-        elif path.suffix == ".npz":
-            try:
-                raw = _from_npz(path, names)
-            except (OSError, ValueError) as exc:
-                raise TflfuseError(f"{path}: not a readable .npz file: {exc}") from None
+        elif path.suffix in (".npy", ".npz"):
+            raw = _read_numpy(path, names)
         else:
             raise TflfuseError(f"{path}: calibration data must be .npy, .npz or a folder of images")
     else:

@@ -8,14 +8,23 @@ one line `tflfuse: error: ...`, exit code 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from tflfuse import __version__
+from tflfuse import __version__, quiet
 from tflfuse.errors import TflfuseError, UsageError
-from tflfuse.files import atomic_write_bytes, atomic_write_text, same_file
+from tflfuse.files import (
+    Terminated,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_destination,
+    same_file,
+    signals_raise,
+)
 
 
 def _emit_json(payload: Any, destination: str | None) -> None:
@@ -213,7 +222,15 @@ def _add_check(sub: Any) -> None:
 
 def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
+    from tflfuse.api import COMPILER_VERSION
 
+    if args.compiler_version is not None:
+        if args.target != "edgetpu":
+            raise UsageError("--compiler-version is for --target edgetpu only")
+        if not COMPILER_VERSION.fullmatch(args.compiler_version):
+            raise UsageError(
+                f"--compiler-version {args.compiler_version!r} is not a version (e.g. 14.1, 16.0)"
+            )
     if args.overlay:  # checked before any output: a bad destination writes and prints nothing
         _check_overlay_destination(Path(args.model), Path(args.overlay))
     model = flatbuffer.load(args.model)
@@ -255,6 +272,11 @@ def _add_convert(sub: Any) -> None:
     )
     p.add_argument("--calib", metavar="DATA", help="calibration data: .npy, .npz or image folder")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output folder")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an earlier result in OUTDIR (all its files; refused for other folders)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and checks (default 0)")
     p.add_argument("--batch", type=int, default=1, help="size a dynamic batch is pinned to")
     p.add_argument("--allow-lambda", action="store_true", help="load Lambda layers (trusted files)")
@@ -266,33 +288,39 @@ def _add_convert(sub: Any) -> None:
     p.add_argument("--samples", type=int, help="override the number of calibration samples")
     p.add_argument("--scale", type=float, help="image calibration: x / 255 * SCALE + OFFSET")
     p.add_argument("--offset", type=float, help="image calibration offset")
-    p.add_argument(
-        "--select-tf-ops",
-        action="store_true",
-        default=None,
-        help="keep TF ops with no TFLite builtin as Flex ops (CPU targets only)",
-    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_run_convert)
+
+
+# recipe field -> the flag that overrides it (recipe errors name the flag, not the file)
+_RECIPE_FLAGS = {
+    "quant_mode": "--quant",
+    "input_type": "--input-type",
+    "output_type": "--output-type",
+    "target": "--target",
+    "level": "--level",
+    "samples": "--samples",
+    "scale": "--scale",
+    "offset": "--offset",
+}
+
+
+def _recipe_from_args(args: argparse.Namespace) -> Any:
+    """The recipe named by --recipe with the override flags applied (errors name the flag)."""
+    from tflfuse import recipe as recipe_mod
+
+    overrides = {f: getattr(args, flag[2:].replace("-", "_")) for f, flag in _RECIPE_FLAGS.items()}
+    return recipe_mod.load(args.recipe).override(labels=_RECIPE_FLAGS, **overrides)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
     from tflfuse.convert import convert_keras
 
-    overrides = {
-        "quant_mode": args.quant,
-        "input_type": args.input_type,
-        "output_type": args.output_type,
-        "target": args.target,
-        "level": args.level,
-        "samples": args.samples,
-        "scale": args.scale,
-        "offset": args.offset,
-        "select_tf_ops": args.select_tf_ops,
-    }
+    if args.batch < 1:
+        raise UsageError(f"--batch must be at least 1, not {args.batch}")
     result = convert_keras(
         args.model,
-        recipe=args.recipe,
+        recipe=_recipe_from_args(args),
         calibration=args.calib,
         output_dir=Path(args.output),
         seed=args.seed,
@@ -300,7 +328,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         allow_lambda=args.allow_lambda,
         progress=not args.json,
         quiet=False,
-        **{k: v for k, v in overrides.items() if v is not None},
+        force=args.force,
     )
     r = result.report
     if args.json:
@@ -341,11 +369,19 @@ def _add_bench(sub: Any) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from tflfuse.bench import format_table, plot_latencies, run_benchmark
+    from tflfuse.bench import check_arguments, format_table, plot_latencies, run_benchmark
+    from tflfuse.runtime import check_delegate_name
 
-    for out in (args.json, args.plot):
-        if out and out != "-" and any(same_file(Path(m), Path(out)) for m in args.models):
-            raise UsageError(f"{out}: output would overwrite a model")
+    # everything that could fail after the benchmark is checked before it
+    check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")
+    check_delegate_name(args.delegate)
+    for flag, out in (("--json", args.json), ("--plot", args.plot)):
+        if out and out != "-":
+            if any(same_file(Path(m), Path(out)) for m in args.models):
+                raise UsageError(f"{out}: output would overwrite a model")
+            check_destination(Path(out), f"{flag} output")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'tflfuse[plot]'")
     result = run_benchmark(
         args.models,
         delegate=args.delegate,
@@ -412,8 +448,15 @@ def _run_example(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.suffix != ".keras":
         raise UsageError(f"{out}: the example is saved as a .keras file")
-    if not out.parent.is_dir():
-        raise UsageError(f"{out}: folder {out.parent} does not exist")
+    check_destination(out, "model")
+    if args.calib:
+        if Path(args.calib).suffix != ".npy":
+            raise UsageError(f"{args.calib}: --calib writes a .npy file")
+        check_destination(Path(args.calib), "calibration data")
+    if args.name == "digits_cnn" and importlib.util.find_spec("sklearn") is None:
+        raise UsageError(
+            "example digits_cnn trains on scikit-learn's digits: pip install scikit-learn"
+        )
     if args.name == "digits_cnn":
         from tflfuse import digits
 
@@ -450,28 +493,53 @@ _COMMANDS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line like every other error (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"tflfuse: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tflfuse",
         description="Fused, quantized, target-aware TensorFlow Lite models for edge devices.",
     )
     parser.add_argument("--version", action="version", version=f"tflfuse {__version__}")
+    verbose_help = "also show what TensorFlow, the converter and the interpreter print"
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _COMMANDS:
         add(sub)
+    for command in sub.choices.values():  # `tflfuse convert ... -v` works too
+        command.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
+        )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    log = None
     try:
-        return args.func(args)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(signals_raise())  # SIGTERM/SIGHUP unwind: temp files removed
+            if not args.verbose:  # library chatter goes to a temp file (tflfuse.quiet)
+                log = stack.enter_context(quiet.captured())
+            return args.func(args)
     except TflfuseError as exc:
         print(f"tflfuse: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("tflfuse: interrupted", file=sys.stderr)
         return 130
+    except Terminated as exc:
+        print(f"tflfuse: terminated by signal {exc.signum}", file=sys.stderr)
+        return 128 + exc.signum
+    except Exception:  # a bug: what the libraries said may explain it, so show it first
+        if log is not None and log.text():
+            sys.stderr.write("tflfuse: library output before the failure:\n" + log.text())
+        raise
 
 
 if __name__ == "__main__":

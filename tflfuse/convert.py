@@ -13,8 +13,8 @@ Baselines, with the same inputs and outputs:
            MobileNets), that model takes the converter's PTQ instead, so it is fully int8 and not
            padded with QUANTIZE/DEQUANTIZE pairs; the report names the route of each model.
   stock    the plain TFLite converter on the original function with its own PTQ.
-Loading is `tflfuse.frontend`. Everything is written to a temporary folder beside OUTPUT_DIR and
-renamed at the end, so a failed conversion leaves nothing half-written. TensorFlow is imported
+Loading is `tflfuse.frontend`. Everything is written to a temporary folder and published at the
+end (`tflfuse.files`), so a failed conversion leaves nothing half-written. TensorFlow is imported
 lazily (here, in `frontend`, in `calibration` for images, in `quantize` via ai-edge-quantizer).
 """
 
@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from tflfuse import calibration as calib_mod
 from tflfuse import flatbuffer
 from tflfuse import recipe as recipe_mod
 from tflfuse.errors import TflfuseError
+from tflfuse.files import prepare_output, publish
 from tflfuse.frontend import Frontend, every_op_output, load_model
 from tflfuse.ir import Model, Signature
 from tflfuse.rewrite import DeadCodeElimination
@@ -149,7 +149,7 @@ def tflite_convert(
         names = _flex_ops(text)
         if names:
             hint = (
-                "pass --select-tf-ops to keep them as TF (Flex) ops, CPU only"
+                "tflfuse converts to TFLite builtins only; replace them in the model"
                 if target in ("xnnpack", "cpu")
                 else f"the {target} cannot run TF ops; replace them in the model"
             )
@@ -274,33 +274,6 @@ def stock_model(
 
 
 # -- orchestration -------------------------------------------------------------------------------
-def _prepare_output(output_dir: Path) -> Path:
-    """A fresh temp folder beside `output_dir` (checked writable before any heavy work)."""
-    output_dir = Path(output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise TflfuseError(f"{output_dir}: exists and is not a folder")
-    parent = output_dir.resolve().parent
-    if not parent.is_dir():
-        raise TflfuseError(f"{output_dir}: parent folder {parent} does not exist")
-    target = output_dir if output_dir.exists() else parent
-    if not os.access(target, os.W_OK | os.X_OK):
-        raise TflfuseError(f"{output_dir}: cannot write there (permission denied)")
-    try:
-        return Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=parent))
-    except OSError as exc:
-        raise TflfuseError(f"{output_dir}: cannot write there: {exc.strerror or exc}") from None
-
-
-def _publish(tmp: Path, output_dir: Path) -> None:
-    output_dir = Path(output_dir)
-    if not output_dir.exists():
-        os.replace(tmp, output_dir)
-        return
-    for item in sorted(tmp.iterdir()):
-        os.replace(item, output_dir / item.name)
-    tmp.rmdir()
-
-
 def convert_keras(
     model: Any,
     recipe: str | Path = "xnnpack-int8",
@@ -312,6 +285,7 @@ def convert_keras(
     allow_lambda: bool = False,
     progress: bool = True,
     quiet: bool = True,
+    force: bool = False,
     **overrides: Any,
 ) -> ConversionResult:
     """Convert `model` with `recipe` (name or .toml; `overrides` replace recipe fields) and write
@@ -328,7 +302,7 @@ def convert_keras(
             " .npy, .npz, a folder of images)"
         )
     output_dir = Path(output_dir)
-    tmp = _prepare_output(output_dir)
+    tmp = prepare_output(output_dir, force=force)
     try:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -354,7 +328,7 @@ def convert_keras(
         result["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
         result["timings_s"]["total"] = round(time.perf_counter() - started, 3)
         report_mod.write(result, tmp)
-        _publish(tmp, output_dir)
+        publish(tmp, output_dir, force=force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -7,6 +7,7 @@ outside tolerance is an error (nothing is written); a model the interpreter cann
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,22 @@ def _totals(model: Model) -> dict[str, Any]:
     }
 
 
+def check_options(*, level: int, target: str, disabled: Sequence[str] = ()) -> None:
+    """TflfuseError (one line) for an unknown level, target or rule name: none is ignored."""
+    from tflfuse.rules import TARGETS, all_rule_names
+
+    if isinstance(level, bool) or level not in (0, 1, 2):
+        raise TflfuseError(f"level must be 0, 1 or 2, not {level!r}")
+    if target not in TARGETS:
+        raise TflfuseError(f"target {target!r} unknown (choose from {', '.join(TARGETS)})")
+    if isinstance(disabled, str):
+        raise TflfuseError(f"disabled must be a list of rule names, not the string {disabled!r}")
+    names = all_rule_names()
+    unknown = [r for r in disabled if r not in names]
+    if unknown:
+        raise TflfuseError(f"unknown rule {unknown[0]!r} (rules: {', '.join(names)})")
+
+
 def optimize_bytes(
     data: bytes,
     *,
@@ -64,6 +81,7 @@ def optimize_bytes(
     source: str = "<bytes>",
 ) -> OptimizeResult:
     """Optimize a .tflite given as bytes; raises VerificationError if the function changed."""
+    check_options(level=level, target=target, disabled=disabled)
     model = flatbuffer.from_bytes(data, source)
     before = _totals(model)
     result = PassManager(pipeline(level, target), disabled=disabled).run(model)

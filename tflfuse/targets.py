@@ -33,8 +33,11 @@ FLOAT_TYPES = frozenset({"FLOAT32", "FLOAT16", "FLOAT64"})
 
 # -- capability tables ---------------------------------------------------------------------------
 def _table_dirs() -> list[Path]:
-    here = Path(__file__).resolve().parent
-    return [here.parent / "delegates", here / "data"]
+    """Where the delegate tables are: the package data, found by `tflfuse.resources` (a wheel's
+    `tflfuse/data/delegates/`, or `delegates/` of the checkout)."""
+    from tflfuse.resources import data_dir
+
+    return [Path(str(data_dir("delegates")))]  # a Path for every file-system install
 
 
 @functools.cache

@@ -1,0 +1,179 @@
+"""The Python API: `tflfuse.convert`, `tflfuse.optimize`, `tflfuse.check`, `tflfuse.bench`.
+
+Each function checks its arguments first and raises `tflfuse.errors.TflfuseError` (one line,
+naming the argument) for a bad one, before any heavy work; the CLI is a thin layer over the same
+library functions. Nothing here imports TensorFlow until `convert` runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tflfuse.errors import TflfuseError, UsageError
+
+if TYPE_CHECKING:
+    from tflfuse.convert import ConversionResult
+    from tflfuse.ir import Model
+    from tflfuse.optimize import OptimizeResult
+    from tflfuse.recipe import Recipe
+    from tflfuse.targets import Prediction
+
+ModelSource = Any  # a .tflite path (str or Path), its bytes, or a tflfuse.ir.Model
+CHECK_TARGETS = ("edgetpu", "xnnpack", "gpu")
+COMPILER_VERSION = re.compile(r"\d+(\.\d+){0,2}")  # "16.0", "14.1", "16.0.384591198"
+
+
+def _integer(name: str, value: Any, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise UsageError(f"{name} must be an integer of at least {least}, not {value!r}")
+
+
+def _model_bytes(model: ModelSource, what: str = "model") -> tuple[bytes, str]:
+    """(bytes, name for messages) of a path or bytes."""
+    from tflfuse import flatbuffer
+
+    if isinstance(model, (bytes, bytearray)):
+        return bytes(model), "<bytes>"
+    if isinstance(model, (str, Path)):
+        return flatbuffer.read_model_bytes(model), str(model)
+    raise UsageError(f"{what} must be a .tflite path or its bytes, not {type(model).__name__}")
+
+
+def convert(
+    model: Any,
+    output_dir: str | Path,
+    *,
+    recipe: str | Path | Recipe = "xnnpack-int8",
+    calibration: Any = None,
+    force: bool = False,
+    seed: int = 0,
+    batch: int = 1,
+    allow_lambda: bool = False,
+    progress: bool = True,
+    **overrides: Any,
+) -> ConversionResult:
+    """Convert a Keras model (object, .keras/.h5 file), a SavedModel folder or a tf.function into
+    `output_dir`: model.tflite (fused, for the recipe's target), model_unfused.tflite,
+    model_stock.tflite, report.json and report.md, all three verified against the source.
+
+    `recipe`: a shipped name (edgetpu, xnnpack-int8, cpu-float, gpu-fp16), a .toml file or a
+    `tflfuse.recipe.Recipe`; `overrides` replace its fields (quant_mode, input_type, output_type,
+    target, level, samples, scale, offset). `calibration` (needed for int8): an array (N, H, W, C),
+    a .npy/.npz file, a folder of images or a callable returning samples. An existing non-empty
+    `output_dir` is refused unless `force` (then an earlier result there is replaced whole).
+    Returns a `ConversionResult`: the three model paths and the report as a dict."""
+    from tflfuse import recipe as recipe_mod
+    from tflfuse.convert import convert_keras
+
+    if output_dir is None or str(output_dir) == "":
+        raise UsageError("output_dir is required")
+    _integer("seed", seed, 0)
+    _integer("batch", batch, 1)
+    rec = recipe_mod.load(recipe)
+    if overrides:
+        rec = rec.override(**overrides)
+    return convert_keras(
+        model,
+        recipe=rec,
+        calibration=calibration,
+        output_dir=Path(output_dir),
+        seed=seed,
+        batch=batch,
+        allow_lambda=allow_lambda,
+        progress=progress,
+        quiet=not progress,
+        force=force,
+    )
+
+
+def optimize(
+    model: ModelSource,
+    output: str | Path | None = None,
+    *,
+    target: str = "xnnpack",
+    level: int = 2,
+    disabled: Sequence[str] = (),
+    verify: bool = True,
+) -> OptimizeResult:
+    """Fuse and simplify a .tflite (path or bytes) for `target` (xnnpack, edgetpu, gpu, cpu) at
+    `level` (0: load and save, 1: safe fusions, 2: everything), without the rules named in
+    `disabled`; the result is checked on seeded inputs against the input model unless `verify`
+    is False (a mismatch raises VerificationError and nothing is written). Writes `output` when
+    given. Returns an `OptimizeResult`: `.data` (the new .tflite bytes), `.before`/`.after`
+    (op counts, activation bytes, cost), `.result` (rules fired, refusals with reasons),
+    `.verification`."""
+    from tflfuse.files import atomic_write_bytes, same_file
+    from tflfuse.optimize import check_options, optimize_bytes
+
+    check_options(level=level, target=target, disabled=disabled)
+    data, source = _model_bytes(model)
+    if output is not None and isinstance(model, (str, Path)) and same_file(Path(model), output):
+        raise UsageError(f"{output}: output would overwrite the input model")
+    result = optimize_bytes(
+        data, level=level, target=target, disabled=tuple(disabled), verify=verify, source=source
+    )
+    if output is not None:
+        atomic_write_bytes(Path(output), result.data)
+    return result
+
+
+def check(
+    model: ModelSource | Model, target: str = "edgetpu", *, compiler_version: str | None = None
+) -> Prediction:
+    """Predict which ops of a .tflite (path, bytes or `tflfuse.ir.Model`) run on `target`
+    (edgetpu, xnnpack, gpu) and which fall back to the CPU, with the reason for each. For the
+    Edge TPU, `compiler_version` (e.g. "14.1") predicts an older edgetpu_compiler. Returns a
+    `Prediction`: `.ops` (index, op, target, status, reason), `.mapped`, `.cpu`, `.memory`,
+    `.to_dict()`; `tflfuse.targets.format_prediction` prints it as the compiler's table."""
+    from tflfuse import flatbuffer, targets
+    from tflfuse.ir import Model
+
+    if target not in CHECK_TARGETS:
+        raise UsageError(f"target {target!r} unknown (choose from {', '.join(CHECK_TARGETS)})")
+    if compiler_version is not None:
+        if target != "edgetpu":
+            raise UsageError("compiler_version is for target 'edgetpu' only")
+        if not isinstance(compiler_version, str) or not COMPILER_VERSION.fullmatch(
+            compiler_version
+        ):
+            raise UsageError(f"compiler_version {compiler_version!r} is not a version (e.g. 14.1)")
+    if not isinstance(model, Model):
+        data, source = _model_bytes(model)
+        model = flatbuffer.from_bytes(data, source)
+    return targets.predict(model, target, compiler_version)
+
+
+def bench(
+    models: Sequence[str | Path],
+    *,
+    delegate: str = "xnnpack",
+    runs: int = 100,
+    warmup: int = 10,
+    threads: int | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Time .tflite files interleaved (A B A B ...) under one delegate (xnnpack, none, ref,
+    edgetpu[:DEVICE], gpu, external:PATH); the first model is the baseline. Returns the
+    JSON-ready result: `protocol`, `environment`, `peak_rss_bytes` and per model `latency_ms`
+    (p50/p90/p99, jitter, mean, std), `ratio_to_first`, op count, arena estimate, init and
+    first-invoke times, and the raw `samples_ms`."""
+    from tflfuse.bench import run_benchmark
+
+    if isinstance(models, (str, Path)):
+        raise UsageError("models must be a list of .tflite paths (the first is the baseline)")
+    return run_benchmark(
+        list(models),
+        delegate=delegate,
+        runs=runs,
+        warmup=warmup,
+        threads=threads,
+        seed=seed,
+        progress=progress,
+    )
+
+
+__all__ = ["TflfuseError", "bench", "check", "convert", "optimize"]
