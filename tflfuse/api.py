@@ -121,11 +121,16 @@ def optimize(
 
 
 def check(
-    model: ModelSource | Model, target: str = "edgetpu", *, compiler_version: str | None = None
+    model: ModelSource | Model,
+    target: str = "edgetpu",
+    *,
+    compiler_version: str | None = None,
+    multiple_subgraphs: bool = False,
 ) -> Prediction:
     """Predict which ops of a .tflite (path, bytes or `tflfuse.ir.Model`) run on `target`
     (edgetpu, xnnpack, gpu) and which fall back to the CPU, with the reason for each. For the
-    Edge TPU, `compiler_version` (e.g. "14.1") predicts an older edgetpu_compiler. Returns a
+    Edge TPU, `compiler_version` (e.g. "14.1") predicts an older edgetpu_compiler and
+    `multiple_subgraphs` the compiler's mode that allows several Edge TPU segments. Returns a
     `Prediction`: `.ops` (index, op, target, status, reason), `.mapped`, `.cpu`, `.memory`,
     `.to_dict()`; `tflfuse.targets.format_prediction` prints it as the compiler's table."""
     from tflfuse import flatbuffer, targets
@@ -143,7 +148,9 @@ def check(
     if not isinstance(model, Model):
         data, source = _model_bytes(model)
         model = flatbuffer.from_bytes(data, source)
-    return targets.predict(model, target, compiler_version)
+    if multiple_subgraphs and target != "edgetpu":
+        raise UsageError("multiple_subgraphs is for target 'edgetpu' only")
+    return targets.predict(model, target, compiler_version, multiple_subgraphs=multiple_subgraphs)
 
 
 def bench(
