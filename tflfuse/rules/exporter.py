@@ -92,7 +92,7 @@ def _plain(op: Op | None, *types: str) -> bool:
 
 def _other(op: Op, t: Tensor) -> Tensor | None:
     a, b = op.inputs[0], op.inputs[1]
-    return b if _through_reshapes(a) is t else a if _through_reshapes(b) is t else None
+    return b if a is t else a if b is t else None
 
 
 def _axes(op: Op) -> set[int] | None:
@@ -866,13 +866,19 @@ class BatchMatmulToFullyConnected(Rule):
         )
 
 
-EXPORTER_RULES: tuple[Rule, ...] = (
-    ShortenLayerNorm(),
-    RecognizeClamp(),
-    SliceBeforeLayout(),
-    SinkReshapeBelowScalarOp(),
-    CanonicalizeLayoutChain(),
-    SoftmaxThroughReshape(),
-    LegalizePadV2BeforeMaxPool(),
-    BatchMatmulToFullyConnected(),
-)
+def exporter_rules(target: str) -> tuple[Rule, ...]:
+    """The exporter rules a target's level-2 pipeline runs (benchmarks/exporter_rules_bench.py
+    measures them: fewer kernels on XNNPACK and the plain kernels; PADV2 and BATCH_MATMUL are
+    legalizations the Edge TPU needs). The Edge TPU keeps every tensor within 3 non-trivial
+    dimensions."""
+    limit = 3 if target == "edgetpu" else None
+    return (
+        ShortenLayerNorm(),
+        RecognizeClamp(),
+        SliceBeforeLayout(),
+        SinkReshapeBelowScalarOp(),
+        CanonicalizeLayoutChain(limit),
+        SoftmaxThroughReshape(),
+        LegalizePadV2BeforeMaxPool(),
+        BatchMatmulToFullyConnected(),
+    )
