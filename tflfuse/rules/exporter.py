@@ -418,7 +418,7 @@ def _same_layout_q(tensors: list[Tensor]) -> bool:
 
 def _emit(b: _Builder, source: Tensor, plan: _Plan, out: Tensor) -> None:
     """Build the plan's ops from source to out."""
-    steps = plan.ops(source.shape, out.shape)
+    steps = plan.ops(source.shape, out.shape) or ["RESHAPE"]  # a copy when nothing moves
     current = source
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
@@ -508,7 +508,9 @@ class CanonicalizeLayoutChain(Rule):
 
     def rewrite(self, m: Match) -> None:
         chain, plan = self._plan(m)
-        source = chain[0].inputs[0]
+        source, out = chain[0].inputs[0], m.root.output
+        if not plan.ops(source.shape, out.shape) and common.forward(m.graph, out, source):
+            return  # the chain moves nothing: its readers read the source
         b, out, _ = _replace_root(m)
         _emit(b, source, plan, out)
 
