@@ -13,6 +13,7 @@ from tflfuse.rules.algebra import CollapseReshapeChain, RecognizeHardSwish
 from tflfuse.rules.exporter import (
     BatchMatmulToFullyConnected,
     CanonicalizeLayoutChain,
+    DropHalfPixelCenters,
     LegalizePadV2BeforeMaxPool,
     RecognizeClamp,
     ShortenLayerNorm,
@@ -56,15 +57,23 @@ def _litert_layer_norm(g: G, x: Tensor) -> tuple[Tensor, Tensor]:
 
 def test_layer_norm_is_shortened_to_seven_ops() -> None:
     g = G()
-    x = g.op("FULLY_CONNECTED", [g.input((1, 6, 8)), g.rand(8, 8), None], (1, 6, 8),
-             keep_num_dims=True)  # fmt: skip
+    x = g.op(
+        "FULLY_CONNECTED", [g.input((1, 6, 8)), g.rand(8, 8), None], (1, 6, 8), keep_num_dims=True
+    )
     y, _ = _litert_layer_norm(g, x)
     data = g.bytes(g.fc(y, 3))
     fused, model, result = apply(data, ShortenLayerNorm())
     assert ops(model) == [
-        "FULLY_CONNECTED", "MEAN", "SQUARED_DIFFERENCE", "MEAN", "ADD", "RSQRT", "SUB", "MUL",
         "FULLY_CONNECTED",
-    ]  # fmt: skip
+        "MEAN",
+        "SQUARED_DIFFERENCE",
+        "MEAN",
+        "ADD",
+        "RSQRT",
+        "SUB",
+        "MUL",
+        "FULLY_CONNECTED",
+    ]
     assert result.fired() == {"ShortenLayerNorm": 1}
     assert_same_function(data, fused, atol=1e-5, rtol=1e-4)
 
@@ -229,8 +238,9 @@ def test_clamped_hard_swish_is_recognized_and_legalized_for_edgetpu() -> None:
     g = G()
     x = g.conv(g.input((1, 5, 5, 3)), 4)
     shifted = g.binary("ADD", x, g.const(np.float32(3.0)))
-    clamp = g.binary("MINIMUM", g.binary("MAXIMUM", shifted, g.const(np.float32(0.0))),
-                     g.const(np.float32(6.0)))  # fmt: skip
+    clamp = g.binary(
+        "MINIMUM", g.binary("MAXIMUM", shifted, g.const(np.float32(0.0))), g.const(np.float32(6.0))
+    )
     data = g.bytes(g.binary("DIV", g.binary("MUL", x, clamp), g.const(np.float32(6.0))))
     fused, model, _ = apply(data, RecognizeClamp(), RecognizeHardSwish())
     assert ops(model) == ["CONV_2D", "HARD_SWISH"]
@@ -245,8 +255,9 @@ def test_clamped_hard_swish_is_recognized_and_legalized_for_edgetpu() -> None:
 def test_clamp_to_other_bounds_is_not_an_activation() -> None:
     g = G()
     x = g.conv(g.input((1, 5, 5, 3)), 4)
-    y = g.binary("MINIMUM", g.binary("MAXIMUM", x, g.const(np.float32(0.0))),
-                 g.const(np.float32(5.0)))  # fmt: skip
+    y = g.binary(
+        "MINIMUM", g.binary("MAXIMUM", x, g.const(np.float32(0.0))), g.const(np.float32(5.0))
+    )
     _, model, result = apply(g.bytes(y), RecognizeClamp())
     assert ops(model) == ["CONV_2D", "RELU", "MINIMUM"]  # max(x, 0) alone is a RELU
     assert "not a RELU-family clamp" in refusals(result, "RecognizeClamp")
@@ -255,11 +266,23 @@ def test_clamp_to_other_bounds_is_not_an_activation() -> None:
 # -- PADV2 before a max pool ---------------------------------------------------------------------
 def _padded_pool(g: G, x: Tensor, pads, value: float) -> Tensor:
     n, h, w, c = x.shape
-    pad = g.op("PADV2", [x, _ints(g, [[0, 0], pads, pads, [0, 0]]), g.const(np.float32(value))],
-               (n, h + sum(pads), w + sum(pads), c))  # fmt: skip
+    pad = g.op(
+        "PADV2",
+        [x, _ints(g, [[0, 0], pads, pads, [0, 0]]), g.const(np.float32(value))],
+        (n, h + sum(pads), w + sum(pads), c),
+    )
     oh = (h + sum(pads) - 3) // 2 + 1
-    return g.op("MAX_POOL_2D", [pad], (n, oh, oh, c), padding="VALID", stride_h=2, stride_w=2,
-                filter_height=3, filter_width=3, fused_activation_function="NONE")  # fmt: skip
+    return g.op(
+        "MAX_POOL_2D",
+        [pad],
+        (n, oh, oh, c),
+        padding="VALID",
+        stride_h=2,
+        stride_w=2,
+        filter_height=3,
+        filter_width=3,
+        fused_activation_function="NONE",
+    )
 
 
 @pytest.mark.parametrize(
@@ -287,9 +310,19 @@ def test_padv2_int8_with_zero_point_at_its_minimum_becomes_pad() -> None:
     pads = _ints(g, [[0, 0], [1, 1], [1, 1], [0, 0]])
     g.graph.add_op("PADV2", [x, pads, value], [padded])
     y = g.graph.add_tensor("y", (1, 4, 4, 3), "INT8", quantization=q)
-    g.graph.add_op("MAX_POOL_2D", [padded], [y], {"padding": "VALID", "stride_h": 2,
-                   "stride_w": 2, "filter_height": 3, "filter_width": 3,
-                   "fused_activation_function": "NONE"})  # fmt: skip
+    g.graph.add_op(
+        "MAX_POOL_2D",
+        [padded],
+        [y],
+        {
+            "padding": "VALID",
+            "stride_h": 2,
+            "stride_w": 2,
+            "filter_height": 3,
+            "filter_width": 3,
+            "fused_activation_function": "NONE",
+        },
+    )
     data = g.bytes(y)
     fused, model, _ = apply(data, LegalizePadV2BeforeMaxPool())
     assert ops(model) == ["PAD", "MAX_POOL_2D"]
@@ -331,3 +364,30 @@ def test_batch_matmul_with_constant_on_the_left_is_kept() -> None:
     assert loud(result, "BatchMatmulToFullyConnected") == [
         "the constant is the left operand: FULLY_CONNECTED takes it on the right"
     ]
+
+
+# -- nearest upsampling with half pixel centers --------------------------------------------------
+@pytest.mark.parametrize(("out", "fires"), [(12, True), (10, False)])
+def test_half_pixel_nearest_upscale_is_the_plain_one(out: int, fires: bool) -> None:
+    g = G()
+    x = g.conv(g.input((1, 4, 4, 3)), 3)
+    y = g.op(
+        "RESIZE_NEAREST_NEIGHBOR",
+        [x, _ints(g, [out, out])],
+        (1, out, out, 3),
+        align_corners=False,
+        half_pixel_centers=True,
+    )
+    data = g.bytes(y)
+    fused, model, result = apply(data, DropHalfPixelCenters())
+    resize = model.main.ops[1]
+    assert resize.options["half_pixel_centers"] is not fires
+    if fires:
+        assert resize.version == 1
+        for delegate in ("none", "xnnpack"):
+            agreement = verify.compare(data, fused, delegate=delegate, atol=0, rtol=0)
+            assert agreement.ok and agreement.identical and agreement.varies
+    else:
+        assert loud(result, "DropHalfPixelCenters") == [
+            "[1, 4, 4, 3] -> [1, 10, 10, 3] is not an integer upscale"
+        ]

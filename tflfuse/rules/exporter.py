@@ -868,6 +868,37 @@ class BatchMatmulToFullyConnected(Rule):
         )
 
 
+class DropHalfPixelCenters(Rule):
+    """RESIZE_NEAREST_NEIGHBOR(x, half_pixel_centers=True) with an integer upscale factor  =>
+    the same op with half_pixel_centers=False (op version 3 -> 1, or 2 for int8).
+
+    PyTorch's nearest upsampling is exported with half pixel centers; the Edge TPU compiler
+    rejects that op version. For output row o = s k + j (0 <= j < s) the source row is
+    floor((o + 0.5) / s) = k = floor(o / s) either way: the same rows, bit for bit (int8 too).
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.RESIZE_NEAREST_NEIGHBOR(p.x, ...)
+
+    def check(self, m: Match) -> Refusal | None:
+        opts = m.root.options
+        if not opts.get("half_pixel_centers"):
+            return NotApplicable("no half pixel centers")
+        if opts.get("align_corners"):
+            return refuse("align_corners with half pixel centers")
+        x, y = m.x.shape, m.root.output.shape
+        if len(x) != 4 or len(y) != 4 or any(y[i] % x[i] for i in (1, 2)):
+            return refuse(f"{list(x)} -> {list(y)} is not an integer upscale")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        m.root.options["half_pixel_centers"] = False
+        m.root.version = 2 if m.x.dtype in ("INT8", "UINT8") else 1
+
+
 def exporter_rules(target: str) -> tuple[Rule, ...]:
     """The exporter rules a target's level-2 pipeline runs (benchmarks/exporter_rules_bench.py
     measures them: fewer kernels on XNNPACK and the plain kernels; PADV2 and BATCH_MATMUL are
@@ -883,4 +914,5 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
         SoftmaxThroughReshape(),
         LegalizePadV2BeforeMaxPool(),
         BatchMatmulToFullyConnected(),
+        *((DropHalfPixelCenters(),) if target == "edgetpu" else ()),
     )
