@@ -391,3 +391,74 @@ def test_half_pixel_nearest_upscale_is_the_plain_one(out: int, fires: bool) -> N
         assert loud(result, "DropHalfPixelCenters") == [
             "[1, 4, 4, 3] -> [1, 10, 10, 3] is not an integer upscale"
         ]
+
+
+# -- int8 forms of the byte-moving rules (int8_error_steps = 0: bit for bit) ---------------------
+Q8 = Quantization(np.array([0.05], np.float32), np.array([3]))
+
+
+def _int8_op(g: G, type: str, inputs, shape, q: Quantization = Q8, **options) -> Tensor:
+    out = g.graph.add_tensor(type.lower(), shape, "INT8", quantization=q)
+    g.graph.add_op(type, inputs, [out], options)
+    return out
+
+
+def _int8_input(g: G, shape) -> Tensor:
+    x = g.graph.add_tensor("x", shape, "INT8", quantization=Q8)
+    g.graph.inputs.append(x)
+    return x
+
+
+def _assert_bit_exact(data: bytes, fused: bytes) -> None:
+    agreement = verify.compare(data, fused, int_atol=0)
+    assert agreement.ok and agreement.identical and agreement.varies
+
+
+def test_int8_qkv_split_slices_first() -> None:
+    g = G()
+    x = _int8_input(g, (1, 6, 24))
+    r = _int8_op(g, "RESHAPE", [x, _ints(g, [6, 1, 3, 8])], (6, 1, 3, 8))
+    t = _int8_op(g, "TRANSPOSE", [r, _ints(g, [2, 0, 1, 3])], (3, 6, 1, 8))
+    outs = []
+    for i in range(3):
+        part = _int8_op(
+            g, "SLICE", [t, _ints(g, [i, 0, 0, 0]), _ints(g, [1, 6, 1, 8])], (1, 6, 1, 8)
+        )
+        outs.append(_int8_op(g, "RESHAPE", [part, _ints(g, [6, 8])], (6, 8)))
+    data = g.bytes(*outs)
+    fused, model, _ = apply(data, SliceBeforeLayout(), CollapseReshapeChain())
+    assert sorted(ops(model)) == ["RESHAPE"] * 3 + ["SLICE"] * 3
+    assert SliceBeforeLayout.int8_error_steps == 0
+    _assert_bit_exact(data, fused)
+
+
+def test_int8_softmax_sheds_its_reshapes() -> None:
+    g = G()
+    x = _int8_input(g, (2, 5, 5))
+    soft_q = Quantization(np.array([1 / 256], np.float32), np.array([-128]))
+    r = _int8_op(g, "RESHAPE", [x, _ints(g, [1, 2, 5, 5])], (1, 2, 5, 5))
+    s = _int8_op(g, "SOFTMAX", [r], (1, 2, 5, 5), soft_q, beta=1.0)
+    data = g.bytes(_int8_op(g, "RESHAPE", [s, _ints(g, [2, 5, 5])], (2, 5, 5), soft_q))
+    fused, model, _ = apply(data, SoftmaxThroughReshape())
+    assert ops(model) == ["SOFTMAX"]
+    assert SoftmaxThroughReshape.int8_error_steps == 0
+    _assert_bit_exact(data, fused)
+
+
+def test_int8_half_pixel_nearest_upscale() -> None:
+    g = G()
+    x = _int8_input(g, (1, 4, 4, 3))
+    y = _int8_op(
+        g,
+        "RESIZE_NEAREST_NEIGHBOR",
+        [x, _ints(g, [8, 8])],
+        (1, 8, 8, 3),
+        align_corners=False,
+        half_pixel_centers=True,
+    )
+    data = g.bytes(y)
+    fused, model, _ = apply(data, DropHalfPixelCenters())
+    assert model.main.ops[0].options["half_pixel_centers"] is False
+    assert model.main.ops[0].version == 2
+    assert DropHalfPixelCenters.int8_error_steps == 0
+    _assert_bit_exact(data, fused)

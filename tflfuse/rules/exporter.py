@@ -741,13 +741,16 @@ def _non_negative(t: Tensor) -> bool:
 
 
 def _pad_value(pad: Op) -> float | None:
-    """The real value PADV2 pads with (dequantized for int8), or None."""
+    """The real value PADV2 pads with, or None. An integer constant is a value in the input's
+    quantized domain: dequantized with its own parameters, else with the input's."""
     c = pad.inputs[2] if len(pad.inputs) > 2 else None
     if c is None or not c.is_constant or c.size != 1:
         return None
     v = float(np.asarray(c.data).reshape(-1)[0])
-    if c.is_quantized:
-        q = c.quantization
+    if c.dtype in ("INT8", "UINT8"):
+        q = c.quantization if c.is_quantized else pad.inputs[0].quantization
+        if q is None or q.scale is None or q.per_channel:
+            return None
         v = float(q.scale.reshape(-1)[0]) * (v - int(np.asarray(q.zero_point).reshape(-1)[0]))
     return v
 
