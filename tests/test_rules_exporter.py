@@ -462,3 +462,32 @@ def test_int8_half_pixel_nearest_upscale() -> None:
     assert model.main.ops[0].version == 2
     assert DropHalfPixelCenters.int8_error_steps == 0
     _assert_bit_exact(data, fused)
+
+
+def test_layer_norm_with_the_mean_broadcast_along_the_wrong_axis_is_not_one() -> None:
+    g = G()
+    x = g.op(
+        "FULLY_CONNECTED", [g.input((1, 8, 8)), g.rand(8, 8), None], (1, 8, 8), keep_num_dims=True
+    )
+    mean = g.op("MEAN", [x, _ints(g, [0, 2])], (8,), keep_dims=False)
+    sq = g.binary("SQUARED_DIFFERENCE", x, _reshape(g, mean, (1, 1, 8)))  # along the columns
+    var = g.op("MEAN", [sq, _ints(g, [0, 2])], (8,), keep_dims=False)
+    r = g.unary("RSQRT", g.binary("ADD", var, g.const(np.float32(1e-5))))
+    neg = g.binary("SUB", g.const(np.float32(0.0)), g.binary("MUL", r, mean))
+    y = g.binary("ADD", g.binary("MUL", x, _reshape(g, r, (1, 8, 1))), _reshape(g, neg, (1, 8, 1)))
+    _, model, result = apply(g.bytes(y), ShortenLayerNorm())
+    assert "SQUARED_DIFFERENCE" in ops(model) and len(ops(model)) == 13
+    assert "not a LayerNorm written out" in refusals(result, "ShortenLayerNorm")
+
+
+def test_padv2_read_by_another_op_keeps_its_value() -> None:
+    g = G()
+    x = g.conv(g.input((1, 8, 8, 3)), 4, act="RELU")
+    pool = _padded_pool(g, x, [1, 1], LOWEST)
+    padded = pool.producer.inputs[0]
+    data = g.bytes(pool, g.unary("TANH", padded))
+    _, model, result = apply(data, LegalizePadV2BeforeMaxPool())
+    assert "PADV2" in ops(model) and "PAD" not in ops(model)
+    assert loud(result, "LegalizePadV2BeforeMaxPool") == [
+        "the PADV2 output is also read by an op that needs its value"
+    ]

@@ -132,10 +132,20 @@ def _match_layer_norm(root: Op) -> _LayerNorm | None:
         if not _plain(mul, "MUL"):
             continue
         for x_cand, r_cand in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+            if not (_per_row(r_cand, x_cand) and _per_row(offset, x_cand)):
+                continue
             found = _layer_norm_from(root, mul, x_cand, _through_reshapes(r_cand), offset)
             if found is not None:
                 return found
     return None
+
+
+def _per_row(t: Tensor, x: Tensor) -> bool:
+    """t broadcasts against x as one value per row: its shape is x's with the last axis 1
+    (leading 1s may be dropped). Another placement would broadcast along the wrong axis."""
+    shape = tuple(t.shape)
+    padded = (1,) * (len(x.shape) - len(shape)) + shape
+    return len(shape) <= len(x.shape) and padded == (*x.shape[:-1], 1)
 
 
 def _layer_norm_from(root: Op, mul: Op, x: Tensor, r: Tensor, offset: Tensor) -> _LayerNorm | None:
@@ -156,7 +166,7 @@ def _layer_norm_from(root: Op, mul: Op, x: Tensor, r: Tensor, offset: Tensor) ->
     if sq is None or sq.type != "SQUARED_DIFFERENCE" or not _last_axis_mean(var_mean, sq.output):
         return None
     mean_t = _other(sq, x)
-    if mean_t is None:
+    if mean_t is None or not _per_row(mean_t, x):
         return None
     mean = _through_reshapes(mean_t)
     if not _last_axis_mean(mean.producer, x):
@@ -175,7 +185,7 @@ def _layer_norm_from(root: Op, mul: Op, x: Tensor, r: Tensor, offset: Tensor) ->
     else:
         prod, negation = off, []
     pm = _through_reshapes(prod).producer
-    if not _plain(pm, "MUL"):
+    if not _plain(pm, "MUL") or pm.inputs[0].shape != pm.inputs[1].shape:
         return None
     operands = {id(_through_reshapes(i)) for i in pm.inputs}
     if operands != {id(r), id(mean)}:
@@ -233,8 +243,12 @@ class ShortenLayerNorm(Rule):
 
 # -- layout chains -------------------------------------------------------------------------------
 def _movement_map(source: Tensor, chain: list[Op]) -> np.ndarray | None:
-    """For each element of the chain's output, the flat index of the source element it copies."""
+    """For each element of the chain's output, the flat index of the source element it copies
+    (None for dynamic shapes, non-constant parameters or a source too large to map)."""
     if source.size > _MAX_MAP_ELEMENTS or not source.shape:
+        return None
+    tensors = [source, *(op.output for op in chain)]
+    if any(t.shape_signature is not None and -1 in t.shape_signature for t in tensors):
         return None
     idx = np.arange(source.size, dtype=np.int64).reshape(source.shape)
     for op in chain:
@@ -798,6 +812,8 @@ class LegalizePadV2BeforeMaxPool(Rule):
         if same and (lowest or (nonneg and value <= 0.0)):
             return "same"
         if nonneg and value <= 0.0:
+            if not common.single_reader(m.graph, m.padded):
+                return refuse("the PADV2 output is also read by an op that needs its value")
             return "pad"
         return refuse(
             f"the PADV2 pads with {value:g} and the input may be negative: zeros could win"
