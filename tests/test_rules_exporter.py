@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rulekit import G, apply, assert_same_function, ops, refusals
+from conftest import SHARED
+from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
 from tflfuse import verify
 from tflfuse.ir import Quantization, Tensor
@@ -491,3 +492,28 @@ def test_padv2_read_by_another_op_keeps_its_value() -> None:
     assert loud(result, "LegalizePadV2BeforeMaxPool") == [
         "the PADV2 output is also read by an op that needs its value"
     ]
+
+
+# -- the litert-torch exports in ../shared -------------------------------------------------------
+PYTORCH = SHARED / "models" / "pytorch"
+
+
+@pytest.mark.skipif(not PYTORCH.is_dir(), reason="../shared/models/pytorch is absent")
+@pytest.mark.parametrize(("target", "after"), [("xnnpack", 39), ("edgetpu", 47)])
+def test_litert_torch_encoder_loses_a_third_of_its_ops(target: str, after: int) -> None:
+    data = (PYTORCH / "encoder.tflite").read_bytes()
+    fused, model, result = optimize(data, target=target)
+    fired = result.fired()
+    assert fired["ShortenLayerNorm"] == 2 and fired["SliceBeforeLayout"] == 1
+    assert len(ops(model)) == after  # from 57
+    assert "SQUARED_DIFFERENCE" in ops(model) and ops(model).count("TRANSPOSE") == 4
+    assert_same_function(data, fused, atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.skipif(not PYTORCH.is_dir(), reason="../shared/models/pytorch is absent")
+def test_litert_torch_yolo_upsampling_becomes_mappable() -> None:
+    data = (PYTORCH / "yolov8n.tflite").read_bytes()
+    _, model, result = apply(data, DropHalfPixelCenters())
+    assert result.fired() == {"DropHalfPixelCenters": 2}
+    resizes = model.main.ops_of("RESIZE_NEAREST_NEIGHBOR")
+    assert [op.options["half_pixel_centers"] for op in resizes] == [False, False]
