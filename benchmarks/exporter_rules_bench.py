@@ -199,6 +199,18 @@ def _ops(data: bytes) -> int:
     return len(flatbuffer.from_bytes(data).main.ops)
 
 
+def _xnnpack_partitions(data: bytes) -> int | None:
+    """How many XNNPACK partitions the model is cut into (None if the interpreter won't say)."""
+    from tflfuse.runtime import make_interpreter
+
+    interp = make_interpreter(data, delegate="xnnpack")
+    interp.allocate_tensors()
+    details = getattr(interp, "_get_ops_details", None)
+    if details is None:
+        return None
+    return sum(1 for op in details() if op["op_name"] == "DELEGATE")
+
+
 def _time(paths: list[Path], names: list[str], runs: int) -> dict[str, Any]:
     out = {}
     for delegate in ("xnnpack", "none"):
@@ -272,7 +284,8 @@ def micro(runs: int, work: Path) -> list[dict[str, Any]]:
 def _micro_line(row: dict[str, Any]) -> str:
     t = row["timing"]
     return (
-        f"{row['rule']}: ops {row['ops_before']} -> {row['ops_after']}, after/before p50 "
+        f"{row['rule']}: ops {row['ops_before']} -> {row['ops_after']}, XNNPACK partitions "
+        f"{row['xnnpack_partitions'][0]} -> {row['xnnpack_partitions'][1]}, after/before p50 "
         f"xnnpack {t['xnnpack']['ratio']['after']:.3f}, plain {t['none']['ratio']['after']:.3f}"
         f" (max abs err {row['max_abs_error']:.2g})"
     )
