@@ -15,6 +15,7 @@ from tflfuse.rules.exporter import (
     BatchMatmulToFullyConnected,
     CanonicalizeLayoutChain,
     DropHalfPixelCenters,
+    FoldPadByWidenedKernel,
     LegalizePadV2BeforeMaxPool,
     RecognizeClamp,
     ShortenLayerNorm,
@@ -517,3 +518,49 @@ def test_litert_torch_yolo_upsampling_becomes_mappable() -> None:
     assert result.fired() == {"DropHalfPixelCenters": 2}
     resizes = model.main.ops_of("RESIZE_NEAREST_NEIGHBOR")
     assert [op.options["half_pixel_centers"] for op in resizes] == [False, False]
+
+
+# -- PAD before a strided depthwise conv ---------------------------------------------------------
+def _padded_dw(g: G, x: Tensor, type: str = "DEPTHWISE_CONV_2D") -> Tensor:
+    n, h, w, c = x.shape
+    pad = g.op("PAD", [x, _ints(g, [[0, 0], [1, 1], [1, 1], [0, 0]])], (n, h + 2, w + 2, c))
+    o = (h + 2 - 3) // 2 + 1
+    dw = type == "DEPTHWISE_CONV_2D"
+    weights = g.rand(1, 3, 3, c) if dw else g.rand(c, 3, 3, c)
+    extra = {"depth_multiplier": 1} if dw else {}
+    return g.op(
+        type,
+        [pad, weights, g.rand(c, name="b")],
+        (n, o, o, c),
+        padding="VALID",
+        stride_h=2,
+        stride_w=2,
+        fused_activation_function="RELU6",
+        **extra,
+    )
+
+
+def test_pytorch_pad_before_strided_depthwise_becomes_a_wider_same_kernel() -> None:
+    g = G()
+    x = g.conv(g.input((1, 8, 8, 4)), 4, act="RELU6")
+    data = g.bytes(g.conv(_padded_dw(g, x), 4))
+    fused, model, _ = apply(data, FoldPadByWidenedKernel())
+    assert ops(model) == ["CONV_2D", "DEPTHWISE_CONV_2D", "CONV_2D"]
+    dw = model.main.ops[1]
+    assert dw.options["padding"] == "SAME" and list(dw.inputs[1].shape) == [1, 4, 4, 4]
+    assert np.all(dw.inputs[1].data[:, 3, :, :] == 0) and np.all(dw.inputs[1].data[:, :, 3, :] == 0)
+    assert_same_function(data, fused, atol=1e-6, rtol=1e-5)
+    _, model, _ = apply(data, *pipeline(2, "cpu"))
+    assert "PAD" not in ops(model)
+    _, model, result = apply(data, *pipeline(2, "xnnpack"))
+    assert "PAD" in ops(model) and "FoldPadByWidenedKernel" not in result.fired()
+
+
+def test_widened_kernel_refused_for_a_full_conv() -> None:
+    g = G()
+    x = g.conv(g.input((1, 8, 8, 4)), 4, act="RELU6")
+    _, model, result = apply(g.bytes(_padded_dw(g, x, "CONV_2D")), FoldPadByWidenedKernel())
+    assert ops(model) == ["CONV_2D", "PAD", "CONV_2D"]
+    assert loud(result, "FoldPadByWidenedKernel") == [
+        "a CONV_2D with a widened kernel does more multiply-adds than the PAD costs"
+    ]

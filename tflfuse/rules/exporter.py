@@ -887,6 +887,92 @@ class BatchMatmulToFullyConnected(Rule):
         )
 
 
+def _widened(
+    size: int, kernel: int, stride: int, before: int, after: int
+) -> tuple[int, int] | None:
+    """(k', zero rows before) such that SAME with kernel k' reads, for every output, the window
+    PAD(before, after) + VALID kernel `kernel` reads, plus zero-weighted rows; None if none does."""
+    out = (size + before + after - kernel) // stride + 1
+    if -(-size // stride) != out:
+        return None
+    for wide in range(kernel, kernel + 2 * stride + 1):
+        top, _ = common.pads_for_same(size, wide, stride)
+        lead = top - before
+        if lead >= 0 and lead + kernel <= wide:
+            return wide, lead
+    return None
+
+
+class FoldPadByWidenedKernel(Rule):
+    """PAD(x, (1, 1)) -> DEPTHWISE_CONV_2D 3x3 stride 2 VALID  =>  DEPTHWISE_CONV_2D 4x4 SAME,
+    the kernel given a zero row and column after (in general: the smallest kernel whose SAME
+    windows cover the PAD's windows, the extra taps zero).
+
+    PyTorch pads both sides; at stride 2 on an even size SAME pads only after, so the 3x3
+    windows do not line up (FoldPadIntoConv refuses). A 4x4 SAME window starts one row earlier,
+    the same place as PyTorch's, and its fourth row and column get weight 0: the same sums,
+    exact. It trades the PAD's copy of the activation for 16/9 of the depthwise multiply-adds;
+    `types` says where that pays (benchmarks/exporter_rules_bench.py). Float only.
+    """
+
+    def __init__(self, types: tuple[str, ...] = ("DEPTHWISE_CONV_2D",)) -> None:
+        self.types = types
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("CONV_2D", "DEPTHWISE_CONV_2D")(
+            p.any("PAD", "PADV2")(p.x, p.const("pads"), ..., out="padded"), ...
+        )
+
+    def _plan(self, m: Match) -> tuple[tuple[int, int], tuple[int, int]] | Refusal:
+        op, pad = m.root, m.padded.op
+        if op.options.get("padding") != "VALID" or op.inputs[0] is not m.padded:
+            return NotApplicable("the conv pads already or reads the PAD as weights")
+        if not common.is_float(m.x) or len(m.x.shape) != 4 or not common.has_float_params(op):
+            return NotApplicable("not a float NHWC conv with constant weights")
+        if pad.type == "PADV2" and common.scalar_value(pad.inputs[2]) != 0.0:
+            return NotApplicable("the PAD value is not zero")
+        pads = np.asarray(m.pads.data).reshape(-1, 2).tolist()
+        if len(pads) != 4 or pads[0] != [0, 0] or pads[3] != [0, 0]:
+            return NotApplicable("the PAD touches the batch or channel axis")
+        kh, kw = common.kernel_hw(op)
+        sh, sw = op.options.get("stride_h", 1), op.options.get("stride_w", 1)
+        if (sh, sw) == (1, 1) or any(
+            op.options.get(k, 1) != 1 for k in ("dilation_h_factor", "dilation_w_factor")
+        ):
+            return NotApplicable("not a strided, undilated conv")
+        same = (
+            common.pads_for_same(m.x.shape[1], kh, sh),
+            common.pads_for_same(m.x.shape[2], kw, sw),
+        )
+        if (tuple(pads[1]), tuple(pads[2])) == same:
+            return NotApplicable("the PAD is SAME's own (FoldPadIntoConv folds it)")
+        if op.type not in self.types:
+            return refuse(
+                f"a {op.type} with a widened kernel does more multiply-adds than the PAD costs"
+            )
+        if not common.single_reader(m.graph, m.padded):
+            return refuse("the PAD is read elsewhere, so it would stay")
+        h = _widened(m.x.shape[1], kh, sh, *pads[1])
+        w = _widened(m.x.shape[2], kw, sw, *pads[2])
+        if h is None or w is None:
+            return refuse("no SAME window of any size lines up with the PAD's windows")
+        return h, w
+
+    def check(self, m: Match) -> Refusal | None:
+        plan = self._plan(m)
+        return plan if isinstance(plan, Refusal) else None
+
+    def rewrite(self, m: Match) -> None:
+        (wh, lh), (ww, lw) = self._plan(m)
+        op = m.root
+        w = common.weights(op)
+        kh, kw = w.shape[1], w.shape[2]
+        wide = np.pad(w, [(0, 0), (lh, wh - kh - lh), (lw, ww - kw - lw), (0, 0)])
+        common.set_weights(m.graph, op, wide.astype(np.float32))
+        op.options["padding"] = "SAME"
+        op.set_input(0, m.x)
+
+
 class DropHalfPixelCenters(Rule):
     """RESIZE_NEAREST_NEIGHBOR(x, half_pixel_centers=True) with an integer upscale factor  =>
     the same op with half_pixel_centers=False (op version 3 -> 1, or 2 for int8).
@@ -919,12 +1005,14 @@ class DropHalfPixelCenters(Rule):
 
 
 def exporter_rules(target: str) -> tuple[Rule, ...]:
-    """The exporter rules a target's level-2 pipeline runs (benchmarks/exporter_rules_bench.py
-    measures them: fewer kernels on XNNPACK and the plain kernels; PADV2 and BATCH_MATMUL are
-    legalizations the Edge TPU needs). The Edge TPU keeps every tensor within 3 non-trivial
-    dimensions."""
+    """The exporter rules a target's level-2 pipeline runs, each where it was measured to pay
+    (benchmarks/exporter_rules_bench.py; `cpu` is the plain kernels): fewer kernels everywhere;
+    a constant BATCH_MATMUL as FULLY_CONNECTED and the widened strided depthwise kernel only
+    pay on the plain kernels (XNNPACK runs the former as fast and its 3x3 depthwise kernel is
+    faster than a 4x4); PADV2, BATCH_MATMUL and half-pixel resizes are Edge TPU legalizations.
+    The Edge TPU keeps every tensor within 3 non-trivial dimensions."""
     limit = 3 if target == "edgetpu" else None
-    return (
+    rules: list[Rule] = [
         ShortenLayerNorm(),
         RecognizeClamp(),
         SliceBeforeLayout(),
@@ -932,6 +1020,11 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
         CanonicalizeLayoutChain(limit),
         SoftmaxThroughReshape(),
         LegalizePadV2BeforeMaxPool(),
-        BatchMatmulToFullyConnected(),
-        *((DropHalfPixelCenters(),) if target == "edgetpu" else ()),
-    )
+    ]
+    if target in ("edgetpu", "cpu"):
+        rules.append(BatchMatmulToFullyConnected())
+    if target == "cpu":
+        rules.append(FoldPadByWidenedKernel())
+    if target == "edgetpu":
+        rules.append(DropHalfPixelCenters())
+    return tuple(rules)
