@@ -176,6 +176,30 @@ def padded_pool_graph(size: int) -> bytes:
     return b.bytes(b.conv(y, 32))
 
 
+def strided_depthwise_graph(size: int = 64, channels: int = 96) -> bytes:
+    """conv+RELU6 -> PAD(1, 1) -> DEPTHWISE_CONV_2D 3x3/2 VALID -> conv (MobileNetV2 as
+    litert-torch writes its strided blocks)."""
+    b = _G()
+    x = b.conv(b.input((1, size, size, channels)), channels, act="RELU6", k=1)
+    pad = b.op(
+        "PAD",
+        [x, b.c(np.array([[0, 0], [1, 1], [1, 1], [0, 0]]))],
+        (1, size + 2, size + 2, channels),
+    )
+    o = size // 2
+    y = b.op(
+        "DEPTHWISE_CONV_2D",
+        [pad, b.w(1, 3, 3, channels), b.w(channels)],
+        (1, o, o, channels),
+        padding="VALID",
+        stride_h=2,
+        stride_w=2,
+        depth_multiplier=1,
+        fused_activation_function="RELU6",
+    )
+    return b.bytes(b.conv(y, channels, k=1))
+
+
 def batch_matmul_graph(rows: int = 64, k: int = 256, n: int = 256) -> bytes:
     b = _G()
     x = b.op("RELU", [b.input((1, rows, k))], (1, rows, k))
@@ -211,9 +235,11 @@ def _xnnpack_partitions(data: bytes) -> int | None:
     return sum(1 for op in details() if op["op_name"] == "DELEGATE")
 
 
-def _time(paths: list[Path], names: list[str], runs: int) -> dict[str, Any]:
+def _time(
+    paths: list[Path], names: list[str], runs: int, delegates=("xnnpack", "none")
+) -> dict[str, Any]:
     out = {}
-    for delegate in ("xnnpack", "none"):
+    for delegate in delegates:
         r = bench.run_benchmark(
             paths, delegate=delegate, runs=runs, warmup=20, threads=1, names=names, progress=False
         )
@@ -254,6 +280,11 @@ def micro(runs: int, work: Path) -> list[dict[str, Any]]:
             "BatchMatmulToFullyConnected",
             batch_matmul_graph(),
             [exporter.BatchMatmulToFullyConnected()],
+        ),
+        (
+            "FoldPadByWidenedKernel (3x3/2 depthwise -> 4x4 SAME)",
+            strided_depthwise_graph(),
+            [exporter.FoldPadByWidenedKernel()],
         ),
         (
             "RecognizeClamp (+ fused into the conv)",
@@ -343,13 +374,17 @@ def _error(float_model: bytes, int8_model: bytes) -> dict[str, float]:
     }
 
 
+RUNTIMES = {"xnnpack": "xnnpack", "cpu": "none"}  # CPU target -> the delegate that runs it
+
+
 def models(runs: int, work: Path) -> list[dict[str, Any]]:
     rows = []
     for path in sorted(MODELS.glob("*.tflite")):
         data = path.read_bytes()
         calib = _calibration(data)
         row: dict[str, Any] = {"model": path.stem, "ops_input": _ops(data)}
-        for target in ("xnnpack", "edgetpu"):
+        floats = {}
+        for target in ("xnnpack", "cpu", "edgetpu"):
             without, _ = _optimize(data, target, False)
             fused, fired = _optimize(data, target, True)
             row[target] = {
@@ -358,62 +393,69 @@ def models(runs: int, work: Path) -> list[dict[str, Any]]:
                 "exporter_rules_fired": {k: v for k, v in fired.items() if k in EXPORTER_NAMES},
                 "float_agreement": verify.compare(data, fused, atol=1e-4, rtol=1e-4).to_dict(),
             }
-            row[target]["_fused"], row[target]["_without"] = fused, without
+            floats[target] = (without, fused)
         # Edge TPU: uint8 I/O, as the edgetpu recipe quantizes
-        stock_u8 = _quantize(data, calib, "uint8")
-        fused_u8 = _quantize(row["edgetpu"].pop("_fused"), calib, "uint8")
-        without_u8 = _quantize(row["edgetpu"].pop("_without"), calib, "uint8")
+        without, fused = floats["edgetpu"]
+        stock_u8, fused_u8 = _quantize(data, calib, "uint8"), _quantize(fused, calib, "uint8")
+        without_u8 = fused_u8 if without == fused else _quantize(without, calib, "uint8")
         row["edgetpu"]["int8_ops"] = {"stock": _ops(stock_u8), "fused": _ops(fused_u8)}
         row["edgetpu"]["mapped"] = {
             "stock": _mapped(stock_u8),
             "fused_without_exporter_rules": _mapped(without_u8),
             "fused": _mapped(fused_u8),
         }
-        # XNNPACK int8: float I/O here so errors against the float input read directly
+        # CPU int8: float I/O here so errors against the float input read directly
         stock = _quantize(data, calib, "float32")
-        fused = _quantize(row["xnnpack"].pop("_fused"), calib, "float32")
-        without = _quantize(row["xnnpack"].pop("_without"), calib, "float32")
-        row["xnnpack"]["int8_ops"] = {
-            "stock": _ops(stock),
-            "without_exporter_rules": _ops(without),
-            "fused": _ops(fused),
-        }
-        row["xnnpack"]["int8_error_vs_float"] = {
-            "stock": _error(data, stock),
-            "fused": _error(data, fused),
-        }
-        paths = [work / f"{path.stem}_{k}.tflite" for k in ("stock", "without", "fused")]
-        for p, d in zip(paths, (stock, without, fused)):
-            p.write_bytes(d)
-        if without == fused:  # nothing of ours fired: the same graph, nothing to time
-            row["xnnpack"]["int8_timing"] = None
-        else:
+        for target, delegate in RUNTIMES.items():
+            without, fused = floats[target]
+            same = without == fused
+            fused_q = _quantize(fused, calib, "float32")
+            without_q = fused_q if same else _quantize(without, calib, "float32")
+            row[target]["int8_ops"] = {
+                "stock": _ops(stock),
+                "without_exporter_rules": _ops(without_q),
+                "fused": _ops(fused_q),
+            }
+            row[target]["int8_error_vs_float"] = {
+                "stock": _error(data, stock),
+                "fused": _error(data, fused_q),
+            }
+            if same:  # nothing of ours fired: the same graph, nothing to time
+                row[target]["int8_timing"] = None
+                continue
             names = ["stock", "without_exporter_rules", "fused"]
-            row["xnnpack"]["int8_timing"] = _time(paths, names, runs)
+            paths = [work / f"{path.stem}_{target}_{k}.tflite" for k in names]
+            for p, d in zip(paths, (stock, without_q, fused_q)):
+                p.write_bytes(d)
+            row[target]["int8_timing"] = _time(paths, names, runs, (delegate,))
         print(_model_line(row), flush=True)
         rows.append(row)
     return rows
 
 
 def _model_line(row: dict[str, Any]) -> str:
-    x, e = row["xnnpack"], row["edgetpu"]
-    t = x["int8_timing"]
-    if t is None:
-        timing = "exporter rules fired nothing on xnnpack: not timed"
-    else:
-        r, p = t["xnnpack"]["ratio"], t["none"]["ratio"]
-        timing = (
-            f"int8 p50 / stock: xnnpack {r['without_exporter_rules']:.3f} without, "
-            f"{r['fused']:.3f} with; plain {p['without_exporter_rules']:.3f} / {p['fused']:.3f}"
+    parts = [f"{row['model']}: float ops {row['ops_input']}"]
+    for target, delegate in (*RUNTIMES.items(), ("edgetpu", None)):
+        x = row[target]
+        text = (
+            f"{target} {x['ops_without_exporter_rules']} without exporter rules / "
+            f"{x['ops_fused']} with; int8 ops stock {x['int8_ops']['stock']} fused "
+            f"{x['int8_ops']['fused']}"
         )
-    stock, fused = e["mapped"]["stock"], e["mapped"]["fused"]
-    return (
-        f"{row['model']}: float ops {row['ops_input']} -> xnnpack "
-        f"{x['ops_without_exporter_rules']} without exporter rules / {x['ops_fused']} with; "
-        f"edgetpu {e['ops_without_exporter_rules']} / {e['ops_fused']}; int8 ops stock "
-        f"{x['int8_ops']['stock']} fused {x['int8_ops']['fused']}; {timing}; Edge TPU mapped "
-        f"stock {stock['mapped']}/{stock['ops']}, fused {fused['mapped']}/{fused['ops']}"
-    )
+        t = x.get("int8_timing", "")
+        if t is None:
+            text += ", exporter rules fired nothing: not timed"
+        elif t:
+            r = t[delegate]["ratio"]
+            text += (
+                f", int8 p50 / stock on {delegate}: {r['without_exporter_rules']:.3f} without,"
+                f" {r['fused']:.3f} with"
+            )
+        if target == "edgetpu":
+            st, fu = x["mapped"]["stock"], x["mapped"]["fused"]
+            text += f", mapped stock {st['mapped']}/{st['ops']}, fused {fu['mapped']}/{fu['ops']}"
+        parts.append(text)
+    return "\n  ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
