@@ -39,7 +39,9 @@ from tflfuse.rules.algebra import CollapseReshapeChain
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
 
 MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"
-EXPORTER_NAMES = tuple(sorted({r.name for r in exporter.exporter_rules("edgetpu")}))
+EXPORTER_NAMES = tuple(
+    sorted({r.name for t in ("xnnpack", "cpu", "edgetpu") for r in exporter.exporter_rules(t)})
+)
 RNG = np.random.default_rng(0)
 
 
@@ -303,6 +305,7 @@ def micro(runs: int, work: Path) -> list[dict[str, Any]]:
             "rule": name,
             "ops_before": _ops(before),
             "ops_after": _ops(after),
+            "xnnpack_partitions": [_xnnpack_partitions(before), _xnnpack_partitions(after)],
             "max_abs_error": agreement.max_abs,
             "varies": agreement.varies,
             "timing": _time(paths, ["before", "after"], runs),
