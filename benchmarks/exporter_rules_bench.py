@@ -32,7 +32,7 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from tflfuse import bench, flatbuffer, targets, verify
-from tflfuse.ir import Graph, Model, Tensor
+from tflfuse.ir import Graph, Model, Signature, Tensor
 from tflfuse.rewrite import DeadCodeElimination, PassManager, Rule, TopologicalSort
 from tflfuse.rules import exporter, pipeline
 from tflfuse.rules.algebra import CollapseReshapeChain
@@ -104,8 +104,15 @@ class _G:
         )
 
     def bytes(self, *outs) -> bytes:
+        """The model, with a signature (ai-edge-quantizer needs one)."""
         self.g.outputs = list(outs)
-        return flatbuffer.to_bytes(Model([self.g]))
+        signature = Signature(
+            "serving_default",
+            0,
+            {f"input_{i}": t for i, t in enumerate(self.g.inputs)},
+            {f"output_{i}": t for i, t in enumerate(outs)},
+        )
+        return flatbuffer.to_bytes(Model([self.g], signatures=[signature]))
 
 
 def layer_norm_graph(rows: int = 128, width: int = 256) -> bytes:
@@ -310,18 +317,27 @@ def micro(runs: int, work: Path) -> list[dict[str, Any]]:
             "varies": agreement.varies,
             "timing": _time(paths, ["before", "after"], runs),
         }
+        # the same two graphs after ai-edge-quantizer (the int8 recipes rewrite in float first)
+        calib = _calibration(before, 16)
+        q_paths = [work / f"micro{i}_before_int8.tflite", work / f"micro{i}_after_int8.tflite"]
+        for p, d in zip(q_paths, (before, after)):
+            p.write_bytes(_quantize(d, calib, "int8"))
+        row["int8_xnnpack_partitions"] = [_xnnpack_partitions(p.read_bytes()) for p in q_paths]
+        row["int8_timing"] = _time(q_paths, ["before", "after"], runs)
         print(_micro_line(row), flush=True)
         rows.append(row)
     return rows
 
 
 def _micro_line(row: dict[str, Any]) -> str:
-    t = row["timing"]
+    t, q = row["timing"], row["int8_timing"]
     return (
         f"{row['rule']}: ops {row['ops_before']} -> {row['ops_after']}, XNNPACK partitions "
         f"{row['xnnpack_partitions'][0]} -> {row['xnnpack_partitions'][1]}, after/before p50 "
-        f"xnnpack {t['xnnpack']['ratio']['after']:.3f}, plain {t['none']['ratio']['after']:.3f}"
-        f" (max abs err {row['max_abs_error']:.2g})"
+        f"float xnnpack {t['xnnpack']['ratio']['after']:.3f}, plain "
+        f"{t['none']['ratio']['after']:.3f}; int8 (partitions {row['int8_xnnpack_partitions']}) "
+        f"xnnpack {q['xnnpack']['ratio']['after']:.3f}, plain {q['none']['ratio']['after']:.3f}"
+        f" (float max abs err {row['max_abs_error']:.2g})"
     )
 
 

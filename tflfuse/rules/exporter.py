@@ -475,8 +475,10 @@ class CanonicalizeLayoutChain(Rule):
     movement as [SLICE] [RESHAPE] [TRANSPOSE] [RESHAPE], when that is fewer ops.
 
     E.g. litert-torch's K^T: RESHAPE [1,32,1,64]->[32,4,16], TRANSPOSE, RESHAPE [1,4,32,16],
-    TRANSPOSE, RESHAPE [4,16,32]  =>  RESHAPE [32,4,16], TRANSPOSE [1,2,0]. The map is computed on
-    an index array, so the new form moves every element where the old one did: exact, int8 too.
+    TRANSPOSE, RESHAPE [4,16,32]  =>  TRANSPOSE [1,32,64]->[64,1,32], RESHAPE [4,16,32] (axes that
+    move together are merged, so the transpose has as few as it can). The map is computed on an
+    index array, so the new form moves every element where the old one did: exact, int8 too.
+    With `max_nontrivial_dims` (the Edge TPU: 3) a transpose needing more is refused.
     """
 
     quantized_ok = True
@@ -1006,11 +1008,12 @@ class DropHalfPixelCenters(Rule):
 
 def exporter_rules(target: str) -> tuple[Rule, ...]:
     """The exporter rules a target's level-2 pipeline runs, each where it was measured to pay
-    (benchmarks/exporter_rules_bench.py; `cpu` is the plain kernels): fewer kernels everywhere;
-    a constant BATCH_MATMUL as FULLY_CONNECTED and the widened strided depthwise kernel only
-    pay on the plain kernels (XNNPACK runs the former as fast and its 3x3 depthwise kernel is
-    faster than a 4x4); PADV2, BATCH_MATMUL and half-pixel resizes are Edge TPU legalizations.
-    The Edge TPU keeps every tensor within 3 non-trivial dimensions."""
+    (benchmarks/exporter_rules_bench.py; `cpu` is the plain kernels): fewer kernels everywhere.
+    A constant BATCH_MATMUL as FULLY_CONNECTED: the same speed on float XNNPACK, 13x faster int8
+    (XNNPACK does not take an int8 BATCH_MATMUL) and on the plain kernels; not measured on a GPU.
+    The widened strided depthwise kernel pays on the plain kernels only (XNNPACK's 3x3 kernel is
+    far faster than a 4x4). PADV2, BATCH_MATMUL and half-pixel resizes are Edge TPU
+    legalizations; the Edge TPU keeps every tensor within 3 non-trivial dimensions."""
     limit = 3 if target == "edgetpu" else None
     rules: list[Rule] = [
         ShortenLayerNorm(),
@@ -1021,7 +1024,7 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
         SoftmaxThroughReshape(),
         LegalizePadV2BeforeMaxPool(),
     ]
-    if target in ("edgetpu", "cpu"):
+    if target in ("xnnpack", "edgetpu", "cpu"):
         rules.append(BatchMatmulToFullyConnected())
     if target == "cpu":
         rules.append(FoldPadByWidenedKernel())
