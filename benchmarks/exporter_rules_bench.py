@@ -233,11 +233,15 @@ def _ops(data: bytes) -> int:
 
 
 def _xnnpack_partitions(data: bytes) -> int | None:
-    """How many XNNPACK partitions the model is cut into (None if the interpreter won't say)."""
+    """How many XNNPACK partitions the model is cut into (None if the interpreter won't say
+    or XNNPACK fails to prepare it)."""
+    from tflfuse.errors import TflfuseError
     from tflfuse.runtime import make_interpreter
 
-    interp = make_interpreter(data, delegate="xnnpack")
-    interp.allocate_tensors()
+    try:
+        interp = make_interpreter(data, delegate="xnnpack")
+    except TflfuseError:
+        return None
     details = getattr(interp, "_get_ops_details", None)
     if details is None:
         return None
@@ -247,11 +251,26 @@ def _xnnpack_partitions(data: bytes) -> int | None:
 def _time(
     paths: list[Path], names: list[str], runs: int, delegates=("xnnpack", "none")
 ) -> dict[str, Any]:
-    out = {}
+    from tflfuse.errors import TflfuseError
+
+    out: dict[str, Any] = {}
     for delegate in delegates:
-        r = bench.run_benchmark(
-            paths, delegate=delegate, runs=runs, warmup=20, threads=1, names=names, progress=False
-        )
+        try:
+            r = bench.run_benchmark(
+                paths,
+                delegate=delegate,
+                runs=runs,
+                warmup=20,
+                threads=1,
+                names=names,
+                progress=False,
+            )
+        except TflfuseError as exc:  # e.g. XNNPACK fails to prepare one of them
+            out[delegate] = {"error": str(exc), "ratio": {n: float("nan") for n in names[1:]}}
+            for path in paths:
+                keep = Path(tempfile.gettempdir()) / f"exporter_bench_failed_{path.name}"
+                keep.write_bytes(path.read_bytes())
+            continue
         p50 = [m["latency_ms"]["p50"] for m in r["models"]]
         out[delegate] = {
             "p50_ms": dict(zip(names, p50)),

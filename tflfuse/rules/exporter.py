@@ -913,8 +913,11 @@ class FoldPadByWidenedKernel(Rule):
     PyTorch pads both sides; at stride 2 on an even size SAME pads only after, so the 3x3
     windows do not line up (FoldPadIntoConv refuses). A 4x4 SAME window starts one row earlier,
     the same place as PyTorch's, and its fourth row and column get weight 0: the same sums,
-    exact. It trades the PAD's copy of the activation for 16/9 of the depthwise multiply-adds;
-    `types` says where that pays (benchmarks/exporter_rules_bench.py). Float only.
+    exact. It trades the PAD's copy of the activation for 16/9 of the depthwise multiply-adds.
+    Measured (benchmarks/exporter_rules_bench.py, 64x64x96 block, after/before p50): float
+    plain kernels 0.96-0.98, float XNNPACK 1.11-2.8, int8 XNNPACK 1.34, int8 plain kernels 2.03
+    (the 3x3 kernels are the optimized ones). So no pipeline runs it; it is kept, tested, for a
+    runtime where the PAD is the expensive part. Float only.
     """
 
     def __init__(self, types: tuple[str, ...] = ("DEPTHWISE_CONV_2D",)) -> None:
@@ -1011,9 +1014,9 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
     (benchmarks/exporter_rules_bench.py; `cpu` is the plain kernels): fewer kernels everywhere.
     A constant BATCH_MATMUL as FULLY_CONNECTED: the same speed on float XNNPACK, 13x faster int8
     (XNNPACK does not take an int8 BATCH_MATMUL) and on the plain kernels; not measured on a GPU.
-    The widened strided depthwise kernel pays on the plain kernels only (XNNPACK's 3x3 kernel is
-    far faster than a 4x4). PADV2, BATCH_MATMUL and half-pixel resizes are Edge TPU
-    legalizations; the Edge TPU keeps every tensor within 3 non-trivial dimensions."""
+    FoldPadByWidenedKernel is in no pipeline: it is slower wherever it matters (see its
+    docstring). PADV2, BATCH_MATMUL and half-pixel resizes are Edge TPU legalizations; the
+    Edge TPU keeps every tensor within 3 non-trivial dimensions."""
     limit = 3 if target == "edgetpu" else None
     rules: list[Rule] = [
         ShortenLayerNorm(),
@@ -1026,8 +1029,6 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
     ]
     if target in ("xnnpack", "edgetpu", "cpu"):
         rules.append(BatchMatmulToFullyConnected())
-    if target == "cpu":
-        rules.append(FoldPadByWidenedKernel())
     if target == "edgetpu":
         rules.append(DropHalfPixelCenters())
     return tuple(rules)
