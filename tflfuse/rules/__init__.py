@@ -33,6 +33,7 @@ from tflfuse.rules.epilogue import (
     FoldScaleIntoProducer,
     FuseActivationIntoProducer,
 )
+from tflfuse.rules.exporter import exporter_rules
 from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
 from tflfuse.rules.vertical import (
     FoldAffineIntoFollowing,
@@ -105,7 +106,17 @@ def pipeline(
         HoistLayoutAboveSplit(target),
     )
     legalize = _edgetpu_legalization() if target == "edgetpu" else ()
-    return (*legalize, *algebra, *activations, *epilogue, *vertical, *horizontal, *cleanup)
+    exporter = exporter_rules(target)
+    return (
+        *legalize,
+        *exporter,
+        *algebra,
+        *activations,
+        *epilogue,
+        *vertical,
+        *horizontal,
+        *cleanup,
+    )
 
 
 def all_rule_names() -> list[str]:
