@@ -11,10 +11,10 @@ from tflfuse import verify
 from tflfuse.ir import Quantization, Tensor
 from tflfuse.rules import pipeline
 from tflfuse.rules.algebra import CollapseReshapeChain, RecognizeHardSwish
+from tflfuse.rules.edgetpu import DropHalfPixelCentersFromNearestResize
 from tflfuse.rules.exporter import (
     BatchMatmulToFullyConnected,
     CanonicalizeLayoutChain,
-    DropHalfPixelCenters,
     FoldPadByWidenedKernel,
     LegalizePadV2BeforeMaxPool,
     RecognizeClamp,
@@ -368,33 +368,6 @@ def test_batch_matmul_with_constant_on_the_left_is_kept() -> None:
     ]
 
 
-# -- nearest upsampling with half pixel centers --------------------------------------------------
-@pytest.mark.parametrize(("out", "fires"), [(12, True), (10, False)])
-def test_half_pixel_nearest_upscale_is_the_plain_one(out: int, fires: bool) -> None:
-    g = G()
-    x = g.conv(g.input((1, 4, 4, 3)), 3)
-    y = g.op(
-        "RESIZE_NEAREST_NEIGHBOR",
-        [x, _ints(g, [out, out])],
-        (1, out, out, 3),
-        align_corners=False,
-        half_pixel_centers=True,
-    )
-    data = g.bytes(y)
-    fused, model, result = apply(data, DropHalfPixelCenters())
-    resize = model.main.ops[1]
-    assert resize.options["half_pixel_centers"] is not fires
-    if fires:
-        assert resize.version == 1
-        for delegate in ("none", "xnnpack"):
-            agreement = verify.compare(data, fused, delegate=delegate, atol=0, rtol=0)
-            assert agreement.ok and agreement.identical and agreement.varies
-    else:
-        assert loud(result, "DropHalfPixelCenters") == [
-            "[1, 4, 4, 3] -> [1, 10, 10, 3] is not an integer upscale"
-        ]
-
-
 # -- int8 forms of the byte-moving rules (int8_error_steps = 0: bit for bit) ---------------------
 Q8 = Quantization(np.array([0.05], np.float32), np.array([3]))
 
@@ -447,25 +420,6 @@ def test_int8_softmax_sheds_its_reshapes() -> None:
     _assert_bit_exact(data, fused)
 
 
-def test_int8_half_pixel_nearest_upscale() -> None:
-    g = G()
-    x = _int8_input(g, (1, 4, 4, 3))
-    y = _int8_op(
-        g,
-        "RESIZE_NEAREST_NEIGHBOR",
-        [x, _ints(g, [8, 8])],
-        (1, 8, 8, 3),
-        align_corners=False,
-        half_pixel_centers=True,
-    )
-    data = g.bytes(y)
-    fused, model, _ = apply(data, DropHalfPixelCenters())
-    assert model.main.ops[0].options["half_pixel_centers"] is False
-    assert model.main.ops[0].version == 2
-    assert DropHalfPixelCenters.int8_error_steps == 0
-    _assert_bit_exact(data, fused)
-
-
 def test_layer_norm_with_the_mean_broadcast_along_the_wrong_axis_is_not_one() -> None:
     g = G()
     x = g.op(
@@ -514,8 +468,8 @@ def test_litert_torch_encoder_loses_a_third_of_its_ops(target: str, after: int) 
 @pytest.mark.skipif(not PYTORCH.is_dir(), reason="../shared/models/pytorch is absent")
 def test_litert_torch_yolo_upsampling_becomes_mappable() -> None:
     data = (PYTORCH / "yolov8n.tflite").read_bytes()
-    _, model, result = apply(data, DropHalfPixelCenters())
-    assert result.fired() == {"DropHalfPixelCenters": 2}
+    _, model, result = apply(data, DropHalfPixelCentersFromNearestResize())
+    assert result.fired() == {"DropHalfPixelCentersFromNearestResize": 2}
     resizes = model.main.ops_of("RESIZE_NEAREST_NEIGHBOR")
     assert [op.options["half_pixel_centers"] for op in resizes] == [False, False]
 

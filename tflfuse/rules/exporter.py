@@ -978,45 +978,14 @@ class FoldPadByWidenedKernel(Rule):
         op.set_input(0, m.x)
 
 
-class DropHalfPixelCenters(Rule):
-    """RESIZE_NEAREST_NEIGHBOR(x, half_pixel_centers=True) with an integer upscale factor  =>
-    the same op with half_pixel_centers=False (op version 3 -> 1, or 2 for int8).
-
-    PyTorch's nearest upsampling is exported with half pixel centers; the Edge TPU compiler
-    rejects that op version. For output row o = s k + j (0 <= j < s) the source row is
-    floor((o + 0.5) / s) = k = floor(o / s) either way: the same rows, bit for bit (int8 too).
-    """
-
-    quantized_ok = True
-    int8_error_steps = 0
-
-    def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.RESIZE_NEAREST_NEIGHBOR(p.x, ...)
-
-    def check(self, m: Match) -> Refusal | None:
-        opts = m.root.options
-        if not opts.get("half_pixel_centers"):
-            return NotApplicable("no half pixel centers")
-        if opts.get("align_corners"):
-            return refuse("align_corners with half pixel centers")
-        x, y = m.x.shape, m.root.output.shape
-        if len(x) != 4 or len(y) != 4 or any(y[i] % x[i] for i in (1, 2)):
-            return refuse(f"{list(x)} -> {list(y)} is not an integer upscale")
-        return None
-
-    def rewrite(self, m: Match) -> None:
-        m.root.options["half_pixel_centers"] = False
-        m.root.version = 2 if m.x.dtype in ("INT8", "UINT8") else 1
-
-
 def exporter_rules(target: str) -> tuple[Rule, ...]:
     """The exporter rules a target's level-2 pipeline runs, each where it was measured to pay
     (benchmarks/exporter_rules_bench.py; `cpu` is the plain kernels): fewer kernels everywhere.
     A constant BATCH_MATMUL as FULLY_CONNECTED: the same speed on float XNNPACK, 13x faster int8
     (XNNPACK does not take an int8 BATCH_MATMUL) and on the plain kernels; not measured on a GPU.
     FoldPadByWidenedKernel is in no pipeline: it is slower wherever it matters (see its
-    docstring). PADV2, BATCH_MATMUL and half-pixel resizes are Edge TPU legalizations; the
-    Edge TPU keeps every tensor within 3 non-trivial dimensions."""
+    docstring). PADV2 and BATCH_MATMUL are Edge TPU legalizations too (half-pixel resizes are
+    in rules/edgetpu.py); the Edge TPU keeps every tensor within 3 non-trivial dimensions."""
     limit = 3 if target == "edgetpu" else None
     rules: list[Rule] = [
         ShortenLayerNorm(),
@@ -1029,6 +998,4 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
     ]
     if target in ("xnnpack", "edgetpu", "cpu"):
         rules.append(BatchMatmulToFullyConnected())
-    if target == "edgetpu":
-        rules.append(DropHalfPixelCenters())
     return tuple(rules)
