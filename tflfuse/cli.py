@@ -216,9 +216,14 @@ def _run_check(args: argparse.Namespace) -> int:
 def _add_convert(sub: Any) -> None:
     p = sub.add_parser(
         "convert",
-        help="Keras/SavedModel -> fused, quantized .tflite + unfused and stock baselines + report",
+        help="Keras/SavedModel/.tflite -> fused, quantized .tflite + unfused and stock baselines"
+        " + report",
     )
-    p.add_argument("model", help=".keras or .h5 file, or a SavedModel folder")
+    p.add_argument(
+        "model",
+        help=".tflite (e.g. from litert-torch or onnx2tf), .keras or .h5 file, or a"
+        " SavedModel folder",
+    )
     p.add_argument(
         "--recipe",
         default="xnnpack-int8",
@@ -243,12 +248,18 @@ def _add_convert(sub: Any) -> None:
         default=None,
         help="keep TF ops with no TFLite builtin as Flex ops (CPU targets only)",
     )
+    p.add_argument(
+        "--channels-last",
+        action="store_true",
+        help=".tflite with NCHW inputs (PyTorch exports): give the model NHWC inputs (and"
+        " outputs) instead, dropping the layout TRANSPOSEs (an interface change)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_run_convert)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert import convert
 
     overrides = {
         "quant_mode": args.quant,
@@ -261,7 +272,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         "offset": args.offset,
         "select_tf_ops": args.select_tf_ops,
     }
-    result = convert_keras(
+    result = convert(
         args.model,
         recipe=args.recipe,
         calibration=args.calib,
@@ -271,6 +282,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         allow_lambda=args.allow_lambda,
         progress=not args.json,
         quiet=False,
+        channels_last=args.channels_last,
         **{k: v for k, v in overrides.items() if v is not None},
     )
     r = result.report
@@ -288,6 +300,9 @@ def _run_convert(args: argparse.Namespace) -> int:
     d = r["delegate_check"]
     if d.get("checked"):
         print(f"  {d['delegate']}: {d['mapped']} ops mapped, {d['cpu']} on the CPU")
+    cut = r.get("edgetpu", {}).get("fused", {}).get("cut")
+    if cut:
+        print(f"  Edge TPU cut at op {cut['index']} {cut['op']}: {cut['reason']}")
     print(f"  report: {result.output_dir / 'report.md'}")
     return 0
 
