@@ -224,10 +224,14 @@ def quantize(rec: Recipe, ctx: Context) -> None:
     int8); without one (a .tflite) the unfused baseline is the stock model defused."""
     from tflfuse.quantize import Quantized, aeq_unsupported, quantize
 
-    if ctx.source.quantized or rec.quant_mode == "none":
-        kind = "already int8: not re-quantized" if ctx.source.quantized else "none (float32)"
-        ctx.quantized = {"fused": Quantized(ctx.fused.data, kind)}
-        ctx.quantized["unfused"] = Quantized(ctx.unfused_float, kind)
+    if ctx.source.quantized:
+        route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
+        for which, data in (("fused", ctx.fused.data), ("unfused", ctx.unfused_float)):
+            ctx.quantized[which] = Quantized(_with_io_types(data, rec), route)
+        return
+    if rec.quant_mode == "none":
+        ctx.quantized = {"fused": Quantized(ctx.fused.data, "none (float32)")}
+        ctx.quantized["unfused"] = Quantized(ctx.unfused_float, "none (float32)")
         return
     kwargs = {
         "input_type": rec.input_type,
@@ -263,6 +267,15 @@ def quantize(rec: Recipe, ctx: Context) -> None:
         )
 
 
+def _with_io_types(data: bytes, rec: Recipe) -> bytes:
+    """An int8 model with the recipe's I/O types (float, int8 or uint8 boundaries)."""
+    from tflfuse.quantize import set_io_types
+
+    model = flatbuffer.from_bytes(data, "int8")
+    set_io_types(model, rec.input_type, rec.output_type)
+    return flatbuffer.to_bytes(model)
+
+
 def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
     """The rules run on the quantized fused model: the target's whole pipeline when the float
     rules could not be kept (the converter-PTQ route), else, for the Edge TPU, its pipeline again
@@ -275,6 +288,12 @@ def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
     if rec.target == "edgetpu" and rec.level > 0:
         return pipeline(2, "edgetpu")
     return ()
+
+
+def _mapped(data: bytes) -> int:
+    from tflfuse.targets import predict_edgetpu
+
+    return predict_edgetpu(flatbuffer.from_bytes(data)).mapped
 
 
 def legalize(rec: Recipe, ctx: Context) -> None:
@@ -297,6 +316,15 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     atol = ATOL + PROPAGATION * sum(e.error for e in result.events)
     check = compare(q.data, data, atol=atol, rtol=RTOL, int_atol=steps, seed=ctx.options.seed)
     summary = {"ran": True, "rules": sorted({p.name for p in rules}), **result.to_dict()}
+    before, after = (
+        [op.type for op in flatbuffer.from_bytes(q.data).main.ops],
+        [op.type for op in model.main.ops],
+    )
+    # passes (DeferUnmappableOps reorders) leave no rewrite events: say what they changed
+    summary["ops_before"], summary["ops_after"] = len(before), len(after)
+    summary["reordered"] = before != after and sorted(before) == sorted(after)
+    if rec.target == "edgetpu":
+        summary["edgetpu_mapped"] = [_mapped(q.data), _mapped(data)]
     summary["verification"] = {**check.to_dict(), "tolerance": {"atol": atol, "int_steps": steps}}
     if not check.ok:
         # not kept: the model stays as quantized (on the converter-PTQ route: without rules)

@@ -365,8 +365,12 @@ def _legalization_lines(leg: dict[str, Any]) -> list[str]:
         return [*lines, f"Not run: {leg.get('reason', 'not an int8 recipe')}."]
     fired = leg.get("fired", {})
     done = ", ".join(f"{k} x{v}" for k, v in fired.items()) or "nothing fired"
+    if leg.get("reordered"):
+        done += "; ops reordered (unmappable ops moved late)"
     kept = "kept (verified)" if leg.get("kept") else f"not kept: {leg.get('reason')}"
-    return [*lines, f"On the quantized fused model: {done}; {kept}."]
+    mapped = leg.get("edgetpu_mapped")
+    tpu = f" Edge TPU mapped ops {mapped[0]} -> {mapped[1]}." if mapped else ""
+    return [*lines, f"On the quantized fused model: {done}; {kept}.{tpu}"]
 
 
 def _edgetpu_lines(section: dict[str, Any] | None) -> list[str]:
