@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""PyTorch exports through `tflfuse convert MODEL.tflite`: stock vs fused, op counts, Edge TPU
+mapping, int8 latency on XNNPACK and on the plain kernels, error against the float input.
+
+    .venv/bin/python benchmarks/pytorch_bench.py                      # 3 models x 2 recipes
+    .venv/bin/python benchmarks/pytorch_bench.py --models encoder --runs 30
+
+For each litert-torch export in ../shared/models/pytorch and each recipe (edgetpu, xnnpack-int8):
+`tflfuse.convert.convert` gives fused, unfused and stock (ai-edge-quantizer's static int8 recipe
+on the input as given, the same calibration data and range rule). Calibration and evaluation data
+are seeded noise in each model's input shape (uniform [-1, 1]; the exports carry no data set), so
+errors are against the float input on that noise, not task accuracy. Stock and fused are timed
+interleaved with `tflfuse.bench.run_benchmark` (one thread) on XNNPACK and on the plain kernels
+(BUILTIN_WITHOUT_DEFAULT_DELEGATES). Writes benchmarks/PYTORCH.md and the raw JSON to
+benchmarks/out/pytorch.json (not committed; the models are not copied anywhere).
+
+Latency numbers depend on the machine; the ratios between models timed together are the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from tflfuse import flatbuffer  # noqa: E402
+from tflfuse.bench import run_benchmark  # noqa: E402
+from tflfuse.errors import TflfuseError  # noqa: E402
+from tflfuse.runtime import interpreter_package  # noqa: E402
+from tflfuse.targets import predict_edgetpu  # noqa: E402
+
+MODELS_DIR = HERE.parent.parent / "shared" / "models" / "pytorch"
+MODELS = ("mobilenet_v2", "yolov8n", "encoder")
+RECIPES = ("edgetpu", "xnnpack-int8")
+DELEGATES = ("xnnpack", "none")
+VARIANTS = ("stock", "fused")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def calibration(path: Path, n: int, seed: int) -> np.ndarray:
+    """Seeded uniform [-1, 1] samples in the model's input shape (without the batch)."""
+    shape = flatbuffer.load(path).main.inputs[0].shape[1:]
+    return np.random.default_rng(seed).uniform(-1, 1, (n, *shape)).astype(np.float32)
+
+
+def mapped(path: Path) -> dict[str, Any]:
+    p = predict_edgetpu(flatbuffer.load(path))
+    cut = next((o for o in p.ops if o.target == "cpu" and not o.reason.startswith("after")), None)
+    return {
+        "mapped": p.mapped,
+        "total": len(p.ops),
+        "cut": None if cut is None else f"op {cut.index} {cut.op}: {cut.reason}",
+    }
+
+
+def bench_one(name: str, recipe: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from tflfuse.convert import convert
+
+    src = MODELS_DIR / f"{name}.tflite"
+    calib = calibration(src, args.samples, seed=7)
+    log(f"{name}: convert {recipe}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    res = convert(src, recipe, calib, out, seed=0, progress=False)
+    seconds = time.perf_counter() - t0
+    r = res.report
+    paths = {"stock": res.stock, "fused": res.fused}
+    row: dict[str, Any] = {
+        "model": name,
+        "recipe": recipe,
+        "convert_s": seconds,
+        "ops": {
+            "input": len(flatbuffer.load(src).main.ops),
+            **{k: r["models"][k]["op_count"] for k in ("stock", "unfused", "fused")},
+        },
+        "op_counts": {k: r["models"][k]["op_counts"] for k in VARIANTS},
+        "rules_fired": r["rules"].get("fired", {}),
+        "legalization": {
+            k: r["legalization"].get(k) for k in ("ran", "kept", "fired", "reordered", "reason")
+        },
+        "edgetpu": {k: mapped(p) for k, p in paths.items()},
+        "error": {
+            k: {
+                "max_abs": r["agreement"][k].get("max_abs"),
+                "mean_abs": (r["agreement"][k].get("outputs") or [{}])[0].get("mean_abs"),
+                "top1": (r["agreement"][k].get("outputs") or [{}])[0].get("top1_agreement"),
+                "range": (r["agreement"][k].get("outputs") or [{}])[0].get("reference_range"),
+            }
+            for k in VARIANTS
+        },
+        "float_error_fused": r["float_agreement"]["fused"].get("max_abs"),
+        "latency_ms": {},
+    }
+    for delegate in DELEGATES:
+        log(f"{name}: time {recipe} on {delegate}")
+        result = run_benchmark(
+            [str(paths[v]) for v in VARIANTS],
+            delegate=delegate,
+            runs=args.runs,
+            warmup=args.warmup,
+            threads=1,
+            names=VARIANTS,
+            progress=False,
+        )
+        row["latency_ms"][delegate] = {
+            m["name"]: {k: m["latency_ms"][k] for k in ("p50", "p90", "p99")}
+            for m in result["models"]
+        }
+    return row
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if not a or not b else f"{a / b:.2f}"
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        "# PyTorch exports through `tflfuse convert MODEL.tflite`",
+        "",
+        f"Generated by `{meta['command']}` on {meta['machine']} ({meta['cpu_count']} cores,"
+        f" shared with other work: load {meta['load']}), {meta['interpreter']}, Python"
+        f" {meta['python']}; {meta['runs']} interleaved runs after {meta['warmup']} warm-up, one"
+        f" thread; {meta['minutes']:.1f} min in all.",
+        "",
+        "Models: the litert-torch float exports in `../shared/models/pytorch` (random weights,"
+        " sane BatchNorm statistics; not copied here). **Calibration and evaluation data are"
+        f" seeded uniform [-1, 1] noise** ({meta['samples']} samples) in each model's NCHW input"
+        " shape: the errors are against the float input on that noise, not task accuracy."
+        " Stock: ai-edge-quantizer's static int8 recipe on the input as given, with the same"
+        " calibration data and range rule as the fused model. Fused: tflfuse's rules for the"
+        " recipe's target on the float graph, the same quantizer, then the int8 legalization."
+        " p50 ratios < 1: fused is faster; `none` is the plain kernels"
+        " (BUILTIN_WITHOUT_DEFAULT_DELEGATES).",
+        "",
+        "| model | recipe | ops input / stock / fused | Edge TPU mapped stock -> fused"
+        " | p50 fused/stock XNNPACK | p50 fused/stock plain | max abs error stock / fused"
+        " (output range) | top-1 stock / fused |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error_text" in r:
+            lines.append(f"| {r['model']} | {r['recipe']} | not measured: {r['error_text']} |")
+            continue
+        o, t, e, lat = r["ops"], r["edgetpu"], r["error"], r["latency_ms"]
+        top1 = " / ".join(
+            "-" if e[k]["top1"] is None else f"{100 * e[k]['top1']:.0f}%" for k in VARIANTS
+        )
+        lines.append(
+            f"| {r['model']} | {r['recipe']} | {o['input']} / {o['stock']} / {o['fused']}"
+            f" | {t['stock']['mapped']}/{t['stock']['total']} ->"
+            f" {t['fused']['mapped']}/{t['fused']['total']}"
+            f" | {_ratio(lat['xnnpack']['fused']['p50'], lat['xnnpack']['stock']['p50'])}"
+            f" | {_ratio(lat['none']['fused']['p50'], lat['none']['stock']['p50'])}"
+            f" | {_g(e['stock']['max_abs'])} / {_g(e['fused']['max_abs'])}"
+            f" ({_g(e['fused']['range'])}) | {top1} |"
+        )
+    lines += ["", "## Edge TPU cut (predicted, fused model)", ""]
+    for r in rows:
+        if "error_text" in r or r["recipe"] != "edgetpu":
+            continue
+        lines.append(f"- {r['model']}: {r['edgetpu']['fused']['cut'] or 'every op mapped'}"
+                     f" (stock: {r['edgetpu']['stock']['cut'] or 'every op mapped'})")  # fmt: skip
+    lines += ["", "## What the rules did", ""]
+    for r in rows:
+        if "error_text" in r:
+            continue
+        fired = ", ".join(f"{k} x{v}" for k, v in r["rules_fired"].items()) or "none"
+        leg = r["legalization"]
+        extra = ", ops reordered" if leg.get("reordered") else ""
+        legal = ", ".join(f"{k} x{v}" for k, v in (leg.get("fired") or {}).items()) or "none"
+        lines.append(
+            f"- {r['model']} / {r['recipe']}: float rules {fired}; int8 rules {legal}{extra}"
+            f" ({'kept' if leg.get('kept') else leg.get('reason') or 'not run'})."
+        )
+    lines += ["", "## Latency p50 (ms)", "", "| model | recipe | delegate | stock | fused |"]
+    lines.append("|---|---|---|---:|---:|")
+    for r in rows:
+        if "error_text" in r:
+            continue
+        for d in DELEGATES:
+            lat = r["latency_ms"][d]
+            lines.append(
+                f"| {r['model']} | {r['recipe']} | {d} | {lat['stock']['p50']:.2f}"
+                f" | {lat['fused']['p50']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
+    p.add_argument("--runs", type=int, default=50)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--samples", type=int, default=32, help="calibration samples")
+    p.add_argument("--out", default=str(HERE / "out" / "pytorch"), help="models and raw JSON")
+    p.add_argument("--results", default=str(HERE / "PYTORCH.md"))
+    args = p.parse_args(argv)
+    if not MODELS_DIR.is_dir():
+        print(f"{MODELS_DIR}: not found (../shared/models/pytorch)", file=sys.stderr)
+        return 2
+    started, load0 = time.perf_counter(), os.getloadavg()[0]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.models:
+        for recipe in args.recipes:
+            try:
+                rows.append(bench_one(name, recipe, out / name / recipe, args))
+            except TflfuseError as exc:
+                log(f"{name} {recipe}: not measured: {exc}")
+                rows.append({"model": name, "recipe": recipe, "error_text": str(exc)})
+    meta = {
+        "command": "python benchmarks/pytorch_bench.py"
+        + " ".join([""] + [f"--runs {args.runs}"] * (args.runs != 50)),
+        "machine": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "interpreter": interpreter_package(),
+        "python": platform.python_version(),
+        "runs": args.runs,
+        "warmup": args.warmup,
+        "samples": args.samples,
+        "minutes": (time.perf_counter() - started) / 60,
+        "load": f"{load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
+    }
+    (out / "pytorch.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    Path(args.results).write_text(render(rows, meta))
+    log(f"wrote {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
