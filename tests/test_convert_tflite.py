@@ -28,7 +28,8 @@ RNG = np.random.default_rng(7)
 
 def _nchw_tflite(channels_out_nchw: bool = True) -> bytes:
     """What litert-torch gives for a small conv net: NCHW input read through a TRANSPOSE, two
-    convolutions, and (optionally) an NCHW output written through a TRANSPOSE."""
+    convolutions (the first with RELU6, which ai-edge-quantizer has no int8 config for once
+    defused), and (optionally) an NCHW output written through a TRANSPOSE."""
     import tensorflow as tf
 
     w1 = tf.constant(RNG.normal(0, 0.5, (3, 3, 3, 8)).astype(np.float32))
@@ -37,7 +38,7 @@ def _nchw_tflite(channels_out_nchw: bool = True) -> bytes:
     @tf.function(input_signature=[tf.TensorSpec([1, 3, 16, 16], tf.float32, name="x")])
     def net(x):
         y = tf.transpose(x, [0, 2, 3, 1])
-        y = tf.nn.relu(tf.nn.conv2d(y, w1, 1, "SAME") + 0.1)
+        y = tf.nn.relu6(tf.nn.conv2d(y, w1, 1, "SAME") + 0.1)
         y = tf.nn.conv2d(y, w2, 1, "SAME")
         return tf.transpose(y, [0, 3, 1, 2]) if channels_out_nchw else y
 
@@ -69,15 +70,15 @@ def test_bytes_in_float_recipe_out(nchw: Path, tmp_path: Path) -> None:
     for name in ("fused", "unfused", "stock"):
         a = r["agreement"][name]
         assert a["verified"] and a["outputs"][0]["varies"] and a["max_abs"] <= 1e-5
-    # unfused: the input defused (RELU and the bias ADD split off the first conv)
-    assert _ops(res.unfused).count("RELU") == 1 and "RELU" not in _ops(res.fused)
+    # unfused: the input defused (RELU6 and the bias ADD split off the first conv)
+    assert _ops(res.unfused).count("RELU6") == 1 and "RELU6" not in _ops(res.fused)
     assert r["models"]["unfused"]["op_count"] > r["models"]["fused"]["op_count"]
     assert (tmp_path / "o" / "report.md").read_text().count("Not run: the source is a .tflite")
 
 
 def test_channels_last_drops_the_layout_transposes(nchw: Path, tmp_path: Path) -> None:
     calib = _calib((3, 16, 16))  # the model's own (NCHW) layout, as given
-    res = convert(nchw, "xnnpack-int8", calib, tmp_path / "o", progress=False, channels_last=True)
+    res = convert(nchw, "edgetpu", calib, tmp_path / "o", progress=False, channels_last=True)
     r = res.report
     fused, stock = flatbuffer.load(res.fused).main, flatbuffer.load(res.stock).main
     assert fused.inputs[0].shape == (1, 16, 16, 3) and fused.outputs[0].shape == (1, 16, 16, 4)
@@ -85,6 +86,13 @@ def test_channels_last_drops_the_layout_transposes(nchw: Path, tmp_path: Path) -
     assert stock.inputs[0].shape == (1, 3, 16, 16) and _ops(res.stock).count("TRANSPOSE") == 2
     assert r["interface"]["interface_change"] and r["interface"]["removed_transposes"] == 2
     assert "interface change" in (tmp_path / "o" / "report.md").read_text().lower()
+    assert "TRANSPOSE removed" in r["edgetpu"]["channels_last"]
+    # the unfused baseline (RELU6 split off: ai-edge-quantizer route unavailable) has the new
+    # interface too, and is fully int8
+    unfused = flatbuffer.load(res.unfused).main
+    assert unfused.inputs[0].shape == (1, 16, 16, 3) and "RELU6" in _ops(res.unfused)
+    assert r["models"]["unfused"]["quantization"] == "int8"
+    assert r["agreement"]["unfused"]["verified"]
     # measured in the source's layout: the channels-last model computes the same function
     assert r["float_agreement"]["fused"]["max_abs"] <= 1e-5
     q_err = r["agreement"]["fused"]["max_abs"]

@@ -161,8 +161,7 @@ def _calibration(rec: Recipe, ctx: Context) -> list[np.ndarray] | None:
         if layout is None:
             raise
         shapes = [
-            tuple(np.empty((1, *s)).transpose(0, 2, 3, 1).shape[1:]) if i in layout.inputs else s
-            for i, s in enumerate(src.input_shapes)
+            (s[1], s[2], s[0]) if i in layout.inputs else s for i, s in enumerate(src.input_shapes)
         ]
         try:
             nhwc = calib_mod.load(ctx.calibration, shapes, src.input_names, **load_args)
@@ -337,14 +336,28 @@ def legalize(rec: Recipe, ctx: Context) -> None:
 
 def baselines(rec: Recipe, ctx: Context) -> None:
     """The stock model, and the unfused int8 baseline where quantize could not make it."""
-    from tflfuse.quantize import Quantized
+    from tflfuse.quantize import Quantized, quantize
 
     stock, ctx.routes["stock"] = ctx.source.stock(rec, ctx.calib, ctx.options.progress)
     if ctx.quantized.get("unfused") is None:
+        left = ctx.routes.pop("unfused_left", "?")
+        if ctx.interface("unfused") is None:
+            base, what = stock, "the stock model"
+        else:  # the stock model keeps the source's interface: quantize the one convert gives
+            base = quantize(
+                ctx.float_data,
+                rec.quant_mode,
+                ctx.inputs_for("unfused", ctx.calib),
+                input_type=rec.input_type,
+                output_type=rec.output_type,
+                desc="calibrating unfused",
+                progress=ctx.options.progress,
+            ).data
+            what = "the input (channels-last) quantized as stock is"
         ctx.quantized["unfused"] = Quantized(
-            _defused(stock, ctx.source.name),
-            "the stock model defused (ai-edge-quantizer has no int8 config for"
-            f" {ctx.routes.pop('unfused_left', '?')} once they are split off)",
+            _defused(base, ctx.source.name),
+            f"{what}, then defused (ai-edge-quantizer has no int8 config for {left} once they"
+            " are split off)",
         )
     ctx.models = {
         "fused": ctx.quantized["fused"].data,

@@ -161,12 +161,18 @@ def verify(original: bytes, change: LayoutChange, inputs: list[np.ndarray]) -> f
 def edgetpu_effect(stock: Any, fused: Any, change: LayoutChange) -> str:
     """What dropping the input TRANSPOSEs means for the Edge TPU mapping, from the predictions
     of the stock model (NCHW interface, TRANSPOSE kept) and the fused one (channels-last)."""
-    first = stock.ops[0] if stock.ops else None
-    if first is None or first.op != "TRANSPOSE":
+    lead = []  # the ops before the first computation: input QUANTIZEs and TRANSPOSEs
+    for o in stock.ops:
+        if o.op not in ("QUANTIZE", "TRANSPOSE"):
+            break
+        lead.append(o)
+    first = next((o for o in lead if o.op == "TRANSPOSE"), None)
+    if first is None:
         return "the stock model does not start with the input TRANSPOSE; no change to the mapping"
     where = "maps it" if first.target != "cpu" else f"leaves it on the CPU: {first.reason}"
     return (
-        f"the stock model starts with the NCHW->NHWC TRANSPOSE (the Edge TPU prediction {where});"
+        f"the stock model reads its input through the NCHW->NHWC TRANSPOSE (op {first.index}; the"
+        f" Edge TPU prediction {where});"
         f" with --channels-last that op is gone ({change.removed_ops} TRANSPOSE removed) and the"
         f" fused model maps {fused.mapped}/{len(fused.ops)} ops against the stock model's"
         f" {stock.mapped}/{len(stock.ops)}"
