@@ -118,6 +118,11 @@ def load(rec: Recipe, ctx: Context) -> None:
     if source_kind(ctx.model) == "tflite":
         from tflfuse import tflite_frontend
 
+        if opts.batch != 1:
+            raise TflfuseError(
+                "--batch pins a dynamic batch of a Keras/SavedModel source; a .tflite keeps its"
+                " stored batch"
+            )
         ctx.source = tflite_frontend.load(ctx.model)
         if opts.channels_last:
             change = ctx.source.use_channels_last(opts.seed)
