@@ -55,7 +55,7 @@ def _static(model: Model, where: str, notices: list[str]) -> None:
         sig = t.shape_signature
         if sig is None or -1 not in sig:
             continue
-        if -1 in sig[1:] or len(sig) != len(t.shape) or (t in graph.inputs and not t.shape):
+        if -1 in sig[1:] or len(sig) != len(t.shape):
             kind = "input" if t in graph.inputs else "tensor"
             raise ModelError(
                 where,
