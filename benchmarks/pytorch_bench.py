@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=list(RECIPES))
-    p.add_argument("--runs", type=int, default=50)
+    p.add_argument("--runs", type=int, default=200)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--samples", type=int, default=32, help="calibration samples")
     p.add_argument("--out", default=str(HERE / "out" / "pytorch"), help="models and raw JSON")

@@ -76,6 +76,17 @@ def test_bytes_in_float_recipe_out(nchw: Path, tmp_path: Path) -> None:
     assert (tmp_path / "o" / "report.md").read_text().count("Not run: the source is a .tflite")
 
 
+def test_a_tflite_is_recognised_by_its_identifier(nchw: Path, tmp_path: Path) -> None:
+    from tflfuse.frontend import source_kind
+
+    renamed = tmp_path / "model.bin"
+    renamed.write_bytes(nchw.read_bytes())
+    assert source_kind(renamed) == source_kind(nchw.read_bytes()) == "tflite"
+    assert source_kind(tmp_path) == source_kind(tmp_path / "m.keras") == "tensorflow"
+    res = convert(renamed, "cpu-float", output_dir=tmp_path / "o", progress=False)
+    assert res.report["source_kind"]["kind"] == "tflite"
+
+
 def test_channels_last_drops_the_layout_transposes(nchw: Path, tmp_path: Path) -> None:
     calib = _calib((3, 16, 16))  # the model's own (NCHW) layout, as given
     res = convert(nchw, "edgetpu", calib, tmp_path / "o", progress=False, channels_last=True)

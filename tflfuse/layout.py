@@ -17,7 +17,7 @@ import numpy as np
 
 from tflfuse import flatbuffer
 from tflfuse.errors import TflfuseError
-from tflfuse.ir import Graph, Op, Tensor
+from tflfuse.ir import Graph, Model, Op, Tensor
 from tflfuse.rewrite import DeadCodeElimination
 
 TO_NHWC = (0, 2, 3, 1)  # NCHW -> NHWC, the TRANSPOSE an NCHW input is read through
@@ -158,22 +158,33 @@ def verify(original: bytes, change: LayoutChange, inputs: list[np.ndarray]) -> f
     return worst
 
 
-def edgetpu_effect(stock: Any, fused: Any, change: LayoutChange) -> str:
+def _input_transposes(model: Model) -> list[int]:
+    """Indices of the TRANSPOSEs that read a graph input (directly or through its QUANTIZE)."""
+    graph = model.main
+    found = []
+    for i, op in enumerate(graph.ops):
+        if op.type != "TRANSPOSE" or op.inputs[0] is None:
+            continue
+        src = op.inputs[0]
+        if src.producer is not None and src.producer.type == "QUANTIZE":
+            src = src.producer.inputs[0]
+        if src in graph.inputs:
+            found.append(i)
+    return found
+
+
+def edgetpu_effect(stock_model: Model, stock: Any, fused: Any, change: LayoutChange) -> str:
     """What dropping the input TRANSPOSEs means for the Edge TPU mapping, from the predictions
     of the stock model (NCHW interface, TRANSPOSE kept) and the fused one (channels-last)."""
-    lead = []  # the ops before the first computation: input QUANTIZEs and TRANSPOSEs
-    for o in stock.ops:
-        if o.op not in ("QUANTIZE", "TRANSPOSE"):
-            break
-        lead.append(o)
-    first = next((o for o in lead if o.op == "TRANSPOSE"), None)
-    if first is None:
-        return "the stock model does not start with the input TRANSPOSE; no change to the mapping"
+    indices = _input_transposes(stock_model)
+    if not indices:
+        return "the stock model reads no input through a TRANSPOSE; no change to the mapping"
+    first = stock.ops[indices[0]]
     where = "maps it" if first.target != "cpu" else f"leaves it on the CPU: {first.reason}"
     return (
         f"the stock model reads its input through the NCHW->NHWC TRANSPOSE (op {first.index}; the"
-        f" Edge TPU prediction {where});"
-        f" with --channels-last that op is gone ({change.removed_ops} TRANSPOSE removed) and the"
-        f" fused model maps {fused.mapped}/{len(fused.ops)} ops against the stock model's"
+        f" Edge TPU prediction {where}); with --channels-last that op is gone"
+        f" ({change.removed_ops} TRANSPOSE removed) and the fused model maps"
+        f" {fused.mapped}/{len(fused.ops)} ops against the stock model's"
         f" {stock.mapped}/{len(stock.ops)}"
     )

@@ -164,7 +164,10 @@ def _edgetpu_section(ctx: Any) -> dict[str, Any]:
     section: dict[str, Any] = {}
     if change is not None:
         section["channels_last"] = layout.edgetpu_effect(
-            per["stock"]["_prediction"], per["fused"]["_prediction"], change
+            flatbuffer.from_bytes(ctx.models["stock"]),
+            per["stock"]["_prediction"],
+            per["fused"]["_prediction"],
+            change,
         )
     for k, v in per.items():
         v.pop("_prediction")

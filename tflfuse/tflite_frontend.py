@@ -35,11 +35,19 @@ _IO_DTYPES = {"FLOAT32", "INT8", "UINT8"}
 
 
 def is_tflite(model: Any) -> bool:
-    """True for .tflite bytes (the `TFL3` identifier) or a path ending in .tflite."""
+    """True for .tflite bytes (the `TFL3` identifier), a path ending in .tflite, or a file that
+    starts like one whatever its name."""
     if isinstance(model, (bytes, bytearray, memoryview)):
         return bytes(model[4:8]) == b"TFL3"
     if isinstance(model, (str, Path)):
-        return Path(model).suffix.lower() == ".tflite"
+        path = Path(model)
+        if path.suffix.lower() == ".tflite":
+            return True
+        try:
+            with path.open("rb") as f:
+                return path.is_file() and f.read(8)[4:8] == b"TFL3"
+        except OSError:
+            return False
     return False
 
 
@@ -70,10 +78,18 @@ def _static(model: Model, where: str, notices: list[str]) -> None:
 
 
 def _signed(model: Model, notices: list[str]) -> None:
-    """Give a model without a signature one (ai-edge-quantizer needs it)."""
+    """Give a model without a signature one (ai-edge-quantizer needs it), and order a signature's
+    inputs and outputs as the graph's: calibration arrays follow the signature (the quantizer)
+    and the interpreter follows the graph, so the two orders must be one."""
+    g = model.main
+    for s in model.signatures:
+        for side, tensors in (("inputs", g.inputs), ("outputs", g.outputs)):
+            named = getattr(s, side)
+            by_tensor = {t: k for k, t in named.items()}
+            if set(by_tensor) == set(tensors):
+                setattr(s, side, {by_tensor[t]: t for t in tensors})
     if model.signatures:
         return
-    g = model.main
     model.signatures = [
         Signature(
             "serving_default",
