@@ -282,16 +282,18 @@ def _with_io_types(data: bytes, rec: Recipe) -> bytes:
 
 def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
     """The rules run on the quantized fused model: the target's whole pipeline when the float
-    rules could not be kept (the converter-PTQ route), else, for the Edge TPU, its pipeline again
-    on the int8 graph, where the legalization that needs int8 tensors (DeferUnmappableOps and
-    others in rules/edgetpu.py) can fire."""
+    rules could not be kept (the converter-PTQ route), else the target's int8 legalization
+    (Edge TPU: the rules' int8 forms and DeferUnmappableOps, which act only on int8 tensors)."""
     from tflfuse.rules import pipeline
 
     if rules_pending:
         return pipeline(rec.level, rec.target)
-    if rec.target == "edgetpu" and rec.level > 0:
+    if rec.target != "edgetpu" or rec.level <= 0:
+        return ()
+    try:  # issue 9's entry point for the int8 legalization (rules/edgetpu.py, helper h9a)
+        return pipeline(2, "edgetpu", quantized=True)  # type: ignore[call-arg]
+    except TypeError:  # a pipeline() without it: the edgetpu pipeline again on the int8 graph
         return pipeline(2, "edgetpu")
-    return ()
 
 
 def _mapped(data: bytes) -> int:
