@@ -226,7 +226,7 @@ def quantize(rec: Recipe, ctx: Context) -> None:
     """Fused and unfused quantized with ai-edge-quantizer (the recipe's mode). A model with ops
     it has no int8 config for takes the converter's PTQ where there is a TF graph (so it is fully
     int8); without one (a .tflite) the unfused baseline is the stock model defused."""
-    from tflfuse.quantize import Quantized, aeq_unsupported, quantize
+    from tflfuse.quantize import Quantized
 
     if ctx.source.quantized:
         route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
@@ -237,38 +237,41 @@ def quantize(rec: Recipe, ctx: Context) -> None:
         ctx.quantized = {"fused": Quantized(ctx.fused.data, "none (float32)")}
         ctx.quantized["unfused"] = Quantized(ctx.unfused_float, "none (float32)")
         return
-    kwargs = {
-        "input_type": rec.input_type,
-        "output_type": rec.output_type,
-        "progress": ctx.options.progress,
-    }
     for which, data in (("fused", ctx.fused.data), ("unfused", ctx.unfused_float)):
-        calib = ctx.inputs_for(which, ctx.calib)
-        left = aeq_unsupported(data) if rec.quant_mode == "int8" else []
-        fallback = (
-            ctx.source.converter_ptq(which, rec, calib, ctx.options.progress) if left else None
-        )
+        ctx.quantized[which] = _quantize_one(rec, ctx, which, data)
+
+
+def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
+    """One model quantized (quantize.Quantized), or None for an unfused baseline `baselines`
+    makes from the stock model."""
+    from tflfuse.quantize import Quantized, aeq_unsupported, quantize
+
+    calib = ctx.inputs_for(which, ctx.calib)
+    left = aeq_unsupported(data) if rec.quant_mode == "int8" else []
+    if left:
+        fallback = ctx.source.converter_ptq(which, rec, calib, ctx.options.progress)
         if fallback is not None:
-            ctx.quantized[which] = Quantized(
-                fallback,
-                "TFLite converter PTQ"
-                + (", then the target's rules on the int8 graph" if which == "fused" else "")
-                + f" (ai-edge-quantizer has no int8 config for {', '.join(left)})",
-            )
             ctx.rules_pending |= which == "fused"
-            continue
-        if left and which == "unfused":
-            ctx.quantized[which] = None  # made from the stock model in `baselines`
+            then = ", then the target's rules on the int8 graph" if which == "fused" else ""
+            return Quantized(
+                fallback,
+                f"TFLite converter PTQ{then} (ai-edge-quantizer has no int8 config for"
+                f" {', '.join(left)})",
+            )
+        if which == "unfused":
             ctx.routes["unfused_left"] = ", ".join(left)
-            continue
-        ctx.quantized[which] = quantize(
-            data,
-            rec.quant_mode,
-            calib,
-            desc=f"calibrating {which}",
-            layer_error=which == "fused",
-            **kwargs,
-        )
+            return None
+    # (a fused .tflite with such ops: the quantizer leaves them in float; the report names them)
+    return quantize(
+        data,
+        rec.quant_mode,
+        calib,
+        input_type=rec.input_type,
+        output_type=rec.output_type,
+        desc=f"calibrating {which}",
+        progress=ctx.options.progress,
+        layer_error=which == "fused",
+    )
 
 
 def _with_io_types(data: bytes, rec: Recipe) -> bytes:
