@@ -382,4 +382,4 @@ class KerasSource:
         return _reference_outputs(self.front, inputs)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "entered_at": "load (TensorFlow)", "grappler": self.graph_info}
+        return {"kind": self.kind, "entered_at": "load (TensorFlow)", "quantized_input": False}
