@@ -258,8 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name} {recipe}: not measured: {exc}")
                 rows.append({"model": name, "recipe": recipe, "error_text": str(exc)})
     meta = {
-        "command": "python benchmarks/pytorch_bench.py"
-        + " ".join([""] + [f"--runs {args.runs}"] * (args.runs != 50)),
+        "command": " ".join(["python benchmarks/pytorch_bench.py", *(argv or sys.argv[1:])]),
         "machine": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "interpreter": interpreter_package(),
