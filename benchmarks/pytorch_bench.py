@@ -146,6 +146,38 @@ def _g(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
+def findings(rows: list[dict[str, Any]]) -> list[str]:
+    """Facts computed from this run, against the goal (fused never slower, never more ops,
+    more ops mapped on the Edge TPU), so they stay true when the file is regenerated."""
+    done = [r for r in rows if "error_text" not in r]
+    more_ops = [
+        f"{r['model']} / {r['recipe']} ({r['ops']['fused']} vs {r['ops']['stock']})"
+        for r in done
+        if r["ops"]["fused"] > r["ops"]["stock"]
+    ]
+    slower = [
+        f"{r['model']} / {r['recipe']} on {d} ({r['latency_ms'][d]['ratio']:.2f})"
+        for r in done
+        for d in DELEGATES
+        if r["latency_ms"][d]["ratio"] >= 1.05
+    ]
+    mapped = [
+        f"{r['model']} / {r['recipe']} ({r['edgetpu']['stock']['mapped']} ->"
+        f" {r['edgetpu']['fused']['mapped']})"
+        for r in done
+        if r["recipe"].startswith("edgetpu")
+        and r["edgetpu"]["fused"]["mapped"] != r["edgetpu"]["stock"]["mapped"]
+    ]
+    return [
+        "",
+        "## Against the goal",
+        "",
+        "- fused has more ops than stock: " + ("; ".join(more_ops) or "nowhere"),
+        "- fused p50 at least 5% above stock: " + ("; ".join(slower) or "nowhere"),
+        "- Edge TPU mapped ops changed (stock -> fused): " + ("; ".join(mapped) or "nowhere"),
+    ]
+
+
 def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# PyTorch exports through `tflfuse convert MODEL.tflite`",
@@ -197,6 +229,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             " within 1e-5 relative of the first): the error is real but says little about"
             " accuracy; judge such a model on real data.",
         ]
+    lines += findings(rows)
     lines += ["", "## Edge TPU cut (predicted, fused model)", ""]
     for r in rows:
         if "error_text" in r or not r["recipe"].startswith("edgetpu"):
@@ -242,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=32, help="calibration samples")
     p.add_argument("--out", default=str(HERE / "out" / "pytorch"), help="models and raw JSON")
     p.add_argument("--results", default=str(HERE / "PYTORCH.md"))
+    p.add_argument("--render-only", action="store_true", help="rewrite the results from OUT's JSON")
     args = p.parse_args(argv)
+    if args.render_only:
+        saved = json.loads((Path(args.out) / "pytorch.json").read_text())
+        Path(args.results).write_text(render(saved["rows"], saved["meta"]))
+        return 0
     if not MODELS_DIR.is_dir():
         print(f"{MODELS_DIR}: not found (../shared/models/pytorch)", file=sys.stderr)
         return 2
