@@ -387,6 +387,9 @@ def _edgetpu_lines(section: dict[str, Any] | None) -> list[str]:
         where = f"op {cut['index']} {cut['op']}" if cut else "no cut"
         why = f"{cut['status']}: {cut['reason']}" if cut else "every op mapped"
         lines.append(f"| {name} | {p['mapped']}/{p['ops']} | {where} | {why} |")
+    cpu = section["fused"].get("cpu_ops")
+    if cpu:
+        lines += ["", f"Op types left on the CPU in the fused model: {', '.join(cpu)}."]
     if section.get("channels_last"):
         lines += ["", f"Channels-last: {section['channels_last']}."]
     return lines
