@@ -52,21 +52,25 @@ def convert(
     seed: int = 0,
     batch: int = 1,
     allow_lambda: bool = False,
+    channels_last: bool = False,
     progress: bool = True,
     **overrides: Any,
 ) -> ConversionResult:
-    """Convert a Keras model (object, .keras/.h5 file), a SavedModel folder or a tf.function into
-    `output_dir`: model.tflite (fused, for the recipe's target), model_unfused.tflite,
-    model_stock.tflite, report.json and report.md, all three verified against the source.
+    """Convert a Keras model (object, .keras/.h5 file), a SavedModel folder, a tf.function or a
+    float or int8 .tflite (a path or its bytes: a PyTorch export by litert-torch, an onnx2tf
+    output, a vendor file) into `output_dir`: model.tflite (fused, for the recipe's target),
+    model_unfused.tflite, model_stock.tflite, report.json and report.md, all three verified
+    against the source.
 
     `recipe`: a shipped name (edgetpu, xnnpack-int8, cpu-float, gpu-fp16), a .toml file or a
     `tflfuse.recipe.Recipe`; `overrides` replace its fields (quant_mode, input_type, output_type,
     target, level, samples, scale, offset). `calibration` (needed for int8): an array (N, H, W, C),
     a .npy/.npz file, a folder of images or a callable returning samples. An existing non-empty
     `output_dir` is refused unless `force` (then an earlier result there is replaced whole).
+    `channels_last` gives a .tflite with NCHW inputs NHWC inputs instead (an interface change).
     Returns a `ConversionResult`: the three model paths and the report as a dict."""
     from tflfuse import recipe as recipe_mod
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert import convert as convert_any
 
     if output_dir is None or str(output_dir) == "":
         raise UsageError("output_dir is required")
@@ -75,7 +79,7 @@ def convert(
     rec = recipe_mod.load(recipe)
     if overrides:
         rec = rec.override(**overrides)
-    return convert_keras(
+    return convert_any(
         model,
         recipe=rec,
         calibration=calibration,
@@ -86,6 +90,7 @@ def convert(
         progress=progress,
         quiet=not progress,
         force=force,
+        channels_last=channels_last,
     )
 
 

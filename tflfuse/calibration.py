@@ -3,7 +3,9 @@
 Whatever the source, the result is one float32 array per model input, shaped (N, *input shape
 without batch), checked (shape, dtype, NaN/Inf), and reduced to a seeded subset of the recipe's
 sample count, so the same seed gives the same quantized model. Images are decoded and resized with
-TensorFlow (imported lazily), then scaled as the recipe says: x / 255 * scale + offset.
+TensorFlow (imported lazily), then scaled as the recipe says: x / 255 * scale + offset, and laid
+out for the model's input: (H, W, C), or (C, H, W) for a channels-first input such as a PyTorch
+export's [1, 3, H, W] (`image_layout`). Arrays are taken in the model's own layout, as given.
 """
 
 from __future__ import annotations
@@ -95,6 +97,14 @@ def _read_numpy(path: Path, names: list[str]) -> list[Any]:
         raise TflfuseError(f"{path}: not a readable {kind} file: {detail}") from None
 
 
+def image_layout(shape: tuple[int, ...]) -> str:
+    """ "NCHW" when an image input (without batch) is channels-first: its first axis holds 1 or 3
+    channels and its last does not (a PyTorch export's (3, H, W)); else "NHWC"."""
+    if len(shape) == 3 and shape[0] in (1, 3) and shape[-1] not in (1, 3):
+        return "NCHW"
+    return "NHWC"
+
+
 def _from_images(folder: Path, shape: tuple[int, ...], scale: float, offset: float) -> np.ndarray:
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
@@ -102,10 +112,16 @@ def _from_images(folder: Path, shape: tuple[int, ...], scale: float, offset: flo
             f"{folder}: no images in the calibration folder ({', '.join(IMAGE_SUFFIXES)})"
         )
     if len(shape) != 3:
-        raise TflfuseError(f"{folder}: images need a model input of shape (H, W, C), not {shape}")
+        raise TflfuseError(
+            f"{folder}: images need a model input of shape (H, W, C) or (C, H, W), not {shape}"
+        )
     import tensorflow as tf
 
-    height, width, channels = shape
+    layout = image_layout(shape)
+    if layout == "NCHW":
+        channels, height, width = shape
+    else:
+        height, width, channels = shape
     out = []
     for path in files:
         try:
@@ -115,7 +131,8 @@ def _from_images(folder: Path, shape: tuple[int, ...], scale: float, offset: flo
         except (tf.errors.InvalidArgumentError, OSError) as exc:
             raise TflfuseError(f"{path}: cannot decode image: {str(exc).splitlines()[0]}") from None
         image = tf.image.resize(tf.cast(image, tf.float32), (height, width))
-        out.append(image.numpy() / 255.0 * scale + offset)
+        value = image.numpy() / 255.0 * scale + offset
+        out.append(value.transpose(2, 0, 1) if layout == "NCHW" else value)
     return np.stack(out).astype(np.float32)
 
 

@@ -262,9 +262,14 @@ def _check_overlay_destination(model: Path, out: Path) -> None:
 def _add_convert(sub: Any) -> None:
     p = sub.add_parser(
         "convert",
-        help="Keras/SavedModel -> fused, quantized .tflite + unfused and stock baselines + report",
+        help="Keras/SavedModel/.tflite -> fused, quantized .tflite + unfused and stock baselines"
+        " + report",
     )
-    p.add_argument("model", help=".keras or .h5 file, or a SavedModel folder")
+    p.add_argument(
+        "model",
+        help=".tflite (e.g. from litert-torch or onnx2tf), .keras or .h5 file, or a"
+        " SavedModel folder",
+    )
     p.add_argument(
         "--recipe",
         default="xnnpack-int8",
@@ -288,6 +293,12 @@ def _add_convert(sub: Any) -> None:
     p.add_argument("--samples", type=int, help="override the number of calibration samples")
     p.add_argument("--scale", type=float, help="image calibration: x / 255 * SCALE + OFFSET")
     p.add_argument("--offset", type=float, help="image calibration offset")
+    p.add_argument(
+        "--channels-last",
+        action="store_true",
+        help=".tflite with NCHW inputs (PyTorch exports): give the model NHWC inputs (and"
+        " outputs) instead, dropping the layout TRANSPOSEs (an interface change)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_run_convert)
 
@@ -314,11 +325,11 @@ def _recipe_from_args(args: argparse.Namespace) -> Any:
 
 
 def _run_convert(args: argparse.Namespace) -> int:
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert import convert
 
     if args.batch < 1:
         raise UsageError(f"--batch must be at least 1, not {args.batch}")
-    result = convert_keras(
+    result = convert(
         args.model,
         recipe=_recipe_from_args(args),
         calibration=args.calib,
@@ -329,6 +340,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         progress=not args.json,
         quiet=False,
         force=args.force,
+        channels_last=args.channels_last,
     )
     r = result.report
     if args.json:
@@ -345,6 +357,9 @@ def _run_convert(args: argparse.Namespace) -> int:
     d = r["delegate_check"]
     if d.get("checked"):
         print(f"  {d['delegate']}: {d['mapped']} ops mapped, {d['cpu']} on the CPU")
+    cut = r.get("edgetpu", {}).get("fused", {}).get("cut")
+    if cut:
+        print(f"  Edge TPU cut at op {cut['index']} {cut['op']}: {cut['reason']}")
     print(f"  report: {result.output_dir / 'report.md'}")
     return 0
 

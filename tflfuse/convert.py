@@ -1,28 +1,27 @@
-"""Keras / SavedModel / tf.function -> three .tflite models (fused, unfused, stock) and a report.
+"""`tflfuse convert`: a model in, three .tflite models (fused, unfused, stock) and a report out.
 
-The route (see DESIGN.md):
-  frozen TF graph --Grappler (the recipe's optimizer list, remapper off)--> optimized graph
-  --TFLite MLIR converter--> float .tflite --tflfuse rules (recipe's target)--> fused float
-  --ai-edge-quantizer (recipe's mode, calibration data)--> model.tflite
-Baselines, with the same inputs and outputs:
-  unfused  the same graph converted with every Keras layer output (or, without Keras layers, every
-           TF op output) as an extra model output, which stops the converter fusing anything; the
-           extra outputs are then trimmed on the IR (outputs and signature set back, dead code
-           removed) and verified against the fused float model before it is quantized. When
-           ai-edge-quantizer has no int8 config for one of a model's ops (RELU6 in unfused
-           MobileNets), that model takes the converter's PTQ instead, so it is fully int8 and not
-           padded with QUANTIZE/DEQUANTIZE pairs; the report names the route of each model.
-  stock    the plain TFLite converter on the original function with its own PTQ.
-Loading is `tflfuse.frontend`. Everything is written to a temporary folder and published at the
-end (`tflfuse.files`), so a failed conversion leaves nothing half-written. TensorFlow is imported
-lazily (here, in `frontend`, in `calibration` for images, in `quantize` via ai-edge-quantizer).
+The pipeline is a list of stages, each a small function over one `Recipe` and one `Context`:
+
+  load -> TF graph -> float .tflite -> fuse -> unfused -> quantize -> legalize -> baselines
+  -> report
+
+A source is either a Keras model / SavedModel / tf.function (`tflfuse.tf_route.KerasSource`: TF
+graph by Grappler, float .tflite by the converter) or a .tflite from anywhere
+(`tflfuse.tflite_frontend.TfliteSource`), which enters at the float stage; an int8 .tflite skips
+quantization. Models:
+  fused    the recipe's rules on the float graph (exact float arithmetic), quantized with
+           ai-edge-quantizer, then the int8 legalization of the target (Edge TPU: the rules that
+           need int8 tensors, e.g. DeferUnmappableOps); every step is verified
+  unfused  the network as written (output-blocked conversion, or the input defused), verified
+  stock    what the user gets without tflfuse: the converter's own PTQ (TF route) or
+           ai-edge-quantizer's recipe on the .tflite as given
+Everything is written to a temporary folder and published at the end (`tflfuse.files`), so a
+failed or interrupted conversion leaves nothing half-written. TensorFlow is imported lazily.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -36,14 +35,14 @@ from tflfuse import calibration as calib_mod
 from tflfuse import flatbuffer
 from tflfuse import recipe as recipe_mod
 from tflfuse.errors import TflfuseError
-from tflfuse.files import prepare_output, publish
-from tflfuse.frontend import Frontend, every_op_output, load_model
-from tflfuse.ir import Model, Signature
-from tflfuse.rewrite import DeadCodeElimination
+from tflfuse.files import discard, prepare_output, publish
+from tflfuse.frontend import load_model  # also what tests import from here
+from tflfuse.recipe import Recipe
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 FUSED, UNFUSED, STOCK = "model.tflite", "model_unfused.tflite", "model_stock.tflite"
+MODELS = ("fused", "unfused", "stock")
 
 
 @dataclass
@@ -57,10 +56,51 @@ class ConversionResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
-def _tf() -> Any:
-    import tensorflow as tf
+@dataclass(frozen=True)
+class Options:
+    """How to run a conversion (what to convert to is the recipe's)."""
 
-    return tf
+    seed: int = 0
+    batch: int = 1
+    allow_lambda: bool = False
+    progress: bool = True
+    quiet: bool = True
+    channels_last: bool = False
+
+
+@dataclass
+class Context:
+    """What the stages hand on to each other; each stage fills its own fields."""
+
+    model: Any  # what the user gave
+    calibration: Any  # the calibration source as given
+    options: Options
+    folder: Path  # the temporary output folder
+    timings: dict[str, float] = field(default_factory=dict)
+    source: Any = None  # KerasSource or TfliteSource
+    calib: list[np.ndarray] | None = None  # in the source's own layout
+    graph_info: dict[str, Any] = field(default_factory=dict)
+    float_data: bytes = b""  # the float (or, for an int8 input, int8) model the rules start from
+    fused: Any = None  # OptimizeResult of the rules on float_data
+    unfused_float: bytes = b""
+    unfused_route: str = ""
+    baseline_check: dict[str, Any] = field(default_factory=dict)
+    quantized: dict[str, Any] = field(default_factory=dict)  # fused/unfused -> quantize.Quantized
+    rules_pending: bool = False  # the fused int8 model still needs the target's rules
+    legalization: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, bytes] = field(default_factory=dict)  # the three written models
+    routes: dict[str, str] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def interface(self, which: str) -> Any:
+        """The layout change between the source and model `which` (None: the same interface)."""
+        layout = getattr(self.source, "layout", None)
+        return None if which == "stock" else layout
+
+    def inputs_for(self, which: str, arrays: list[np.ndarray] | None) -> list[np.ndarray] | None:
+        """Arrays in the source's layout, laid out for model `which`."""
+        change = self.interface(which)
+        return arrays if arrays is None or change is None else change.adapt_inputs(arrays)
 
 
 def _note(message: str, quiet: bool) -> None:
@@ -68,215 +108,313 @@ def _note(message: str, quiet: bool) -> None:
         print(f"tflfuse: {message}", file=sys.stderr)
 
 
-# -- Grappler ------------------------------------------------------------------------------------
-def run_grappler(frozen: Any, optimizers: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
-    """The frozen graph optimized by Grappler with exactly `optimizers` (remapper off), as a
-    pruned function with the same inputs and outputs, and node counts before and after."""
-    tf = _tf()
-    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
-    from tensorflow.python.grappler import tf_optimizer
+# -- stages ----------------------------------------------------------------------------------------
+def load(rec: Recipe, ctx: Context) -> None:
+    """The source (a .tflite, or a model TensorFlow loads) and its calibration data."""
+    from tflfuse.frontend import source_kind
 
-    graph_def = frozen.graph.as_graph_def()
-    meta = tf.compat.v1.train.export_meta_graph(graph_def=graph_def, graph=frozen.graph)
-    fetch = meta.collection_def["train_op"]
-    for t in frozen.outputs:
-        fetch.node_list.value.append(t.name)
-    config = config_pb2.ConfigProto()
-    rewrite = config.graph_options.rewrite_options
-    rewrite.optimizers.extend(list(optimizers))
-    rewrite.meta_optimizer_iterations = rewriter_config_pb2.RewriterConfig.ONE
-    rewrite.min_graph_nodes = -1
-    optimized = tf_optimizer.OptimizeGraph(config, meta, graph_id=b"tflfuse")
-    wrapped = tf.compat.v1.wrap_function(
-        lambda: tf.compat.v1.import_graph_def(optimized, name=""), []
-    )
-    g = wrapped.graph
-    pruned = wrapped.prune(
-        feeds=[g.get_tensor_by_name(t.name) for t in frozen.inputs],
-        fetches=[g.get_tensor_by_name(t.name) for t in frozen.outputs],
-    )
+    opts = ctx.options
+    if source_kind(ctx.model) == "tflite":
+        from tflfuse import tflite_frontend
 
-    def census(gd: Any) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for node in gd.node:
-            counts[node.op] = counts.get(node.op, 0) + 1
-        return counts
-
-    before, after = census(graph_def), census(optimized)
-    changed = {
-        k: [before.get(k, 0), after.get(k, 0)]
-        for k in sorted(set(before) | set(after))
-        if before.get(k, 0) != after.get(k, 0)
-    }
-    info = {
-        "optimizers": list(optimizers),
-        "remapper": "off",
-        "nodes_before": len(graph_def.node),
-        "nodes_after": len(optimized.node),
-        "changed_node_types": changed,
-    }
-    return (pruned, wrapped), info
-
-
-# -- the TFLite converter ------------------------------------------------------------------------
-def _flex_ops(message: str) -> list[str]:
-    ops = set(re.findall(r"\btf\.([A-Z][A-Za-z0-9_]*)", message))
-    ops |= set(re.findall(r"Flex([A-Z][A-Za-z0-9_]*)", message))
-    return sorted(ops)
-
-
-def tflite_convert(
-    function: Any,
-    trackable: Any = None,
-    *,
-    select_tf_ops: bool = False,
-    target: str = "xnnpack",
-    configure: Callable[[Any], None] | None = None,
-) -> bytes:
-    """Run the MLIR converter on one concrete function (raises a one-line TflfuseError)."""
-    tf = _tf()
-    converter = tf.lite.TFLiteConverter.from_concrete_functions([function], trackable)
-    ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
-    if select_tf_ops:
-        ops.append(tf.lite.OpsSet.SELECT_TF_OPS)
-    converter.target_spec.supported_ops = ops
-    if configure is not None:
-        configure(converter)
-    try:
-        return bytes(converter.convert())
-    except Exception as exc:  # ConverterError and friends
-        text = str(exc)
-        names = _flex_ops(text)
-        if names:
-            hint = (
-                "tflfuse converts to TFLite builtins only; replace them in the model"
-                if target in ("xnnpack", "cpu")
-                else f"the {target} cannot run TF ops; replace them in the model"
-            )
+        if opts.batch != 1:
             raise TflfuseError(
-                f"the model uses TF ops with no TFLite builtin: {', '.join(names)} ({hint})"
-            ) from None
-        first = next((line for line in text.splitlines() if "error" in line.lower()), text)
-        raise TflfuseError(f"the TFLite converter failed: {first.strip()[:300]}") from None
+                "--batch pins a dynamic batch of a Keras/SavedModel source; a .tflite keeps its"
+                " stored batch"
+            )
+        ctx.source = tflite_frontend.load(ctx.model)
+        if opts.channels_last:
+            change = ctx.source.use_channels_last(opts.seed)
+            ctx.source.notices.append(
+                "interface change (--channels-last): " + "; ".join(change.details)
+            )
+    else:
+        if opts.channels_last:
+            raise TflfuseError("--channels-last applies to .tflite inputs (NCHW PyTorch exports)")
+        from tflfuse.tf_route import KerasSource
 
-
-def _name_of(graph_name: str) -> str:
-    return graph_name.split(":")[0]
-
-
-def set_signature(model: Model, front: Frontend, output_graph_names: list[str]) -> None:
-    """Order the main graph's outputs as the source model's and give it a serving signature."""
-    graph = model.main
-    by_name = {t.name: t for t in graph.outputs}
-    ordered = []
-    for i, gname in enumerate(output_graph_names):
-        t = by_name.get(_name_of(gname))
-        if t is None:
-            t = graph.outputs[i] if i < len(graph.outputs) else None
-        if t is None:
-            raise TflfuseError(f"converted model lost output {gname}")
-        ordered.append(t)
-    graph.outputs = ordered
-    model.signatures = [
-        Signature(
-            "serving_default",
-            0,
-            dict(zip(front.input_names, graph.inputs)),
-            dict(zip(front.output_names, ordered)),
+        front = load_model(
+            ctx.model, batch=opts.batch, allow_lambda=opts.allow_lambda, quiet=opts.quiet
         )
-    ]
-
-
-# -- unfused baseline ----------------------------------------------------------------------------
-def unfused_function(
-    front: Frontend, optimizers: tuple[str, ...]
-) -> tuple[Any, Any, list[str], int]:
-    """The source function with every Keras layer output (else every TF op output) as an extra
-    output, after Grappler: (function, keep-alive, names of the real outputs, extra count)."""
-    n_out = len(front.function.outputs)
-    frozen = front.wide if front.wide is not None else every_op_output(front.function)
-    (pruned, keep), _ = run_grappler(frozen, optimizers)
-    wanted = [_name_of(t.name) for t in frozen.outputs[:n_out]]
-    return pruned, keep, wanted, len(frozen.outputs) - n_out
-
-
-def trim_outputs(data: bytes, wanted: list[str], front: Frontend) -> bytes:
-    """Keep only the outputs named `wanted` (in that order), drop dead code, set the signature."""
-    model = flatbuffer.from_bytes(data, "unfused")
-    graph = model.main
-    by_name = {t.name: t for t in graph.outputs}
-    if not all(w in by_name for w in wanted):
-        raise TflfuseError("unfused baseline: the converter renamed the model outputs; cannot trim")
-    graph.outputs = [by_name[w] for w in wanted]
-    DeadCodeElimination().run(graph)
-    graph.toposort()
-    model.signatures = [
-        Signature(
-            "serving_default",
-            0,
-            dict(zip(front.input_names, graph.inputs)),
-            dict(zip(front.output_names, graph.outputs)),
+        ctx.source = KerasSource(front)
+    for notice in ctx.source.notices:
+        _note(notice, opts.quiet)
+    src = ctx.source
+    needs_calib = rec.quant_mode == "int8" and not src.quantized
+    if needs_calib and ctx.calibration is None:
+        raise TflfuseError(
+            f"recipe {rec.name!r} quantizes to int8 and needs calibration data (--calib DATA:"
+            " .npy, .npz, a folder of images)"
         )
-    ]
-    model.validate()
-    return flatbuffer.to_bytes(model)
+    ctx.calib = _calibration(rec, ctx) if needs_calib or ctx.calibration is not None else None
+    if ctx.calib is not None and len(ctx.calib[0]) < src.batch:
+        raise TflfuseError(
+            f"{len(ctx.calib[0])} calibration samples cannot fill one batch of {src.batch}"
+        )
 
 
-# -- the converter's own quantization (stock, and the fallback route) ---------------------------
-def ptq_configure(
-    recipe: Any, calibration: list[np.ndarray] | None, progress: bool, desc: str, batch: int = 1
-) -> Callable[[Any], None]:
-    """A converter set-up applying the recipe's quantization with the converter's own PTQ."""
-    tf = _tf()
-    from tflfuse.quantize import _progress
-
-    def configure(converter: Any) -> None:
-        mode = recipe.quant_mode
-        if mode == "none":
-            return
-        converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        if mode == "float16":
-            converter.target_spec.supported_types = [tf.float16]
-        elif mode == "int8":
-            assert calibration is not None
-            b = batch
-            n = len(calibration[0]) // b
-
-            def representative() -> Any:
-                for i in _progress(range(n), n, desc, progress):
-                    yield [a[i * b : (i + 1) * b] for a in calibration]
-
-            converter.representative_dataset = representative
-            converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-            if recipe.input_type != "float32":
-                converter.inference_input_type = getattr(tf, recipe.input_type)
-            if recipe.output_type != "float32":
-                converter.inference_output_type = getattr(tf, recipe.output_type)
-
-    return configure
+def _calibration(rec: Recipe, ctx: Context) -> list[np.ndarray] | None:
+    """Calibration arrays in the source's own layout. With --channels-last, data already laid
+    out NHWC is accepted too (and put back in the source's layout)."""
+    src = ctx.source
+    load_args = dict(samples=rec.samples, seed=ctx.options.seed, scale=rec.scale, offset=rec.offset)
+    layout = getattr(src, "layout", None)
+    try:
+        return calib_mod.load(ctx.calibration, src.input_shapes, src.input_names, **load_args)
+    except TflfuseError:
+        if layout is None:
+            raise
+        shapes = [
+            (s[1], s[2], s[0]) if i in layout.inputs else s for i, s in enumerate(src.input_shapes)
+        ]
+        try:
+            nhwc = calib_mod.load(ctx.calibration, shapes, src.input_names, **load_args)
+        except TflfuseError:
+            pass
+        else:
+            return layout.restore_inputs(nhwc) if nhwc is not None else None
+        raise
 
 
-def stock_model(
-    front: Frontend, recipe: Any, calibration: list[np.ndarray] | None, progress: bool
-) -> bytes:
-    """The plain converter on the original function with its own quantization."""
-    configure = ptq_configure(recipe, calibration, progress, "calibrating stock", front.batch)
-    data = tflite_convert(
-        front.function,
-        None,
-        select_tf_ops=recipe.select_tf_ops,
-        target=recipe.target,
-        configure=configure,
+def tf_graph(rec: Recipe, ctx: Context) -> None:
+    """Grappler on the TF graph (nothing for a .tflite source)."""
+    ctx.graph_info = ctx.source.tf_graph(rec)
+
+
+def float_tflite(rec: Recipe, ctx: Context) -> None:
+    """The float .tflite the rules start from (the converter's, or the one given)."""
+    ctx.float_data = ctx.source.float_tflite(rec)
+    ctx.graph_info = getattr(ctx.source, "graph_info", ctx.graph_info) or ctx.graph_info
+
+
+def fuse(rec: Recipe, ctx: Context) -> None:
+    """The recipe's rules for its target on the float graph, verified."""
+    from tflfuse.optimize import optimize_bytes
+
+    ctx.fused = optimize_bytes(
+        ctx.float_data, level=rec.level, target=rec.target, source=ctx.source.name
     )
-    model = flatbuffer.from_bytes(data, "stock")
-    set_signature(model, front, [t.name for t in front.function.outputs])
+
+
+def unfused(rec: Recipe, ctx: Context) -> None:
+    """The unfused float baseline, checked against the fused float model."""
+    from tflfuse.verify import compare
+
+    ctx.unfused_float, ctx.unfused_route = ctx.source.unfused_float(rec, ctx.fused.data)
+    # the fused model may hold declared approximations (e.g. erf GELU in the tanh form for the
+    # Edge TPU): the baseline is held to the tolerance its own verification used
+    atol = max(1e-5, ctx.fused.verification.get("tolerance", {}).get("atol", 1e-5))
+    steps = 1 + len(ctx.fused.result.events)
+    check = compare(
+        ctx.fused.data,
+        ctx.unfused_float,
+        atol=atol,
+        rtol=1e-4,
+        int_atol=steps,
+        seed=ctx.options.seed,
+    )
+    if not check.ok:
+        raise TflfuseError(
+            f"unfused baseline differs from the fused float model by {check.max_abs:.3g};"
+            " nothing written"
+        )
+    ctx.baseline_check = check.to_dict()
+
+
+def quantize(rec: Recipe, ctx: Context) -> None:
+    """Fused and unfused quantized with ai-edge-quantizer (the recipe's mode). A model with ops
+    it has no int8 config for takes the converter's PTQ where there is a TF graph (so it is fully
+    int8); without one (a .tflite) the unfused baseline is the stock model defused."""
+    from tflfuse.quantize import Quantized
+
+    if ctx.source.quantized:
+        route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
+        for which, data in (("fused", ctx.fused.data), ("unfused", ctx.unfused_float)):
+            ctx.quantized[which] = Quantized(_with_io_types(data, rec), route)
+        return
+    if rec.quant_mode == "none":
+        ctx.quantized = {"fused": Quantized(ctx.fused.data, "none (float32)")}
+        ctx.quantized["unfused"] = Quantized(ctx.unfused_float, "none (float32)")
+        return
+    for which, data in (("fused", ctx.fused.data), ("unfused", ctx.unfused_float)):
+        ctx.quantized[which] = _quantize_one(rec, ctx, which, data)
+
+
+def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
+    """One model quantized (quantize.Quantized), or None for an unfused baseline `baselines`
+    makes from the stock model."""
+    from tflfuse.quantize import Quantized, aeq_unsupported, quantize
+
+    calib = ctx.inputs_for(which, ctx.calib)
+    left = aeq_unsupported(data) if rec.quant_mode == "int8" else []
+    if left:
+        fallback = ctx.source.converter_ptq(which, rec, calib, ctx.options.progress)
+        if fallback is not None:
+            ctx.rules_pending |= which == "fused"
+            then = ", then the target's rules on the int8 graph" if which == "fused" else ""
+            return Quantized(
+                fallback,
+                f"TFLite converter PTQ{then} (ai-edge-quantizer has no int8 config for"
+                f" {', '.join(left)})",
+            )
+        if which == "unfused":
+            ctx.routes["unfused_left"] = ", ".join(left)
+            return None
+    # (a fused .tflite with such ops: the quantizer leaves them in float; the report names them)
+    return quantize(
+        data,
+        rec.quant_mode,
+        calib,
+        input_type=rec.input_type,
+        output_type=rec.output_type,
+        desc=f"calibrating {which}",
+        progress=ctx.options.progress,
+        layer_error=which == "fused",
+    )
+
+
+def _with_io_types(data: bytes, rec: Recipe) -> bytes:
+    """An int8 model with the recipe's I/O types (float, int8 or uint8 boundaries)."""
+    from tflfuse.quantize import set_io_types
+
+    model = flatbuffer.from_bytes(data, "int8")
+    set_io_types(model, rec.input_type, rec.output_type)
     return flatbuffer.to_bytes(model)
 
 
-# -- orchestration -------------------------------------------------------------------------------
-def convert_keras(
+def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
+    """The rules run on the quantized fused model: the target's whole pipeline when the float
+    rules could not be kept (the converter-PTQ route), else the target's int8 legalization
+    (Edge TPU: the rules' int8 forms and DeferUnmappableOps, which act only on int8 tensors)."""
+    from tflfuse.rules import pipeline
+
+    if rules_pending:
+        return pipeline(rec.level, rec.target)
+    if rec.target != "edgetpu" or rec.level <= 0:
+        return ()
+    try:  # issue 9's entry point for the int8 legalization (rules/edgetpu.py, helper h9a)
+        return pipeline(2, "edgetpu", quantized=True)  # type: ignore[call-arg]
+    except TypeError:  # a pipeline() without it: the edgetpu pipeline again on the int8 graph
+        return pipeline(2, "edgetpu")
+
+
+def _mapped(data: bytes) -> int:
+    from tflfuse.targets import predict_edgetpu
+
+    return predict_edgetpu(flatbuffer.from_bytes(data)).mapped
+
+
+def legalize(rec: Recipe, ctx: Context) -> None:
+    """The int8 rules on the fused model, verified like `optimize` verifies (one quantization
+    step per rewrite); a result outside tolerance is not kept, and the report says so."""
+    from tflfuse.optimize import ATOL, PROPAGATION, RTOL
+    from tflfuse.rewrite import PassManager
+    from tflfuse.verify import compare
+
+    q = ctx.quantized["fused"]
+    is_int8 = rec.quant_mode == "int8" or ctx.source.quantized
+    rules = int8_rules(rec, ctx.rules_pending) if is_int8 else ()
+    if not rules:
+        ctx.legalization = {"ran": False, "reason": "no int8 rules for this recipe"}
+        return
+    model = flatbuffer.from_bytes(q.data, "quantized")
+    result = PassManager(rules).run(model)
+    data = flatbuffer.to_bytes(model)
+    steps = 1 + len(result.events)
+    atol = ATOL + PROPAGATION * sum(e.error for e in result.events)
+    check = compare(q.data, data, atol=atol, rtol=RTOL, int_atol=steps, seed=ctx.options.seed)
+    summary = {"ran": True, "rules": sorted({p.name for p in rules}), **result.to_dict()}
+    before, after = (
+        [op.type for op in flatbuffer.from_bytes(q.data).main.ops],
+        [op.type for op in model.main.ops],
+    )
+    # passes (DeferUnmappableOps reorders) leave no rewrite events: say what they changed
+    summary["ops_before"], summary["ops_after"] = len(before), len(after)
+    summary["reordered"] = before != after and sorted(before) == sorted(after)
+    if rec.target == "edgetpu":
+        summary["edgetpu_mapped"] = [_mapped(q.data), _mapped(data)]
+    summary["verification"] = {**check.to_dict(), "tolerance": {"atol": atol, "int_steps": steps}}
+    if not check.ok:
+        # not kept: the model stays as quantized (on the converter-PTQ route: without rules)
+        summary.update(kept=False, reason=f"verification failed: max abs {check.max_abs:.3g}")
+    else:
+        q.data = data
+        summary["kept"] = True
+    ctx.legalization = summary
+
+
+def baselines(rec: Recipe, ctx: Context) -> None:
+    """The stock model, and the unfused int8 baseline where quantize could not make it."""
+    from tflfuse.quantize import Quantized, quantize
+
+    stock, ctx.routes["stock"] = ctx.source.stock(rec, ctx.calib, ctx.options.progress)
+    if ctx.quantized.get("unfused") is None:
+        left = ctx.routes.pop("unfused_left", "?")
+        if ctx.interface("unfused") is None:
+            base, what = stock, "the stock model"
+        else:  # the stock model keeps the source's interface: quantize the one convert gives
+            base = quantize(
+                ctx.float_data,
+                rec.quant_mode,
+                ctx.inputs_for("unfused", ctx.calib),
+                input_type=rec.input_type,
+                output_type=rec.output_type,
+                desc="calibrating unfused",
+                progress=ctx.options.progress,
+            ).data
+            what = "the input (channels-last) quantized as stock is"
+        ctx.quantized["unfused"] = Quantized(
+            _defused(base, ctx.source.name),
+            f"{what}, then defused (ai-edge-quantizer has no int8 config for {left} once they"
+            " are split off)",
+        )
+    ctx.models = {
+        "fused": ctx.quantized["fused"].data,
+        "unfused": ctx.quantized["unfused"].data,
+        "stock": stock,
+    }
+
+
+def _defused(data: bytes, name: str) -> bytes:
+    from tflfuse.rewrite import PassManager, TopologicalSort
+    from tflfuse.rules.defuse import Defuse
+    from tflfuse.verify import compare
+
+    model = flatbuffer.from_bytes(data, name)
+    PassManager((Defuse(), TopologicalSort())).run(model)
+    out = flatbuffer.to_bytes(model)
+    check = compare(data, out, atol=1e-5, rtol=1e-5, int_atol=1)
+    if not check.ok:
+        raise TflfuseError(f"{name}: the defused int8 baseline differs by {check.max_abs:.3g}")
+    return out
+
+
+def report(rec: Recipe, ctx: Context) -> None:
+    """Write the models, measure them against the source and assemble the report."""
+    from tflfuse import report as report_mod
+
+    for name, data in zip((FUSED, UNFUSED, STOCK), (ctx.models[m] for m in MODELS)):
+        (ctx.folder / name).write_bytes(data)
+    ctx.report = report_mod.assemble(rec, ctx)
+
+
+STAGES: tuple[Callable[[Recipe, Context], None], ...] = (
+    load,
+    tf_graph,
+    float_tflite,
+    fuse,
+    unfused,
+    quantize,
+    legalize,
+    baselines,
+    report,
+)
+
+
+# -- output folder ---------------------------------------------------------------------------------
+def convert(
     model: Any,
-    recipe: str | Path = "xnnpack-int8",
+    recipe: str | Path | Recipe = "xnnpack-int8",
     calibration: Any = None,
     output_dir: Path = Path("out"),
     seed: int = 0,
@@ -285,275 +423,41 @@ def convert_keras(
     allow_lambda: bool = False,
     progress: bool = True,
     quiet: bool = True,
+    channels_last: bool = False,
     force: bool = False,
     **overrides: Any,
 ) -> ConversionResult:
-    """Convert `model` with `recipe` (name or .toml; `overrides` replace recipe fields) and write
-    model.tflite, model_unfused.tflite, model_stock.tflite, report.json and report.md."""
-    from tflfuse import report as report_mod
-
+    """Convert `model` (a keras.Model, .keras/.h5 file, SavedModel folder, tf.function, or a
+    .tflite given as a path or bytes) with `recipe` (name, .toml or Recipe; `overrides` replace
+    recipe fields) and write model.tflite, model_unfused.tflite, model_stock.tflite,
+    report.json and report.md to `output_dir` (an existing non-empty one only with `force`, which
+    replaces an earlier tflfuse result whole; see `tflfuse.files`)."""
     started = time.perf_counter()
-    rec = recipe_mod.load(recipe).override(**overrides) if overrides else recipe_mod.load(recipe)
+    rec = recipe if isinstance(recipe, Recipe) else recipe_mod.load(recipe)
+    rec = rec.override(**overrides) if overrides else rec
     if batch < 1:
         raise TflfuseError(f"batch size must be at least 1, not {batch}")
-    if rec.quant_mode == "int8" and calibration is None:
-        raise TflfuseError(
-            f"recipe {rec.name!r} quantizes to int8 and needs calibration data (--calib DATA:"
-            " .npy, .npz, a folder of images)"
-        )
+    options = Options(seed, batch, allow_lambda, progress, quiet, channels_last)
     output_dir = Path(output_dir)
     tmp = prepare_output(output_dir, force=force)
+    ctx = Context(model, calibration, options, tmp)
     try:
-        timings: dict[str, float] = {}
-        t0 = time.perf_counter()
-        front = load_model(model, batch=batch, allow_lambda=allow_lambda, quiet=quiet)
-        for notice in front.notices:
-            _note(notice, quiet)
-        timings["load"] = time.perf_counter() - t0
-        calib = calib_mod.load(
-            calibration,
-            front.input_shapes,
-            front.input_names,
-            samples=rec.samples,
-            seed=seed,
-            scale=rec.scale,
-            offset=rec.offset,
-        )
-        if calib is not None and len(calib[0]) < front.batch:
-            raise TflfuseError(
-                f"{len(calib[0])} calibration samples cannot fill one batch of {front.batch}"
-            )
-        result = _convert(front, rec, calib, tmp, seed, progress, timings)
-        result["notices"] = front.notices
-        result["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
-        result["timings_s"]["total"] = round(time.perf_counter() - started, 3)
-        report_mod.write(result, tmp)
+        for stage in STAGES:
+            t0 = time.perf_counter()
+            stage(rec, ctx)
+            ctx.timings[stage.__name__] = time.perf_counter() - t0
+        ctx.report["timings_s"] = {k: round(v, 3) for k, v in ctx.timings.items()}
+        ctx.report["timings_s"]["total"] = round(time.perf_counter() - started, 3)
+        from tflfuse import report as report_mod
+
+        report_mod.write(ctx.report, tmp)
         publish(tmp, output_dir, force=force)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard(tmp)
         raise
     return ConversionResult(
-        output_dir, output_dir / FUSED, output_dir / UNFUSED, output_dir / STOCK, result
+        output_dir, output_dir / FUSED, output_dir / UNFUSED, output_dir / STOCK, ctx.report
     )
 
 
-# Grappler's CSE puts the inputs of commutative ops in a canonical order, which can hide a
-# pattern the converter legalizes by position (seen: Keras' exact GELU, 0.5*x*erfc(-x/sqrt 2),
-# then stays a tf.Erfc with no TFLite builtin). Such a model is converted without that pass.
-_ORDER_SENSITIVE = ("common_subgraph_elimination",)
-
-
-def _grappler_and_convert(
-    front: Frontend, rec: Any
-) -> tuple[tuple[str, ...], Any, Any, dict, bytes]:
-    """Grappler with the recipe's optimizers, then the converter to float. If the converter is
-    left with TF ops only because of an order-sensitive pass, retry without it and say so."""
-    optimizers = tuple(rec.grappler)
-    (pruned, keep), info = run_grappler(front.function, optimizers)
-    try:
-        data = tflite_convert(pruned, keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
-        return optimizers, pruned, keep, info, data
-    except TflfuseError as first:
-        fewer = tuple(o for o in optimizers if o not in _ORDER_SENSITIVE)
-        if fewer == optimizers or "no TFLite builtin" not in str(first):
-            raise
-        (pruned, keep), info = run_grappler(front.function, fewer)
-        try:
-            data = tflite_convert(pruned, keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
-        except TflfuseError:
-            raise first from None
-        dropped = [o for o in optimizers if o not in fewer]
-        info["dropped"] = {
-            "optimizers": dropped,
-            "reason": f"with them the converter left TF ops ({first}); without them it did not",
-        }
-        return fewer, pruned, keep, info, data
-
-
-def _convert(
-    front: Frontend,
-    rec: Any,
-    calib: list[np.ndarray] | None,
-    tmp: Path,
-    seed: int,
-    progress: bool,
-    timings: dict[str, float],
-) -> dict[str, Any]:
-    tf = _tf()
-    from tflfuse.optimize import optimize_bytes
-    from tflfuse.quantize import Quantized, aeq_unsupported, float_compute_ops, quantize
-
-    def lap(name: str, t0: float) -> None:
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    optimizers, pruned, keep, grappler, float_data = _grappler_and_convert(front, rec)
-    float_model = flatbuffer.from_bytes(float_data, "converter")
-    set_signature(float_model, front, [t.name for t in front.function.outputs])
-    float_data = flatbuffer.to_bytes(float_model)
-    lap("convert_float", t0)  # Grappler, the converter and the signature
-
-    t0 = time.perf_counter()
-    fused = optimize_bytes(float_data, level=rec.level, target=rec.target, source="converter")
-    fused_float = fused.data
-    lap("fuse", t0)
-
-    t0 = time.perf_counter()
-    u_fn, u_keep, wanted, extra_outputs = unfused_function(front, optimizers)
-    u_float = tflite_convert(u_fn, u_keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
-    unfused_float_data = trim_outputs(u_float, wanted, front)
-    lap("unfused", t0)
-
-    eval_inputs = _eval_inputs(front, calib, seed)
-    reference = _reference_outputs(front, eval_inputs)
-    from tflfuse.verify import compare
-
-    # the fused model may hold declared approximations (e.g. erf GELU in the tanh form for the
-    # Edge TPU): the baseline is held to the tolerance its own verification used
-    atol = max(1e-5, fused.verification.get("tolerance", {}).get("atol", 1e-5))
-    baseline_check = compare(fused_float, unfused_float_data, atol=atol, rtol=1e-4, seed=seed)
-    if not baseline_check.ok:
-        raise TflfuseError(
-            f"unfused baseline differs from the fused float model by {baseline_check.max_abs:.3g};"
-            " nothing written"
-        )
-
-    t0 = time.perf_counter()
-    qkw = {"input_type": rec.input_type, "output_type": rec.output_type, "progress": progress}
-    fused_left = aeq_unsupported(fused_float) if rec.quant_mode == "int8" else []
-    if not fused_left:
-        fused_q = quantize(
-            fused_float, rec.quant_mode, calib, desc="calibrating fused", layer_error=True, **qkw
-        )
-    else:
-        # ai-edge-quantizer has no int8 config for these ops, so its model would not be fully
-        # int8 (not Edge TPU-valid): use the converter's PTQ and run the rules on the int8 IR.
-        configure = ptq_configure(
-            rec, calib, progress, "calibrating fused (converter)", front.batch
-        )
-        data = tflite_convert(
-            pruned, keep, select_tf_ops=rec.select_tf_ops, target=rec.target, configure=configure
-        )
-        qmodel = flatbuffer.from_bytes(data, "converter-int8")
-        set_signature(qmodel, front, [t.name for t in front.function.outputs])
-        ruled = optimize_bytes(
-            flatbuffer.to_bytes(qmodel),
-            level=rec.level,
-            target=rec.target,
-            verify=False,
-            source="converter-int8",
-        )
-        fused_q = Quantized(
-            ruled.data,
-            "TFLite converter PTQ, then tflfuse rules on the int8 graph (ai-edge-quantizer has"
-            f" no int8 config for {', '.join(fused_left)})",
-        )
-    fused_q.float_ops = float_compute_ops(flatbuffer.from_bytes(fused_q.data).main)
-    unfused_left = aeq_unsupported(unfused_float_data) if rec.quant_mode == "int8" else []
-    if not unfused_left:
-        unfused_q = quantize(
-            unfused_float_data, rec.quant_mode, calib, desc="calibrating unfused", **qkw
-        )
-    else:
-        # Same route change for the baseline, so it is not padded with QUANTIZE/DEQUANTIZE pairs.
-        configure = ptq_configure(
-            rec, calib, progress, "calibrating unfused (converter)", front.batch
-        )
-        data = tflite_convert(
-            u_fn, u_keep, select_tf_ops=rec.select_tf_ops, target=rec.target, configure=configure
-        )
-        unfused_q = Quantized(
-            trim_outputs(data, wanted, front),
-            "TFLite converter PTQ on the output-blocked graph, then trimmed (ai-edge-quantizer"
-            f" has no int8 config for {', '.join(unfused_left)})",
-        )
-    lap("quantize", t0)
-    t0 = time.perf_counter()
-    stock = stock_model(front, rec, calib, progress)
-    lap("stock", t0)
-
-    models = {"fused": fused_q.data, "unfused": unfused_q.data, "stock": stock}
-    for name, data in zip((FUSED, UNFUSED, STOCK), models.values()):
-        (tmp / name).write_bytes(data)
-
-    from tflfuse import report as report_mod
-
-    agreement = {k: report_mod.agreement(v, eval_inputs, reference) for k, v in models.items()}
-    floats = {"fused": fused_float, "unfused": unfused_float_data}
-    float_agreement = {
-        k: report_mod.agreement(v, eval_inputs, reference) for k, v in floats.items()
-    }
-    import ai_edge_quantizer  # noqa: F401 - version for the report
-
-    return {
-        "source": front.source,
-        "recipe": rec.to_dict(),
-        "versions": {
-            "tensorflow": tf.__version__,
-            "ai_edge_quantizer": _version("ai-edge-quantizer"),
-            "tflfuse": _version("tflfuse"),
-        },
-        "inputs": [
-            {"name": n, "shape": [front.batch, *s]}
-            for n, s in zip(front.input_names, front.input_shapes)
-        ],
-        "outputs": list(front.output_names),
-        "grappler": grappler,
-        "rules": {**fused.result.to_dict(), "verification": fused.verification},
-        "unfused_route": (
-            f"converted with {extra_outputs} extra outputs ("
-            + ("every Keras layer output" if front.keras is not None else "every TF op output")
-            + ") to block fusion, then trimmed on the IR and dead-code eliminated"
-        ),
-        "quantization": {
-            "mode": rec.quant_mode,
-            "fused_route": fused_q.route,
-            "unfused_route": unfused_q.route,
-            "stock_route": "TFLite converter PTQ" if rec.quant_mode != "none" else "none",
-            "float_ops_left": fused_q.float_ops,
-            "edgetpu_valid": (not fused_q.float_ops if rec.quant_mode == "int8" else False),
-            "calibration_samples": 0 if calib is None else len(calib[0]),
-            "seed": seed,
-            "layer_error": fused_q.layer_error[:20],
-        },
-        "models": {k: report_mod.model_facts(v) for k, v in models.items()},
-        "float_models": {k: report_mod.model_facts(v) for k, v in floats.items()},
-        "agreement": agreement,
-        "float_agreement": float_agreement,
-        "baseline_check": baseline_check.to_dict(),
-        "delegate_check": report_mod.delegate_check(models["fused"], rec.delegate),
-        "files": {"fused": FUSED, "unfused": UNFUSED, "stock": STOCK},
-    }
-
-
-def _version(dist: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _eval_inputs(front: Frontend, calib: list[np.ndarray] | None, seed: int) -> list[np.ndarray]:
-    """Inputs the three models are checked on: calibration samples, else seeded [-1, 1] noise."""
-    b = front.batch
-    if calib is not None:
-        n = max(16 // b, 1) * b
-        return [a[:n] for a in calib]
-    rng = np.random.default_rng(seed + 1000)
-    n = max(8 // b, 2) * b
-    return [rng.uniform(-1, 1, (n, *s)).astype(np.float32) for s in front.input_shapes]
-
-
-def _reference_outputs(front: Frontend, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Outputs of the source model (the frozen TF function), one array per output."""
-    tf = _tf()
-    per_sample = []
-    b = front.batch
-    for i in range(len(inputs[0]) // b):
-        xs = [tf.constant(a[i * b : (i + 1) * b]) for a in inputs]
-        outs = front.function(*xs)
-        outs = outs if isinstance(outs, (list, tuple)) else [outs]
-        per_sample.append([np.asarray(o) for o in outs])
-    return [np.concatenate([s[k] for s in per_sample]) for k in range(len(per_sample[0]))]
+convert_keras = convert  # the name the Keras route had; every source kind goes through convert

@@ -252,6 +252,14 @@ def _function_frontend(fn: Any, source: str, batch: int) -> Frontend:
     return Frontend(frozen, names, shapes, out_names, batch_used, source, notices=notices)
 
 
+def source_kind(model: Any) -> str:
+    """ "tflite" for a .tflite (path or bytes: it enters `convert` at the float stage, see
+    `tflfuse.tflite_frontend`), else "tensorflow" (everything `load_model` takes)."""
+    from tflfuse.tflite_frontend import is_tflite
+
+    return "tflite" if is_tflite(model) else "tensorflow"
+
+
 def load_model(
     model: Any, *, batch: int = 1, allow_lambda: bool = False, quiet: bool = True
 ) -> Frontend:
@@ -277,7 +285,9 @@ def load_model(
             front.notices.insert(0, "SavedModel: using its serving_default signature")
             return front
         if path.suffix not in (".keras", ".h5", ".hdf5"):
-            raise TflfuseError(f"{path}: expected a .keras or .h5 file or a SavedModel folder")
+            raise TflfuseError(
+                f"{path}: expected a .tflite, .keras or .h5 file or a SavedModel folder"
+            )
         return _keras_frontend(_load_keras_file(path, allow_lambda), str(path), batch, quiet)
     if _is_keras_model(model):
         return _keras_frontend(model, type(model).__name__, batch, quiet)
@@ -285,7 +295,7 @@ def load_model(
         return _function_frontend(model, getattr(model, "__name__", "tf.function"), batch)
     raise TflfuseError(
         f"cannot convert a {type(model).__name__}: give a keras.Model, a .keras/.h5 file, a"
-        " SavedModel folder or a tf.function with an input_signature"
+        " SavedModel folder, a tf.function with an input_signature or a .tflite (path or bytes)"
     )
 
 

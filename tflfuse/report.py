@@ -9,6 +9,7 @@ No TensorFlow here (the interpreter comes from `tflfuse.runtime`).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +69,20 @@ def run_float(data: bytes, inputs: list[np.ndarray], delegate: str = "none") -> 
     return [np.concatenate(r) for r in results]
 
 
-def agreement(data: bytes, inputs: list[np.ndarray], reference: list[np.ndarray]) -> dict[str, Any]:
+def agreement(
+    data: bytes,
+    inputs: list[np.ndarray],
+    reference: list[np.ndarray],
+    interface: Any = None,
+) -> dict[str, Any]:
     """Max and mean absolute error against the reference, in output units; top-1 agreement when
-    an output looks like class scores (batch, classes)."""
+    an output looks like class scores (batch, classes). `interface` (a layout.LayoutChange) lays
+    the source-layout inputs out for the model and its outputs back, when the two differ."""
     try:
-        got = run_float(data, inputs)
+        if interface is None:
+            got = run_float(data, inputs)
+        else:
+            got = interface.adapt_outputs(run_float(data, interface.adapt_inputs(inputs)))
     except TflfuseError as exc:
         return {"verified": False, "reason": str(exc)}
     out: dict[str, Any] = {"verified": True, "samples": len(inputs[0]), "outputs": []}
@@ -113,6 +123,124 @@ def delegate_check(data: bytes, delegate: str) -> dict[str, Any]:
     }
 
 
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def edgetpu_cut(data: bytes) -> dict[str, Any]:
+    """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why."""
+    from tflfuse import targets
+
+    prediction = targets.predict_edgetpu(flatbuffer.from_bytes(data))
+    out: dict[str, Any] = {
+        "mapped": prediction.mapped,
+        "ops": len(prediction.ops),
+        "notes": list(prediction.notes),
+    }
+    # ops after the cut name it in their reason; without any, the first CPU op is the cut
+    marks = [re.match(r"after the cut at op (\d+)", o.reason) for o in prediction.ops]
+    index = next((int(m.group(1)) for m in marks if m), None)
+    cpu = [o for o in prediction.ops if o.target == "cpu"]
+    cut = next((o for o in cpu if o.index == index), cpu[0] if cpu else None)
+    if cut is not None:
+        out["cut"] = {"index": cut.index, "op": cut.op, "status": cut.status, "reason": cut.reason}
+    out["cpu_ops"] = sorted({o.op for o in prediction.ops if o.target == "cpu"})
+    out["_prediction"] = prediction
+    return out
+
+
+def _edgetpu_section(ctx: Any) -> dict[str, Any]:
+    """Stock against fused on the Edge TPU: mapped ops, the cut and its reason, and what the
+    channels-last interface changed for the mapping."""
+    from tflfuse import layout
+
+    per = {k: edgetpu_cut(ctx.models[k]) for k in ("fused", "stock")}
+    change = getattr(ctx.source, "layout", None)
+    section: dict[str, Any] = {}
+    if change is not None:
+        section["channels_last"] = layout.edgetpu_effect(
+            flatbuffer.from_bytes(ctx.models["stock"]),
+            per["stock"]["_prediction"],
+            per["fused"]["_prediction"],
+            change,
+        )
+    for k, v in per.items():
+        v.pop("_prediction")
+        section[k] = v
+    return section
+
+
+def assemble(rec: Any, ctx: Any) -> dict[str, Any]:
+    """The report of one conversion from the recipe and the conversion context (convert.Context):
+    sources and routes, each model's facts, agreement with the source, rules, quantization, the
+    int8 legalization and the delegate check."""
+    src = ctx.source
+    eval_inputs = src.eval_inputs(ctx.calib, ctx.options.seed)
+    reference = src.reference(eval_inputs)
+    models = ctx.models
+    floats = {"fused": ctx.fused.data, "unfused": ctx.unfused_float}
+    agree = {k: agreement(v, eval_inputs, reference, ctx.interface(k)) for k, v in models.items()}
+    float_agree = {
+        k: agreement(v, eval_inputs, reference, ctx.interface(k)) for k, v in floats.items()
+    }
+    q = {k: ctx.quantized[k] for k in ("fused", "unfused")}
+    from tflfuse.quantize import float_compute_ops
+
+    float_ops = float_compute_ops(flatbuffer.from_bytes(models["fused"]).main)
+    int8 = rec.quant_mode == "int8" or src.quantized
+    change = getattr(src, "layout", None)
+    out: dict[str, Any] = {
+        "source": src.name,
+        "source_kind": src.describe(),
+        "recipe": rec.to_dict(),
+        "versions": {
+            "tensorflow": _version("tensorflow"),
+            "ai_edge_quantizer": _version("ai-edge-quantizer"),
+            "tflfuse": _version("tflfuse"),
+        },
+        "inputs": [
+            {"name": n, "shape": [src.batch, *s]} for n, s in zip(src.input_names, src.input_shapes)
+        ],
+        "outputs": list(src.output_names),
+        "interface": change.to_dict() if change is not None else {"interface_change": False},
+        "grappler": ctx.graph_info,
+        "rules": {**ctx.fused.result.to_dict(), "verification": ctx.fused.verification},
+        "unfused_route": ctx.unfused_route,
+        "quantization": {
+            "mode": "int8 (input already quantized)" if src.quantized else rec.quant_mode,
+            "fused_route": q["fused"].route,
+            "unfused_route": q["unfused"].route,
+            "stock_route": ctx.routes.get("stock", ""),
+            "float_ops_left": float_ops,
+            "edgetpu_valid": (not float_ops) if int8 else False,
+            "calibration_samples": 0 if ctx.calib is None else len(ctx.calib[0]),
+            "seed": ctx.options.seed,
+            "layer_error": q["fused"].layer_error[:20],
+        },
+        "legalization": ctx.legalization,
+        "models": {k: model_facts(v) for k, v in models.items()},
+        "float_models": {k: model_facts(v) for k, v in floats.items()},
+        "agreement": agree,
+        "float_agreement": float_agree,
+        "baseline_check": ctx.baseline_check,
+        "delegate_check": delegate_check(models["fused"], rec.delegate),
+        "files": {
+            "fused": "model.tflite",
+            "unfused": "model_unfused.tflite",
+            "stock": "model_stock.tflite",
+        },
+        "notices": list(src.notices),
+    }
+    if rec.target == "edgetpu" or rec.delegate == "edgetpu":
+        out["edgetpu"] = _edgetpu_section(ctx)
+    return out
+
+
 def write(report: dict[str, Any], folder: Path) -> None:
     folder = Path(folder)
     (folder / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
@@ -135,8 +263,14 @@ def markdown(r: dict[str, Any]) -> str:
         f" {r['versions']['ai_edge_quantizer']}.",
         "",
     ]
+    kind = r.get("source_kind", {})
+    if kind.get("kind") == "tflite":
+        lines.append(f"Source: a .tflite, entered at the {kind.get('entered_at')} stage.")
     for notice in r.get("notices", []):
         lines.append(f"- notice: {notice}")
+    iface = r.get("interface", {})
+    if iface.get("interface_change"):
+        lines += ["", "**Interface change** (--channels-last): " + "; ".join(iface["details"])]
     lines += [
         "",
         "## Models",
@@ -165,20 +299,7 @@ def markdown(r: dict[str, Any]) -> str:
             o = a["outputs"][0]
             top1 = f"{o['top1_agreement']:.3f}" if "top1_agreement" in o else "-"
             lines.append(f"| {label} | {a['max_abs']:.3g} | {o['mean_abs']:.3g} | {top1} |")
-    g = r["grappler"]
-    lines += [
-        "",
-        "## Grappler",
-        "",
-        f"Optimizers: {', '.join(g['optimizers'])} (remapper {g['remapper']}). Nodes"
-        f" {g['nodes_before']} -> {g['nodes_after']}.",
-        "",
-    ]
-    if g.get("dropped"):
-        dropped = g["dropped"]
-        lines += [f"Dropped {', '.join(dropped['optimizers'])}: {dropped['reason']}.", ""]
-    for op, (b, a) in g["changed_node_types"].items():
-        lines.append(f"- {op}: {b} -> {a}")
+    lines += _grappler_lines(r.get("grappler") or {})
     rules = r["rules"]
     lines += ["", "## Rules", ""]
     fired = rules.get("fired", {})
@@ -210,6 +331,8 @@ def markdown(r: dict[str, Any]) -> str:
                 if k not in ("tensor", "kind") and isinstance(v, float)
             )
             lines.append(f"| {row.get('tensor', '')} | {row.get('kind', '')} | {metrics} |")
+    lines += _legalization_lines(r.get("legalization") or {})
+    lines += _edgetpu_lines(r.get("edgetpu"))
     d = r["delegate_check"]
     lines += ["", "## Delegate check", ""]
     if d.get("checked"):
@@ -218,3 +341,55 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(f"{d['delegate']}: not checked ({d.get('reason')}).")
     lines += ["", f"Unfused baseline: {r['unfused_route']}.", ""]
     return "\n".join(lines) + "\n"
+
+
+def _grappler_lines(g: dict[str, Any]) -> list[str]:
+    if not g:
+        return ["", "## Grappler", "", "Not run: the source is a .tflite (no TF graph)."]
+    lines = [
+        "",
+        "## Grappler",
+        "",
+        f"Optimizers: {', '.join(g['optimizers'])} (remapper {g['remapper']}). Nodes"
+        f" {g['nodes_before']} -> {g['nodes_after']}.",
+        "",
+    ]
+    if g.get("dropped"):
+        dropped = g["dropped"]
+        lines += [f"Dropped {', '.join(dropped['optimizers'])}: {dropped['reason']}.", ""]
+    for op, (b, a) in g["changed_node_types"].items():
+        lines.append(f"- {op}: {b} -> {a}")
+    return lines
+
+
+def _legalization_lines(leg: dict[str, Any]) -> list[str]:
+    lines = ["", "## int8 legalization", ""]
+    if not leg.get("ran"):
+        return [*lines, f"Not run: {leg.get('reason', 'not an int8 recipe')}."]
+    fired = leg.get("fired", {})
+    done = ", ".join(f"{k} x{v}" for k, v in fired.items()) or "nothing fired"
+    if leg.get("reordered"):
+        done += "; ops reordered (unmappable ops moved late)"
+    kept = "kept (verified)" if leg.get("kept") else f"not kept: {leg.get('reason')}"
+    mapped = leg.get("edgetpu_mapped")
+    tpu = f" Edge TPU mapped ops {mapped[0]} -> {mapped[1]}." if mapped else ""
+    return [*lines, f"On the quantized fused model: {done}; {kept}.{tpu}"]
+
+
+def _edgetpu_lines(section: dict[str, Any] | None) -> list[str]:
+    if not section:
+        return []
+    lines = ["", "## Edge TPU mapping (predicted)", "", "| model | mapped | cut at | why |"]
+    lines.append("|---|---:|---|---|")
+    for name in ("fused", "stock"):
+        p = section[name]
+        cut = p.get("cut")
+        where = f"op {cut['index']} {cut['op']}" if cut else "no cut"
+        why = f"{cut['status']}: {cut['reason']}" if cut else "every op mapped"
+        lines.append(f"| {name} | {p['mapped']}/{p['ops']} | {where} | {why} |")
+    cpu = section["fused"].get("cpu_ops")
+    if cpu:
+        lines += ["", f"Op types left on the CPU in the fused model: {', '.join(cpu)}."]
+    if section.get("channels_last"):
+        lines += ["", f"Channels-last: {section['channels_last']}."]
+    return lines

@@ -1,0 +1,272 @@
+"""A .tflite from anywhere (litert-torch, onnx2tf, a vendor) as a `tflfuse convert` source.
+
+It enters the pipeline at the float .tflite stage (see DESIGN.md). What convert can do with it is
+decided here, once, with a one-line error for what it cannot:
+  float, one subgraph, static shapes   the full route: fuse, quantize, legalize, baselines
+  full int8 / uint8                    the int8 rules and legalization only; no re-quantization,
+                                       and the input itself is the stock baseline
+  float16 or dynamic-range weights     refused: those are quantized already, and re-quantizing
+                                       them would quantize rounded weights (give the float model)
+  several subgraphs, dynamic shapes    refused (control flow and shape-polymorphic models are
+                                       beyond the rules, the quantizer and the Edge TPU)
+  ops the interpreter lacks            refused: convert runs the model to calibrate and verify
+A batch left dynamic only in `shape_signature` (-1 at axis 0, stored shape static) is taken at
+the stored size, with a notice. The baselines: `unfused` is the input defused (rules.defuse) and
+verified; `stock` is ai-edge-quantizer's static int8 recipe on the input as given.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tflfuse import flatbuffer
+from tflfuse.errors import ModelError, TflfuseError
+from tflfuse.ir import Model, Signature
+from tflfuse.layout import LayoutChange
+from tflfuse.recipe import Recipe
+from tflfuse.summary import quantization_summary
+
+INT_KINDS = ("int8", "uint8")
+_IO_DTYPES = {"FLOAT32", "INT8", "UINT8"}
+
+
+def is_tflite(model: Any) -> bool:
+    """True for .tflite bytes (the `TFL3` identifier), a path ending in .tflite, or a file that
+    starts like one whatever its name."""
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return bytes(model[4:8]) == b"TFL3"
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if path.suffix.lower() == ".tflite":
+            return True
+        try:
+            with path.open("rb") as f:
+                return path.is_file() and f.read(8)[4:8] == b"TFL3"
+        except OSError:
+            return False
+    return False
+
+
+def _name(text: str, fallback: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", text.split(":")[0]) or fallback
+
+
+def _static(model: Model, where: str, notices: list[str]) -> None:
+    """Refuse dynamic shapes; a dynamic batch over a static stored shape is pinned (notice)."""
+    graph = model.main
+    pinned = False
+    for t in graph.tensors:
+        sig = t.shape_signature
+        if sig is None or -1 not in sig:
+            continue
+        if -1 in sig[1:] or len(sig) != len(t.shape):
+            kind = "input" if t in graph.inputs else "tensor"
+            raise ModelError(
+                where,
+                f"{kind} {t.name} has dynamic dimensions {list(sig)}; tflfuse converts models"
+                " with static shapes only (export with a fixed input size)",
+            )
+        t.shape_signature = tuple(t.shape)
+        pinned = True
+    if pinned:
+        batch = graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1
+        notices.append(f"dynamic batch dimension taken at the stored size {batch}")
+
+
+def _signed(model: Model, notices: list[str]) -> None:
+    """Give a model without a signature one (ai-edge-quantizer needs it), and order a signature's
+    inputs and outputs as the graph's: calibration arrays follow the signature (the quantizer)
+    and the interpreter follows the graph, so the two orders must be one."""
+    g = model.main
+    for s in model.signatures:
+        for side, tensors in (("inputs", g.inputs), ("outputs", g.outputs)):
+            named = getattr(s, side)
+            by_tensor = {t: k for k, t in named.items()}
+            if set(by_tensor) == set(tensors):
+                setattr(s, side, {by_tensor[t]: t for t in tensors})
+    if model.signatures:
+        return
+    model.signatures = [
+        Signature(
+            "serving_default",
+            0,
+            {_name(t.name, f"input_{i}"): t for i, t in enumerate(g.inputs)},
+            {_name(t.name, f"output_{i}"): t for i, t in enumerate(g.outputs)},
+        )
+    ]
+    notices.append("the model had no signature: serving_default made from its inputs and outputs")
+
+
+def _runnable(data: bytes, model: Model, where: str) -> None:
+    """The interpreter must run the model: convert calibrates and verifies by running it."""
+    from tflfuse.runtime import make_interpreter
+
+    try:
+        make_interpreter(data, delegate="none")
+    except TflfuseError as exc:
+        custom = sorted({op.custom_code or "?" for op in model.main.ops if op.type == "CUSTOM"})
+        what = f"custom ops {', '.join(custom)} the interpreter lacks" if custom else str(exc)
+        raise ModelError(
+            where, f"cannot run it here ({what}); tflfuse runs the model to calibrate and verify"
+        ) from None
+
+
+class TfliteSource:
+    """A checked .tflite, entering `convert` at the float stage (or the int8 one, see above)."""
+
+    kind = "tflite"
+
+    def __init__(self, data: bytes, name: str, model: Model, notices: list[str]) -> None:
+        self.given = data  # the model as given: the stock baseline and the reference
+        self.name = name
+        self.notices = notices
+        self.layout: LayoutChange | None = None
+        g = model.main
+        sig = model.signatures[0]
+        self.quantized = quantization_summary(g)["kind"] in INT_KINDS
+        self.input_names = list(sig.inputs)
+        self.output_names = list(sig.outputs)
+        self.batch = max(int(g.inputs[0].shape[0]), 1) if g.inputs and g.inputs[0].shape else 1
+        self.input_shapes = [tuple(int(d) for d in t.shape[1:]) for t in sig.inputs.values()]
+        self._data = data
+
+    # -- the float .tflite stage ----------------------------------------------------------------
+    def tf_graph(self, rec: Recipe) -> dict[str, Any]:
+        return {}
+
+    def float_tflite(self, rec: Recipe) -> bytes:
+        """The model the rules start from: as given, or channels-last when asked for."""
+        return self.layout.data if self.layout is not None else self._data
+
+    def use_channels_last(self, seed: int) -> LayoutChange:
+        """Switch to the NHWC interface (layout.channels_last), verified against the input."""
+        from tflfuse import layout
+
+        change = layout.channels_last(self._data, self.name)
+        inputs = self.eval_inputs(None, seed)
+        worst = layout.verify(self._data, change, inputs)
+        if not worst <= 1e-6:
+            raise TflfuseError(
+                f"{self.name}: --channels-last changed the outputs by {worst:.3g}; nothing written"
+            )
+        self.layout = change
+        return change
+
+    # -- baselines -------------------------------------------------------------------------------
+    def unfused_float(self, rec: Recipe, fused_float: bytes) -> tuple[bytes, str]:
+        """The input (in the interface convert gives the fused model) defused and verified."""
+        from tflfuse.rewrite import PassManager, TopologicalSort
+        from tflfuse.rules.defuse import Defuse
+        from tflfuse.verify import compare
+
+        start = self.float_tflite(rec)
+        model = flatbuffer.from_bytes(start, self.name)
+        PassManager((Defuse(), TopologicalSort())).run(model)
+        data = flatbuffer.to_bytes(model)
+        atol = 1e-5 if not self.quantized else 0.0
+        check = compare(start, data, atol=atol, rtol=1e-5, int_atol=1)
+        if not check.ok:
+            raise TflfuseError(
+                f"{self.name}: the defused baseline differs from the input by {check.max_abs:.3g};"
+                " nothing written"
+            )
+        route = "the input defused (rules.defuse: fused activations and float biases split off),"
+        return data, f"{route} verified against it (max abs {check.max_abs:.3g})"
+
+    def converter_ptq(self, which: str, rec: Recipe, calib: Any, progress: bool) -> bytes | None:
+        return None  # no TF function behind a .tflite: ai-edge-quantizer is the only route
+
+    def stock(
+        self, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
+    ) -> tuple[bytes, str]:
+        """What the user gets without tflfuse: the quantizer's recipe on the input as given."""
+        if self.quantized or rec.quant_mode == "none":
+            kind = "already quantized" if self.quantized else "float"
+            return self.given, f"the input as given ({kind})"
+        from tflfuse.quantize import quantize
+
+        q = quantize(
+            self.given,
+            rec.quant_mode,
+            calib,
+            input_type=rec.input_type,
+            output_type=rec.output_type,
+            desc="calibrating stock",
+            progress=progress,
+        )
+        return q.data, (
+            f"{q.route} with its default recipe on the input as given (no tflfuse rules), the"
+            " same calibration data and range rule as the fused model"
+        )
+
+    # -- the function all three models are measured against -------------------------------------
+    def eval_inputs(self, calib: list[np.ndarray] | None, seed: int) -> list[np.ndarray]:
+        """Calibration samples (original layout), else seeded [-1, 1] noise (whole batches)."""
+        b = self.batch
+        if calib is not None:
+            n = max(16 // b, 1) * b
+            return [a[:n] for a in calib]
+        rng = np.random.default_rng(seed + 1000)
+        n = max(8 // b, 2) * b
+        return [rng.uniform(-1, 1, (n, *s)).astype(np.float32) for s in self.input_shapes]
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The input model's outputs (dequantized when it is int8), in its own layout."""
+        from tflfuse.report import run_float
+
+        return run_float(self.given, inputs)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "entered_at": "int8 rules (already quantized)" if self.quantized else "float .tflite",
+            "quantized_input": self.quantized,
+        }
+
+
+def load(model: bytes | str | Path) -> TfliteSource:
+    """A checked TfliteSource, or a one-line `FILE: problem` error saying what tflfuse cannot do."""
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        data, where = bytes(model), "<bytes>"
+    else:
+        where = str(model)
+        data = flatbuffer.read_model_bytes(model)
+    parsed = flatbuffer.from_bytes(data, where)
+    notices: list[str] = []
+    if len(parsed.subgraphs) > 1:
+        raise ModelError(
+            where,
+            f"has {len(parsed.subgraphs)} subgraphs (control flow or several entry points);"
+            " tflfuse converts single-subgraph models only",
+        )
+    graph = parsed.main
+    if not graph.inputs or not graph.outputs:
+        raise ModelError(where, "the model has no inputs or no outputs")
+    odd = sorted({t.dtype for t in (*graph.inputs, *graph.outputs)} - _IO_DTYPES)
+    if odd:
+        raise ModelError(
+            where,
+            f"inputs or outputs of type {', '.join(odd)}; tflfuse converts float32, int8"
+            " or uint8 models",
+        )
+    kind = quantization_summary(graph)["kind"]
+    if kind not in ("float", *INT_KINDS):
+        raise ModelError(
+            where,
+            f"already quantized ({kind}); tflfuse quantizes float models and legalizes full int8"
+            " ones (give the float model)",
+        )
+    _static(parsed, where, notices)
+    _signed(parsed, notices)
+    data = flatbuffer.to_bytes(parsed)
+    _runnable(data, parsed, where)
+    if kind in INT_KINDS:
+        notices.append(
+            f"the input is already {kind}: the int8 rules and legalization run on it, with no"
+            " re-quantization (it is its own stock baseline)"
+        )
+    return TfliteSource(data, where, flatbuffer.from_bytes(data, where), notices)
