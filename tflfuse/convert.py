@@ -142,15 +142,19 @@ def load(rec: Recipe, ctx: Context) -> None:
     src = ctx.source
     needs_calib = rec.quant_mode == "int8" and not src.quantized
     if needs_calib and ctx.calibration is None:
-        raise TflfuseError(
-            f"recipe {rec.name!r} quantizes to int8 and needs calibration data (--calib DATA:"
-            " .npy, .npz, a folder of images)"
-        )
+        raise _no_calibration(rec)
     ctx.calib = _calibration(rec, ctx) if needs_calib or ctx.calibration is not None else None
     if ctx.calib is not None and len(ctx.calib[0]) < src.batch:
         raise TflfuseError(
             f"{len(ctx.calib[0])} calibration samples cannot fill one batch of {src.batch}"
         )
+
+
+def _no_calibration(rec: Recipe) -> TflfuseError:
+    return TflfuseError(
+        f"recipe {rec.name!r} quantizes to int8 and needs calibration data (--calib DATA:"
+        " .npy, .npz, a folder of images)"
+    )
 
 
 def _calibration(rec: Recipe, ctx: Context) -> list[np.ndarray] | None:
@@ -437,6 +441,12 @@ def convert(
     rec = rec.override(**overrides) if overrides else rec
     if batch < 1:
         raise TflfuseError(f"batch size must be at least 1, not {batch}")
+    from tflfuse.frontend import source_kind
+
+    # Only a .tflite can be int8 already; any other source needs calibration data for int8, and
+    # that is said before anything is loaded or written.
+    if rec.quant_mode == "int8" and calibration is None and source_kind(model) != "tflite":
+        raise _no_calibration(rec)
     options = Options(seed, batch, allow_lambda, progress, quiet, channels_last)
     output_dir = Path(output_dir)
     tmp = prepare_output(output_dir, force=force)
