@@ -135,52 +135,86 @@ def test_without_the_compiler_one_line_says_where_it_comes_from(
 STAND_IN = '''\
 #!{python}
 """Stand-in for Coral's edgetpu_compiler (tests only): writes a compiled model and a log in the
-compiler's format. For an oracle model the compiled model is the real compiler's twin."""
+compiler's format. For an oracle model compiled in the default mode the compiled model is the real
+compiler's twin (those twins were compiled without -a). Otherwise a simple rule places the ops:
+op types outside Coral's documented op table (CPU_ONLY) stay on the CPU; in the default mode the
+first of them and every op after it stay on the CPU (one Edge TPU subgraph); with -a every other
+op maps and each run of mapped ops between CPU ops becomes one edgetpu-custom-op (exact for the
+chain models the tests compile). As in real logs, custom ops are listed as CUSTOM and an -a
+compile has no "More than one subgraph is not supported" rows."""
 import argparse, os, shutil, sys
 from pathlib import Path
 from tflfuse import flatbuffer
-from tflfuse.ir import Graph, Model, Tensor
 
+CPU_ONLY = ("CUSTOM", "ARG_MAX", "GATHER")
+MAPPED = "Mapped to Edge TPU"
+LIMITED = "Operation is otherwise supported, but not mapped due to some unspecified limitation"
 ap = argparse.ArgumentParser()
 ap.add_argument("-s", "--show_operations", action="store_true")
 ap.add_argument("-o", "--out_dir", default=".")
 ap.add_argument("-n", "--num_segments", type=int, default=1)
+ap.add_argument("-a", "--enable_multiple_subgraphs", action="store_true")
 ap.add_argument("--search_delegate", action="store_true")
 ap.add_argument("model")
 a = ap.parse_args()
 Path(os.environ["STANDIN_ARGV"]).write_text(" ".join(sys.argv[1:]))
 src, out = Path(a.model), Path(a.out_dir)
 cpu = flatbuffer.load(src)
+
+
+def rule_compile(model, several):
+    g = model.main
+    on_cpu = [op.type in CPU_ONLY for op in g.ops]
+    if not several:
+        first = next((i for i, c in enumerate(on_cpu) if c), len(on_cpu))
+        on_cpu = [i >= first for i in range(len(on_cpu))]
+    runs, run = [], []
+    for op, c in zip(list(g.ops), on_cpu):
+        if c and run:
+            runs.append(run)
+            run = []
+        elif not c:
+            run.append(op)
+    runs += [run] if run else []
+    for run in runs:
+        made = {{t for op in run for t in op.outputs}}
+        ins = [t for t in dict.fromkeys(t for op in run for t in op.inputs)
+               if t is not None and not t.is_constant and t not in made]
+        outs = [t for t in dict.fromkeys(t for op in run for t in op.outputs)
+                if g.is_graph_output(t) or any(c not in run for c in t.consumers)]
+        at = g.ops.index(run[0])
+        for op in run:
+            g.remove_op(op)
+        seg = g.add_op("CUSTOM", ins, outs, custom_code="edgetpu-custom-op")
+        g.ops.remove(seg)
+        g.ops.insert(at, seg)
+    return model
+
+
 twin = Path(os.environ.get("STANDIN_TWINS", "/nonexistent")) / f"{{src.stem}}_edgetpu.tflite"
-if twin.exists():
+if twin.exists() and not a.enable_multiple_subgraphs:
     data = twin.read_bytes()
-else:  # everything mapped: one custom op from the inputs to the outputs
-    def fresh(t):
-        return Tensor(t.name, t.shape, t.dtype, quantization=t.quantization)
-    ins, outs = [fresh(t) for t in cpu.main.inputs], [fresh(t) for t in cpu.main.outputs]
-    graph = Graph("main", tensors=[*ins, *outs], inputs=ins, outputs=outs)
-    graph.add_op("CUSTOM", ins, outs, custom_code="edgetpu-custom-op")
-    data = flatbuffer.to_bytes(Model([graph]))
+else:
+    data = flatbuffer.to_bytes(rule_compile(flatbuffer.load(src), a.enable_multiple_subgraphs))
 compiled = flatbuffer.from_bytes(data)
+segments = sum(1 for op in compiled.main.ops if op.custom_code == "edgetpu-custom-op")
 left = {{t.name for op in compiled.main.ops if op.custom_code != "edgetpu-custom-op"
          for t in op.outputs}}
-LIMITED = "Operation is otherwise supported, but not mapped due to some unspecified limitation"
 rows, first = [], True
 for op in cpu.main.ops:
-    name = op.custom_code or op.type
     if not all(t.name in left for t in op.outputs):
-        status = "Mapped to Edge TPU"
+        status = MAPPED
+    elif op.type in CPU_ONLY:
+        status, first = "Operation not supported", False
     elif first:
-        first = False
-        status = ("Operation not supported" if op.type in ("CUSTOM", "ARG_MAX") else LIMITED)
+        status, first = LIMITED, False
     else:
-        status = ("Operation not supported" if op.type in ("CUSTOM", "ARG_MAX") else
-                  "More than one subgraph is not supported")
-    if rows and rows[-1][0] == name and rows[-1][2] == status:
+        status = "More than one subgraph is not supported"
+    if rows and rows[-1][0] == op.type and rows[-1][2] == status:
         rows[-1][1] += 1
     else:
-        rows.append([name, 1, status])
-on_tpu = sum(n for _, n, s in rows if s == "Mapped to Edge TPU")
+        rows.append([op.type, 1, status])
+on_tpu = sum(n for _, n, s in rows if s == MAPPED)
 names = [f"{{src.stem}}_edgetpu.tflite"]
 if a.num_segments > 1:
     names = [f"{{src.stem}}_segment_{{i}}_of_{{a.num_segments}}_edgetpu.tflite"
@@ -197,7 +231,7 @@ print("Output size: 0.61MiB")
 print("On-chip memory used for caching model parameters: 0.50MiB")
 print("On-chip memory remaining for caching model parameters: 7.25MiB")
 print("Off-chip memory used for streaming uncached model parameters: 0.00B")
-print("Number of Edge TPU subgraphs: 1")
+print(f"Number of Edge TPU subgraphs: {{segments}}")
 print(f"Total number of operations: {{len(cpu.main.ops)}}")
 print(f"Operation log: {{out / (src.stem + '_edgetpu.log')}}\\n")
 print(f"Number of operations that will run on Edge TPU: {{on_tpu}}")
