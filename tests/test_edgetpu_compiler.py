@@ -317,3 +317,107 @@ def test_a_model_the_stand_in_maps_entirely(stand_in: Path) -> None:
     flatbuffer.save(Model([g]), path)
     result = compile_model(path, stand_in / "tiny_out")
     assert (result.prediction.mapped, result.log.mapped, result.actual.mapped) == (1, 1, 1)
+
+
+# -- several Edge TPU subgraphs (-a) and the per-op-type status table -----------------------------
+def _chain_with_a_custom_op(folder: Path) -> Path:
+    """uint8 x -> RELU -> CUSTOM "MyOp" -> RELU: one Edge TPU subgraph maps the first RELU only;
+    with -a both RELUs map, as two segments around the custom op."""
+    import numpy as np
+
+    from tflfuse import flatbuffer
+    from tflfuse.ir import Graph, Model, Quantization
+
+    qp = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    g = Graph("main")
+    x, a, b, y = (g.add_tensor(n, (1, 4, 4, 2), "UINT8", quantization=qp) for n in "xaby")
+    g.add_op("RELU", [x], [a])
+    g.add_op("CUSTOM", [a], [b], custom_code="MyOp")
+    g.add_op("RELU", [b], [y])
+    g.inputs, g.outputs = [x], [y]
+    path = folder / "chain.tflite"
+    flatbuffer.save(Model([g]), path)
+    return path
+
+
+def test_multiple_subgraphs_reach_the_compiler_and_segments_are_compared(stand_in: Path) -> None:
+    from dataclasses import replace
+
+    model = _chain_with_a_custom_op(stand_in)
+    one = compile_model(model, stand_in / "one")
+    assert "-a" not in (stand_in / "argv.txt").read_text().split()
+    assert (one.prediction.cpu_ops(), one.actual.cpu_ops()) == ([1, 2], [1, 2])
+    assert (one.predicted_segments, one.actual_segments) == (1, 1) and one.agrees()
+
+    several = compile_model(model, stand_in / "several", multiple_subgraphs=True)
+    assert "-a" in (stand_in / "argv.txt").read_text().split()
+    assert several.log.header["edgetpu_subgraphs"] == 2  # the console's count
+    assert several.truth.segments == 2  # edgetpu-custom-ops in the twin
+    assert (several.prediction.cpu_ops(), several.actual.cpu_ops()) == ([1], [1])
+    assert (several.predicted_segments, several.actual_segments) == (2, 2) and several.agrees()
+    assert STATUS["after_cut"] not in {s for _, _, s in several.log.rows}
+    # the same CPU ops but a different number of segments is a disagreement in this mode
+    merged = replace(several, prediction=replace(several.prediction, segments=1))
+    assert not merged.agrees()
+    # the one-subgraph prediction against the -a compile disagrees on the placement too
+    assert not replace(several, prediction=one.prediction).agrees()
+
+
+def test_status_table_names_ops_as_the_log_does_and_marks_differences(stand_in: Path) -> None:
+    from dataclasses import replace
+
+    model = _chain_with_a_custom_op(stand_in)
+    several = compile_model(model, stand_in / "several", multiple_subgraphs=True)
+    # the log lists the custom op as CUSTOM (as real logs do), the prediction calls it MyOp
+    assert ("CUSTOM", 1, STATUS["unsupported"]) in several.log.rows
+    assert several.actual.ops[1].status == STATUS["unsupported"]
+    assert several.status_agreement() == (3, 3)
+    rows = several.comparison()
+    assert ("CUSTOM", STATUS["unsupported"], 1, 1) in rows
+    assert ("RELU", STATUS["mapped"], 2, 2) in rows and len(rows) == 2
+    text = edgetpu_compiler.format_comparison(several)
+    assert "statuses: 3 of 3 logged ops have the predicted status" in text
+    assert "Edge TPU segments:  predicted 2, actual 2" in text and "*" not in text
+
+    wrong = replace(several, prediction=compile_model(model, stand_in / "one").prediction)
+    assert wrong.status_agreement() == (2, 3)
+    text = edgetpu_compiler.format_comparison(wrong)
+    starred = {ln.split()[1:4][0] for ln in text.splitlines() if ln.startswith("* ")}
+    assert starred == {"RELU"}
+    assert "prediction and compiler DISAGREE" in text
+
+
+def test_compile_cli_multiple_subgraphs(stand_in: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = _chain_with_a_custom_op(stand_in)
+    out = stand_in / "out"
+    args = ["compile", str(model), "--target", "edgetpu", "-o", str(out), "--multiple-subgraphs"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "-a (several Edge TPU subgraphs allowed)" in text
+    assert "mapped to Edge TPU: predicted 2, actual 2" in text
+    assert "prediction and compiler agree" in text
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["multiple_subgraphs"] is True
+    assert report["segments"] == {"predicted": 2, "actual": 2}
+    assert report["actual"]["segments"] == 2 and report["status_agreement"] == [3, 3]
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "via-tflfuse"])
+def test_compile_script_passes_multiple_subgraphs(stand_in: Path, direct: bool) -> None:
+    import subprocess
+
+    model = _chain_with_a_custom_op(stand_in)
+    script = Path(__file__).resolve().parents[1] / "device_scripts" / "compile_edgetpu.py"
+    out = stand_in / "script_out"
+    cmd = [sys.executable, str(script), str(model), "-o", str(out), "--multiple-subgraphs"]
+    proc = subprocess.run([*cmd, *(["--direct"] if direct else [])], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    argv = (stand_in / "argv.txt").read_text().split()
+    assert "-a" in argv and argv[-1] == str(model)
+    log = (out / "chain_compile.log").read_text()
+    if direct:  # the compiler's own console output
+        assert "Number of Edge TPU subgraphs: 2" in log
+    else:  # tflfuse compile's comparison
+        assert "Edge TPU segments:  predicted 2, actual 2" in log
+        assert "prediction and compiler agree" in log
