@@ -4,7 +4,10 @@ end to end with a stand-in `edgetpu_compiler` on PATH.
 The log texts below are reconstructions written from the documented format (Coral's compiler
 page and logs users posted in google-coral/edgetpu issues, e.g. #512, #659, #686), not copies of
 a particular run. The stand-in compiler is faithful where it matters: for a Coral oracle model it
-returns the real compiler's output (the `_edgetpu` twin) and derives its log from that twin.
+returns the real compiler's output (the `_edgetpu` twin) and derives its log from that twin; with
+`-a` (several Edge TPU subgraphs, which no shareable twin was compiled with) it compiles chain
+models by a stated rule, one custom op per run of mapped ops, and writes the table as real `-a`
+logs look (no "More than one subgraph" rows, custom ops listed as CUSTOM).
 """
 
 from __future__ import annotations
@@ -200,7 +203,7 @@ compiled = flatbuffer.from_bytes(data)
 segments = sum(1 for op in compiled.main.ops if op.custom_code == "edgetpu-custom-op")
 left = {{t.name for op in compiled.main.ops if op.custom_code != "edgetpu-custom-op"
          for t in op.outputs}}
-rows, first = [], True
+counts, first = {{}}, True  # one row per (op, status), as in real tables
 for op in cpu.main.ops:
     if not all(t.name in left for t in op.outputs):
         status = MAPPED
@@ -210,10 +213,8 @@ for op in cpu.main.ops:
         status, first = LIMITED, False
     else:
         status = "More than one subgraph is not supported"
-    if rows and rows[-1][0] == op.type and rows[-1][2] == status:
-        rows[-1][1] += 1
-    else:
-        rows.append([op.type, 1, status])
+    counts[(op.type, status)] = counts.get((op.type, status), 0) + 1
+rows = [(op, n, s) for (op, s), n in counts.items()]
 on_tpu = sum(n for _, n, s in rows if s == MAPPED)
 names = [f"{{src.stem}}_edgetpu.tflite"]
 if a.num_segments > 1:
