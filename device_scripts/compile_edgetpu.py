@@ -3,7 +3,8 @@
 
 Prefers `tflfuse compile MODEL --target edgetpu` (which wraps the compiler and compares its log
 with tflfuse's prediction); without that command, or with --direct, calls `edgetpu_compiler -s`
-itself. The compiler exists only for Debian/Ubuntu x86-64 (Coral's package repository); on a
+itself. `--multiple-subgraphs` lets the compiler build several Edge TPU subgraphs (its `-a`).
+The compiler exists only for Debian/Ubuntu x86-64 (Coral's package repository); on a
 Raspberry Pi or a Coral board use tflfuse's mapping prediction instead.
 
     python device_scripts/compile_edgetpu.py fused_int8.tflite stock_int8.tflite -o out/
@@ -12,6 +13,8 @@ Raspberry Pi or a Coral board use tflfuse's mapping prediction instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import shutil
 import subprocess
 import sys
@@ -20,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def tflfuse_has_compile() -> bool:
-    """True when this tflfuse has the `compile` subcommand."""
+def tflfuse_has_compile(options: list[str]) -> bool:
+    """True when this tflfuse has the `compile` subcommand and it takes `options`."""
     sys.path.insert(0, str(REPO))
     try:
         from tflfuse.cli import build_parser
@@ -30,23 +33,28 @@ def tflfuse_has_compile() -> bool:
     finally:
         sys.path.remove(str(REPO))
     try:
-        build_parser().parse_args(["compile", "x.tflite"])
+        with contextlib.redirect_stderr(io.StringIO()):  # an older tflfuse: fall back quietly
+            build_parser().parse_args(["compile", "x.tflite", *options])
     except SystemExit:
         return False
     return True
 
 
-def compile_command(model: Path, out_dir: Path, direct: bool) -> list[str]:
-    if not direct and tflfuse_has_compile():
+def compile_command(
+    model: Path, out_dir: Path, direct: bool, multiple_subgraphs: bool = False
+) -> list[str]:
+    options = ["--multiple-subgraphs"] if multiple_subgraphs else []
+    if not direct and tflfuse_has_compile(options):
         return [sys.executable, "-m", "tflfuse.cli", "compile", str(model), "--target", "edgetpu",
-                "-o", str(out_dir)]  # fmt: skip
+                "-o", str(out_dir), *options]  # fmt: skip
     compiler = shutil.which("edgetpu_compiler")
     if compiler is None:
         raise FileNotFoundError(
             "edgetpu_compiler not found (Coral ships it for Debian x86-64 only);"
             " use tflfuse's Edge TPU prediction on this machine"
         )
-    return [compiler, "-s", "-o", str(out_dir), str(model)]
+    flags = ["-a"] if multiple_subgraphs else []  # edgetpu_compiler 15.0 and 16.0 have it
+    return [compiler, "-s", "-o", str(out_dir), *flags, str(model)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("models", nargs="+", help="full-integer quantized .tflite files")
     p.add_argument("-o", "--out-dir", default=".", help="folder for the _edgetpu models and logs")
     p.add_argument("--direct", action="store_true", help="call edgetpu_compiler, not tflfuse")
+    p.add_argument(
+        "--multiple-subgraphs",
+        action="store_true",
+        help="allow several Edge TPU subgraphs (edgetpu_compiler -a, experimental)",
+    )
     args = p.parse_args(argv)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -62,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compile_edgetpu: error: {model}: no such model file", file=sys.stderr)
             return 2
         try:
-            cmd = compile_command(model, out_dir, args.direct)
+            cmd = compile_command(model, out_dir, args.direct, args.multiple_subgraphs)
         except FileNotFoundError as exc:
             print(f"compile_edgetpu: error: {exc}", file=sys.stderr)
             return 2

@@ -4,7 +4,10 @@ end to end with a stand-in `edgetpu_compiler` on PATH.
 The log texts below are reconstructions written from the documented format (Coral's compiler
 page and logs users posted in google-coral/edgetpu issues, e.g. #512, #659, #686), not copies of
 a particular run. The stand-in compiler is faithful where it matters: for a Coral oracle model it
-returns the real compiler's output (the `_edgetpu` twin) and derives its log from that twin.
+returns the real compiler's output (the `_edgetpu` twin) and derives its log from that twin; with
+`-a` (several Edge TPU subgraphs, which no shareable twin was compiled with) it compiles chain
+models by a stated rule, one custom op per run of mapped ops, and writes the table as real `-a`
+logs look (no "More than one subgraph" rows, custom ops listed as CUSTOM).
 """
 
 from __future__ import annotations
@@ -135,52 +138,84 @@ def test_without_the_compiler_one_line_says_where_it_comes_from(
 STAND_IN = '''\
 #!{python}
 """Stand-in for Coral's edgetpu_compiler (tests only): writes a compiled model and a log in the
-compiler's format. For an oracle model the compiled model is the real compiler's twin."""
+compiler's format. For an oracle model compiled in the default mode the compiled model is the real
+compiler's twin (those twins were compiled without -a). Otherwise a simple rule places the ops:
+op types outside Coral's documented op table (CPU_ONLY) stay on the CPU; in the default mode the
+first of them and every op after it stay on the CPU (one Edge TPU subgraph); with -a every other
+op maps and each run of mapped ops between CPU ops becomes one edgetpu-custom-op (exact for the
+chain models the tests compile). As in real logs, custom ops are listed as CUSTOM and an -a
+compile has no "More than one subgraph is not supported" rows."""
 import argparse, os, shutil, sys
 from pathlib import Path
 from tflfuse import flatbuffer
-from tflfuse.ir import Graph, Model, Tensor
 
+CPU_ONLY = ("CUSTOM", "ARG_MAX", "GATHER")
+MAPPED = "Mapped to Edge TPU"
+LIMITED = "Operation is otherwise supported, but not mapped due to some unspecified limitation"
 ap = argparse.ArgumentParser()
 ap.add_argument("-s", "--show_operations", action="store_true")
 ap.add_argument("-o", "--out_dir", default=".")
 ap.add_argument("-n", "--num_segments", type=int, default=1)
+ap.add_argument("-a", "--enable_multiple_subgraphs", action="store_true")
 ap.add_argument("--search_delegate", action="store_true")
 ap.add_argument("model")
 a = ap.parse_args()
 Path(os.environ["STANDIN_ARGV"]).write_text(" ".join(sys.argv[1:]))
 src, out = Path(a.model), Path(a.out_dir)
 cpu = flatbuffer.load(src)
+
+
+def rule_compile(model, several):
+    g = model.main
+    on_cpu = [op.type in CPU_ONLY for op in g.ops]
+    if not several:
+        first = next((i for i, c in enumerate(on_cpu) if c), len(on_cpu))
+        on_cpu = [i >= first for i in range(len(on_cpu))]
+    runs, run = [], []
+    for op, c in zip(list(g.ops), on_cpu):
+        if c and run:
+            runs.append(run)
+            run = []
+        elif not c:
+            run.append(op)
+    runs += [run] if run else []
+    for run in runs:
+        made = {{t for op in run for t in op.outputs}}
+        ins = [t for t in dict.fromkeys(t for op in run for t in op.inputs)
+               if t is not None and not t.is_constant and t not in made]
+        outs = [t for t in dict.fromkeys(t for op in run for t in op.outputs)
+                if g.is_graph_output(t) or any(c not in run for c in t.consumers)]
+        at = g.ops.index(run[0])
+        for op in run:
+            g.remove_op(op)
+        seg = g.add_op("CUSTOM", ins, outs, custom_code="edgetpu-custom-op")
+        g.ops.remove(seg)
+        g.ops.insert(at, seg)
+    return model
+
+
 twin = Path(os.environ.get("STANDIN_TWINS", "/nonexistent")) / f"{{src.stem}}_edgetpu.tflite"
-if twin.exists():
+if twin.exists() and not a.enable_multiple_subgraphs:
     data = twin.read_bytes()
-else:  # everything mapped: one custom op from the inputs to the outputs
-    def fresh(t):
-        return Tensor(t.name, t.shape, t.dtype, quantization=t.quantization)
-    ins, outs = [fresh(t) for t in cpu.main.inputs], [fresh(t) for t in cpu.main.outputs]
-    graph = Graph("main", tensors=[*ins, *outs], inputs=ins, outputs=outs)
-    graph.add_op("CUSTOM", ins, outs, custom_code="edgetpu-custom-op")
-    data = flatbuffer.to_bytes(Model([graph]))
+else:
+    data = flatbuffer.to_bytes(rule_compile(flatbuffer.load(src), a.enable_multiple_subgraphs))
 compiled = flatbuffer.from_bytes(data)
+segments = sum(1 for op in compiled.main.ops if op.custom_code == "edgetpu-custom-op")
 left = {{t.name for op in compiled.main.ops if op.custom_code != "edgetpu-custom-op"
          for t in op.outputs}}
-LIMITED = "Operation is otherwise supported, but not mapped due to some unspecified limitation"
-rows, first = [], True
+counts, first = {{}}, True  # one row per (op, status), as in real tables
 for op in cpu.main.ops:
-    name = op.custom_code or op.type
     if not all(t.name in left for t in op.outputs):
-        status = "Mapped to Edge TPU"
+        status = MAPPED
+    elif op.type in CPU_ONLY:
+        status, first = "Operation not supported", False
     elif first:
-        first = False
-        status = ("Operation not supported" if op.type in ("CUSTOM", "ARG_MAX") else LIMITED)
+        status, first = LIMITED, False
     else:
-        status = ("Operation not supported" if op.type in ("CUSTOM", "ARG_MAX") else
-                  "More than one subgraph is not supported")
-    if rows and rows[-1][0] == name and rows[-1][2] == status:
-        rows[-1][1] += 1
-    else:
-        rows.append([name, 1, status])
-on_tpu = sum(n for _, n, s in rows if s == "Mapped to Edge TPU")
+        status = "More than one subgraph is not supported"
+    counts[(op.type, status)] = counts.get((op.type, status), 0) + 1
+rows = [(op, n, s) for (op, s), n in counts.items()]
+on_tpu = sum(n for _, n, s in rows if s == MAPPED)
 names = [f"{{src.stem}}_edgetpu.tflite"]
 if a.num_segments > 1:
     names = [f"{{src.stem}}_segment_{{i}}_of_{{a.num_segments}}_edgetpu.tflite"
@@ -197,7 +232,7 @@ print("Output size: 0.61MiB")
 print("On-chip memory used for caching model parameters: 0.50MiB")
 print("On-chip memory remaining for caching model parameters: 7.25MiB")
 print("Off-chip memory used for streaming uncached model parameters: 0.00B")
-print("Number of Edge TPU subgraphs: 1")
+print(f"Number of Edge TPU subgraphs: {{segments}}")
 print(f"Total number of operations: {{len(cpu.main.ops)}}")
 print(f"Operation log: {{out / (src.stem + '_edgetpu.log')}}\\n")
 print(f"Number of operations that will run on Edge TPU: {{on_tpu}}")
@@ -283,3 +318,107 @@ def test_a_model_the_stand_in_maps_entirely(stand_in: Path) -> None:
     flatbuffer.save(Model([g]), path)
     result = compile_model(path, stand_in / "tiny_out")
     assert (result.prediction.mapped, result.log.mapped, result.actual.mapped) == (1, 1, 1)
+
+
+# -- several Edge TPU subgraphs (-a) and the per-op-type status table -----------------------------
+def _chain_with_a_custom_op(folder: Path) -> Path:
+    """uint8 x -> RELU -> CUSTOM "MyOp" -> RELU: one Edge TPU subgraph maps the first RELU only;
+    with -a both RELUs map, as two segments around the custom op."""
+    import numpy as np
+
+    from tflfuse import flatbuffer
+    from tflfuse.ir import Graph, Model, Quantization
+
+    qp = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    g = Graph("main")
+    x, a, b, y = (g.add_tensor(n, (1, 4, 4, 2), "UINT8", quantization=qp) for n in "xaby")
+    g.add_op("RELU", [x], [a])
+    g.add_op("CUSTOM", [a], [b], custom_code="MyOp")
+    g.add_op("RELU", [b], [y])
+    g.inputs, g.outputs = [x], [y]
+    path = folder / "chain.tflite"
+    flatbuffer.save(Model([g]), path)
+    return path
+
+
+def test_multiple_subgraphs_reach_the_compiler_and_segments_are_compared(stand_in: Path) -> None:
+    from dataclasses import replace
+
+    model = _chain_with_a_custom_op(stand_in)
+    one = compile_model(model, stand_in / "one")
+    assert "-a" not in (stand_in / "argv.txt").read_text().split()
+    assert (one.prediction.cpu_ops(), one.actual.cpu_ops()) == ([1, 2], [1, 2])
+    assert (one.predicted_segments, one.actual_segments) == (1, 1) and one.agrees()
+
+    several = compile_model(model, stand_in / "several", multiple_subgraphs=True)
+    assert "-a" in (stand_in / "argv.txt").read_text().split()
+    assert several.log.header["edgetpu_subgraphs"] == 2  # the console's count
+    assert several.truth.segments == 2  # edgetpu-custom-ops in the twin
+    assert (several.prediction.cpu_ops(), several.actual.cpu_ops()) == ([1], [1])
+    assert (several.predicted_segments, several.actual_segments) == (2, 2) and several.agrees()
+    assert STATUS["after_cut"] not in {s for _, _, s in several.log.rows}
+    # the same CPU ops but a different number of segments is a disagreement in this mode
+    merged = replace(several, prediction=replace(several.prediction, segments=1))
+    assert not merged.agrees()
+    # the one-subgraph prediction against the -a compile disagrees on the placement too
+    assert not replace(several, prediction=one.prediction).agrees()
+
+
+def test_status_table_names_ops_as_the_log_does_and_marks_differences(stand_in: Path) -> None:
+    from dataclasses import replace
+
+    model = _chain_with_a_custom_op(stand_in)
+    several = compile_model(model, stand_in / "several", multiple_subgraphs=True)
+    # the log lists the custom op as CUSTOM (as real logs do), the prediction calls it MyOp
+    assert ("CUSTOM", 1, STATUS["unsupported"]) in several.log.rows
+    assert several.actual.ops[1].status == STATUS["unsupported"]
+    assert several.status_agreement() == (3, 3)
+    rows = several.comparison()
+    assert ("CUSTOM", STATUS["unsupported"], 1, 1) in rows
+    assert ("RELU", STATUS["mapped"], 2, 2) in rows and len(rows) == 2
+    text = edgetpu_compiler.format_comparison(several)
+    assert "statuses: 3 of 3 logged ops have the predicted status" in text
+    assert "Edge TPU segments:  predicted 2, actual 2" in text and "*" not in text
+
+    wrong = replace(several, prediction=compile_model(model, stand_in / "one").prediction)
+    assert wrong.status_agreement() == (2, 3)
+    text = edgetpu_compiler.format_comparison(wrong)
+    starred = {ln.split()[1:4][0] for ln in text.splitlines() if ln.startswith("* ")}
+    assert starred == {"RELU"}
+    assert "prediction and compiler DISAGREE" in text
+
+
+def test_compile_cli_multiple_subgraphs(stand_in: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = _chain_with_a_custom_op(stand_in)
+    out = stand_in / "out"
+    args = ["compile", str(model), "--target", "edgetpu", "-o", str(out), "--multiple-subgraphs"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "-a (several Edge TPU subgraphs allowed)" in text
+    assert "mapped to Edge TPU: predicted 2, actual 2" in text
+    assert "prediction and compiler agree" in text
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["multiple_subgraphs"] is True
+    assert report["segments"] == {"predicted": 2, "actual": 2}
+    assert report["actual"]["segments"] == 2 and report["status_agreement"] == [3, 3]
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "via-tflfuse"])
+def test_compile_script_passes_multiple_subgraphs(stand_in: Path, direct: bool) -> None:
+    import subprocess
+
+    model = _chain_with_a_custom_op(stand_in)
+    script = Path(__file__).resolve().parents[1] / "device_scripts" / "compile_edgetpu.py"
+    out = stand_in / "script_out"
+    cmd = [sys.executable, str(script), str(model), "-o", str(out), "--multiple-subgraphs"]
+    proc = subprocess.run([*cmd, *(["--direct"] if direct else [])], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    argv = (stand_in / "argv.txt").read_text().split()
+    assert "-a" in argv and argv[-1] == str(model)
+    log = (out / "chain_compile.log").read_text()
+    if direct:  # the compiler's own console output
+        assert "Number of Edge TPU subgraphs: 2" in log
+    else:  # tflfuse compile's comparison
+        assert "Edge TPU segments:  predicted 2, actual 2" in log
+        assert "prediction and compiler agree" in log

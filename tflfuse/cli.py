@@ -425,6 +425,12 @@ def _add_compile(sub: Any) -> None:
     p.add_argument("-o", "--out-dir", help="where the compiled model and logs go (default: beside)")
     p.add_argument("--num-segments", type=int, metavar="N", help="split for N pipelined TPUs")
     p.add_argument("--search-delegate", action="store_true", help="compiler's delegate search")
+    p.add_argument(
+        "--multiple-subgraphs",
+        action="store_true",
+        help="let the compiler build several Edge TPU subgraphs (edgetpu_compiler -a)"
+        " and compare with that prediction",
+    )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=_run_compile)
 
@@ -437,6 +443,7 @@ def _run_compile(args: argparse.Namespace) -> int:
         Path(args.out_dir) if args.out_dir else None,
         num_segments=args.num_segments,
         search_delegate=args.search_delegate,
+        multiple_subgraphs=args.multiple_subgraphs,
     )
     if args.json:
         _emit_json(result.to_dict(), "-")
