@@ -42,6 +42,7 @@ class FuseActivationIntoProducer(Rule):
     """
 
     quantized_ok = True
+    int8_error_steps = 1  # one requantization instead of two
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any(*_ACTIVATION_OPS)(p.any(*_PRODUCERS)(..., out="y"))
@@ -140,6 +141,8 @@ class FoldBiasIntoProducer(Rule):
     fused activation moves to W.
     """
 
+    int8_error_steps = 0  # float-only
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("ADD", "SUB")(p.any(*common.WEIGHTED)(..., out="y"), p.const("c"))
 
@@ -160,6 +163,8 @@ class FoldScaleIntoProducer(Rule):
     W is CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED or TRANSPOSE_CONV (weights [O, ...];
     depthwise [1, kh, kw, O]). Float only. The MUL's fused activation moves to W.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MUL(p.any(*common.WEIGHTED)(..., out="y"), p.const("c"))

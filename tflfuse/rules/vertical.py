@@ -75,6 +75,8 @@ class FoldAffineIntoFollowing(Rule):
     zero); an ADD/SUB only when the reader pads nothing, otherwise the border would lack c.
     """
 
+    int8_error_steps = 0  # float-only
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MUL", "ADD", "SUB")(p.x, p.const("c"), out="y")
 
@@ -106,6 +108,8 @@ class MoveScaleThroughRelu(Rule):
     result is a conv/FC, so the MUL then folds into them (FoldAffineIntoFollowing): a
     pre-activation BatchNorm loses its MUL.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(p.MUL(p.x, p.const("s"), out="scaled"), p.const("b"), out="y")
@@ -171,6 +175,8 @@ class MoveScaleThroughMean(Rule):
     only when a conv/FC reads the mean, which then absorbs s (global pooling before a classifier).
     """
 
+    int8_error_steps = 0  # float-only
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MEAN(p.MUL(p.x, p.const("s"), out="scaled"), p.const("axes"), out="y")
 
@@ -208,6 +214,8 @@ class FoldBiasThroughAdd(Rule):
     into the conv/FC on the residual branch; the outer ADD's activation moves to the inner one.
     Exact up to the order of float additions.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(p.ADD(p.a, p.any(*common.WEIGHTED)(..., out="w"), out="sum"), p.const("c"))
@@ -250,6 +258,8 @@ class MergeLinearChain(Rule):
     Fires when the cost model says the merged op does no more multiply-adds per position
     (I*O <= I*M + M*O) — it always saves a kernel and the intermediate tensor.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("CONV_2D", "FULLY_CONNECTED")(
@@ -332,6 +342,8 @@ class FoldPadIntoConv(Rule):
     For MAX_POOL_2D only when x >= 0 (it follows a RELU): SAME max pool ignores the border,
     the PAD's zeros never win over non-negative values.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D")(
