@@ -127,7 +127,11 @@ def _add_optimize(sub: Any) -> None:
         "--explain", action="store_true", help="list rules fired and refusals with reasons"
     )
     _add_json_option(p, "REPORT", "report")
-    p.add_argument("--no-verify", action="store_true", help="skip the numeric check")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the numeric check (needed for models this host cannot run, e.g. custom ops)",
+    )
     p.add_argument("--in-place", action="store_true", help="allow OUTPUT to be the input file")
     p.set_defaults(func=_run_optimize)
 
@@ -180,6 +184,10 @@ def _run_optimize(args: argparse.Namespace) -> int:
     for rule, approx in result.result.approximations().items():
         bound = approx["error_bound"]
         print(f"  approximation: {rule} x{approx['count']} (|error| <= {bound:.2g} in all)")
+    for name, steps in v.get("tolerance", {}).get("int8_steps", {}).items():
+        if steps:
+            seen = v.get("outputs", {}).get(name, {}).get("max_abs", 0.0)
+            print(f"  int8 output {name!r}: allowed {steps} steps by the rules, {seen:.3g} seen")
     if args.explain:
         for rule, n in result.result.fired().items():
             print(f"  fired {rule} x{n}")
@@ -218,7 +226,11 @@ def _add_convert(sub: Any) -> None:
         "convert",
         help="Keras/SavedModel -> fused, quantized .tflite + unfused and stock baselines + report",
     )
-    p.add_argument("model", help=".keras or .h5 file, or a SavedModel folder")
+    p.add_argument(
+        "model",
+        help=".keras or .h5 file (checked for code before loading), or a SavedModel folder"
+        " (a TF graph that TensorFlow runs to load and convert it: code by nature, not checked)",
+    )
     p.add_argument(
         "--recipe",
         default="xnnpack-int8",
@@ -228,7 +240,17 @@ def _add_convert(sub: Any) -> None:
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and checks (default 0)")
     p.add_argument("--batch", type=int, default=1, help="size a dynamic batch is pinned to")
-    p.add_argument("--allow-lambda", action="store_true", help="load Lambda layers (trusted files)")
+    p.add_argument(
+        "--allow-lambda",
+        action="store_true",
+        help="load files that carry code (Lambda layers, custom objects; trusted files only)."
+        " A SavedModel folder is code by nature: convert only SavedModels you trust",
+    )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="write the fused model without the numeric check (models this host cannot run)",
+    )
     p.add_argument("--quant", choices=("int8", "float16", "dynamic", "none"), help="override mode")
     p.add_argument("--input-type", choices=("float32", "int8", "uint8"), help="override I/O type")
     p.add_argument("--output-type", choices=("float32", "int8", "uint8"), help="override I/O type")
@@ -269,6 +291,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch=args.batch,
         allow_lambda=args.allow_lambda,
+        verify=not args.no_verify,
         progress=not args.json,
         quiet=False,
         **{k: v for k, v in overrides.items() if v is not None},

@@ -312,6 +312,7 @@ def convert_keras(
     allow_lambda: bool = False,
     progress: bool = True,
     quiet: bool = True,
+    verify: bool = True,
     **overrides: Any,
 ) -> ConversionResult:
     """Convert `model` with `recipe` (name or .toml; `overrides` replace recipe fields) and write
@@ -349,7 +350,7 @@ def convert_keras(
             raise TflfuseError(
                 f"{len(calib[0])} calibration samples cannot fill one batch of {front.batch}"
             )
-        result = _convert(front, rec, calib, tmp, seed, progress, timings)
+        result = _convert(front, rec, calib, tmp, seed, progress, timings, verify)
         result["notices"] = front.notices
         result["timings_s"] = {k: round(v, 3) for k, v in timings.items()}
         result["timings_s"]["total"] = round(time.perf_counter() - started, 3)
@@ -404,6 +405,7 @@ def _convert(
     seed: int,
     progress: bool,
     timings: dict[str, float],
+    verify: bool = True,
 ) -> dict[str, Any]:
     tf = _tf()
     from tflfuse.optimize import optimize_bytes
@@ -420,7 +422,9 @@ def _convert(
     lap("convert_float", t0)  # Grappler, the converter and the signature
 
     t0 = time.perf_counter()
-    fused = optimize_bytes(float_data, level=rec.level, target=rec.target, source="converter")
+    fused = optimize_bytes(
+        float_data, level=rec.level, target=rec.target, source="converter", verify=verify
+    )
     fused_float = fused.data
     lap("fuse", t0)
 
@@ -466,7 +470,7 @@ def _convert(
             flatbuffer.to_bytes(qmodel),
             level=rec.level,
             target=rec.target,
-            verify=False,
+            verify=verify,
             source="converter-int8",
         )
         fused_q = Quantized(

@@ -1,8 +1,16 @@
 """`tflfuse optimize`: load a .tflite, run the target pipeline, verify, describe what happened.
 
-Verification runs the input and the output in the interpreter on the same seeded inputs. A result
-outside tolerance is an error (nothing is written); a model the interpreter cannot run on this host
-(e.g. an Edge TPU custom op) is reported as not verified, with the reason.
+Verification runs the input and the output in the interpreter on the same seeded inputs, and it
+can fail three ways, each an error that writes nothing:
+- the output does not run while the input does (a rewrite broke it): the rule is named, found
+  by re-running the pipeline without each fired rule in turn;
+- an output differs by more than its tolerance: float outputs by ATOL + RTOL |x| (plus the
+  declared bounds of approximations), int8 outputs by the sum of the `int8_error_steps` of the
+  rewrites on the paths to that output (`tflfuse.rewrite.int8_error_bounds`), so an output no
+  int8 rewrite reached must match exactly;
+- the input itself does not run on this host (custom ops the interpreter lacks): nothing can be
+  compared, and the model is written only when the caller asks for no verification
+  (`--no-verify`), which the report then says.
 """
 
 from __future__ import annotations
@@ -14,16 +22,17 @@ from tflfuse import flatbuffer
 from tflfuse.cost import cost_delta, model_cost
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model
-from tflfuse.rewrite import PassManager, PassResult
+from tflfuse.rewrite import PassManager, PassResult, int8_error_bounds
 from tflfuse.rules import pipeline
 from tflfuse.summary import activation_bytes
 
 ATOL = RTOL = 1e-5  # float outputs: |fused - input| <= ATOL + RTOL * |input|
 PROPAGATION = 10.0  # allowance for an approximation's error growing through later layers
+NOT_VERIFIED = "--no-verify: written without the numeric check"
 
 
 class VerificationError(TflfuseError):
-    """The optimized model does not compute the same function as its input."""
+    """The optimized model does not compute the same function as its input (or does not run)."""
 
 
 @dataclass
@@ -54,6 +63,14 @@ def _totals(model: Model) -> dict[str, Any]:
     }
 
 
+def _run_pipeline(
+    data: bytes, level: int, target: str, disabled: tuple[str, ...], source: str
+) -> tuple[Model, PassResult, bytes]:
+    model = flatbuffer.from_bytes(data, source)
+    result = PassManager(pipeline(level, target), disabled=disabled).run(model)
+    return model, result, flatbuffer.to_bytes(model)
+
+
 def optimize_bytes(
     data: bytes,
     *,
@@ -63,38 +80,102 @@ def optimize_bytes(
     verify: bool = True,
     source: str = "<bytes>",
 ) -> OptimizeResult:
-    """Optimize a .tflite given as bytes; raises VerificationError if the function changed."""
-    model = flatbuffer.from_bytes(data, source)
-    before = _totals(model)
-    result = PassManager(pipeline(level, target), disabled=disabled).run(model)
-    out = flatbuffer.to_bytes(model)
-    # Quantized outputs: every rewrite may round differently by one step (e.g. PRELU vs the
-    # LEAKY_RELU kernel), so the budget is one step per rewrite applied, plus one.
-    int_atol = 1 + len(result.events)
-    # An approximation's error can grow through the layers after it: allow PROPAGATION times
-    # the summed per-op bounds on top of the float tolerance (0 when every rewrite is exact).
-    atol = ATOL + PROPAGATION * sum(e.error for e in result.events)
-    verification = _verify(data, out, verify and level > 0, atol, int_atol)
-    if verification.get("ok") is False:
-        raise VerificationError(
-            f"verification failed: max abs error {verification['max_abs']:.3g} "
-            f"(rules fired: {', '.join(result.fired()) or 'none'}); nothing written"
-        )
+    """Optimize a .tflite given as bytes; raises VerificationError if the function changed or
+    the result does not run, TflfuseError if the input cannot be verified here and `verify`."""
+    before = _totals(flatbuffer.from_bytes(data, source))
+    model, result, out = _run_pipeline(data, level, target, disabled, source)
+    if not verify:
+        verification: dict[str, Any] = {"verified": False, "reason": NOT_VERIFIED}
+    elif level <= 0:
+        verification = {"verified": False, "reason": "level 0 rewrites nothing"}
+    else:
+        failure, verification = _verify(data, out, model, result)
+        if failure is not None:
+            culprit = _blame(data, level, target, disabled, source, result)
+            raise VerificationError(f"{source}: {failure}{culprit}; nothing written")
     return OptimizeResult(out, model, result, before, _totals(model), verification)
 
 
-def _verify(
-    reference: bytes, candidate: bytes, enabled: bool, atol: float, int_atol: int
-) -> dict[str, Any]:
-    if not enabled:
-        return {"verified": False, "reason": "not requested"}
-    if reference == candidate:
-        return {"verified": True, "ok": True, "identical_bytes": True}
-    from tflfuse.verify import compare
+def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, Any]]:
+    """(float atol for every output, {output name: OutputTolerance}) for a pipeline's result.
 
+    An approximation's error can grow through the layers after it: PROPAGATION times the summed
+    per-op bounds on top of ATOL (0 when every rewrite is exact). Int8 outputs get their path
+    bound in steps; a float output computed by DEQUANTIZE of an int8 tensor gets those steps
+    times that tensor's scale.
+    """
+    from tflfuse.verify import OutputTolerance
+
+    atol = ATOL + PROPAGATION * sum(e.error for e in result.events)
+    bounds = int8_error_bounds(model, result)
+    per_output = {}
+    for t in model.main.outputs:
+        steps = bounds.get(t.name, 0)
+        extra = 0.0
+        producer = t.producer
+        if producer is not None and producer.type == "DEQUANTIZE":
+            q = producer.inputs[0].quantization
+            if q is not None and q.scale is not None and len(q.scale):
+                extra = steps * float(max(q.scale))
+        per_output[t.name] = OutputTolerance(steps, extra)
+    return atol, per_output
+
+
+def _verify(
+    reference: bytes, candidate: bytes, model: Model, result: PassResult
+) -> tuple[str | None, dict[str, Any]]:
+    """(why the candidate fails or None, the verification record)."""
+    if reference == candidate:
+        return None, {"verified": True, "ok": True, "identical_bytes": True}
+    from tflfuse.verify import CandidateFailedError, UnverifiableError, compare
+
+    atol, per_output = tolerances(model, result)
     try:
-        agreement = compare(reference, candidate, atol=atol, rtol=RTOL, int_atol=int_atol)
-    except TflfuseError as exc:
-        return {"verified": False, "reason": str(exc)}
-    tolerance = {"atol": atol, "rtol": RTOL, "int_steps": int_atol}
-    return {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
+        agreement = compare(reference, candidate, atol=atol, rtol=RTOL, per_output=per_output)
+    except UnverifiableError as exc:
+        raise TflfuseError(
+            f"cannot verify the result on this host ({exc}); pass --no-verify to write it"
+            " unverified"
+        ) from None
+    except CandidateFailedError as exc:
+        return f"verification failed: the optimized model does not run ({exc})", {}
+    tolerance = {
+        "atol": atol,
+        "rtol": RTOL,
+        "int8_steps": {name: tol.int_steps for name, tol in per_output.items()},
+    }
+    record = {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
+    if agreement.ok:
+        return None, record
+    bad = agreement.failed_outputs() or list(agreement.outputs)[:1] or ["?"]
+    detail = agreement.outputs.get(bad[0], {})
+    allowed = detail.get("allowed_steps", detail.get("allowed_atol", atol))
+    worst = detail.get("max_abs", float("inf"))
+    return (
+        f"verification failed: output {bad[0]!r} differs by {worst:.3g} (allowed {allowed:.3g})",
+        record,
+    )
+
+
+def _blame(
+    data: bytes,
+    level: int,
+    target: str,
+    disabled: tuple[str, ...],
+    source: str,
+    result: PassResult,
+) -> str:
+    """' (rule R: ...)' naming the first fired rule without which the pipeline's result passes
+    verification, or the list of rules fired when no single one is to blame."""
+    fired = list(result.fired())
+    for rule in fired[:16]:
+        model, trial, out = _run_pipeline(data, level, target, (*disabled, rule), source)
+        try:
+            failure, _ = _verify(data, out, model, trial)
+        except TflfuseError:
+            continue
+        if failure is None:
+            where = [e.where for e in result.events if e.rule == rule][:3]
+            at = f" at {', '.join(repr(w) for w in where)}" if where else ""
+            return f" (rule {rule}{at}: the result passes without it; --disable {rule})"
+    return f" (rules fired: {', '.join(fired) or 'none'})"

@@ -120,7 +120,10 @@ class LegalizeLeakyRelu(Rule):
         at = _take_out(g, op)
         if _kind(x) == "int":
             top, np_type = (127, np.int8) if x.dtype == "INT8" else (255, np.uint8)
-            values = np.full((1, 1, x.shape[-1]), top, np_type)
+            # alpha broadcasts to x exactly: (1, 1, C) for NHWC, (C,) for (N, C); the kernel
+            # refuses an alpha of higher rank than x
+            alpha_shape = (*[1] * max(len(x.shape) - 2, 0), x.shape[-1])
+            values = np.full(alpha_shape, top, np_type)
             slope = g.add_constant(f"{out.name}/alpha", values, x.dtype, _quant(alpha / top, 0))
             g.add_op("PRELU", [x, slope], [out], before=at)
             return
