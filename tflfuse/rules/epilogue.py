@@ -75,6 +75,7 @@ class FuseActivationIntoProducer(Rule):
         m.graph.remove_op(act)
         producer.outputs = [out]
         producer.fused_activation = act.type
+        common.fit_version(producer)
 
 
 _CLAMP_RANGE = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
@@ -132,6 +133,7 @@ def _adopt(m: Match) -> None:
     m.graph.remove_op(root)
     producer.outputs = [out]
     producer.fused_activation = act
+    common.fit_version(producer)
 
 
 class FoldBiasIntoProducer(Rule):
