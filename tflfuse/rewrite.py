@@ -215,6 +215,12 @@ class Rule:
         it; the pass manager records it with the event and verification allows for it."""
         return 0.0
 
+    def int8_error(self, m: Match) -> int:
+        """Steps one application may move the int8 tensor it writes: `int8_error_steps`, unless
+        a rule whose error depends on the match (a requantization between two scales) says
+        more for this one; the pass manager records it with the event."""
+        return _declared_steps(self)
+
     @property
     def name(self) -> str:
         return type(self).__name__
@@ -397,7 +403,9 @@ class PassManager:
                 where = op.name
                 error = self._guarded(rule, op, "error bound", rule.error_bound, m)
                 quantized = any(touches_quantized(o) for o in m.ops) or touches_quantized(op)
-                steps = _declared_steps(rule) if quantized else 0
+                steps = (
+                    self._guarded(rule, op, "int8 error", rule.int8_error, m) if quantized else 0
+                )
                 sites = tuple(t.name for t in op.outputs)
                 self._guarded(rule, op, "rewrite", rule.rewrite, m)
                 result.events.append(RewriteEvent(rule.name, index, where, error, steps, sites))
