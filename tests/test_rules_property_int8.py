@@ -8,7 +8,13 @@ stock converter would (per-tensor activations from the observed ranges, per-chan
 depthwise weights, int32 biases, pools and data movement keep their input's parameters). The
 int8 graph is then optimized for each target by `optimize_bytes`, whose verification fails if
 the result does not run or an output moves by more than the steps the fired rules declare on
-the paths to it (`tflfuse.rewrite.int8_error_bounds`).
+the paths to it (`tflfuse.rewrite.int8_error_bounds`). 300 graphs, about 10 s.
+
+What it found while it was built: MeanToAveragePool declared 2 steps but moved a 3x3 mean by 5
+(the pool rounds at the input's coarser scale), FuseActivationIntoProducer declared 1 but moved
+an FC -> RELU by 8 (same reason): both now declare their error per match from the scale ratio;
+and summing steps along a path without the ops' gains was exceeded by LEAKY_RELU -> FC ->
+LEAKY_RELU (4 steps seen, 3 allowed): the bound now carries errors through each op's gain.
 """
 
 from __future__ import annotations

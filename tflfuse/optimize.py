@@ -100,9 +100,9 @@ def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, Any]]
     """(float atol for every output, {output name: OutputTolerance}) for a pipeline's result.
 
     An approximation's error can grow through the layers after it: PROPAGATION times the summed
-    per-op bounds on top of ATOL (0 when every rewrite is exact). Int8 outputs get their path
-    bound in steps; a float output computed by DEQUANTIZE of an int8 tensor gets those steps
-    times that tensor's scale.
+    per-op bounds on top of ATOL (0 when every rewrite is exact). Int8 outputs get the bound of
+    `int8_error_bounds` in steps; a float output of an int8 graph (after DEQUANTIZE) gets its
+    real-valued bound on top of the atol.
     """
     from tflfuse.verify import OutputTolerance
 
@@ -110,14 +110,11 @@ def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, Any]]
     bounds = int8_error_bounds(model, result)
     per_output = {}
     for t in model.main.outputs:
-        steps = bounds.get(t.name, 0)
-        extra = 0.0
-        producer = t.producer
-        if producer is not None and producer.type == "DEQUANTIZE":
-            q = producer.inputs[0].quantization
-            if q is not None and q.scale is not None and len(q.scale):
-                extra = steps * float(max(q.scale))
-        per_output[t.name] = OutputTolerance(steps, extra)
+        bound = bounds.get(t.name, 0.0)
+        if t.dtype in ("FLOAT32", "FLOAT16"):
+            per_output[t.name] = OutputTolerance(0, bound)
+        else:
+            per_output[t.name] = OutputTolerance(int(bound), 0.0)
     return atol, per_output
 
 

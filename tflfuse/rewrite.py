@@ -474,47 +474,17 @@ def _rule_failed(rule: Rule, op: Op, stage: str, exc: Exception) -> RewriteError
     )
 
 
-def int8_error_bounds(model: Model, result: PassResult) -> dict[str, int]:
-    """The int8 error each output of the main subgraph may carry, in its own quantization steps.
+def int8_error_bounds(model: Model, result: PassResult) -> dict[str, float]:
+    """The error each output of the main subgraph may carry after the rewrites in `result`:
+    quantization steps for int8 outputs, real units for float outputs of an int8 graph.
 
-    The rule: an output's bound is the sum of `int8_steps` over the rewrite events that lie on
-    some path from the inputs to it, i.e. whose site tensor (a tensor the rewritten op wrote)
-    is still in the graph and is that output or one of its ancestors. An event whose sites are
-    all gone from the final graph (a later rewrite removed them), and every event in another
-    subgraph (a WHILE body, say), counts for every output. The bound assumes an error of k
-    steps in one tensor reaches a later tensor as at most k of that tensor's steps (true of
-    requantizing ops whose output scale is at least their gain times the input scale, which
-    calibration gives; not a theorem): it is a tolerance that can fail, not a proof.
+    The declared steps of every rewrite are carried from the tensor it wrote along the paths to
+    each output, worst case (see `tflfuse.int8_error` for the exact rule); an output no int8
+    rewrite reaches gets 0 and must match exactly.
     """
-    graph = model.main
-    names = {t.name for t in graph.tensors}
-    index = next((i for i, g in enumerate(model.subgraphs) if g is graph), 0)
-    bounds: dict[str, int] = {}
-    for out in graph.outputs:
-        upstream = _ancestor_names(out)
-        total = 0
-        for e in result.events:
-            if e.int8_steps <= 0:
-                continue
-            here = e.subgraph == index and any(s in names for s in e.sites)
-            if not here or any(s in upstream for s in e.sites):
-                total += e.int8_steps
-        bounds[out.name] = total
-    return bounds
+    from tflfuse.int8_error import output_bounds
 
-
-def _ancestor_names(t: Tensor) -> set[str]:
-    """Names of `t` and every tensor it is computed from (through producers)."""
-    seen: set[str] = set()
-    stack = [t]
-    while stack:
-        cur = stack.pop()
-        if cur is None or cur.name in seen:
-            continue
-        seen.add(cur.name)
-        if cur.producer is not None:
-            stack.extend(cur.producer.inputs)
-    return seen
+    return output_bounds(model, result.events)
 
 
 # -- the passes every pipeline ends with -------------------------------------------------------

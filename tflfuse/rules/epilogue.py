@@ -52,9 +52,16 @@ class FuseActivationIntoProducer(Rule):
         with a coarser scale than the activation differ by more than one step (the int8 property
         test found 8 for an FC whose range was 16x wider than the RELU's)."""
         y, z = m.y, m.root.output
-        if not (y.is_quantized and z.is_quantized):
+        if not (y.is_quantized and z.is_quantized) or y.np_dtype is None:
             return 0
         ratio = float(y.quantization.scale[0]) / float(z.quantization.scale[0])
+        if abs(ratio - 1.0) < 1e-6:
+            # same scale: the RELU's requantization is exact, so fusing changes nothing unless
+            # y saturates inside the activation's range (the check allows one step of that)
+            (y_lo, y_hi), (z_lo, z_hi) = _real_range(y), _real_range(z)
+            lo, hi = _CLAMP_RANGE.get(m.root.type, (-np.inf, np.inf))
+            covered = y_lo <= max(lo, z_lo) and y_hi >= min(hi, z_hi)
+            return 0 if covered else 1
         return max(self.int8_error_steps, math.floor(ratio / 2 + 1))
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
@@ -92,6 +99,14 @@ class FuseActivationIntoProducer(Rule):
 
 
 _CLAMP_RANGE = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
+
+
+def _real_range(t: Tensor) -> tuple[float, float]:
+    """The real values a per-tensor quantized tensor can hold."""
+    info = np.iinfo(t.np_dtype)
+    q = t.quantization
+    scale, zero = float(q.scale[0]), int(q.zero_point[0]) if q.zero_point is not None else 0
+    return scale * (info.min - zero), scale * (info.max - zero)
 
 
 def _saturation_refusal(producer: str, y: Tensor, act: Op) -> Refusal | None:
