@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import ORACLE, needs_oracle
 from irgraphs import conv, model_of, to_bytes, unary
 
 from tflfuse import cli, flatbuffer
@@ -75,3 +76,19 @@ def test_a_fused_model_that_runs_is_verified_and_written() -> None:
     result = optimize_bytes(data)
     assert result.verification["verified"] and result.verification["ok"]
     assert [op.type for op in flatbuffer.from_bytes(result.data).main.ops] == ["CONV_2D"]
+
+
+@needs_oracle()
+def test_re_fused_mobilenet_v1_int8_is_held_to_zero_steps() -> None:
+    """Issue 11: 27 re-fusions of conv -> RELU6 were allowed 1 + 27 = 28 steps (about 11% of
+    the range) where the real difference is 0. Same-scale fusions declare 0 steps, so the
+    output must now match bit for bit."""
+    from tflfuse.rewrite import PassManager
+    from tflfuse.rules.defuse import Defuse
+
+    model = flatbuffer.load(ORACLE / "mobilenet_v1_0.25_128_quant.tflite")
+    PassManager([Defuse()]).run(model)
+    result = optimize_bytes(flatbuffer.to_bytes(model), target="xnnpack")
+    assert result.result.fired() == {"FuseActivationIntoProducer": 27}
+    v = result.verification
+    assert v["ok"] and v["varies"] and set(v["tolerance"]["int8_steps"].values()) == {0}, v
