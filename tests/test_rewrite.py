@@ -467,3 +467,35 @@ def test_every_pipeline_rule_declares_its_int8_error() -> None:
         and not any("int8_error_steps" in vars(c) for c in type(p).__mro__ if c is not Rule)
     }
     assert undeclared == set()
+
+
+class FoldsTanhOfRelu(Rule):
+    """TANH(RELU(x)) => TANH(x) (wrong, but only the engine's check matters here); no check of
+    its own that the RELU output has no other readers."""
+
+    int8_error_steps = 0
+
+    def pattern(self, pb: PatternBuilder):
+        return pb.TANH(pb.RELU(pb.x, out="r"))
+
+    def rewrite(self, m) -> None:
+        m.root.set_input(0, m.x)
+
+
+@pytest.mark.parametrize(
+    "shared, reason",
+    [
+        ("reader", "RELU output is also read by another op"),
+        ("output", "RELU output is also a model output"),
+    ],
+)
+def test_the_engine_refuses_matches_whose_inner_ops_are_read_outside(shared, reason) -> None:
+    g = Graph()
+    x = g.add_tensor("x", (1, 4))
+    r = unary(g, "RELU", x)
+    t = unary(g, "TANH", r.output)
+    other = r.output if shared == "output" else unary(g, "EXP", r.output).output
+    m = model_of(g, [x], [t.output, other])
+    result = PassManager([FoldsTanhOfRelu()]).run(m)
+    assert [r.reason for r in result.refusals] == [reason]
+    assert not result.events

@@ -208,6 +208,11 @@ class Rule:
 
     quantized_ok: ClassVar[bool] = False
     int8_error_steps: ClassVar[int | None] = None
+    # The engine refuses a match whose inner ops (all but the root) write a tensor that an op
+    # outside the match reads or that is a model output: rewriting them would change what those
+    # readers see. A rule whose rewrite leaves the inner ops in place for such readers (it only
+    # stops reading them) sets this.
+    inner_ops_may_be_shared: ClassVar[bool] = False
 
     def error_bound(self, m: Match) -> float:
         """The absolute error one application may add to its output: 0 for an exact rewrite.
@@ -393,6 +398,8 @@ class PassManager:
                     reason: Refusal | None = refuse(FLOAT_ONLY)
                 else:
                     reason = self._guarded(rule, op, "check", rule.check, m)
+                    if reason is None and not rule.inner_ops_may_be_shared:
+                        reason = shared_inner_op(m)
                 if reason is not None:
                     refusals[(rule.name, op.name, reason)] = RefusalEvent(
                         rule.name, index, op.name, str(reason), getattr(reason, "quiet", False)
@@ -456,6 +463,21 @@ class PassManager:
             raise RewriteError(
                 f"{name} left subgraph {graph.name!r} invalid: {exc}", rule=name
             ) from exc
+
+
+def shared_inner_op(m: Match) -> Refusal | None:
+    """A refusal when an inner op of the match (any but the root) writes a tensor read outside
+    the match or a model output: the one check every multi-op rule needs, made once here."""
+    inside = {id(o) for o in m.ops}
+    for inner in m.ops:
+        if inner is m.root:
+            continue
+        for t in inner.outputs:
+            if m.graph.is_graph_output(t):
+                return refuse(f"{inner.type} output is also a model output")
+            if any(id(c) not in inside for c in t.consumers):
+                return refuse(f"{inner.type} output is also read by another op")
+    return None
 
 
 def _declared_steps(rule: Rule) -> int:

@@ -180,6 +180,7 @@ class CancelQuantizeDequantize(Rule):
 
     quantized_ok = True
     int8_error_steps = 0  # same type and scale: the values are unchanged
+    inner_ops_may_be_shared = True  # the DEQUANTIZE stays for its other readers
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.QUANTIZE(p.DEQUANTIZE(p.q, out="real"), out="y")

@@ -75,10 +75,6 @@ class FuseActivationIntoProducer(Rule):
             return refuse(
                 f"{producer.type} already has fused activation {producer.fused_activation}"
             )
-        if len(m.y.consumers) > 1:
-            return refuse(f"{producer.type} output is also read by another op")
-        if m.graph.is_graph_output(m.y):
-            return refuse(f"{producer.type} output is also a model output")
         if m.y.dtype != act.output.dtype:
             return refuse("activation changes the tensor type")
         if (

@@ -360,6 +360,7 @@ class FoldPadIntoConv(Rule):
     """
 
     int8_error_steps = 0  # float-only
+    inner_ops_may_be_shared = True  # the PAD stays for its other readers
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D")(
