@@ -139,6 +139,7 @@ def _add_optimize(sub: Any) -> None:
 def _run_optimize(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer
     from tflfuse.optimize import optimize_bytes
+    from tflfuse.rewrite import FLOAT_ONLY
     from tflfuse.rules import all_rule_names
 
     src, dst = Path(args.model), Path(args.output)
@@ -191,8 +192,14 @@ def _run_optimize(args: argparse.Namespace) -> int:
     if args.explain:
         for rule, n in result.result.fired().items():
             print(f"  fired {rule} x{n}")
+        float_only: dict[str, int] = {}
         for r in result.result.refusals:
+            if r.reason == FLOAT_ONLY:  # one line per rule, not one per int8 op
+                float_only[r.rule] = float_only.get(r.rule, 0) + 1
+                continue
             print(f"  refused {r.rule} at {r.where!r}: {r.reason}")
+        for rule, n in float_only.items():
+            print(f"  refused {rule} at {n} op{'s' if n > 1 else ''}: {FLOAT_ONLY}")
     return 0
 
 

@@ -131,10 +131,15 @@ def _weight_gain(op: Op) -> float:
     return float(np.abs(w.reshape(w.shape[0], -1)).sum(axis=1).max())
 
 
+def _times(gain: float, error: float) -> float:
+    """gain * error, with an unperturbed input (error 0) contributing 0 even for gain inf."""
+    return 0.0 if error == 0 else gain * error
+
+
 def _propagated(op: Op, errors: Sequence[float]) -> float:
     """The real-valued error of op's outputs from its inputs' errors (before its own rounding)."""
     t = op.type
-    data = [e for e in errors]
+    data = list(errors)
     if t in _MOVES:
         return max(data)
     if t in ("ADD", "SUB"):
@@ -144,17 +149,17 @@ def _propagated(op: Op, errors: Sequence[float]) -> float:
     if t in _GAIN:
         return _GAIN[t] * max(data)
     if t in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"):
-        return _weight_gain(op) * data[0] if data[0] else 0.0
+        return _times(_weight_gain(op), data[0])
     if t == "TRANSPOSE_CONV":
-        return _weight_gain(op) * data[2] if len(data) > 2 and data[2] else 0.0
+        return _times(_weight_gain(op), data[2]) if len(data) > 2 else math.inf
     if t == "MUL" and len(data) == 2:
         a, b = op.inputs
-        return _magnitude(b) * data[0] + _magnitude(a) * data[1] + data[0] * data[1]
+        return _times(_magnitude(b), data[0]) + _times(_magnitude(a), data[1]) + data[0] * data[1]
     if t == "LEAKY_RELU":
-        return max(1.0, abs(float(op.options.get("alpha", 0.2)))) * data[0]
-    if t == "PRELU":
+        return _times(max(1.0, abs(float(op.options.get("alpha", 0.2)))), data[0])
+    if t == "PRELU" and len(data) == 2:
         alpha = _magnitude(op.inputs[1])
-        return max(1.0, alpha) * data[0] + _magnitude(op.inputs[0]) * data[1]
+        return _times(max(1.0, alpha), data[0]) + _times(_magnitude(op.inputs[0]), data[1])
     return math.inf
 
 
@@ -227,6 +232,6 @@ def output_bounds(model: Model, events: Sequence) -> dict[str, float]:
         if out.dtype in ("FLOAT32", "FLOAT16") or s is None:
             bounds[out.name] = e  # a real-valued output (e.g. DEQUANTIZE): an atol
             continue
-        steps = MAX_STEPS if math.isinf(e) else math.ceil(e / s - 1e-9)
+        steps = MAX_STEPS if not math.isfinite(e) else math.ceil(e / s - 1e-9)
         bounds[out.name] = float(min(MAX_STEPS, steps + everywhere))
     return bounds
