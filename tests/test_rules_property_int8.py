@@ -5,10 +5,11 @@ Hypothesis draws a float graph (conv, depthwise, FC, LEAKY_RELU, PRELU, max/aver
 MEAN, ADD/MUL with constants or a second branch, RELU/RELU6, reshapes between ranks), calibrates
 it by running it in the interpreter with every tensor as an output, and quantizes it the way the
 stock converter would (per-tensor activations from the observed ranges, per-channel conv and
-depthwise weights, int32 biases, pools and data movement keep their input's parameters). The
-int8 graph is then optimized for each target by `optimize_bytes`, whose verification fails if
-the result does not run or an output moves by more than the steps the fired rules declare on
-the paths to it (`tflfuse.rewrite.int8_error_bounds`). 300 graphs, about 10 s.
+depthwise weights, int32 biases, pools and data movement keep their input's parameters), with
+int8 or float inputs and outputs. The int8 graph is then optimized for each target by
+`optimize_bytes`, whose verification fails if the result does not run or an output moves by
+more than the steps the fired rules declare on the paths to it
+(`tflfuse.rewrite.int8_error_bounds`). 300 graphs, 4 targets each, about 10-15 s.
 
 What it found while it was built: MeanToAveragePool declared 2 steps but moved a 3x3 mean by 5
 (the pool rounds at the input's coarser scale), FuseActivationIntoProducer declared 1 but moved
@@ -249,15 +250,22 @@ def quantize_constant(value: np.ndarray, axis: int | None) -> tuple[np.ndarray, 
     return q, Quantization(scale, np.zeros(scale.size, np.int64), axis=axis)
 
 
-def quantize_graph(graph: Graph, ranges: dict[str, tuple[float, float]]) -> bytes:
-    """The int8 twin of a float graph (int8 inputs and outputs)."""
+def quantize_graph(
+    graph: Graph, ranges: dict[str, tuple[float, float]], float_io: bool = False
+) -> bytes:
+    """The int8 twin of a float graph: int8 inputs and outputs, or float ones with a QUANTIZE
+    after each input and a DEQUANTIZE before each output (the converter's two forms)."""
     q = Graph("main")
     tensors: dict[int, Tensor] = {}
     for t in graph.inputs:
-        tensors[id(t)] = q.add_tensor(
-            t.name, t.shape, "INT8", quantization=Quantization(np.array([INPUT_SCALE]), np.zeros(1))
-        )
-        q.inputs.append(tensors[id(t)])
+        quant = Quantization(np.array([INPUT_SCALE]), np.zeros(1))
+        tensors[id(t)] = q.add_tensor(t.name, t.shape, "INT8", quantization=quant)
+        if float_io:
+            real = q.add_tensor(t.name + "_float", t.shape)
+            q.add_op("QUANTIZE", [real], [tensors[id(t)]])
+            q.inputs.append(real)
+        else:
+            q.inputs.append(tensors[id(t)])
     for op in graph.ops:
         inputs = [_quantized_input(q, op, i, t, tensors) for i, t in enumerate(op.inputs)]
         outputs = []
@@ -270,6 +278,12 @@ def quantize_graph(graph: Graph, ranges: dict[str, tuple[float, float]]) -> byte
             outputs.append(tensors[id(t)])
         q.add_op(op.type, inputs, outputs, dict(op.options))
     q.outputs = [tensors[id(t)] for t in graph.outputs]
+    if float_io:
+        reals = []
+        for t in q.outputs:
+            reals.append(q.add_tensor(t.name + "_float", t.shape))
+            q.add_op("DEQUANTIZE", [t], [reals[-1]])
+        q.outputs = reals
     q.validate()
     return flatbuffer.to_bytes(Model([q]))
 
@@ -302,7 +316,7 @@ def test_every_target_pipeline_keeps_random_int8_graphs_running_and_within_toler
     data, seed: int
 ) -> None:
     graph = RandomInt8Net(data, seed).build()
-    int8 = quantize_graph(graph, observed_ranges(graph))
+    int8 = quantize_graph(graph, observed_ranges(graph), data.draw(st.booleans(), "float_io"))
     make_interpreter(int8, delegate="none")  # the generator's own graph must run
     for target in TARGETS:
         result = optimize_bytes(int8, target=target)  # raises when it breaks or drifts
