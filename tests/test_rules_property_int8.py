@@ -2,13 +2,13 @@
 and stays within its declared int8 tolerance (issue 11).
 
 Hypothesis draws a float graph (conv, depthwise, FC, LEAKY_RELU, PRELU, max/average pools,
-MEAN, ADD/MUL with constants or a second branch, RELU/RELU6, reshapes between ranks), calibrates
-it by running it in the interpreter with every tensor as an output, and quantizes it the way the
-stock converter would (per-tensor activations from the observed ranges, per-channel conv and
-depthwise weights, int32 biases, pools and data movement keep their input's parameters), with
-int8 or float inputs and outputs. The int8 graph is then optimized for each target by
-`optimize_bytes`, whose verification fails if the result does not run or an output moves by
-more than the steps the fired rules declare on the paths to it
+MEAN, ADD/MUL with constants or a second branch, RELU/RELU6, HARD_SWISH, reshapes between
+ranks), calibrates it by running it in the interpreter with every tensor as an output, and
+quantizes it the way the stock converter would (per-tensor activations from the observed
+ranges, per-channel conv and depthwise weights, int32 biases, pools and data movement keep
+their input's parameters), with int8 or float inputs and outputs. The int8 graph is then
+optimized for each target by `optimize_bytes`, whose verification fails if the result does not
+run or an output moves by more than the steps the fired rules declare on the paths to it
 (`tflfuse.rewrite.int8_error_bounds`). 300 graphs, 4 targets each, about 10-15 s.
 
 What it found while it was built: MeanToAveragePool declared 2 steps but moved a 3x3 mean by 5
@@ -164,6 +164,10 @@ class RandomInt8Net:
     def activation(self) -> None:
         self.x = self.g.unary(self.draw(st.sampled_from(["RELU", "RELU6"]), "a"), self.x)
 
+    def hard_swish(self) -> None:
+        scaled = self.g.binary("MUL", self.x, self.g.const(np.float32(4.0), "four"))
+        self.x = self.g.unary("HARD_SWISH", scaled)  # reach past +-3
+
     def reshape(self) -> None:
         """Flatten to rank 2, or lift a rank-2 tensor to NHWC (1, 1, 1, C)."""
         size = int(np.prod(self.x.shape))
@@ -191,6 +195,7 @@ class RandomInt8Net:
         "binary",
         "binary",
         "activation",
+        "hard_swish",
         "reshape",
         "branch_out",
     )
