@@ -499,3 +499,23 @@ def test_the_engine_refuses_matches_whose_inner_ops_are_read_outside(shared, rea
     result = PassManager([FoldsTanhOfRelu()]).run(m)
     assert [r.reason for r in result.refusals] == [reason]
     assert not result.events
+
+
+def test_int8_error_grows_through_an_fc_by_its_weights_and_one_rounding() -> None:
+    """1 step at the ADD (scale 0.05) reaches the FC output (scale 0.05) as at most
+    1.5 (the largest row sum of |W|) x 1 step + 1 step of the FC's own rounding: 3 steps."""
+    from tflfuse.rewrite import int8_error_bounds
+
+    m = int8_add_branches(1)
+    g = m.main
+    s = g.outputs[0]
+    rows = np.zeros((2, 8), np.int8)
+    rows[0, :2], rows[1, :2] = (100, -50), (20, 20)  # real rows [1, -0.5], [0.2, 0.2]
+    w = g.add_constant("w", rows, "INT8", q8(0.01))
+    b = g.add_constant("b", np.zeros(2, np.int32), "INT32", q8(0.0005))
+    y = g.add_tensor("fc", (1, 2), "INT8", quantization=q8(0.05))
+    g.add_op("FULLY_CONNECTED", [s, w, b], [y], {"fused_activation_function": "NONE"})
+    g.outputs = [y, *g.outputs[1:]]
+    result = PassManager([NudgesInt8Add()]).run(m)
+    assert result.fired() == {"NudgesInt8Add": 1}
+    assert int8_error_bounds(m, result) == {"fc": 3, "relu": 0}
