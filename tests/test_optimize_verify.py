@@ -92,3 +92,32 @@ def test_re_fused_mobilenet_v1_int8_is_held_to_zero_steps() -> None:
     assert result.result.fired() == {"FuseActivationIntoProducer": 27}
     v = result.verification
     assert v["ok"] and v["varies"] and set(v["tolerance"]["int8_steps"].values()) == {0}, v
+
+
+def test_cli_refuses_to_write_a_result_the_interpreter_rejects(tmp_path, monkeypatch, capsys):
+    """The repro through the command line, with the old (1, 1, C) PRELU alpha put back."""
+    from tflfuse import optimize
+    from tflfuse.rewrite import DeadCodeElimination
+    from tflfuse.rules.edgetpu import LegalizeLeakyRelu
+
+    class OldLegalizeLeakyRelu(LegalizeLeakyRelu):
+        def rewrite(self, m) -> None:
+            super().rewrite(m)
+            prelu = m.graph.ops[-1]
+            alpha = prelu.inputs[1]
+            prelu.set_input(
+                1,
+                m.graph.add_constant(
+                    "alpha_3d", alpha.data.reshape(1, 1, -1), alpha.dtype, alpha.quantization
+                ),
+            )
+
+    monkeypatch.setattr(
+        optimize, "pipeline", lambda level, target: (OldLegalizeLeakyRelu(), DeadCodeElimination())
+    )
+    src, dst = tmp_path / "in.tflite", tmp_path / "out.tflite"
+    src.write_bytes(int8_leaky_relu((1, 16)))
+    assert cli.main(["optimize", str(src), "-o", str(dst), "--target", "edgetpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not run" in err[0] and "HaveSameShapes" in err[0]
+    assert "rule OldLegalizeLeakyRelu" in err[0] and not dst.exists()
