@@ -283,3 +283,239 @@ def test_dead_code_elimination_keeps_side_effects_and_outputs() -> None:
     assert op_types(m) == ["RELU", "ASSIGN_VARIABLE"]
     assert removed >= 2
     assert {t.name for t in m.main.tensors} == {"x", "used", "state"}
+
+
+# -- rule failures, float-only refusals, declared int8 error (issue 11) --------------------------
+class RaisesInCheck(Rule):
+    """RELU(x) => nothing: its check raises (a stand-in for a rule bug)."""
+
+    int8_error_steps = 0
+
+    def pattern(self, pb: PatternBuilder):
+        return pb.RELU(pb.x)
+
+    def check(self, m):
+        return {}["missing"]
+
+
+def _relu_model() -> Model:
+    g = Graph()
+    x = g.add_tensor("x", (1, 4))
+    r = unary(g, "RELU", x, name="the_relu")
+    return model_of(g, [x], [r.output])
+
+
+def test_an_exception_in_a_rule_becomes_a_rewrite_error_naming_rule_and_op() -> None:
+    with pytest.raises(RewriteError) as info:
+        PassManager([RaisesInCheck()]).run(_relu_model())
+    message = str(info.value)
+    assert message.startswith("rule RaisesInCheck failed in its check on RELU op 'the_relu'")
+    assert "KeyError" in message and "\n" not in message
+    assert info.value.rule == "RaisesInCheck" and info.value.where == "the_relu"
+
+
+def test_cli_shows_a_rule_failure_as_one_line_and_writes_nothing(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    from tflfuse import cli
+    from tflfuse.rules.epilogue import FoldBiasIntoProducer
+
+    g = Graph()
+    x = g.add_tensor("x", (1, 4, 4, 2))
+    c = conv(g, x, 3)
+    k = g.add_constant("k", np.ones(3, np.float32))
+    model_of(g, [x], [add(g, c.output, k).output])
+    src, dst = tmp_path / "in.tflite", tmp_path / "out.tflite"
+    src.write_bytes(to_bytes(Model([g])))
+    monkeypatch.setattr(FoldBiasIntoProducer, "check", lambda self, m: 1 / 0)
+    assert cli.main(["optimize", str(src), "-o", str(dst)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "tflfuse: error: rule FoldBiasIntoProducer failed in its check on ADD op"
+    ), err
+    assert "ZeroDivisionError" in err[0] and not dst.exists()
+
+
+def q8(scale: float, zero: int = 0) -> Quantization:
+    return Quantization(np.array([scale], np.float32), np.array([zero]))
+
+
+def int8_add_branches(n: int) -> Model:
+    """x (int8) -> n separate ADD(x, c) branches, each a model output, plus one RELU output."""
+    g = Graph()
+    x = g.add_tensor("x", (1, 8), "INT8", quantization=q8(0.05))
+    outs = []
+    for i in range(n):
+        c = g.add_constant(f"c{i}", np.full((8,), 10 * (i + 1), np.int8), "INT8", q8(0.05))
+        y = g.add_tensor(f"sum{i}", (1, 8), "INT8", quantization=q8(0.05))
+        g.add_op("ADD", [x, c], [y], {"fused_activation_function": "NONE"})
+        outs.append(y)
+    r = g.add_tensor("relu", (1, 8), "INT8", quantization=q8(0.05))
+    g.add_op("RELU", [x], [r])
+    return model_of(g, [x], [*outs, r])
+
+
+class NudgesInt8Add(Rule):
+    """ADD(x, c) => ADD(x, c + 2 steps): a deliberately wrong int8 rewrite that claims one
+    requantization (1 step) of error but moves its output by 2."""
+
+    quantized_ok = True
+    int8_error_steps = 1
+
+    def pattern(self, pb: PatternBuilder):
+        return pb.ADD(pb.x, pb.const("c"))
+
+    def check(self, m):
+        from tflfuse.rewrite import NotApplicable
+
+        return NotApplicable("already nudged") if m.c.name.endswith("nudged") else None
+
+    def rewrite(self, m) -> None:
+        value = (m.c.data.astype(np.int16) + 2).astype(np.int8)
+        nudged = m.graph.add_constant(m.c.name + "_nudged", value, "INT8", m.c.quantization)
+        m.root.set_input(1, nudged)
+
+
+class FloatOnlyRelu(Rule):
+    """RELU(x) => RELU(x): a float-only rule, to see its refusal on int8."""
+
+    int8_error_steps = 0
+
+    def pattern(self, pb: PatternBuilder):
+        return pb.RELU(pb.x)
+
+    def rewrite(self, m) -> None:
+        raise AssertionError("must not run on a quantized op")
+
+
+def test_float_only_rules_say_why_they_skip_quantized_ops() -> None:
+    result = PassManager([FloatOnlyRelu()]).run(int8_add_branches(1))
+    assert [(r.rule, r.where, r.reason) for r in result.refusals] == [
+        ("FloatOnlyRelu", "relu", "float-only rule; the op is quantized")
+    ]
+
+
+def test_int8_error_is_bounded_per_output_along_its_paths() -> None:
+    from tflfuse.rewrite import int8_error_bounds
+
+    m = int8_add_branches(2)
+    result = PassManager([NudgesInt8Add(), FuseActivationIntoProducer()]).run(m)
+    assert result.fired() == {"NudgesInt8Add": 2}
+    assert result.int8_rewrites() == {"NudgesInt8Add": {"count": 2, "steps": 2}}
+    # each ADD's output carries its own rewrite's step, the untouched RELU output none
+    assert int8_error_bounds(m, result) == {"sum0": 1, "sum1": 1, "relu": 0}
+
+
+def test_a_wrong_int8_rewrite_that_the_old_budget_passed_now_fails(monkeypatch) -> None:
+    """The old tolerance was 1 + (number of rewrites) steps on every output: 4 here, so a rule
+    that moves each output by 2 passed. Per output along its paths it is 1: caught, named."""
+    from tflfuse import optimize
+
+    before = to_bytes(int8_add_branches(3))
+    m = flatbuffer.from_bytes(before)
+    result = PassManager([NudgesInt8Add()]).run(m)
+    after = to_bytes(m)
+    old = verify.compare(before, after, int_atol=1 + len(result.events))
+    assert old.ok and old.varies and old.max_abs == 2  # what used to pass
+
+    monkeypatch.setattr(optimize, "pipeline", lambda level, target: (NudgesInt8Add(), *CLEANUP))
+    with pytest.raises(optimize.VerificationError) as info:
+        optimize.optimize_bytes(before)
+    message = str(info.value)
+    assert "output 'sum0' differs by 2 (allowed 1)" in message
+    assert "rule NudgesInt8Add" in message and message.endswith("nothing written")
+
+
+def test_a_candidate_the_interpreter_refuses_is_a_verification_error(monkeypatch) -> None:
+    """Issue 11: a rewrite whose model the interpreter rejects used to print 'not verified'
+    and exit 0; now it names the rule and writes nothing."""
+    from tflfuse import optimize
+
+    class ReluToBadPrelu(Rule):
+        """RELU(x) => PRELU(x, alpha of shape (1, 1, C)) on a 2-D x: the interpreter refuses it
+        (HaveSameShapes), as it did LegalizeLeakyRelu's int8 PRELU before issue 11."""
+
+        int8_error_steps = 0
+
+        def pattern(self, pb: PatternBuilder):
+            return pb.RELU(pb.x)
+
+        def rewrite(self, m) -> None:
+            alpha = m.graph.add_constant("alpha", np.zeros((1, 1, 4), np.float32))
+            m.root.type = "PRELU"
+            m.root.options = {}
+            m.root.inputs = [m.x, alpha]
+
+    monkeypatch.setattr(optimize, "pipeline", lambda level, target: (ReluToBadPrelu(),))
+    data = to_bytes(_relu_model())
+    with pytest.raises(optimize.VerificationError, match=r"does not run .*rule ReluToBadPrelu"):
+        optimize.optimize_bytes(data)
+    assert optimize.optimize_bytes(data, verify=False).verification == {
+        "verified": False,
+        "reason": optimize.NOT_VERIFIED,
+    }
+
+
+def test_every_pipeline_rule_declares_its_int8_error() -> None:
+    from tflfuse.rules import TARGETS, pipeline
+
+    undeclared = {
+        p.name
+        for t in TARGETS
+        for p in pipeline(2, t)
+        if isinstance(p, Rule)
+        and not any("int8_error_steps" in vars(c) for c in type(p).__mro__ if c is not Rule)
+    }
+    assert undeclared == set()
+
+
+class FoldsTanhOfRelu(Rule):
+    """TANH(RELU(x)) => TANH(x) (wrong, but only the engine's check matters here); no check of
+    its own that the RELU output has no other readers."""
+
+    int8_error_steps = 0
+
+    def pattern(self, pb: PatternBuilder):
+        return pb.TANH(pb.RELU(pb.x, out="r"))
+
+    def rewrite(self, m) -> None:
+        m.root.set_input(0, m.x)
+
+
+@pytest.mark.parametrize(
+    "shared, reason",
+    [
+        ("reader", "RELU output is also read by another op"),
+        ("output", "RELU output is also a model output"),
+    ],
+)
+def test_the_engine_refuses_matches_whose_inner_ops_are_read_outside(shared, reason) -> None:
+    g = Graph()
+    x = g.add_tensor("x", (1, 4))
+    r = unary(g, "RELU", x)
+    t = unary(g, "TANH", r.output)
+    other = r.output if shared == "output" else unary(g, "EXP", r.output).output
+    m = model_of(g, [x], [t.output, other])
+    result = PassManager([FoldsTanhOfRelu()]).run(m)
+    assert [r.reason for r in result.refusals] == [reason]
+    assert not result.events
+
+
+def test_int8_error_grows_through_an_fc_by_its_weights_and_one_rounding() -> None:
+    """1 step at the ADD (scale 0.05) reaches the FC output (scale 0.05) as at most
+    1.5 (the largest row sum of |W|) x 1 step + 1 step of the FC's own rounding: 3 steps."""
+    from tflfuse.rewrite import int8_error_bounds
+
+    m = int8_add_branches(1)
+    g = m.main
+    s = g.outputs[0]
+    rows = np.zeros((2, 8), np.int8)
+    rows[0, :2], rows[1, :2] = (100, -50), (20, 20)  # real rows [1, -0.5], [0.2, 0.2]
+    w = g.add_constant("w", rows, "INT8", q8(0.01))
+    b = g.add_constant("b", np.zeros(2, np.int32), "INT32", q8(0.0005))
+    y = g.add_tensor("fc", (1, 2), "INT8", quantization=q8(0.05))
+    g.add_op("FULLY_CONNECTED", [s, w, b], [y], {"fused_activation_function": "NONE"})
+    g.outputs = [y, *g.outputs[1:]]
+    result = PassManager([NudgesInt8Add()]).run(m)
+    assert result.fired() == {"NudgesInt8Add": 1}
+    assert int8_error_bounds(m, result) == {"fc": 3, "relu": 0}

@@ -78,3 +78,21 @@ def test_cse_keeps_ops_writing_model_outputs() -> None:
     data = g.bytes(g.unary("TANH", x), g.unary("TANH", x))
     _, model, _ = apply(data, EliminateCommonSubexpressions())
     assert ops(model) == ["TANH", "TANH"]
+
+
+def test_cse_keeps_two_reads_of_a_variable_with_an_assign_between() -> None:
+    """Issue 11: the second READ_VARIABLE was merged into the first (same handle, same key), so
+    y = read2 - read1 became 0 instead of x."""
+    g = G()
+    x = g.input((1, 4))
+    graph = g.graph
+    handle = graph.add_tensor("handle", (), "RESOURCE")
+    graph.add_op("VAR_HANDLE", [], [handle], {"container": "", "shared_name": "v"})
+    graph.add_op("ASSIGN_VARIABLE", [handle, x], [])
+    first = g.op("READ_VARIABLE", [handle], (1, 4))
+    graph.add_op("ASSIGN_VARIABLE", [handle, g.binary("ADD", x, x)], [])
+    second = g.op("READ_VARIABLE", [handle], (1, 4))
+    data = g.bytes(g.binary("SUB", second, first))
+    out, model, _ = apply(data, EliminateCommonSubexpressions())
+    assert ops(model).count("READ_VARIABLE") == 2
+    assert_same_function(data, out)

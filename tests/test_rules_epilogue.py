@@ -158,3 +158,39 @@ def test_shared_weights_are_not_modified_in_place() -> None:
     assert ops(model) == ["CONV_2D", "CONV_2D"]
     assert_same_function(data, fused)
     assert flatbuffer.from_bytes(fused).main.ops[1].inputs[1].data.tobytes() == w.data.tobytes()
+
+
+def _transpose_conv(g: G, x, bias: bool):
+    shape = g.const(np.array([1, 10, 10, 4], np.int32), "oshape")
+    inputs = [shape, g.rand(4, 3, 3, x.shape[-1]), x]
+    if bias:
+        inputs.append(g.rand(4, name="b"))
+    return g.op("TRANSPOSE_CONV", inputs, (1, 10, 10, 4), padding="SAME", stride_h=2, stride_w=2)
+
+
+def _written_versions(data: bytes, op_type: str) -> list[int]:
+    """Op versions as written in the flatbuffer (read back from the bytes)."""
+    return [op.version for op in flatbuffer.from_bytes(data).main.ops if op.type == op_type]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_transpose_conv_with_fused_activation_is_written_as_version_4(bias: bool) -> None:
+    """Issue 11: it kept version 1; a runtime without fused activations would drop the RELU."""
+    g = G()
+    x = g.input((1, 5, 5, 3))
+    data = g.bytes(g.unary("RELU", _transpose_conv(g, x, bias)))
+    assert _written_versions(data, "TRANSPOSE_CONV") == [1]
+    fused, model, result = apply(data, FuseActivationIntoProducer())
+    assert ops(model) == ["TRANSPOSE_CONV"]
+    assert _written_versions(fused, "TRANSPOSE_CONV") == [4]
+    assert_same_function(data, fused)
+
+
+def test_transpose_conv_given_a_bias_is_written_as_version_3() -> None:
+    g = G()
+    x = g.input((1, 5, 5, 3))
+    data = g.bytes(g.binary("ADD", _transpose_conv(g, x, bias=False), g.rand(4, name="c")))
+    fused, model, _ = apply(data, FoldBiasIntoProducer())
+    assert ops(model) == ["TRANSPOSE_CONV"]
+    assert _written_versions(fused, "TRANSPOSE_CONV") == [3]
+    assert_same_function(data, fused)

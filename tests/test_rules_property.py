@@ -2,8 +2,9 @@
 
 Hypothesis builds small graphs from the ops the rules touch (conv, depthwise, FC, add, mul, sub,
 activations, pad, reshape, concat, transpose; BatchNorm-like affines, pre-activation blocks,
-sibling branches, identities) with random shapes and constants, optimizes them and compares
-interpreter outputs on seeded inputs within rtol 1e-5, atol 1e-5.
+sibling branches, identities; FCs reading NHWC tensors directly) with random shapes and
+constants, optimizes them and compares interpreter outputs on seeded inputs within rtol 1e-5,
+atol 1e-5.
 """
 
 from __future__ import annotations
@@ -81,17 +82,25 @@ class RandomNet:
         )
 
     def fc(self) -> None:
+        """An FC on a 2-D tensor, or on an NHWC tensor: after a RESHAPE, or reading it directly
+        (TFLite flattens it into rows of the weights' width: per pixel, per image row, or the
+        whole image; issue 11 found FoldAffineIntoFollowing crashing on the direct form)."""
         x = self.x
+        row = x.shape[-1]
         if self.rank == 4:
-            flat = int(np.prod(x.shape[1:]))
-            x = self.g.op(
-                "RESHAPE", [x, self.g.const(np.array([1, flat]))], (1, flat), new_shape=[1, flat]
-            )
+            n, h, w, c = x.shape
+            how = self.draw(st.sampled_from(["reshape", "pixel", "image_row", "image"]), "fc_in")
+            row = {"reshape": h * w * c, "pixel": c, "image_row": w * c, "image": h * w * c}[how]
+            if how == "reshape":
+                x = self.g.op(
+                    "RESHAPE", [x, self.g.const(np.array([1, row]))], (1, row), new_shape=[1, row]
+                )
+        rows = int(np.prod(x.shape)) // row
         out = self.draw(st.integers(1, 8), "fc_out")
         self.x = self.g.op(
             "FULLY_CONNECTED",
-            [x, self.weights(out, x.shape[-1], fan_in=x.shape[-1]), self.g.rand(out, name="b")],
-            (1, out),
+            [x, self.weights(out, row, fan_in=row), self.g.rand(out, name="b")],
+            (rows, out),
             fused_activation_function=self.draw(st.sampled_from(ACTS), "act"),
             keep_num_dims=False,
         )
@@ -227,6 +236,7 @@ class RandomNet:
         "conv",
         "dwconv",
         "fc",
+        "fc",
         "affine",
         "affine",
         "batchnorm_relu",
@@ -255,7 +265,7 @@ class RandomNet:
 @given(
     data=st.data(),
     seed=st.integers(0, 2**16),
-    target=st.sampled_from(["xnnpack", "edgetpu", "gpu"]),
+    target=st.sampled_from(["xnnpack", "edgetpu", "gpu", "cpu"]),
 )
 def test_pipeline_keeps_the_function_of_random_graphs(data, seed: int, target: str) -> None:
     original = RandomNet(data, seed).build()

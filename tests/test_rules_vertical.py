@@ -225,3 +225,41 @@ def test_offset_refused_when_the_residual_sum_feeds_the_next_shortcut() -> None:
     assert refusals(result, "FoldBiasThroughAdd") == [
         "the residual sum is read elsewhere (e.g. the next shortcut)"
     ]
+
+
+def _flattening_fc(g: G, x, units: int, row: int):
+    """An FC reading an NHWC tensor directly, with rows of `row` values (TFLite flattens x)."""
+    rows = int(np.prod(x.shape)) // row
+    w, b = g.rand(units, row, low=-0.3, high=0.3), g.rand(units, name="b")
+    return g.op(
+        "FULLY_CONNECTED",
+        [x, w, b],
+        (rows, units),
+        fused_activation_function="NONE",
+        keep_num_dims=False,
+    )
+
+
+@pytest.mark.parametrize("kind", ["MUL", "ADD", "SUB"])
+def test_affine_folds_into_an_fc_that_flattens_a_rank4_tensor(kind: str) -> None:
+    """Issue 11: this raised a raw ValueError (weights [5, 108] times a 3-vector)."""
+    g = G()
+    x = g.input((1, 6, 6, 3))
+    y = g.binary(kind, x, g.rand(3, low=0.5, high=2.0, name="s"))
+    data = g.bytes(_flattening_fc(g, y, 5, 6 * 6 * 3))
+    fused, model, result = apply(data, FoldAffineIntoFollowing())
+    assert ops(model) == ["FULLY_CONNECTED"]
+    assert result.fired() == {"FoldAffineIntoFollowing": 1}
+    assert_same_function(data, fused)
+
+
+def test_affine_refused_when_fc_rows_do_not_line_up_with_channels() -> None:
+    g = G()
+    x = g.input((1, 2, 3, 4))
+    y = g.binary("MUL", x, g.rand(4, name="s"))
+    data = g.bytes(_flattening_fc(g, y, 5, 6))  # rows of 6 values over 4 channels
+    _, model, result = apply(data, FoldAffineIntoFollowing())
+    assert ops(model) == ["MUL", "FULLY_CONNECTED"]
+    assert refusals(result, "FoldAffineIntoFollowing") == [
+        "FULLY_CONNECTED rows of 6 values do not line up with the 4 channels"
+    ]

@@ -136,7 +136,11 @@ def _add_optimize(sub: Any) -> None:
         "--explain", action="store_true", help="list rules fired and refusals with reasons"
     )
     _add_json_option(p, "REPORT", "report")
-    p.add_argument("--no-verify", action="store_true", help="skip the numeric check")
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the numeric check (needed for models this host cannot run, e.g. custom ops)",
+    )
     p.add_argument("--in-place", action="store_true", help="allow OUTPUT to be the input file")
     p.set_defaults(func=_run_optimize)
 
@@ -144,6 +148,7 @@ def _add_optimize(sub: Any) -> None:
 def _run_optimize(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer
     from tflfuse.optimize import optimize_bytes
+    from tflfuse.rewrite import FLOAT_ONLY
     from tflfuse.rules import all_rule_names
 
     src, dst = Path(args.model), Path(args.output)
@@ -189,11 +194,21 @@ def _run_optimize(args: argparse.Namespace) -> int:
     for rule, approx in result.result.approximations().items():
         bound = approx["error_bound"]
         print(f"  approximation: {rule} x{approx['count']} (|error| <= {bound:.2g} in all)")
+    for name, steps in v.get("tolerance", {}).get("int8_steps", {}).items():
+        if steps:
+            seen = v.get("outputs", {}).get(name, {}).get("max_abs", 0.0)
+            print(f"  int8 output {name!r}: allowed {steps} steps by the rules, {seen:.3g} seen")
     if args.explain:
         for rule, n in result.result.fired().items():
             print(f"  fired {rule} x{n}")
+        float_only: dict[str, int] = {}
         for r in result.result.refusals:
+            if r.reason == FLOAT_ONLY:  # one line per rule, not one per int8 op
+                float_only[r.rule] = float_only.get(r.rule, 0) + 1
+                continue
             print(f"  refused {r.rule} at {r.where!r}: {r.reason}")
+        for rule, n in float_only.items():
+            print(f"  refused {rule} at {n} op{'s' if n > 1 else ''}: {FLOAT_ONLY}")
     return 0
 
 
@@ -267,8 +282,9 @@ def _add_convert(sub: Any) -> None:
     )
     p.add_argument(
         "model",
-        help=".tflite (e.g. from litert-torch or onnx2tf), .keras or .h5 file, or a"
-        " SavedModel folder",
+        help=".tflite (e.g. from litert-torch or onnx2tf), .keras or .h5 file (checked for code"
+        " before loading), or a SavedModel folder (a TF graph that TensorFlow runs to load and"
+        " convert it: code by nature, not checked)",
     )
     p.add_argument(
         "--recipe",
@@ -284,7 +300,17 @@ def _add_convert(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="seed for sampling and checks (default 0)")
     p.add_argument("--batch", type=int, default=1, help="size a dynamic batch is pinned to")
-    p.add_argument("--allow-lambda", action="store_true", help="load Lambda layers (trusted files)")
+    p.add_argument(
+        "--allow-lambda",
+        action="store_true",
+        help="load files that carry code (Lambda layers, custom objects; trusted files only)."
+        " A SavedModel folder is code by nature: convert only SavedModels you trust",
+    )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="write the fused model without the numeric check (models this host cannot run)",
+    )
     p.add_argument("--quant", choices=("int8", "float16", "dynamic", "none"), help="override mode")
     p.add_argument("--input-type", choices=("float32", "int8", "uint8"), help="override I/O type")
     p.add_argument("--output-type", choices=("float32", "int8", "uint8"), help="override I/O type")
@@ -337,6 +363,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch=args.batch,
         allow_lambda=args.allow_lambda,
+        verify=not args.no_verify,
         progress=not args.json,
         quiet=False,
         force=args.force,

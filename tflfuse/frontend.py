@@ -2,10 +2,12 @@
 one frozen TF function with static shapes, the input and output names, and, for Keras models,
 the same graph with every layer output as an extra output (for the unfused baseline).
 
-Keras files load in safe mode: a Lambda layer (arbitrary Python) is refused unless the user allows
-it, and legacy .h5 files are checked before any loader runs. Keras 3 refuses some legacy Keras 2
-.h5 files; tf-keras loads those. A dynamic batch dimension is pinned (default 1) with a notice.
-TensorFlow is imported lazily; only `convert` uses this module.
+Keras files are checked for code (Lambda layers, serialized functions, custom objects; see
+`tflfuse.safety`) from their parsed config before any loader runs, and refused unless the user
+allows it; Keras 3 then loads in safe mode as well. A SavedModel is code by nature (not
+checked). Keras 3 refuses some legacy Keras 2 .h5 files; tf-keras loads those. A dynamic
+batch dimension is pinned (default 1) with a notice. TensorFlow is imported lazily; only
+`convert` uses this module.
 """
 
 from __future__ import annotations
@@ -49,15 +51,14 @@ def _is_keras_model(obj: Any) -> bool:
 
 
 def _load_keras_file(path: Path, allow_lambda: bool) -> Any:
+    from tflfuse.safety import check_keras_file
+
+    if not allow_lambda:
+        # before any loader runs: legacy .h5 loading (tf-keras) has no safe mode at all
+        check_keras_file(path)
     import keras
 
     legacy = path.suffix in (".h5", ".hdf5")
-    if legacy and not allow_lambda and _h5_has_lambda(path):
-        # checked before any loader runs: legacy .h5 loading does not honour safe_mode
-        raise TflfuseError(
-            f"{path}: holds a Lambda layer (arbitrary Python code); refused in safe mode"
-            " (pass --allow-lambda if you trust the file)"
-        )
     try:
         return keras.saving.load_model(path, compile=False, safe_mode=not allow_lambda)
     except ValueError as exc:
@@ -87,21 +88,6 @@ def _load_legacy_h5(path: Path) -> Any:
         return tf_keras.models.load_model(path, compile=False)
     except (ValueError, OSError, TypeError) as exc:
         raise TflfuseError(f"{path}: cannot load: {str(exc).splitlines()[0]}") from None
-
-
-def _h5_has_lambda(path: Path) -> bool:
-    try:
-        import h5py
-    except ImportError:
-        return False
-    try:
-        with h5py.File(path, "r") as f:
-            config = f.attrs.get("model_config", "")
-    except OSError as exc:
-        raise TflfuseError(f"{path}: not a readable .h5 file: {exc}") from None
-    if isinstance(config, bytes):
-        config = config.decode("utf-8", "replace")
-    return '"class_name": "Lambda"' in str(config)
 
 
 def _specs_from_keras(model: Any, batch: int, quiet: bool) -> tuple[list, list[str], list[str]]:

@@ -1,8 +1,16 @@
 """`tflfuse optimize`: load a .tflite, run the target pipeline, verify, describe what happened.
 
-Verification runs the input and the output in the interpreter on the same seeded inputs. A result
-outside tolerance is an error (nothing is written); a model the interpreter cannot run on this host
-(e.g. an Edge TPU custom op) is reported as not verified, with the reason.
+Verification runs the input and the output in the interpreter on the same seeded inputs, and it
+can fail three ways, each an error that writes nothing:
+- the output does not run while the input does (a rewrite broke it): the rule is named, found
+  by re-running the pipeline without each fired rule in turn;
+- an output differs by more than its tolerance: float outputs by ATOL + RTOL |x| (plus the
+  declared bounds of approximations), int8 outputs by the sum of the `int8_error_steps` of the
+  rewrites on the paths to that output (`tflfuse.rewrite.int8_error_bounds`), so an output no
+  int8 rewrite reached must match exactly;
+- the input itself does not run on this host (custom ops the interpreter lacks): nothing can be
+  compared, and the model is written only when the caller asks for no verification
+  (`--no-verify`), which the report then says.
 """
 
 from __future__ import annotations
@@ -15,16 +23,17 @@ from tflfuse import flatbuffer
 from tflfuse.cost import cost_delta, model_cost
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model
-from tflfuse.rewrite import PassManager, PassResult
+from tflfuse.rewrite import PassManager, PassResult, int8_error_bounds
 from tflfuse.rules import pipeline
 from tflfuse.summary import activation_bytes
 
 ATOL = RTOL = 1e-5  # float outputs: |fused - input| <= ATOL + RTOL * |input|
 PROPAGATION = 10.0  # allowance for an approximation's error growing through later layers
+NOT_VERIFIED = "--no-verify: written without the numeric check"
 
 
 class VerificationError(TflfuseError):
-    """The optimized model does not compute the same function as its input."""
+    """The optimized model does not compute the same function as its input (or does not run)."""
 
 
 @dataclass
@@ -71,6 +80,14 @@ def check_options(*, level: int, target: str, disabled: Sequence[str] = ()) -> N
         raise TflfuseError(f"unknown rule {unknown[0]!r} (rules: {', '.join(names)})")
 
 
+def _run_pipeline(
+    data: bytes, level: int, target: str, disabled: tuple[str, ...], source: str
+) -> tuple[Model, PassResult, bytes]:
+    model = flatbuffer.from_bytes(data, source)
+    result = PassManager(pipeline(level, target), disabled=disabled).run(model)
+    return model, result, flatbuffer.to_bytes(model)
+
+
 def optimize_bytes(
     data: bytes,
     *,
@@ -80,39 +97,102 @@ def optimize_bytes(
     verify: bool = True,
     source: str = "<bytes>",
 ) -> OptimizeResult:
-    """Optimize a .tflite given as bytes; raises VerificationError if the function changed."""
+    """Optimize a .tflite given as bytes; raises VerificationError if the function changed or
+    the result does not run, TflfuseError if the input cannot be verified here and `verify`."""
     check_options(level=level, target=target, disabled=disabled)
-    model = flatbuffer.from_bytes(data, source)
-    before = _totals(model)
-    result = PassManager(pipeline(level, target), disabled=disabled).run(model)
-    out = flatbuffer.to_bytes(model)
-    # Quantized outputs: every rewrite may round differently by one step (e.g. PRELU vs the
-    # LEAKY_RELU kernel), so the budget is one step per rewrite applied, plus one.
-    int_atol = 1 + len(result.events)
-    # An approximation's error can grow through the layers after it: allow PROPAGATION times
-    # the summed per-op bounds on top of the float tolerance (0 when every rewrite is exact).
-    atol = ATOL + PROPAGATION * sum(e.error for e in result.events)
-    verification = _verify(data, out, verify and level > 0, atol, int_atol)
-    if verification.get("ok") is False:
-        raise VerificationError(
-            f"verification failed: max abs error {verification['max_abs']:.3g} "
-            f"(rules fired: {', '.join(result.fired()) or 'none'}); nothing written"
-        )
+    before = _totals(flatbuffer.from_bytes(data, source))
+    model, result, out = _run_pipeline(data, level, target, disabled, source)
+    if not verify:
+        verification: dict[str, Any] = {"verified": False, "reason": NOT_VERIFIED}
+    elif level <= 0:
+        verification = {"verified": False, "reason": "level 0 rewrites nothing"}
+    else:
+        failure, verification = verify_rewrite(data, out, model, result)
+        if failure is not None:
+            culprit = _blame(data, level, target, disabled, source, result)
+            raise VerificationError(f"{source}: {failure}{culprit}; nothing written")
     return OptimizeResult(out, model, result, before, _totals(model), verification)
 
 
-def _verify(
-    reference: bytes, candidate: bytes, enabled: bool, atol: float, int_atol: int
-) -> dict[str, Any]:
-    if not enabled:
-        return {"verified": False, "reason": "not requested"}
-    if reference == candidate:
-        return {"verified": True, "ok": True, "identical_bytes": True}
-    from tflfuse.verify import compare
+def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, Any]]:
+    """(float atol for every output, {output name: OutputTolerance}) for a pipeline's result.
 
+    An approximation's error can grow through the layers after it: PROPAGATION times the summed
+    per-op bounds on top of ATOL (0 when every rewrite is exact). Int8 outputs get the bound of
+    `int8_error_bounds` in steps; a float output of an int8 graph (after DEQUANTIZE) gets its
+    real-valued bound on top of the atol.
+    """
+    from tflfuse.verify import OutputTolerance
+
+    atol = ATOL + PROPAGATION * sum(e.error for e in result.events)
+    bounds = int8_error_bounds(model, result)
+    per_output = {}
+    for t in model.main.outputs:
+        bound = bounds.get(t.name, 0.0)
+        if t.dtype in ("FLOAT32", "FLOAT16"):
+            per_output[t.name] = OutputTolerance(0, bound)
+        else:
+            per_output[t.name] = OutputTolerance(int(bound), 0.0)
+    return atol, per_output
+
+
+def verify_rewrite(
+    reference: bytes, candidate: bytes, model: Model, result: PassResult
+) -> tuple[str | None, dict[str, Any]]:
+    """(why the candidate fails or None, the verification record) for `candidate`, the bytes of
+    `model` after the rewrites in `result`, against `reference`: the tolerance is each output's
+    declared error (see the module docstring). `convert`'s int8 legalization uses it too."""
+    if reference == candidate:
+        return None, {"verified": True, "ok": True, "identical_bytes": True}
+    from tflfuse.verify import CandidateFailedError, UnverifiableError, compare
+
+    atol, per_output = tolerances(model, result)
     try:
-        agreement = compare(reference, candidate, atol=atol, rtol=RTOL, int_atol=int_atol)
-    except TflfuseError as exc:
-        return {"verified": False, "reason": str(exc)}
-    tolerance = {"atol": atol, "rtol": RTOL, "int_steps": int_atol}
-    return {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
+        agreement = compare(reference, candidate, atol=atol, rtol=RTOL, per_output=per_output)
+    except UnverifiableError as exc:
+        raise TflfuseError(
+            f"cannot verify the result on this host ({exc}); pass --no-verify to write it"
+            " unverified"
+        ) from None
+    except CandidateFailedError as exc:
+        return f"verification failed: the optimized model does not run ({exc})", {}
+    tolerance = {
+        "atol": atol,
+        "rtol": RTOL,
+        "int8_steps": {name: tol.int_steps for name, tol in per_output.items()},
+    }
+    record = {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
+    if agreement.ok:
+        return None, record
+    bad = agreement.failed_outputs() or list(agreement.outputs)[:1] or ["?"]
+    detail = agreement.outputs.get(bad[0], {})
+    allowed = detail.get("allowed_steps", detail.get("allowed_atol", atol))
+    worst = detail.get("max_abs", float("inf"))
+    return (
+        f"verification failed: output {bad[0]!r} differs by {worst:.3g} (allowed {allowed:.3g})",
+        record,
+    )
+
+
+def _blame(
+    data: bytes,
+    level: int,
+    target: str,
+    disabled: tuple[str, ...],
+    source: str,
+    result: PassResult,
+) -> str:
+    """' (rule R: ...)' naming the first fired rule without which the pipeline's result passes
+    verification, or the list of rules fired when no single one is to blame."""
+    fired = list(result.fired())
+    for rule in fired[:16]:
+        model, trial, out = _run_pipeline(data, level, target, (*disabled, rule), source)
+        try:
+            failure, _ = verify_rewrite(data, out, model, trial)
+        except TflfuseError:
+            continue
+        if failure is None:
+            where = [e.where for e in result.events if e.rule == rule][:3]
+            at = f" at {', '.join(repr(w) for w in where)}" if where else ""
+            return f" (rule {rule}{at}: the result passes without it; --disable {rule})"
+    return f" (rules fired: {', '.join(fired) or 'none'})"

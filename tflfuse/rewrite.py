@@ -17,7 +17,12 @@ accepts any further inputs. `out="name"` captures the op's output tensor (`m.nam
 
 `check` returns None to go ahead or a `Refusal` (a sentence); the pass manager records refusals
 so `--explain` can tell users why a pattern stayed unfused. `rewrite` edits `m.graph` in place;
-dead ops and tensors left behind are cleaned by `DeadCodeElimination`.
+dead ops and tensors left behind are cleaned by `DeadCodeElimination`. An exception raised by a
+rule's check or rewrite becomes a `RewriteError` naming the rule and the op.
+
+Every rule declares `int8_error_steps`: how many quantization steps one application may move the
+int8 tensor it writes (0 for rewrites that only move bytes, 1 for one requantization more or
+less). `int8_error_bounds` turns the events into a bound per model output (see there).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, IRError, Model, Op, Tensor
 
 COMMUTATIVE = frozenset(
@@ -193,17 +199,32 @@ def find_matches(pattern: OpPattern, graph: Graph, op: Op) -> Iterator[Match]:
 class Rule:
     """pattern + check + rewrite. Subclasses set a docstring `before => after`.
 
-    `quantized_ok` says the rewrite is also exact (to within a quantization step) on int8 graphs;
-    the pass manager skips other rules on ops that touch quantized tensors.
+    `quantized_ok` says the rewrite is also valid on int8 graphs; the pass manager refuses other
+    rules on ops that touch quantized tensors ("float-only rule; the op is quantized").
+    `int8_error_steps` is what one application may change, in quantization steps of the int8
+    tensor it writes: 0 for a rewrite that only moves bytes, 1 for one requantization more or
+    less. Every rule sets it (None is counted as 1 and a test insists on a declaration).
     """
 
     quantized_ok: ClassVar[bool] = False
+    int8_error_steps: ClassVar[int | None] = None
+    # The engine refuses a match whose inner ops (all but the root) write a tensor that an op
+    # outside the match reads or that is a model output: rewriting them would change what those
+    # readers see. A rule whose rewrite leaves the inner ops in place for such readers (it only
+    # stops reading them) sets this.
+    inner_ops_may_be_shared: ClassVar[bool] = False
 
     def error_bound(self, m: Match) -> float:
         """The absolute error one application may add to its output: 0 for an exact rewrite.
         An approximation (e.g. erf GELU in the tanh form, for a target with no GELU) overrides
         it; the pass manager records it with the event and verification allows for it."""
         return 0.0
+
+    def int8_error(self, m: Match) -> int:
+        """Steps one application may move the int8 tensor it writes: `int8_error_steps`, unless
+        a rule whose error depends on the match (a requantization between two scales) says
+        more for this one; the pass manager records it with the event."""
+        return _declared_steps(self)
 
     @property
     def name(self) -> str:
@@ -242,6 +263,8 @@ class RewriteEvent:
     subgraph: int
     where: str
     error: float = 0.0  # the rule's error bound for this application (0: exact)
+    int8_steps: int = 0  # quantization steps it may add to an int8 tensor (0: float or exact)
+    sites: tuple[str, ...] = ()  # the tensors the rewritten op wrote (where the error enters)
 
 
 @dataclass(frozen=True)
@@ -282,18 +305,38 @@ class PassResult:
                 entry["error_bound"] += e.error
         return out
 
+    def int8_rewrites(self) -> dict[str, dict[str, int]]:
+        """Rules that fired on int8 tensors with a declared error: {rule: {count, steps}}."""
+        out: dict[str, dict[str, int]] = {}
+        for e in self.events:
+            if e.int8_steps > 0:
+                entry = out.setdefault(e.rule, {"count": 0, "steps": 0})
+                entry["count"] += 1
+                entry["steps"] += e.int8_steps
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "rounds": self.rounds,
             "approximations": self.approximations(),
+            "int8_rewrites": self.int8_rewrites(),
             "fired": self.fired(),
             "events": [vars(e) for e in self.events],
             "refusals": [{k: v for k, v in vars(r).items() if k != "quiet"} for r in self.refusals],
         }
 
 
-class RewriteError(RuntimeError):
-    """A rule left the graph invalid: a bug in that rule, reported with its name."""
+class RewriteError(TflfuseError):
+    """A rule failed (raised, or left the graph invalid): a bug in that rule, reported in one
+    line with its name and the op it was working on; nothing is written."""
+
+    def __init__(self, message: str, rule: str = "", where: str = "") -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.where = where
+
+
+FLOAT_ONLY = "float-only rule; the op is quantized"
 
 
 def touches_quantized(op: Op) -> bool:
@@ -331,7 +374,7 @@ class PassManager:
                 if isinstance(p, Rule):
                     n = self._apply_rule(p, index, graph, result, refusals)
                 else:
-                    n = p.run(graph)
+                    n = self._run_pass(p, graph)
                 if n:
                     changed = True
                     self._check(graph, p.name)
@@ -349,21 +392,67 @@ class PassManager:
         for op in list(graph.ops):
             if op.type not in pattern.types or not op.outputs:
                 continue  # wrong type, or removed by an earlier rewrite in this sweep
-            if not rule.quantized_ok and touches_quantized(op):
-                continue
-            for m in find_matches(pattern, graph, op):
-                reason = rule.check(m)
+            float_only = not rule.quantized_ok and touches_quantized(op)
+            for m in self._matches(rule, pattern, graph, op):
+                if float_only:
+                    reason: Refusal | None = refuse(FLOAT_ONLY)
+                else:
+                    reason = self._guarded(rule, op, "check", rule.check, m)
+                    if reason is None and not rule.inner_ops_may_be_shared:
+                        reason = shared_inner_op(m)
                 if reason is not None:
                     refusals[(rule.name, op.name, reason)] = RefusalEvent(
                         rule.name, index, op.name, str(reason), getattr(reason, "quiet", False)
                     )
+                    if float_only:
+                        break
                     continue
-                where, error = op.name, rule.error_bound(m)
-                rule.rewrite(m)
-                result.events.append(RewriteEvent(rule.name, index, where, error))
+                where = op.name
+                error = self._guarded(rule, op, "error bound", rule.error_bound, m)
+                quantized = any(touches_quantized(o) for o in m.ops) or touches_quantized(op)
+                steps = (
+                    self._guarded(rule, op, "int8 error", rule.int8_error, m) if quantized else 0
+                )
+                sites = tuple(t.name for t in op.outputs)
+                self._guarded(rule, op, "rewrite", rule.rewrite, m)
+                result.events.append(RewriteEvent(rule.name, index, where, error, steps, sites))
                 applied += 1
                 break
         return applied
+
+    @staticmethod
+    def _run_pass(p: Pass, graph: Graph) -> int:
+        try:
+            return p.run(graph)
+        except TflfuseError:
+            raise
+        except Exception as exc:  # any failure is that pass's bug, named
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise RewriteError(
+                f"pass {p.name} failed on subgraph {graph.name!r}: {type(exc).__name__}"
+                f"{': ' + detail if detail else ''} (a bug in tflfuse; pass --disable {p.name}"
+                " to go on without it)",
+                rule=p.name,
+            ) from exc
+
+    @staticmethod
+    def _matches(rule: Rule, pattern: OpPattern, graph: Graph, op: Op) -> Iterator[Match]:
+        try:
+            yield from find_matches(pattern, graph, op)
+        except RewriteError:
+            raise
+        except Exception as exc:  # any failure is that rule's bug, named
+            raise _rule_failed(rule, op, "pattern", exc) from exc
+
+    @staticmethod
+    def _guarded(rule: Rule, op: Op, stage: str, fn: Callable[[Match], Any], m: Match) -> Any:
+        """fn(m), with any exception turned into a RewriteError naming the rule and the op."""
+        try:
+            return fn(m)
+        except RewriteError:
+            raise
+        except Exception as exc:  # any failure is that rule's bug, named
+            raise _rule_failed(rule, op, stage, exc) from exc
 
     def _check(self, graph: Graph, name: str) -> None:
         if not self.validate:
@@ -371,7 +460,53 @@ class PassManager:
         try:
             graph.validate()
         except IRError as exc:
-            raise RewriteError(f"{name} left subgraph {graph.name!r} invalid: {exc}") from exc
+            raise RewriteError(
+                f"{name} left subgraph {graph.name!r} invalid: {exc}", rule=name
+            ) from exc
+
+
+def shared_inner_op(m: Match) -> Refusal | None:
+    """A refusal when an inner op of the match (any but the root) writes a tensor read outside
+    the match or a model output: the one check every multi-op rule needs, made once here."""
+    inside = {id(o) for o in m.ops}
+    for inner in m.ops:
+        if inner is m.root:
+            continue
+        for t in inner.outputs:
+            if m.graph.is_graph_output(t):
+                return refuse(f"{inner.type} output is also a model output")
+            if any(id(c) not in inside for c in t.consumers):
+                return refuse(f"{inner.type} output is also read by another op")
+    return None
+
+
+def _declared_steps(rule: Rule) -> int:
+    steps = rule.int8_error_steps
+    return 1 if steps is None else int(steps)
+
+
+def _rule_failed(rule: Rule, op: Op, stage: str, exc: Exception) -> RewriteError:
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    what = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    return RewriteError(
+        f"rule {rule.name} failed in its {stage} on {op.type} op {op.name!r}: {what}"
+        f" (a bug in tflfuse; pass --disable {rule.name} to go on without it)",
+        rule=rule.name,
+        where=op.name,
+    )
+
+
+def int8_error_bounds(model: Model, result: PassResult) -> dict[str, float]:
+    """The error each output of the main subgraph may carry after the rewrites in `result`:
+    quantization steps for int8 outputs, real units for float outputs of an int8 graph.
+
+    The declared steps of every rewrite are carried from the tensor it wrote along the paths to
+    each output, worst case (see `tflfuse.int8_error` for the exact rule); an output no int8
+    rewrite reaches gets 0 and must match exactly.
+    """
+    from tflfuse.int8_error import output_bounds
+
+    return output_bounds(model, result.events)
 
 
 # -- the passes every pipeline ends with -------------------------------------------------------

@@ -3,17 +3,41 @@
 Models are run in one interpreter each, invoked once per input set in order, so stateful models
 (variables, streaming) are compared over the same sequence. `Agreement.varies` says whether the
 reference output changed with the input at all: a constant output makes any equality vacuous.
+
+Two failures are told apart: a reference the interpreter cannot run here (custom ops it lacks)
+is `UnverifiableError`; a candidate that fails while its reference runs is a broken rewrite,
+`CandidateFailedError`. Tolerances may be given per output (by tensor name), e.g. the int8
+error bound that `tflfuse.rewrite.int8_error_bounds` computes for each output.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tflfuse.bench import seeded_input_values
+from tflfuse.errors import TflfuseError
 from tflfuse.runtime import make_interpreter
+
+
+class UnverifiableError(TflfuseError):
+    """The reference model does not run in this host's interpreter, so nothing can be compared."""
+
+
+class CandidateFailedError(TflfuseError):
+    """The reference runs and the candidate does not: the rewrite broke the model."""
+
+
+@dataclass(frozen=True)
+class OutputTolerance:
+    """What one output may differ by: `int_steps` quantization steps (integer outputs) and
+    `atol` on top of the global float tolerance (float outputs, e.g. a DEQUANTIZE of int8)."""
+
+    int_steps: int = 0
+    atol: float = 0.0
 
 
 @dataclass
@@ -26,6 +50,10 @@ class Agreement:
     varies: bool
     runs: int
     ok: bool  # every element within atol + rtol * |reference| (integers: within int_atol steps)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)  # per output: worst, allowed
+
+    def failed_outputs(self) -> list[str]:
+        return [name for name, o in self.outputs.items() if not o["ok"]]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -41,7 +69,8 @@ def seeded_inputs(interp: Any, seed: int, runs: int) -> list[list[np.ndarray]]:
 def run(
     model: bytes, inputs: list[list[np.ndarray]], delegate: str = "none"
 ) -> list[list[np.ndarray]]:
-    """Outputs of `model` for each input set, in output-detail order."""
+    """Outputs of `model` for each input set, in output-detail order (TflfuseError when the
+    interpreter refuses the model or fails to invoke it)."""
     interp = make_interpreter(model, delegate=delegate)
     in_details = interp.get_input_details()
     out_details = interp.get_output_details()
@@ -49,9 +78,18 @@ def run(
     for one in inputs:
         for d, value in zip(in_details, one):
             interp.set_tensor(d["index"], value)
-        interp.invoke()
+        try:
+            interp.invoke()
+        except (RuntimeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TflfuseError(f"the interpreter failed to run the model: {first}") from None
         results.append([interp.get_tensor(d["index"]).copy() for d in out_details])
     return results
+
+
+def output_names(model: bytes) -> list[str]:
+    """The model's output tensor names in output-detail order."""
+    return [d["name"] for d in make_interpreter(model, delegate="none").get_output_details()]
 
 
 def _as_real(x: np.ndarray) -> np.ndarray:
@@ -68,36 +106,58 @@ def compare(
     atol: float = 1e-5,
     rtol: float = 1e-5,
     int_atol: int = 1,
+    per_output: Mapping[str, OutputTolerance] | None = None,
 ) -> Agreement:
     """Run both models on the same `runs` seeded input sets and measure the worst difference.
 
     Float outputs must satisfy |c - r| <= atol + rtol * |r|; integer (quantized) outputs may
-    differ by `int_atol` quantization steps.
+    differ by `int_atol` quantization steps. `per_output` (by output tensor name) replaces
+    `int_atol` and adds to `atol` for the outputs it names. Raises `UnverifiableError` when the
+    reference does not run here, `CandidateFailedError` when only the candidate fails.
     """
-    ref_interp = make_interpreter(reference, delegate=delegate)
-    inputs = seeded_inputs(ref_interp, seed, runs)
-    ref = run(reference, inputs, delegate)
-    cand = run(candidate, inputs, delegate)
+    try:
+        ref_interp = make_interpreter(reference, delegate=delegate)
+        inputs = seeded_inputs(ref_interp, seed, runs)
+        ref = run(reference, inputs, delegate)
+    except TflfuseError as exc:
+        raise UnverifiableError(str(exc)) from None
+    try:
+        cand = run(candidate, inputs, delegate)
+    except TflfuseError as exc:
+        raise CandidateFailedError(str(exc)) from None
+    names = [d["name"] for d in ref_interp.get_output_details()]
+    tolerances = [(per_output or {}).get(name, OutputTolerance(int_atol, 0.0)) for name in names]
     max_abs = max_rel = 0.0
     identical = ok = True
     mismatch = Agreement(float("inf"), float("inf"), False, True, runs, False)
+    outputs: dict[str, dict[str, Any]] = {}
     for r_set, c_set in zip(ref, cand):
         if len(r_set) != len(c_set):
             return mismatch
-        for r, c in zip(r_set, c_set):
+        for k, (r, c) in enumerate(zip(r_set, c_set)):
             if r.shape != c.shape:
                 return mismatch
+            tol = tolerances[k] if k < len(tolerances) else OutputTolerance(int_atol, 0.0)
+            name = names[k] if k < len(names) else f"output_{k}"
+            entry = outputs.setdefault(name, {"max_abs": 0.0, "ok": True})
             identical &= r.dtype == c.dtype and r.tobytes() == c.tobytes()
             diff = np.abs(_as_real(r) - _as_real(c))
             if diff.size:
-                max_abs = max(max_abs, float(diff.max()))
+                worst = float(diff.max())
+                max_abs = max(max_abs, worst)
+                entry["max_abs"] = max(entry["max_abs"], worst)
                 scale = np.maximum(np.abs(_as_real(r)), 1e-6)
                 max_rel = max(max_rel, float((diff / scale).max()))
                 if r.dtype.kind == "f":
-                    ok &= bool(np.all(diff <= atol + rtol * np.abs(_as_real(r))))
+                    bound = atol + tol.atol
+                    good = bool(np.all(diff <= bound + rtol * np.abs(_as_real(r))))
+                    entry["allowed_atol"] = bound
                 else:
-                    ok &= bool(diff.max() <= int_atol)
+                    good = worst <= tol.int_steps
+                    entry["allowed_steps"] = tol.int_steps
+                entry["ok"] &= good
+                ok &= good
     varies = runs > 1 and any(
         not np.array_equal(ref[0][k], ref[i][k]) for i in range(1, runs) for k in range(len(ref[0]))
     )
-    return Agreement(max_abs, max_rel, identical, varies, runs, ok)
+    return Agreement(max_abs, max_rel, identical, varies, runs, ok, outputs)

@@ -24,6 +24,8 @@ def _identity_value(op: Op) -> float | None:
 class RemoveIdentityArithmetic(Rule):
     """x * 1 | x / 1 | x + 0 | x - 0  =>  x (when the constant does not broadcast x larger)."""
 
+    int8_error_steps = 0  # float-only
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MUL", "DIV", "ADD", "SUB")(p.x, p.const("c"), out="y")
 
@@ -55,6 +57,8 @@ class FactorCommonMultiplier(Rule):
     Two kernels fewer; the form the converter gives LayerNorm ((x - mean) * rsqrt(var) * gamma
     written as x * m + (-mean) * m). Float only; equal up to rounding.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(p.MUL(p.a, p.k, out="ma"), p.MUL(p.b, p.k, out="mb"))
@@ -106,6 +110,7 @@ class CancelTransposePair(Rule):
     else TRANSPOSE(x, p1[p2])."""
 
     quantized_ok = True
+    int8_error_steps = 0  # moves bytes only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.TRANSPOSE(p.TRANSPOSE(p.x, p.const("p1"), out="mid"), p.const("p2"), out="y")
@@ -137,6 +142,7 @@ class CollapseReshapeChain(Rule):
     """RESHAPE(RESHAPE(x)) | RESHAPE(x) to x's own shape  =>  one RESHAPE | x."""
 
     quantized_ok = True
+    int8_error_steps = 0  # moves bytes only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.RESHAPE(p.x, ..., out="y")
@@ -173,6 +179,8 @@ class CancelQuantizeDequantize(Rule):
     """QUANTIZE(DEQUANTIZE(q)) with the same type and scale as q  =>  q (exact)."""
 
     quantized_ok = True
+    int8_error_steps = 0  # same type and scale: the values are unchanged
+    inner_ops_may_be_shared = True  # the DEQUANTIZE stays for its other readers
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.QUANTIZE(p.DEQUANTIZE(p.q, out="real"), out="y")
@@ -275,6 +283,8 @@ def match_hard_swish(root: Op) -> Tensor | None:
 class _Recognize(Rule):
     """Shared rewrite: the root's output becomes the output of one builtin activation op."""
 
+    int8_error_steps = 0  # float-only
+
     builtin = ""
 
     def _source(self, root: Op) -> Tensor | None:
@@ -305,6 +315,8 @@ class _Recognize(Rule):
 class RecognizeHardSwish(_Recognize):
     """x * relu6(x + 3) / 6 (any association, / 6 or * 1/6, fused or separate RELU6)  =>
     HARD_SWISH(x)."""
+
+    int8_error_steps = 0  # float-only
 
     builtin = "HARD_SWISH"
 
@@ -347,6 +359,8 @@ def _leaky(root: Op) -> tuple[Tensor, float] | None:
 
 class RecognizeLeakyRelu(_Recognize):
     """maximum(x, a * x) | a * x + (1 - a) * relu(x), 0 <= a < 1  =>  LEAKY_RELU(x, alpha=a)."""
+
+    int8_error_steps = 0  # float-only
 
     builtin = "LEAKY_RELU"
 
@@ -439,6 +453,8 @@ def _gelu(root: Op) -> Tensor | None:
 class RecognizeGelu(_Recognize):
     """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))), any association  =>
     GELU(x, approximate=True)."""
+
+    int8_error_steps = 0  # float-only
 
     builtin = "GELU"
 

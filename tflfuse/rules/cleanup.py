@@ -25,6 +25,14 @@ _NEVER_FOLD = SIDE_EFFECTS | {
     "RANDOM_STANDARD_NORMAL",
     "MULTINOMIAL",
 }
+# Two of these with the same inputs may still give different results: a READ_VARIABLE sees the
+# ASSIGN_VARIABLEs between them (the resource handle is the same tensor), a random op draws anew.
+_NEVER_MERGE = SIDE_EFFECTS | {
+    "READ_VARIABLE",
+    "RANDOM_UNIFORM",
+    "RANDOM_STANDARD_NORMAL",
+    "MULTINOMIAL",
+}
 # A folded constant may not grow the model by more than this over the inputs it replaces.
 _MAX_GROWTH_BYTES = 1 << 20
 
@@ -166,15 +174,21 @@ def _op_key(op: Op) -> tuple:
 class EliminateCommonSubexpressions(Pass):
     """Two ops of the same type, options and inputs  =>  the first; readers of the second read it.
 
-    Run after MergeDuplicateConstants so equal constants count as the same input.
+    Never merged: ops with side effects, READ_VARIABLE (an ASSIGN_VARIABLE may come between),
+    random ops, ops reading a variable tensor. Run after MergeDuplicateConstants so equal
+    constants count as the same input.
     """
 
     def run(self, graph: Graph) -> int:
         seen: dict[tuple, Op] = {}
         removed = 0
         for op in list(graph.ops):
-            if op.type in SIDE_EFFECTS or not op.outputs or op.intermediates:
+            if op.type in _NEVER_MERGE or op.type.startswith("RANDOM_"):
                 continue
+            if not op.outputs or op.intermediates:
+                continue
+            if any(t is not None and t.is_variable for t in op.inputs):
+                continue  # reads mutable state
             key = _op_key(op)
             first = seen.setdefault(key, op)
             if first is op or any(graph.is_graph_output(t) for t in op.outputs):

@@ -101,6 +101,17 @@ def set_bias(graph: Graph, op: Op, value: np.ndarray) -> None:
         op.set_input(index, tensor)
     else:
         op.inputs = [*op.inputs, *([None] * (index - len(op.inputs))), tensor]
+    fit_version(op)
+
+
+def fit_version(op: Op) -> None:
+    """Raise `op.version` to what TFLite's op_version gives for what a rule made of it, so that
+    an older runtime refuses the model instead of ignoring a feature: TRANSPOSE_CONV with a
+    fused activation is version 4, with a bias input version 3."""
+    if op.type == "TRANSPOSE_CONV":
+        has_bias = len(op.inputs) > 3 and op.inputs[3] is not None
+        need = 4 if op.fused_activation != "NONE" else 3 if has_bias else 1
+        op.version = max(op.version, need)
 
 
 def pads_for_same(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:

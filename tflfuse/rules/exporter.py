@@ -207,6 +207,8 @@ class ShortenLayerNorm(Rule):
     as the batch may be included: they change nothing).
     """
 
+    int8_error_steps = 0  # float-only
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("ADD", "SUB")(p.a, p.b)
 
@@ -618,6 +620,8 @@ class SinkReshapeBelowScalarOp(Rule):
     layout op reads the result: the two RESHAPEs then meet and merge. Element-wise with a
     scalar, so the shape does not matter: exact. Float only."""
 
+    int8_error_steps = 0  # float-only
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any(*_SCALAR_ELEMENTWISE)(p.a, p.b)
 
@@ -723,6 +727,8 @@ class RecognizeClamp(Rule):
     which then fuses into the producer (FuseActivationIntoProducer) and lets RecognizeHardSwish
     see relu6(x + 3). Exact. Float only.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MINIMUM", "MAXIMUM")(p.a, p.b)
@@ -851,6 +857,8 @@ class BatchMatmulToFullyConnected(Rule):
     Edge TPU maps FULLY_CONNECTED but has no BATCH_MATMUL. Float only.
     """
 
+    int8_error_steps = 0  # float-only
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.BATCH_MATMUL(p.x, p.w)
 
@@ -919,6 +927,8 @@ class FoldPadByWidenedKernel(Rule):
     (the 3x3 kernels are the optimized ones). So no pipeline runs it; it is kept, tested, for a
     runtime where the PAD is the expensive part. Float only.
     """
+
+    int8_error_steps = 0  # float-only
 
     def __init__(self, types: tuple[str, ...] = ("DEPTHWISE_CONV_2D",)) -> None:
         self.types = types

@@ -76,6 +76,8 @@ class MergeSiblingOps(Rule):
     which disappears. Exact: each output channel is computed from the same weights as before.
     """
 
+    int8_error_steps = 0  # float-only
+
     def __init__(self, target: str = "xnnpack") -> None:
         self.target = target
 
@@ -177,6 +179,8 @@ class MergeSiblingSum(Rule):
     smaller kernel is zero-padded to the larger, centred: RepVGG-style re-parametrization).
     """
 
+    int8_error_steps = 0  # float-only
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(
             p.any(*_SIBLINGS)(p.x, p.const("wa"), ..., out="a"),
@@ -269,6 +273,7 @@ class HoistLayoutAboveSplit(Rule):
     """
 
     quantized_ok = True
+    int8_error_steps = 0  # moves bytes only
 
     def __init__(self, target: str = "xnnpack") -> None:
         self.target = target

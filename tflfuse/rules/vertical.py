@@ -41,6 +41,11 @@ def _absorbing_readers(
             return refuse(f"{op.type} reads the value as weights")
         if not common.has_float_params(op):
             return refuse(f"{op.type} weights or bias are not float constants")
+        if op.type == "FULLY_CONNECTED" and op.inputs[1].shape[-1] % t.shape[-1]:
+            return refuse(
+                f"FULLY_CONNECTED rows of {op.inputs[1].shape[-1]} values do not line up with"
+                f" the {t.shape[-1]} channels"
+            )
         if needs_no_padding and not common.same_padding_is_zero(op):
             return refuse(
                 f"{op.type} uses SAME padding: its zero border would not see the added constant"
@@ -48,9 +53,19 @@ def _absorbing_readers(
     return None
 
 
+def _per_weight_column(op: Op, v: np.ndarray) -> np.ndarray:
+    """A per-channel vector laid along the op's input axis: an FC reading an NHWC tensor
+    directly flattens it row-major, so its column k reads channel k mod C (the check made sure
+    the row length is a multiple of C)."""
+    if op.type != "FULLY_CONNECTED":
+        return v
+    return np.tile(v, op.inputs[1].shape[-1] // v.size)
+
+
 def _scale_input_channels(op: Op, s: np.ndarray) -> np.ndarray:
     """Weights of `op` with input channel i multiplied by s[i]."""
     w = common.weights(op)
+    s = _per_weight_column(op, s)
     if op.type == "DEPTHWISE_CONV_2D":
         multiplier = w.shape[3] // s.size
         return w * np.repeat(s, multiplier).reshape(1, 1, 1, -1)
@@ -61,6 +76,7 @@ def _bias_from_input_offset(op: Op, c: np.ndarray) -> np.ndarray:
     """The op's bias after its input gains +c[i] on every element of channel i (no padding)."""
     w = common.weights(op).astype(np.float64)
     b = common.bias(op).astype(np.float64)
+    c = _per_weight_column(op, c)
     if op.type == "DEPTHWISE_CONV_2D":
         multiplier = w.shape[3] // c.size
         return (b + np.repeat(c, multiplier) * w.sum(axis=(0, 1, 2))).astype(np.float32)
@@ -74,6 +90,8 @@ class FoldAffineIntoFollowing(Rule):
     s, c hold one value per channel (last axis). A MUL is always exact (zero padding stays
     zero); an ADD/SUB only when the reader pads nothing, otherwise the border would lack c.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MUL", "ADD", "SUB")(p.x, p.const("c"), out="y")
@@ -106,6 +124,8 @@ class MoveScaleThroughRelu(Rule):
     result is a conv/FC, so the MUL then folds into them (FoldAffineIntoFollowing): a
     pre-activation BatchNorm loses its MUL.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(p.MUL(p.x, p.const("s"), out="scaled"), p.const("b"), out="y")
@@ -171,6 +191,8 @@ class MoveScaleThroughMean(Rule):
     only when a conv/FC reads the mean, which then absorbs s (global pooling before a classifier).
     """
 
+    int8_error_steps = 0  # float-only
+
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MEAN(p.MUL(p.x, p.const("s"), out="scaled"), p.const("axes"), out="y")
 
@@ -208,6 +230,8 @@ class FoldBiasThroughAdd(Rule):
     into the conv/FC on the residual branch; the outer ADD's activation moves to the inner one.
     Exact up to the order of float additions.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(p.ADD(p.a, p.any(*common.WEIGHTED)(..., out="w"), out="sum"), p.const("c"))
@@ -250,6 +274,8 @@ class MergeLinearChain(Rule):
     Fires when the cost model says the merged op does no more multiply-adds per position
     (I*O <= I*M + M*O) — it always saves a kernel and the intermediate tensor.
     """
+
+    int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("CONV_2D", "FULLY_CONNECTED")(
@@ -332,6 +358,9 @@ class FoldPadIntoConv(Rule):
     For MAX_POOL_2D only when x >= 0 (it follows a RELU): SAME max pool ignores the border,
     the PAD's zeros never win over non-negative values.
     """
+
+    int8_error_steps = 0  # float-only
+    inner_ops_may_be_shared = True  # the PAD stays for its other readers
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D")(
