@@ -105,8 +105,9 @@ class LegalizeLeakyRelu(Rule):
     MAXIMUM(x, a x) form hit internal compiler errors, google-coral/edgetpu#165, #185) and ones
     ai-edge-quantizer can quantize (it has no PRELU), so the float model is legalized this way
     before quantizing. On an int8 graph PRELU computes the same two requantizations as the
-    LEAKY_RELU kernel (alpha stored as 127 x a/127: exact), so the rewrite is bit-exact there,
-    where the four-op form would round once more per layer.
+    LEAKY_RELU kernel (alpha stored as 127 x a/127), but its multipliers round differently, so
+    the result may move by one step (measured by the int8 property test), where the four-op form
+    would round once more per layer.
     """
 
     quantized_ok = True
