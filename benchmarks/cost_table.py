@@ -59,7 +59,9 @@ class Builder:
     def int8(self) -> bool:
         return self.dtype == "int8"
 
-    def act(self, shape: tuple[int, ...], scale: float = 0.05, zp: int = 0, name: str = "t") -> Tensor:
+    def act(
+        self, shape: tuple[int, ...], scale: float = 0.05, zp: int = 0, name: str = "t"
+    ) -> Tensor:
         if not self.int8:
             return self.g.add_tensor(name, shape)
         q = Quantization(np.array([scale], np.float32), np.array([zp], np.int64))

@@ -8,9 +8,11 @@ from rulekit import G, apply, assert_same_function, ops, refusals
 
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
 from tflfuse.rules.vertical import (
+    DropReshapeBeforeFullyConnected,
     FoldAffineIntoFollowing,
     FoldBiasThroughAdd,
     FoldPadIntoConv,
+    FoldScaleIntoMatmulOperand,
     MergeLinearChain,
     MoveScaleThroughMean,
     MoveScaleThroughRelu,
@@ -224,4 +226,93 @@ def test_offset_refused_when_the_residual_sum_feeds_the_next_shortcut() -> None:
     assert ops(model) == ["CONV_2D", "ADD", "ADD"]
     assert refusals(result, "FoldBiasThroughAdd") == [
         "the residual sum is read elsewhere (e.g. the next shortcut)"
+    ]
+
+
+def _heads(g: G, x, name: str):
+    """A projection of x (1, 4, 8) split into 2 heads: FC -> RESHAPE -> TRANSPOSE (1, 2, 4, 4)."""
+    w, b = g.rand(8, 8, name=name + "_w"), g.rand(8, name=name + "_b")
+    p = g.op("FULLY_CONNECTED", [x, w, b], (1, 4, 8), keep_num_dims=True,
+             fused_activation_function="NONE")  # fmt: skip
+    r = g.op("RESHAPE", [p, g.const(np.array([1, 4, 2, 4]))], (1, 4, 2, 4), new_shape=[1, 4, 2, 4])
+    return g.op("TRANSPOSE", [r, g.const(np.array([0, 2, 1, 3]))], (1, 2, 4, 4))
+
+
+def test_attention_scale_folds_into_the_query_projection() -> None:
+    g = G()
+    x = g.input((1, 4, 8))
+    q, k = _heads(g, x, "q"), _heads(g, x, "k")
+    scores = g.op("BATCH_MATMUL", [q, k], (1, 2, 4, 4), adj_x=False, adj_y=True)
+    data = g.bytes(g.op("SOFTMAX", [g.binary("MUL", scores, g.const(np.float32(0.5)))],
+                        (1, 2, 4, 4), beta=1.0))  # fmt: skip
+    fused, model, result = apply(data, FoldScaleIntoMatmulOperand())
+    assert result.fired() == {"FoldScaleIntoMatmulOperand": 1}
+    assert "MUL" not in ops(model)
+    assert len(model.main.ops) == 8
+    assert_same_function(data, fused)
+
+
+def test_attention_scale_stays_when_no_operand_is_a_projection() -> None:
+    g = G()
+    q, k = g.input((1, 2, 4, 4)), g.input((1, 2, 4, 4), "k")
+    scores = g.op("BATCH_MATMUL", [q, k], (1, 2, 4, 4), adj_x=False, adj_y=True)
+    data = g.bytes(g.unary("TANH", g.binary("MUL", scores, g.const(np.float32(0.5)))))
+    _, model, result = apply(data, FoldScaleIntoMatmulOperand())
+    assert ops(model) == ["BATCH_MATMUL", "MUL", "TANH"]
+    assert refusals(result, "FoldScaleIntoMatmulOperand") == [
+        "no matmul operand comes from a projection through layout ops only"
+    ]
+
+
+def _reshape_fc(g: G, x, dtype_q=None):
+    flat = g.graph.add_tensor("flat", (4, 8), x.dtype, quantization=dtype_q)
+    g.graph.add_op("RESHAPE", [x, g.const(np.array([4, 8]))], [flat], {"new_shape": [4, 8]})
+    return flat
+
+
+def test_reshape_before_fully_connected_disappears() -> None:
+    g = G()
+    x = g.unary("TANH", g.input((1, 4, 2, 4)))
+    data = g.bytes(g.fc(_reshape_fc(g, x), 3))
+    fused, model, _ = apply(data, DropReshapeBeforeFullyConnected())
+    assert ops(model) == ["TANH", "FULLY_CONNECTED"]
+    assert_same_function(data, fused)
+
+
+def test_reshape_before_fully_connected_disappears_in_int8() -> None:
+    from tflfuse import verify
+    from tflfuse.ir import Quantization
+
+    g = G()
+
+    def q(scale: float, n: int = 1, axis: int = 0) -> Quantization:
+        return Quantization(np.full(n, scale, np.float32), np.zeros(n, np.int64), axis=axis)
+
+    x = g.graph.add_tensor("x", (1, 4, 2, 4), "INT8", quantization=q(0.05))
+    g.graph.inputs.append(x)
+    flat = _reshape_fc(g, x, q(0.05))
+    w = g.graph.add_constant("w", g.rng.integers(-127, 128, (3, 8)).astype(np.int8), "INT8",
+                             q(1 / 127, 3))  # fmt: skip
+    b = g.graph.add_constant("b", np.arange(3, dtype=np.int32), "INT32", q(0.05 / 127, 3))
+    out = g.graph.add_tensor("out", (4, 3), "INT8", quantization=q(0.1))
+    g.graph.add_op("FULLY_CONNECTED", [flat, w, b], [out],
+                   {"fused_activation_function": "NONE", "keep_num_dims": False})  # fmt: skip
+    data = g.bytes(out)
+    fused, model, _ = apply(data, DropReshapeBeforeFullyConnected())
+    assert ops(model) == ["FULLY_CONNECTED"]
+    agreement = verify.compare(data, fused, int_atol=0)
+    assert agreement.ok and agreement.identical and agreement.varies
+
+
+def test_reshape_before_fc_that_keeps_dims_stays() -> None:
+    g = G()
+    x = g.unary("TANH", g.input((1, 4, 2, 4)))
+    flat = _reshape_fc(g, x)
+    w, b = g.rand(3, 8), g.rand(3, name="b")
+    data = g.bytes(g.op("FULLY_CONNECTED", [flat, w, b], (4, 3), keep_num_dims=True,
+                        fused_activation_function="NONE"))  # fmt: skip
+    _, model, result = apply(data, DropReshapeBeforeFullyConnected())
+    assert ops(model) == ["TANH", "RESHAPE", "FULLY_CONNECTED"]
+    assert refusals(result, "DropReshapeBeforeFullyConnected") == [
+        "the FC keeps its input's dimensions"
     ]

@@ -9,7 +9,10 @@ Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -155,3 +158,95 @@ def horizontal_pays(
     if after >= before:
         return f"{siblings} ops would become {after} (merged op and a split): no fewer kernels"
     return None
+
+
+# -- measured latency (delegates/cost_table.json, written by benchmarks/cost_table.py) -----------
+# The runtime a target's models run on: XNNPACK, or the plain built-in kernels ("none").
+RUNTIME_OF_TARGET: dict[str, str] = {"xnnpack": "xnnpack", "cpu": "none", "gpu": "xnnpack"}
+_INT_TYPES = frozenset({"INT8", "UINT8", "INT16"})
+
+
+def _table_dirs() -> list[Path]:
+    here = Path(__file__).resolve().parent
+    return [here.parent / "delegates", here / "data"]
+
+
+@functools.cache
+def cost_table(path: str | None = None) -> dict[str, tuple[float, float]]:
+    """{(kind, dtype, runtime): (microseconds per call, microseconds per unit of work)},
+    fitted to the measured shape classes; empty when no table ships."""
+    candidates = [Path(path)] if path else [d / "cost_table.json" for d in _table_dirs()]
+    for file in candidates:
+        if file.is_file():
+            entries = json.loads(file.read_text())["entries"]
+            break
+    else:
+        return {}
+    points: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+    for e in entries:
+        points.setdefault((e["kind"], e["dtype"], e["runtime"]), []).append((e["work"], e["us"]))
+    fitted = {}
+    for key, pts in points.items():
+        pts.sort()
+        (w0, u0), (w1, u1) = pts[0], pts[-1]
+        slope = max((u1 - u0) / (w1 - w0), 0.0) if w1 > w0 else 0.0
+        fitted[key] = (max(u0 - slope * w0, 0.0), slope)
+    return fitted
+
+
+def op_kind(op: Op) -> str:
+    """The cost-table kind of an op: its type, with a variant that runs a different kernel."""
+    if op.type in ("ADD", "SUB", "MUL", "SQUARED_DIFFERENCE", "DIV", "MAXIMUM", "MINIMUM"):
+        shapes = [tuple(t.shape) for t in op.inputs[:2] if t is not None]
+        return op.type + ("@bcast" if len(set(shapes)) > 1 else "")
+    if op.type == "MEAN":
+        if not op.options.get("keep_dims", False):
+            return "MEAN@squeeze"
+        x, axes = op.inputs[0], op.inputs[1]
+        rank = len(x.shape)
+        if axes.is_constant and {int(a) % rank for a in np.ravel(axes.data)} == {rank - 1}:
+            return "MEAN@last"
+        return "MEAN"
+    if op.type == "CONV_2D" and len(op.inputs[1].shape) == 4 and op.inputs[1].shape[1] > 1:
+        return "CONV_2D@3x3"
+    return op.type
+
+
+def work(op: Op) -> int:
+    """What the op's time grows with: multiply-adds of a heavy kernel, else elements written."""
+    return macs(op) or sum(_elements(t.shape) for t in op.outputs)
+
+
+def op_dtype(op: Op) -> str:
+    out = op.outputs[0] if op.outputs else None
+    return "int8" if out is not None and out.dtype in _INT_TYPES else "float32"
+
+
+def predict_op_us(op: Op, runtime: str, table: dict | None = None) -> float:
+    """Predicted microseconds `op` adds on `runtime`; an unmeasured kind is priced as an
+    element-wise ADD over its output (same dtype)."""
+    table = cost_table() if table is None else table
+    dtype = op_dtype(op)
+    entry = table.get((op_kind(op), dtype, runtime)) or table.get((op.type, dtype, runtime))
+    if entry is None:
+        entry = table.get(("ADD", dtype, runtime), (1.0, 0.001))
+        return entry[0] + entry[1] * sum(_elements(t.shape) for t in op.outputs)
+    return entry[0] + entry[1] * work(op)
+
+
+def predict_latency_us(model: Model, runtime: str, table: dict | None = None) -> float:
+    """Predicted invoke time of the main subgraph on `runtime` (sum of its ops)."""
+    return sum(predict_op_us(op, runtime, table) for op in model.main.ops)
+
+
+def fast_sub(target: str) -> bool:
+    """The target's runtime runs an int8 SUB about as fast as an int8 ADD (within 1.5x at the
+    medium shape class). Plain kernels do not (measured: benchmarks/cost_table.py); a rule
+    that would write a SUB there writes ADD of a negation instead. True without a table."""
+    table = cost_table()
+    runtime = RUNTIME_OF_TARGET.get(target, "xnnpack")
+    sub, add = table.get(("SUB@bcast", "int8", runtime)), table.get(("ADD@bcast", "int8", runtime))
+    if sub is None or add is None:
+        return runtime != "none"
+    medium = 8192
+    return sub[0] + sub[1] * medium <= 1.5 * (add[0] + add[1] * medium)

@@ -22,6 +22,7 @@ from tflfuse.rules.algebra import (
     RecognizeHardSwish,
     RecognizeLeakyRelu,
     RemoveIdentityArithmetic,
+    SquareExistingDifference,
 )
 from tflfuse.rules.cleanup import (
     EliminateCommonSubexpressions,
@@ -35,9 +36,11 @@ from tflfuse.rules.epilogue import (
 )
 from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
 from tflfuse.rules.vertical import (
+    DropReshapeBeforeFullyConnected,
     FoldAffineIntoFollowing,
     FoldBiasThroughAdd,
     FoldPadIntoConv,
+    FoldScaleIntoMatmulOperand,
     MergeLinearChain,
     MoveScaleThroughMean,
     MoveScaleThroughRelu,
@@ -77,7 +80,8 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         CancelTransposePair(),
         CollapseReshapeChain(),
         CancelQuantizeDequantize(),
-        FactorCommonMultiplier(),
+        FactorCommonMultiplier(target),
+        SquareExistingDifference(),
     )
     activations: tuple[Rule | Pass, ...] = (
         () if target == "edgetpu" else (RecognizeHardSwish(), RecognizeLeakyRelu(), RecognizeGelu())
@@ -89,6 +93,8 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         FoldAffineIntoFollowing(),
         FoldBiasThroughAdd(),
         MergeLinearChain(),
+        FoldScaleIntoMatmulOperand(),
+        DropReshapeBeforeFullyConnected(),
     )
     horizontal: tuple[Rule | Pass, ...] = (
         MergeSiblingSum(),
