@@ -316,3 +316,50 @@ def test_reshape_before_fc_that_keeps_dims_stays() -> None:
     assert refusals(result, "DropReshapeBeforeFullyConnected") == [
         "the FC keeps its input's dimensions"
     ]
+
+
+def _int8_pad_conv(g: G, pad_value: int | None):
+    from tflfuse.ir import Quantization
+
+    def q(scale: float, zero: int = 0, n: int = 1) -> Quantization:
+        return Quantization(np.full(n, scale, np.float32), np.full(n, zero, np.int64))
+
+    x = g.graph.add_tensor("x", (1, 6, 6, 3), "INT8", quantization=q(0.05, -4))
+    g.graph.inputs.append(x)
+    padded = g.graph.add_tensor("padded", (1, 8, 8, 3), "INT8", quantization=q(0.05, -4))
+    pads = g.const(np.array([[0, 0], [1, 1], [1, 1], [0, 0]]))
+    if pad_value is None:
+        g.graph.add_op("PAD", [x, pads], [padded])
+    else:
+        value = g.graph.add_constant("v", np.array([pad_value], np.int8), "INT8", q(0.05, -4))
+        g.graph.add_op("PADV2", [x, pads, value], [padded])
+    w = g.graph.add_constant("w", g.rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8),
+                             "INT8", q(1 / 127, 0, 4))  # fmt: skip
+    b = g.graph.add_constant("b", np.arange(4, dtype=np.int32), "INT32", q(0.05 / 127, 0, 4))
+    out = g.graph.add_tensor("out", (1, 6, 6, 4), "INT8", quantization=q(0.1, 2))
+    g.graph.add_op("CONV_2D", [padded, w, b], [out],
+                   {"padding": "VALID", "stride_h": 1, "stride_w": 1,
+                    "fused_activation_function": "NONE"})  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("pad_value", [None, -4])
+def test_int8_pad_folds_into_conv(pad_value: int | None) -> None:
+    from tflfuse import verify
+
+    g = G()
+    data = g.bytes(_int8_pad_conv(g, pad_value))
+    fused, model, _ = apply(data, FoldPadIntoConv())
+    assert ops(model) == ["CONV_2D"]
+    agreement = verify.compare(data, fused, int_atol=0)
+    assert agreement.ok and agreement.identical and agreement.varies
+
+
+def test_int8_pad_with_another_value_is_refused() -> None:
+    g = G()
+    data = g.bytes(_int8_pad_conv(g, 10))
+    _, model, result = apply(data, FoldPadIntoConv())
+    assert ops(model) == ["PADV2", "CONV_2D"]
+    assert refusals(result, "FoldPadIntoConv") == [
+        "the PAD value is not the zero point (real zero)"
+    ]

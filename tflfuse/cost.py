@@ -212,8 +212,14 @@ def op_kind(op: Op) -> str:
     return op.type
 
 
+_REDUCTIONS = frozenset({"MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"})
+
+
 def work(op: Op) -> int:
-    """What the op's time grows with: multiply-adds of a heavy kernel, else elements written."""
+    """What the op's time grows with: multiply-adds of a heavy kernel, elements read by a
+    reduction, else elements written."""
+    if op.type in _REDUCTIONS and op.inputs:
+        return _elements(op.inputs[0].shape)
     return macs(op) or sum(_elements(t.shape) for t in op.outputs)
 
 
@@ -250,3 +256,18 @@ def fast_sub(target: str) -> bool:
         return runtime != "none"
     medium = 8192
     return sub[0] + sub[1] * medium <= 1.5 * (add[0] + add[1] * medium)
+
+
+def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool:
+    """A MEAN over H, W with keep_dims=True plus a RESHAPE is faster on the target's runtime
+    than keep_dims=False, for this dtype and input (measured table; False without one)."""
+    table = cost_table()
+    runtime = RUNTIME_OF_TARGET.get(target, "xnnpack")
+    squeeze = table.get(("MEAN@squeeze", dtype, runtime))
+    keep, reshape = table.get(("MEAN", dtype, runtime)), table.get(("RESHAPE", dtype, runtime))
+    if squeeze is None or keep is None or reshape is None:
+        return False
+    n, channels = _elements(shape), (shape[-1] if shape else 1)
+    before = squeeze[0] + squeeze[1] * n
+    after = keep[0] + keep[1] * n + reshape[0] + reshape[1] * channels
+    return n > 0 and after < 0.8 * before

@@ -7,7 +7,8 @@ rewrite pays on one runtime and not another:
   edgetpu  legalization first; no builtins the compiler does not map (HARD_SWISH, LEAKY_RELU,
            GELU stay spelled out in supported ops); horizontal merges within its 8 MiB of SRAM
   xnnpack  everything; horizontal merges avoid SPLIT_V (not delegated)
-  gpu, cpu everything
+  gpu, cpu everything; cpu (the plain built-in kernels) also picks their fast int8 MEAN
+           and avoids their slow int8 SUB (measured: delegates/cost_table.json)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tflfuse.rules.epilogue import (
     FuseActivationIntoProducer,
 )
 from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
+from tflfuse.rules.kernels import MeanKeepDims
 from tflfuse.rules.vertical import (
     DropReshapeBeforeFullyConnected,
     FoldAffineIntoFollowing,
@@ -101,8 +103,18 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         MergeSiblingOps(target),
         HoistLayoutAboveSplit(target),
     )
+    kernels: tuple[Rule | Pass, ...] = () if target == "edgetpu" else (MeanKeepDims(target),)
     legalize = _edgetpu_legalization() if target == "edgetpu" else ()
-    return (*legalize, *algebra, *activations, *epilogue, *vertical, *horizontal, *cleanup)
+    return (
+        *legalize,
+        *algebra,
+        *activations,
+        *epilogue,
+        *vertical,
+        *horizontal,
+        *kernels,
+        *cleanup,
+    )
 
 
 def all_rule_names() -> list[str]:

@@ -331,8 +331,13 @@ class FoldPadIntoConv(Rule):
     with SAME padding on x, when the PAD adds exactly the border SAME would.
 
     For MAX_POOL_2D only when x >= 0 (it follows a RELU): SAME max pool ignores the border,
-    the PAD's zeros never win over non-negative values.
+    the PAD's zeros never win over non-negative values. int8: exact when the PAD keeps its
+    input's quantization and pads with the zero point (real 0), which is what the int8 conv
+    kernels' SAME border holds.
     """
+
+    quantized_ok = True
+    int8_error_steps = 0
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D")(
@@ -343,9 +348,15 @@ class FoldPadIntoConv(Rule):
         op, pad = m.root, m.padded.op
         if op.options.get("padding") != "VALID":
             return refuse(f"{op.type} already pads")
-        if not common.is_float(m.x) or len(m.x.shape) != 4:
-            return refuse("the PAD input is not a float NHWC tensor")
-        if pad.type == "PADV2" and common.scalar_value(pad.inputs[2]) != 0.0:
+        if len(m.x.shape) != 4:
+            return refuse("the PAD input is not an NHWC tensor")
+        if m.x.is_quantized or m.padded.is_quantized:
+            reason = _int8_pad_refusal(m.x, m.padded, pad)
+            if reason is not None:
+                return reason
+        elif not common.is_float(m.x):
+            return refuse("the PAD input is neither float nor int8")
+        elif pad.type == "PADV2" and common.scalar_value(pad.inputs[2]) != 0.0:
             return refuse("the PAD value is not zero")
         pads = np.asarray(m.pads.data).reshape(-1, 2).tolist()
         if len(pads) != 4 or pads[0] != [0, 0] or pads[3] != [0, 0]:
@@ -366,6 +377,21 @@ class FoldPadIntoConv(Rule):
     def rewrite(self, m: Match) -> None:
         m.root.options["padding"] = "SAME"
         m.root.set_input(0, m.x)
+
+
+def _int8_pad_refusal(x: Tensor, padded: Tensor, pad: Op) -> Refusal | None:
+    """None when an int8 PAD pads real zeros and keeps x's quantization."""
+    if x.dtype not in ("INT8", "UINT8") or padded.dtype != x.dtype:
+        return refuse("the PAD input is not int8 or uint8")
+    q = x.quantization
+    if q is None or q.per_channel or q.scale is None or not _same_quantization(x, padded):
+        return refuse("the PAD changes the quantization")
+    if pad.type == "PADV2":
+        value = pad.inputs[2]
+        zero = int(np.ravel(q.zero_point)[0]) if q.zero_point is not None else 0
+        if not value.is_constant or value.data.size != 1 or int(np.ravel(value.data)[0]) != zero:
+            return refuse("the PAD value is not the zero point (real zero)")
+    return None
 
 
 def _non_negative(t: Tensor) -> bool:
