@@ -114,6 +114,7 @@ def bench_model(name: str, out_root: Path, args: argparse.Namespace) -> dict[str
         conv = convert_one(model, recipe, calib if precision == "int8" else None,
                            out_root / name / precision)  # fmt: skip
         conv["latency_ms"] = {}
+        conv["predicted"] = predictions(conv["paths"])
         for delegate in DELEGATES:
             log(f"{name}: time {precision} on {delegate}")
             conv["latency_ms"][delegate] = time_models(conv["paths"], delegate, args.runs,
@@ -210,6 +211,7 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
         "",
         "## Findings of this run (computed)",
         "",
+        *worst_lines(rows),
         "- int8 fused at least 5% faster than stock on both runtimes:"
         f" {'; '.join(faster) or none}.",
         f"- int8 fused at least 5% slower than stock on a runtime: {'; '.join(slower) or none}.",
@@ -217,6 +219,100 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
         f" unfused shows the same error): {'; '.join(worse_error) or none}.",
         f"- Edge TPU predicted mapping clearly better fused than stock: {'; '.join(tpu) or none}.",
     ]
+
+
+def worst_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The worst fused/stock p50 ratio per precision and runtime (goal: <= 1.00)."""
+    lines = []
+    for precision in PRECISIONS:
+        for d in DELEGATES:
+            ratios = [
+                (
+                    p["latency_ms"][d]["fused"]["p50"] / p["latency_ms"][d]["stock"]["p50"],
+                    r["model"],
+                )
+                for r in rows
+                for p in [r["precisions"].get(precision)]
+                if p
+            ]
+            if ratios:
+                value, model = max(ratios)
+                lines.append(f"- worst fused/stock, {precision} on {d}: {value:.2f} ({model}).")
+    return lines
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None for fewer than 3 points."""
+    if len(a) < 3:
+        return None
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else None
+
+
+def predictions(paths: dict[str, str]) -> dict[str, dict[str, float]]:
+    """What the cost model predicts per variant: before (static counts: kernels, activation
+    traffic) and after (latency from the measured table, per runtime)."""
+    from tflfuse import cost
+
+    out = {}
+    for v in VARIANTS:
+        model = flatbuffer.load(paths[v])
+        static = cost.model_cost(model)
+        out[v] = {
+            "kernels": static["kernels"],
+            "traffic": static["read_bytes"] + static["write_bytes"],
+            **{f"table_{d}": cost.predict_latency_us(model, d) for d in DELEGATES},
+        }
+    return out
+
+
+def cost_model_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How well each predictor ranks the measured ratios over the zoo (Spearman's rho)."""
+    lines = [
+        "",
+        "## Cost model vs measurement",
+        "",
+        "Spearman's rho between a predicted and the measured p50 ratio over every (model,"
+        " precision) of this run (1: the same ranking). before = the static cost model"
+        " (kernel count; activation bytes read and written), after = latency predicted from"
+        " `delegates/cost_table.json` (`python benchmarks/cost_table.py`).",
+        "",
+        "| ratio | runtime | points | before: kernels | before: traffic | after: table |",
+        "|---|---|---|---|---|---|",
+    ]
+    for base in ("stock", "unfused"):
+        for d in DELEGATES:
+            measured, pred = [], {"kernels": [], "traffic": [], f"table_{d}": []}
+            for r in rows:
+                for p in r["precisions"].values():
+                    if "predicted" not in p:
+                        continue
+                    lat = p["latency_ms"][d]
+                    measured.append(lat["fused"]["p50"] / lat[base]["p50"])
+                    for key in pred:
+                        f, b = p["predicted"]["fused"][key], p["predicted"][base][key]
+                        pred[key].append(f / b if b else 1.0)
+            rho = [spearman(v, measured) for v in pred.values()]
+            cells = ["-" if x is None else f"{x:.2f}" for x in rho]
+            lines.append(f"| fused/{base} | {d} | {len(measured)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -241,6 +337,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += findings(rows)
     for precision in ("int8", "float32"):
         lines += ratio_table(rows, precision)
+    lines += cost_model_lines(rows)
     tpu_rows = [r for r in rows if r.get("edgetpu")]
     lines += (
         []

@@ -83,7 +83,6 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         CollapseReshapeChain(),
         CancelQuantizeDequantize(),
         FactorCommonMultiplier(target),
-        SquareExistingDifference(),
     )
     activations: tuple[Rule | Pass, ...] = (
         () if target == "edgetpu" else (RecognizeHardSwish(), RecognizeLeakyRelu(), RecognizeGelu())
@@ -95,15 +94,21 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         FoldAffineIntoFollowing(),
         FoldBiasThroughAdd(),
         MergeLinearChain(),
-        FoldScaleIntoMatmulOperand(),
-        DropReshapeBeforeFullyConnected(),
     )
     horizontal: tuple[Rule | Pass, ...] = (
         MergeSiblingSum(),
         MergeSiblingOps(target),
         HoistLayoutAboveSplit(target),
     )
-    kernels: tuple[Rule | Pass, ...] = () if target == "edgetpu" else (MeanKeepDims(target),)
+    # CPU runtimes only (measured with benchmarks/cost_table.py; the Edge TPU pipeline keeps
+    # its own): before the horizontal merges, which would hide the Q projection in a SPLIT
+    cpu = target != "edgetpu"
+    cpu_vertical: tuple[Rule | Pass, ...] = (
+        (FoldScaleIntoMatmulOperand(), DropReshapeBeforeFullyConnected()) if cpu else ()
+    )
+    cpu_kernels: tuple[Rule | Pass, ...] = (
+        (SquareExistingDifference(), MeanKeepDims(target)) if cpu else ()
+    )
     legalize = _edgetpu_legalization() if target == "edgetpu" else ()
     return (
         *legalize,
@@ -111,8 +116,9 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         *activations,
         *epilogue,
         *vertical,
+        *cpu_vertical,
         *horizontal,
-        *kernels,
+        *cpu_kernels,
         *cleanup,
     )
 
