@@ -43,7 +43,7 @@ def test_int8_global_pool_stays_for_xnnpack() -> None:
     _, model, result = apply(data, MeanKeepDims("xnnpack"))
     assert ops(model) == ["MEAN", "RELU"]
     assert refusals(result, "MeanKeepDims") == [
-        "xnnpack runs this MEAN as fast without keep_dims (cost table)"
+        "XNNPACK kernels run this MEAN as fast without keep_dims (cost table)"
     ]
 
 

@@ -166,6 +166,12 @@ RUNTIME_OF_TARGET: dict[str, str] = {"xnnpack": "xnnpack", "cpu": "none", "gpu":
 _INT_TYPES = frozenset({"INT8", "UINT8", "INT16"})
 
 
+def runtime_label(target: str) -> str:
+    """Words for the runtime a target's models run on (for refusal sentences)."""
+    runtime = RUNTIME_OF_TARGET.get(target, "xnnpack")
+    return {"xnnpack": "XNNPACK kernels", "none": "the plain built-in kernels"}[runtime]
+
+
 def _table_dirs() -> list[Path]:
     here = Path(__file__).resolve().parent
     return [here.parent / "delegates", here / "data"]

@@ -41,8 +41,8 @@ class MeanKeepDims(Rule):
         if rank != 4 or axes != {1, 2}:
             return NotApplicable("not a mean over H and W of an NHWC tensor")
         if not cost.mean_keep_dims_pays(self.target, cost.op_dtype(m.root), m.x.shape):
-            runtime = cost.RUNTIME_OF_TARGET.get(self.target, self.target)
-            return refuse(f"{runtime} runs this MEAN as fast without keep_dims (cost table)")
+            runtime = cost.runtime_label(self.target)
+            return refuse(f"{runtime} run this MEAN as fast without keep_dims (cost table)")
         return None
 
     def rewrite(self, m: Match) -> None:
