@@ -312,6 +312,21 @@ def cost_model_lines(rows: list[dict[str, Any]]) -> list[str]:
             rho = [spearman(v, measured) for v in pred.values()]
             cells = ["-" if x is None else f"{x:.2f}" for x in rho]
             lines.append(f"| fused/{base} | {d} | {len(measured)} | " + " | ".join(cells) + " |")
+    for d in DELEGATES:
+        keys = ("kernels", "traffic", f"table_{d}")
+        points = [
+            (p["latency_ms"][d][v]["p50"], [p["predicted"][v][k] for k in keys])
+            for r in rows
+            for p in r["precisions"].values()
+            if "predicted" in p
+            for v in VARIANTS
+        ]
+        measured = [m for m, _ in points]
+        rho = [spearman([pr[i] for _, pr in points], measured) for i in range(len(keys))]
+        cells = ["-" if x is None else f"{x:.2f}" for x in rho]
+        lines.append(
+            f"| p50 itself (every model) | {d} | {len(points)} | " + " | ".join(cells) + " |"
+        )
     return lines
 
 
