@@ -37,6 +37,9 @@ from tflfuse.runtime import interpreter_package  # noqa: E402
 VARIANTS = ("unfused", "stock", "fused")
 PRECISIONS = {"float32": "cpu-float", "int8": "xnnpack-int8"}
 DELEGATES = ("xnnpack", "none")
+# The rule pipeline a runtime's fused model is made with: XNNPACK, and the plain built-in
+# kernels ("none"), whose fast and slow int8 kernels differ (delegates/cost_table.json).
+TARGET_OF_DELEGATE = {"xnnpack": "xnnpack", "none": "cpu"}
 CALIBRATION_SAMPLES = 32
 
 
@@ -44,17 +47,21 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def convert_one(model: Any, recipe: str, calib: Any, out: Path) -> dict[str, Any]:
+def convert_one(
+    model: Any, recipe: str, calib: Any, out: Path, target: str | None = None
+) -> dict[str, Any]:
     from tflfuse.convert import convert_keras
 
     t0 = time.perf_counter()
     result = convert_keras(
-        model, recipe=recipe, calibration=calib, output_dir=out, seed=0, progress=False
-    )
+        model, recipe=recipe, calibration=calib, output_dir=out, seed=0, progress=False,
+        target=target,
+    )  # fmt: skip
     report = result.report
     paths = {"fused": result.fused, "unfused": result.unfused, "stock": result.stock}
     return {
         "recipe": recipe,
+        "target": report["recipe"].get("target"),
         "paths": {k: str(v) for k, v in paths.items()},
         "seconds": time.perf_counter() - t0,
         "timings_s": report.get("timings_s", {}),
@@ -111,14 +118,22 @@ def bench_model(name: str, out_root: Path, args: argparse.Namespace) -> dict[str
     row: dict[str, Any] = {"model": name, "input": list(model.input_shape), "precisions": {}}
     for precision, recipe in PRECISIONS.items():
         log(f"{name}: convert {recipe}")
-        conv = convert_one(model, recipe, calib if precision == "int8" else None,
-                           out_root / name / precision)  # fmt: skip
-        conv["latency_ms"] = {}
-        conv["predicted"] = predictions(conv["paths"])
+        data = calib if precision == "int8" else None
+        conv = convert_one(model, recipe, data, out_root / name / precision)
+        conv["latency_ms"], conv["predicted"], conv["targets"] = {}, {}, {}
         for delegate in DELEGATES:
+            target = TARGET_OF_DELEGATE[delegate]
+            made = conv
+            if target != conv["target"]:
+                log(f"{name}: convert {recipe} for target {target}")
+                made = convert_one(model, recipe, data, out_root / name / f"{precision}-{target}",
+                                   target=target)  # fmt: skip
+                kept = ("facts", "max_abs_error", "top1_agreement", "paths")
+                conv["targets"][target] = {k: made[k] for k in kept}
             log(f"{name}: time {precision} on {delegate}")
-            conv["latency_ms"][delegate] = time_models(conv["paths"], delegate, args.runs,
+            conv["latency_ms"][delegate] = time_models(made["paths"], delegate, args.runs,
                                                        args.warmup)  # fmt: skip
+            conv["predicted"][delegate] = predictions(made["paths"])
         row["precisions"][precision] = conv
     if not args.no_edgetpu:
         log(f"{name}: convert edgetpu")
@@ -302,12 +317,12 @@ def cost_model_lines(rows: list[dict[str, Any]]) -> list[str]:
             measured, pred = [], {"kernels": [], "traffic": [], f"table_{d}": []}
             for r in rows:
                 for p in r["precisions"].values():
-                    if "predicted" not in p:
+                    if d not in p.get("predicted", {}):
                         continue
                     lat = p["latency_ms"][d]
                     measured.append(lat["fused"]["p50"] / lat[base]["p50"])
                     for key in pred:
-                        f, b = p["predicted"]["fused"][key], p["predicted"][base][key]
+                        f, b = p["predicted"][d]["fused"][key], p["predicted"][d][base][key]
                         pred[key].append(f / b if b else 1.0)
             rho = [spearman(v, measured) for v in pred.values()]
             cells = ["-" if x is None else f"{x:.2f}" for x in rho]
@@ -315,10 +330,10 @@ def cost_model_lines(rows: list[dict[str, Any]]) -> list[str]:
     for d in DELEGATES:
         keys = ("kernels", "traffic", f"table_{d}")
         points = [
-            (p["latency_ms"][d][v]["p50"], [p["predicted"][v][k] for k in keys])
+            (p["latency_ms"][d][v]["p50"], [p["predicted"][d][v][k] for k in keys])
             for r in rows
             for p in r["precisions"].values()
-            if "predicted" in p
+            if d in p.get("predicted", {})
             for v in VARIANTS
         ]
         measured = [m for m, _ in points]
@@ -346,7 +361,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         " blocked), stock = the plain TFLite converter (its PTQ for int8), fused = tflfuse."
         f" int8 = recipe `xnnpack-int8` ({CALIBRATION_SAMPLES} calibration samples), float32 ="
         " recipe `cpu-float`. Error = max |output - Keras output| on the report's check inputs;"
-        " top-1 = how often the arg-max class agrees with Keras (classifiers)."
+        " top-1 = how often the arg-max class agrees with Keras (classifiers). The fused model"
+        " is made for the runtime that times it: `--target xnnpack` for XNNPACK, `--target cpu`"
+        " for the plain kernels (`none`); op-count ratios are the XNNPACK target's."
         " Latencies are milliseconds on this machine; compare ratios, not absolute times.",
     ]
     lines += findings(rows)
@@ -387,26 +404,33 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     ]
     for r in rows:
         for precision, p in r["precisions"].items():
-            for v in VARIANTS:
-                lat = p["latency_ms"]
+            lat, cpu = p["latency_ms"], p.get("targets", {}).get("cpu")
+            for v in (*VARIANTS, "fused (cpu)") if cpu else VARIANTS:
                 stock_s = p["timings_s"].get("stock")
                 seconds = (
                     f"{p['seconds']:.1f}" if v == "fused" else f"{stock_s:.1f}" if v == "stock"
                     and stock_s is not None else "-"
                 )  # fmt: skip
+                facts, key = (cpu, "fused") if v == "fused (cpu)" else (p, v)
+                times = [lat[d][key][q] for d in DELEGATES for q in ("p50", "p90")]
+                if cpu and v == "fused":
+                    times[2:] = [None, None]  # plain kernels ran the cpu-target model
+                if v == "fused (cpu)":
+                    times[:2] = [None, None]
+                cells = ["-" if t is None else f"{t:.3f}" for t in times]
                 lines.append(
-                    f"| {r['model']} | {precision} | {v} | {p['facts'][v]['op_count']} | "
-                    f"{_kib(p['facts'][v]['activation_bytes'])} | {seconds} | "
-                    f"{_err(p['max_abs_error'][v])} | {_top1(p['top1_agreement'][v])} | "
-                    f"{lat['xnnpack'][v]['p50']:.3f} | "
-                    f"{lat['xnnpack'][v]['p90']:.3f} | {lat['none'][v]['p50']:.3f} | "
-                    f"{lat['none'][v]['p90']:.3f} |"
+                    f"| {r['model']} | {precision} | {v} | {facts['facts'][key]['op_count']} | "
+                    f"{_kib(facts['facts'][key]['activation_bytes'])} | {seconds} | "
+                    f"{_err(facts['max_abs_error'][key])} | {_top1(facts['top1_agreement'][key])}"
+                    " | " + " | ".join(cells) + " |"
                 )
     lines += [
         "",
         "convert s: for `fused`, the whole `convert_keras` call (Grappler, converter, rules,"
         " unfused baseline, quantization of all three, verification); for `stock`, the plain"
-        " converter's share of it.",
+        " converter's share of it. `fused (cpu)`: the same recipe with `--target cpu`, the"
+        " pipeline for the plain built-in kernels; the `none` columns time it (and that"
+        " conversion's unfused and stock models, the same graphs as above).",
         "",
         "![p50 latency ratios](zoo_latency_ratios.png)",
         "",

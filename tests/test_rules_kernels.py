@@ -48,12 +48,15 @@ def test_int8_global_pool_stays_for_xnnpack() -> None:
 
 
 @pytest.mark.parametrize("target", ["cpu", "xnnpack"])
-def test_float_global_pool_stays(target: str) -> None:
+def test_float_global_pool_keeps_dims_where_its_int8_form_will_pay(target: str) -> None:
     g = G()
     x = g.input((1, 5, 5, 16))
     y = g.op("MEAN", [x, g.const(np.array([1, 2]))], (1, 16), keep_dims=False)
     data = g.bytes(g.unary("TANH", y))
     fused, model, result = apply(data, MeanKeepDims(target))
-    assert ops(model) == ["MEAN", "TANH"]
-    assert len(refusals(result, "MeanKeepDims")) == 1
+    if target == "cpu":  # the float graph may be quantized: the int8 saving decides
+        assert ops(model) == ["MEAN", "RESHAPE", "TANH"]
+    else:
+        assert ops(model) == ["MEAN", "TANH"]
+        assert len(refusals(result, "MeanKeepDims")) == 1
     assert_same_function(data, fused)

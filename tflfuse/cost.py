@@ -264,16 +264,34 @@ def fast_sub(target: str) -> bool:
     return sub[0] + sub[1] * medium <= 1.5 * (add[0] + add[1] * medium)
 
 
-def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool:
-    """A MEAN over H, W with keep_dims=True plus a RESHAPE is faster on the target's runtime
-    than keep_dims=False, for this dtype and input (measured table; False without one)."""
+def mean_keep_dims_saving_us(target: str, dtype: str, shape: tuple[int, ...]) -> float | None:
+    """Microseconds a MEAN over H, W of `shape` saves on the target's runtime when written with
+    keep_dims=True plus a RESHAPE instead of keep_dims=False (negative: it costs), and the
+    keep_dims=False time; None without a measured table."""
     table = cost_table()
     runtime = RUNTIME_OF_TARGET.get(target, "xnnpack")
     squeeze = table.get(("MEAN@squeeze", dtype, runtime))
     keep, reshape = table.get(("MEAN", dtype, runtime)), table.get(("RESHAPE", dtype, runtime))
     if squeeze is None or keep is None or reshape is None:
-        return False
+        return None
     n, channels = _elements(shape), (shape[-1] if shape else 1)
     before = squeeze[0] + squeeze[1] * n
     after = keep[0] + keep[1] * n + reshape[0] + reshape[1] * channels
-    return n > 0 and after < 0.8 * before
+    return before - after
+
+
+def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool:
+    """keep_dims=True + RESHAPE saves at least a fifth of the MEAN's int8 time on the target's
+    runtime. For a float graph, which convert may still quantize, the int8 saving must also
+    outweigh the float cost (measured table; False without one)."""
+    int8 = mean_keep_dims_saving_us(target, "int8", shape)
+    if int8 is None or int8 <= 0:
+        return False
+    table = cost_table()
+    squeeze = table[("MEAN@squeeze", "int8", RUNTIME_OF_TARGET.get(target, "xnnpack"))]
+    if int8 < 0.2 * (squeeze[0] + squeeze[1] * _elements(shape)):
+        return False
+    if dtype == "int8":
+        return True
+    float_saving = mean_keep_dims_saving_us(target, "float32", shape)
+    return float_saving is not None and int8 + float_saving > 0

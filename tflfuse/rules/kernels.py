@@ -20,6 +20,8 @@ class MeanKeepDims(Rule):
     Global average pooling of an NHWC tensor. The plain int8 kernels have a fast path only for
     keep_dims=True over H and W; without it the generic reduction is 1.4-2.9x slower on whole
     models (65x on the op alone; delegates/cost_table.json), XNNPACK is as fast either way.
+    A float graph may still be quantized (convert fuses in float, then quantizes): there the
+    rule fires when the int8 saving outweighs the float cost (a few microseconds).
     The same MEAN, then a reshape that keeps bytes and quantization; in int8 the fast path
     rounds its sum differently from the generic one: at most one quantization step.
     """
