@@ -12,7 +12,8 @@ model's latency. `tflfuse.cost.predict_latency_us` interpolates in `work` (eleme
 or multiply-adds for heavy kernels) between the shape classes measured here.
 
 Variants that behave differently get their own kind: `ADD@bcast` (one operand broadcast along
-the last axis), `MEAN@squeeze` (keep_dims=False). int8 tensors use per-tensor scales (weights
+the last axis), `MEAN@squeeze` (keep_dims=False), `MEAN@last` (over the last axis), `MEAN@rows`
+(the same written as a pool, rows as the batch). int8 tensors use per-tensor scales (weights
 per channel), as the converter and ai-edge-quantizer write them.
 """
 
@@ -139,6 +140,12 @@ def _reduce_last(b: Builder, rows: int) -> Model:
     return b.op("MEAN", [x, b.ints([2])], b.act((1, rows, 1)), keep_dims=True)
 
 
+def _mean_rows(b: Builder, rows: int) -> Model:
+    """MEAN@last written as a pool: (rows, 1, C, 1) averaged over axes 1, 2."""
+    x = b.input((rows, 1, CHANNELS, 1))
+    return b.op("MEAN", [x, b.ints([1, 2])], b.act((rows, 1, 1, 1)), keep_dims=True)
+
+
 def _fc(b: Builder, rows: int) -> Model:
     x = b.input((rows, CHANNELS))
     w = b.weights((CHANNELS, CHANNELS), axis=0)
@@ -212,6 +219,7 @@ KINDS: dict[str, tuple[Callable[[Builder, int], Model], tuple[str, ...]]] = {
     "MEAN": (_mean(True), DTYPES),
     "MEAN@squeeze": (_mean(False), DTYPES),
     "MEAN@last": (_reduce_last, DTYPES),
+    "MEAN@rows": (_mean_rows, DTYPES),
     "FULLY_CONNECTED": (_fc, DTYPES),
     "CONV_2D": (_conv(1), DTYPES),
     "CONV_2D@3x3": (_conv(3), DTYPES),
@@ -261,7 +269,7 @@ def measure(runs: int, warmup: int, folder: Path, log: Callable[[str], None]) ->
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=200)
+    p.add_argument("--runs", type=int, default=500)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--out", default=str(HERE.parent / "delegates" / "cost_table.json"))
     args = p.parse_args(argv)

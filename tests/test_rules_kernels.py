@@ -8,7 +8,7 @@ from rulekit import G, apply, assert_same_function, ops, refusals
 
 from tflfuse import verify
 from tflfuse.ir import Quantization
-from tflfuse.rules.kernels import MeanKeepDims
+from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows
 
 
 def _q(scale: float, zero: int = 0) -> Quantization:
@@ -60,3 +60,31 @@ def test_float_global_pool_keeps_dims_where_its_int8_form_will_pay(target: str) 
         assert ops(model) == ["MEAN", "TANH"]
         assert len(refusals(result, "MeanKeepDims")) == 1
     assert_same_function(data, fused)
+
+
+def _layernorm_mean_int8(g: G):
+    x = g.graph.add_tensor("x", (1, 6, 16), "INT8", quantization=_q(0.05, 3))
+    g.graph.inputs.append(x)
+    y = g.graph.add_tensor("y", (1, 6, 1), "INT8", quantization=_q(0.01, -2))
+    g.graph.add_op("MEAN", [x, g.const(np.array([2]))], [y], {"keep_dims": True})
+    return y
+
+
+def test_int8_mean_over_the_last_axis_becomes_a_pool_for_the_plain_kernels() -> None:
+    g = G()
+    data = g.bytes(_layernorm_mean_int8(g))
+    fused, model, _ = apply(data, MeanLastAxisAsRows("cpu"))
+    assert ops(model) == ["RESHAPE", "MEAN", "RESHAPE"]
+    assert model.main.ops[1].inputs[0].shape == (6, 1, 16, 1)
+    agreement = verify.compare(data, fused, int_atol=MeanLastAxisAsRows.int8_error_steps)
+    assert agreement.ok and agreement.varies
+
+
+def test_int8_mean_over_the_last_axis_stays_for_xnnpack() -> None:
+    g = G()
+    data = g.bytes(_layernorm_mean_int8(g))
+    _, model, result = apply(data, MeanLastAxisAsRows("xnnpack"))
+    assert ops(model) == ["MEAN"]
+    assert refusals(result, "MeanLastAxisAsRows") == [
+        "XNNPACK kernels reduce the last axis as fast as a pool (cost table)"
+    ]

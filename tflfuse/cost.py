@@ -210,8 +210,11 @@ def op_kind(op: Op) -> str:
             return "MEAN@squeeze"
         x, axes = op.inputs[0], op.inputs[1]
         rank = len(x.shape)
-        if axes.is_constant and {int(a) % rank for a in np.ravel(axes.data)} == {rank - 1}:
+        reduced = {int(a) % rank for a in np.ravel(axes.data)} if axes.is_constant else set()
+        if reduced == {rank - 1}:
             return "MEAN@last"
+        if rank == 4 and reduced == {1, 2} and x.shape[3] == 1 and x.shape[0] > 1:
+            return "MEAN@rows"
         return "MEAN"
     if op.type == "CONV_2D" and len(op.inputs[1].shape) == 4 and op.inputs[1].shape[1] > 1:
         return "CONV_2D@3x3"
@@ -295,3 +298,30 @@ def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool
         return True
     float_saving = mean_keep_dims_saving_us(target, "float32", shape)
     return float_saving is not None and int8 + float_saving > 0
+
+
+def mean_last_as_rows_pays(target: str, dtype: str, rows: int, cols: int) -> bool:
+    """MEAN over the last axis of (1, rows, cols) is faster on the target's runtime as
+    RESHAPE (rows, 1, cols, 1) -> MEAN over axes 1, 2 -> RESHAPE: the plain int8 kernels'
+    fast pooling path. For a float graph convert may still quantize, the int8 saving must
+    outweigh the float cost (measured table; False without one)."""
+    table = cost_table()
+    runtime = RUNTIME_OF_TARGET.get(target, "xnnpack")
+
+    def saving(dt: str) -> float | None:
+        last, pool = table.get(("MEAN@last", dt, runtime)), table.get(("MEAN@rows", dt, runtime))
+        reshape = table.get(("RESHAPE", dt, runtime))
+        if last is None or pool is None or reshape is None:
+            return None
+        n = rows * cols
+        before = last[0] + last[1] * n
+        after = pool[0] + pool[1] * n + 2 * (reshape[0] + reshape[1] * n)
+        return before - after if before > 0 and after < 0.8 * before else -abs(after - before)
+
+    int8 = saving("int8")
+    if int8 is None or int8 <= 0:
+        return False
+    if dtype == "int8":
+        return True
+    other = saving("float32")
+    return other is not None and int8 + other > 0

@@ -36,7 +36,7 @@ from tflfuse.rules.epilogue import (
     FuseActivationIntoProducer,
 )
 from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
-from tflfuse.rules.kernels import MeanKeepDims
+from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows
 from tflfuse.rules.vertical import (
     DropReshapeBeforeFullyConnected,
     FoldAffineIntoFollowing,
@@ -107,7 +107,9 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         (FoldScaleIntoMatmulOperand(), DropReshapeBeforeFullyConnected()) if cpu else ()
     )
     cpu_kernels: tuple[Rule | Pass, ...] = (
-        (SquareExistingDifference(), MeanKeepDims(target)) if cpu else ()
+        (SquareExistingDifference(), MeanKeepDims(target), MeanLastAxisAsRows(target))
+        if cpu
+        else ()
     )
     legalize = _edgetpu_legalization() if target == "edgetpu" else ()
     return (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from tflfuse import cost
+from tflfuse.ir import Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rules.common import NotApplicable
 
@@ -55,3 +56,52 @@ class MeanKeepDims(Rule):
         mean.options["keep_dims"] = True
         shape = g.add_constant(y.name + "_shape", np.asarray(y.shape, np.int32), "INT32")
         g.add_op("RESHAPE", [kept, shape], [y], {"new_shape": list(y.shape)}, after=mean)
+
+
+class MeanLastAxisAsRows(Rule):
+    """MEAN(x (1, R, C), axis=-1, keep_dims=True)  =>
+    RESHAPE (1, R, 1) <- MEAN(RESHAPE(x) (R, 1, C, 1), axes=[1, 2], keep_dims=True).
+
+    LayerNorm's two means. The plain int8 kernels reduce the last axis generically, 4-9x slower
+    than their pooling fast path, which the same numbers reach with the rows as the batch
+    (delegates/cost_table.json: MEAN@last vs MEAN@rows); XNNPACK is slower that way, so only
+    where the table says it pays. The same sums; int8 rounds at most one step differently.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 1
+
+    def __init__(self, target: str = "xnnpack") -> None:
+        self.target = target
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MEAN(p.x, p.const("axes"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        shape = tuple(m.x.shape)
+        axes = [int(a) % len(shape) for a in np.ravel(m.axes.data)] if shape else []
+        if len(shape) != 3 or shape[0] != 1 or axes != [2] or not m.root.options.get("keep_dims"):
+            return NotApplicable("not a mean over the last axis of a (1, R, C) tensor")
+        if shape[1] == 1:
+            return NotApplicable("a single row")
+        if not cost.mean_last_as_rows_pays(self.target, cost.op_dtype(m.root), *shape[1:]):
+            runtime = cost.runtime_label(self.target)
+            return refuse(f"{runtime} reduce the last axis as fast as a pool (cost table)")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, mean, x, y = m.graph, m.root, m.x, m.y
+        rows, cols = x.shape[1], x.shape[2]
+
+        def reshape(src: Tensor, dst: Tensor, shape: tuple[int, ...], **where: Op) -> Op:
+            const = g.add_constant(dst.name + "_shape", np.asarray(shape, np.int32), "INT32")
+            return g.add_op("RESHAPE", [src, const], [dst], {"new_shape": list(shape)}, **where)
+
+        q_in, q_out = x.quantization, y.quantization
+        pooled_in = g.add_tensor(x.name + "_rows", (rows, 1, cols, 1), x.dtype, quantization=q_in)
+        pooled = g.add_tensor(y.name + "_rows", (rows, 1, 1, 1), y.dtype, quantization=q_out)
+        reshape(x, pooled_in, (rows, 1, cols, 1), before=mean)
+        axes = g.add_constant(y.name + "_axes", np.array([1, 2], np.int32), "INT32")
+        mean.inputs = [pooled_in, axes]
+        mean.outputs = [pooled]
+        reshape(pooled, y, (1, rows, 1), after=mean)
