@@ -149,6 +149,28 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 errors.append(f"{e['max_abs']:.3g}")
         err = " / ".join(errors) or "-"
         lines.append(f"| {r['model']} | {r['ops']} | " + " | ".join(cells) + f" | {err} |")
+    lines += [
+        "",
+        "## The int8 rules",
+        "",
+        "Rules that run on int8 graphs (`quantized_ok`), with the quantization steps one"
+        " application may add (`int8_error_steps`):",
+        "",
+        "| rule | steps | what | where it runs |",
+        "|---|---|---|---|",
+        "| FoldPadIntoConv | 0 | PAD of zero points (real 0) into a conv's SAME border | all |",
+        "| DropReshapeBeforeFullyConnected | 0 | the FC flattens its input itself | CPU targets |",
+        "| MeanKeepDims | 1 | global pool with keep_dims=True + RESHAPE: the plain int8"
+        " kernels' fast path | `cpu` (cost table) |",
+        "| MeanLastAxisAsRows | 1 | LayerNorm's mean over the last axis as a pool of rows |"
+        " `cpu` (cost table) |",
+        "| CancelTransposePair, CollapseReshapeChain, CancelQuantizeDequantize,"
+        " HoistLayoutAboveSplit | 0 | data movement only | all |",
+        "",
+        "The float-only rules that recompute weights (affine folding, chain merges) have no"
+        " exact int8 form: the new weights need new scales and the result one more"
+        " requantization; they stay float-only (convert applies them before quantizing).",
+    ]
     skipped = [r for r in rows if "skipped" in r]
     if skipped:
         lines += ["", "## Not measured", ""]
@@ -167,7 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=300)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--out", default=str(HERE / "INT8.md"))
+    p.add_argument("--render-only", action="store_true", help="rewrite OUT from out/int8.json")
     args = p.parse_args(argv)
+    if args.render_only:
+        saved = json.loads((HERE / "out" / "int8.json").read_text())
+        Path(args.out).write_text(markdown(saved["rows"], saved["meta"]))
+        return 0
     started = time.perf_counter()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
