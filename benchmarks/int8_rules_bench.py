@@ -39,6 +39,7 @@ from tflfuse.runtime import interpreter_package  # noqa: E402
 ORACLE = ROOT.parent / "shared" / "oracle"
 RUNTIMES = {"xnnpack": "xnnpack", "none": "cpu"}  # runtime -> the target optimized for
 MIN_SECONDS, MAX_RUNS = 1.0, 5000
+MAX_SECONDS, MIN_RUNS = 120.0, 50
 
 
 def models() -> list[tuple[str, Path]]:
@@ -88,6 +89,8 @@ def measure(label: str, path: Path, args: argparse.Namespace, tmp: Path) -> dict
         slowest = max(m["latency_ms"]["p50"] for m in pilot["models"]) / 1000
         # tiny models (a few microseconds) get more rounds: at least ~MIN_SECONDS of timing each
         runs = int(min(max(args.runs, MIN_SECONDS / max(slowest, 1e-6)), MAX_RUNS))
+        # ...and huge ones (yolov8n at 640 px on the plain kernels) fewer: MAX_SECONDS per pair
+        runs = max(min(runs, int(MAX_SECONDS / (2 * max(slowest, 1e-6)))), MIN_RUNS)
         entry["runs"] = runs
         bench = run_benchmark(pair, delegate=runtime, runs=runs, warmup=args.warmup, threads=1,
                               names=names, progress=False)  # fmt: skip
@@ -104,7 +107,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Regenerate: `{meta['command']}` ({meta['minutes']:.1f} min here). Machine:"
         f" {meta['machine']}, {meta['cpu_count']} cores, {meta['interpreter']}, Python"
         f" {meta['python']}. One thread; at least {meta['runs']} timed runs (more for"
-        f" fast models: {MIN_SECONDS:.0f} s of timing each, up to {MAX_RUNS}) after"
+        f" fast models: {MIN_SECONDS:.0f} s of timing each, up to {MAX_RUNS}; fewer, down to"
+        f" {MIN_RUNS}, where one pair would take over {MAX_SECONDS:.0f} s) after"
         f" {meta['warmup']} warm-up, original and optimized interleaved; p50 optimized /"
         " original (< 1: faster)."
         " XNNPACK runs the model optimized with `--target xnnpack`, the plain kernels (`none`)"
@@ -129,8 +133,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         else "- Nothing was timed.",
         f"- At least 5% faster: {'; '.join(wins) or 'none'}.",
         "",
-        "| model | ops | XNNPACK ratio | XNNPACK rules | none ratio | none rules | max error |",
-        "|---|---|---|---|---|---|---|",
+        "| model | ops | XNNPACK ratio | XNNPACK rules | none ratio | none rules | max error"
+        " | runs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "skipped" in r:
@@ -148,7 +153,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             if e.get("max_abs") is not None and e.get("fired"):
                 errors.append(f"{e['max_abs']:.3g}")
         err = " / ".join(errors) or "-"
-        lines.append(f"| {r['model']} | {r['ops']} | " + " | ".join(cells) + f" | {err} |")
+        runs = " / ".join(str(r["runtimes"][rt].get("runs", "-")) for rt in RUNTIMES)
+        lines.append(f"| {r['model']} | {r['ops']} | " + " | ".join(cells) + f" | {err} | {runs} |")
     lines += [
         "",
         "## The int8 rules",
