@@ -8,7 +8,7 @@ from rulekit import G, apply, assert_same_function, ops, refusals
 
 from tflfuse import verify
 from tflfuse.ir import Quantization
-from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows
+from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows, SpellOutInt8HardSwish
 
 
 def _q(scale: float, zero: int = 0) -> Quantization:
@@ -87,4 +87,32 @@ def test_int8_mean_over_the_last_axis_stays_for_xnnpack() -> None:
     assert ops(model) == ["MEAN"]
     assert refusals(result, "MeanLastAxisAsRows") == [
         "XNNPACK kernels reduce the last axis as fast as a pool (cost table)"
+    ]
+
+
+def _hard_swish_int8(g: G):
+    x = g.graph.add_tensor("x", (1, 4, 4, 8), "INT8", quantization=_q(6 / 255, -43))
+    g.graph.inputs.append(x)
+    y = g.graph.add_tensor("y", (1, 4, 4, 8), "INT8", quantization=_q(5.5 / 255, -113))
+    g.graph.add_op("HARD_SWISH", [x], [y])
+    return y
+
+
+def test_int8_hard_swish_is_spelled_out_for_xnnpack() -> None:
+    g = G()
+    data = g.bytes(_hard_swish_int8(g))
+    fused, model, _ = apply(data, SpellOutInt8HardSwish("xnnpack"))
+    assert ops(model) == ["ADD", "MUL", "MUL"]
+    assert model.main.ops[0].fused_activation == "RELU6"
+    agreement = verify.compare(data, fused, int_atol=SpellOutInt8HardSwish.int8_error_steps)
+    assert agreement.ok and agreement.varies
+
+
+def test_int8_hard_swish_stays_for_the_plain_kernels() -> None:
+    g = G()
+    data = g.bytes(_hard_swish_int8(g))
+    _, model, result = apply(data, SpellOutInt8HardSwish("cpu"))
+    assert ops(model) == ["HARD_SWISH"]
+    assert refusals(result, "SpellOutInt8HardSwish") == [
+        "the plain built-in kernels run the int8 HARD_SWISH as fast (cost table)"
     ]

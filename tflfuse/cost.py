@@ -161,15 +161,17 @@ def horizontal_pays(
 
 
 # -- measured latency (delegates/cost_table.json, written by benchmarks/cost_table.py) -----------
-# The runtime a target's models run on: XNNPACK, or the plain built-in kernels ("none").
-RUNTIME_OF_TARGET: dict[str, str] = {"xnnpack": "xnnpack", "cpu": "none", "gpu": "xnnpack"}
+# The measured runtime a target's models run on: XNNPACK, or the plain built-in kernels
+# ("none"). Other targets (edgetpu, gpu) have no measured table: decisions keep their default.
+RUNTIME_OF_TARGET: dict[str, str] = {"xnnpack": "xnnpack", "cpu": "none"}
 _INT_TYPES = frozenset({"INT8", "UINT8", "INT16"})
 
 
 def runtime_label(target: str) -> str:
     """Words for the runtime a target's models run on (for refusal sentences)."""
-    runtime = RUNTIME_OF_TARGET.get(target, "xnnpack")
-    return {"xnnpack": "XNNPACK kernels", "none": "the plain built-in kernels"}[runtime]
+    runtime = RUNTIME_OF_TARGET.get(target)
+    labels = {"xnnpack": "XNNPACK kernels", "none": "the plain built-in kernels"}
+    return labels.get(runtime, f"the {target} kernels")
 
 
 def _table_dirs() -> list[Path]:
@@ -259,7 +261,7 @@ def fast_sub(target: str) -> bool:
     medium shape class). Plain kernels do not (measured: benchmarks/cost_table.py); a rule
     that would write a SUB there writes ADD of a negation instead. True without a table."""
     table = cost_table()
-    runtime = RUNTIME_OF_TARGET.get(target, "xnnpack")
+    runtime = RUNTIME_OF_TARGET.get(target)
     sub, add = table.get(("SUB@bcast", "int8", runtime)), table.get(("ADD@bcast", "int8", runtime))
     if sub is None or add is None:
         return runtime != "none"
@@ -272,7 +274,7 @@ def mean_keep_dims_saving_us(target: str, dtype: str, shape: tuple[int, ...]) ->
     keep_dims=True plus a RESHAPE instead of keep_dims=False (negative: it costs), and the
     keep_dims=False time; None without a measured table."""
     table = cost_table()
-    runtime = RUNTIME_OF_TARGET.get(target, "xnnpack")
+    runtime = RUNTIME_OF_TARGET.get(target)
     squeeze = table.get(("MEAN@squeeze", dtype, runtime))
     keep, reshape = table.get(("MEAN", dtype, runtime)), table.get(("RESHAPE", dtype, runtime))
     if squeeze is None or keep is None or reshape is None:
@@ -291,7 +293,7 @@ def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool
     if int8 is None or int8 <= 0:
         return False
     table = cost_table()
-    squeeze = table[("MEAN@squeeze", "int8", RUNTIME_OF_TARGET.get(target, "xnnpack"))]
+    squeeze = table[("MEAN@squeeze", "int8", RUNTIME_OF_TARGET.get(target))]
     if int8 < 0.2 * (squeeze[0] + squeeze[1] * _elements(shape)):
         return False
     if dtype == "int8":
@@ -306,7 +308,7 @@ def mean_last_as_rows_pays(target: str, dtype: str, rows: int, cols: int) -> boo
     fast pooling path. For a float graph convert may still quantize, the int8 saving must
     outweigh the float cost (measured table; False without one)."""
     table = cost_table()
-    runtime = RUNTIME_OF_TARGET.get(target, "xnnpack")
+    runtime = RUNTIME_OF_TARGET.get(target)
 
     def saving(dt: str) -> float | None:
         last, pool = table.get(("MEAN@last", dt, runtime)), table.get(("MEAN@rows", dt, runtime))
@@ -325,3 +327,15 @@ def mean_last_as_rows_pays(target: str, dtype: str, rows: int, cols: int) -> boo
         return True
     other = saving("float32")
     return other is not None and int8 + other > 0
+
+
+def spelled_hard_swish_pays(target: str, elements: int) -> bool:
+    """An int8 HARD_SWISH is slower on the target's runtime than the ADD (RELU6) and two MULs
+    that spell it out: XNNPACK takes the three but not the int8 HARD_SWISH (measured table)."""
+    table = cost_table()
+    runtime = RUNTIME_OF_TARGET.get(target)
+    entries = [table.get((k, "int8", runtime)) for k in ("HARD_SWISH", "ADD", "MUL", "MUL@bcast")]
+    if any(e is None for e in entries):
+        return False
+    hswish, add, mul, mul_c = (a + b * elements for a, b in entries)
+    return add + mul + mul_c < 0.8 * hswish

@@ -36,7 +36,7 @@ from tflfuse.rules.epilogue import (
     FuseActivationIntoProducer,
 )
 from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
-from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows
+from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows, SpellOutInt8HardSwish
 from tflfuse.rules.vertical import (
     DropReshapeBeforeFullyConnected,
     FoldAffineIntoFollowing,
@@ -107,7 +107,12 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         (FoldScaleIntoMatmulOperand(), DropReshapeBeforeFullyConnected()) if cpu else ()
     )
     cpu_kernels: tuple[Rule | Pass, ...] = (
-        (SquareExistingDifference(), MeanKeepDims(target), MeanLastAxisAsRows(target))
+        (
+            SquareExistingDifference(),
+            MeanKeepDims(target),
+            MeanLastAxisAsRows(target),
+            SpellOutInt8HardSwish(target),
+        )
         if cpu
         else ()
     )

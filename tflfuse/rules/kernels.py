@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from tflfuse import cost
-from tflfuse.ir import Op, Tensor
+from tflfuse.ir import NUMPY_DTYPES, Op, Quantization, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rules.common import NotApplicable
 
@@ -105,3 +105,66 @@ class MeanLastAxisAsRows(Rule):
         mean.inputs = [pooled_in, axes]
         mean.outputs = [pooled]
         reshape(pooled, y, (1, rows, 1), after=mean)
+
+
+_INT_RANGE = {"INT8": (-128, 127), "UINT8": (0, 255)}
+
+
+class SpellOutInt8HardSwish(Rule):
+    """HARD_SWISH(x), int8  =>  x * (relu6(x + 3) * 1/6): ADD (fused RELU6), MUL, MUL.
+
+    The TFLite XNNPACK delegate takes int8 ADD and MUL but not int8 HARD_SWISH, which then
+    runs on the built-in kernel, about 5x slower than the three delegated ops
+    (delegates/cost_table.json); the float rules do the opposite (RecognizeHardSwish), as
+    float HARD_SWISH is delegated. Intermediates: relu6(x + 3) on [0, 6] and the hard
+    sigmoid on [0, 1], each over the full int8 range; that is up to 3 more roundings.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 3
+
+    def __init__(self, target: str = "xnnpack") -> None:
+        self.target = target
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.HARD_SWISH(p.x, out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        if m.x.dtype not in _INT_RANGE or m.y.dtype != m.x.dtype:
+            return NotApplicable("not an int8 HARD_SWISH")
+        for t in (m.x, m.y):
+            q = t.quantization
+            if q is None or q.scale is None or q.per_channel:
+                return refuse("the HARD_SWISH is not quantized per tensor")
+        if not cost.spelled_hard_swish_pays(self.target, int(np.prod(m.y.shape))):
+            runtime = cost.runtime_label(self.target)
+            return refuse(f"{runtime} run the int8 HARD_SWISH as fast (cost table)")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, x, y, old = m.graph, m.x, m.y, m.root
+        dtype = x.dtype
+        low, high = _INT_RANGE[dtype]
+        steps = high - low
+
+        def q(scale: float, zero: int) -> Quantization:
+            return Quantization(np.array([scale], np.float32), np.array([zero], np.int64))
+
+        def const(name: str, real: float) -> Tensor:
+            value = np.array([high], dtype=NUMPY_DTYPES[dtype])  # real = scale * high
+            return g.add_constant(y.name + name, value, dtype, q(real / high, 0))
+
+        shifted = g.add_tensor(y.name + "_relu6", y.shape, dtype, quantization=q(6 / steps, low))
+        sigmoid = g.add_tensor(y.name + "_hsig", y.shape, dtype, quantization=q(1 / steps, low))
+        position = g.ops.index(old)
+        g.remove_op(old)
+        ops = [
+            g.add_op("ADD", [x, const("_three", 3.0)], [shifted],
+                     {"fused_activation_function": "RELU6"}),
+            g.add_op("MUL", [shifted, const("_sixth", 1 / 6)], [sigmoid],
+                     {"fused_activation_function": "NONE"}),
+            g.add_op("MUL", [x, sigmoid], [y], {"fused_activation_function": "NONE"}),
+        ]  # fmt: skip
+        for op in ops:
+            g.ops.remove(op)
+        g.ops[position:position] = ops
