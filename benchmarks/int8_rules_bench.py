@@ -6,7 +6,9 @@
 
 Models: the CPU (not `_edgetpu`) .tflite files of ../shared/oracle/edgetpu and
 ../shared/oracle/edgetpu-more (Coral's zoo and public Coral projects, quantized by their
-authors) and the int8 streaming models inside the pymicro-wakeword wheel. For each model and
+authors) and the int8 streaming models inside the pymicro-wakeword wheel; then, in a section
+of their own, the TFLite converter's full-int8 output of the zoo architectures (built here,
+quantized by the stock converter; needs TensorFlow, `--no-zoo` skips them). For each model and
 runtime, the model is optimized for the target that runtime stands for (XNNPACK: `--target
 xnnpack`; plain kernels: `--target cpu`), verified by `optimize`, and timed interleaved with
 the original (one thread). A model where no rule fired is the same graph: reported, not timed.
@@ -39,6 +41,7 @@ from tflfuse.runtime import interpreter_package  # noqa: E402
 ORACLE = ROOT.parent / "shared" / "oracle"
 RUNTIMES = {"xnnpack": "xnnpack", "none": "cpu"}  # runtime -> the target optimized for
 MIN_SECONDS, MAX_RUNS = 1.0, 5000
+ZOO = "zoo stock int8/"
 MAX_SECONDS, MIN_RUNS = 120.0, 50
 
 
@@ -56,6 +59,22 @@ def models() -> list[tuple[str, Path]]:
     for f in sorted(files, key=str):
         if str(f).endswith(".tflite"):
             found.append((f"pymicro-wakeword/{Path(str(f)).name}", Path(f.locate())))
+    return found
+
+
+def zoo_stock_models(folder: Path) -> list[tuple[str, Path]]:
+    """The TFLite converter's own full-int8 output (int8 I/O) of each zoo architecture: what
+    a user who quantized with the stock converter hands to `tflfuse optimize`. Needs
+    TensorFlow; the architectures are built here, the quantization is the converter's."""
+    from tflfuse import zoo
+
+    found = []
+    for name in zoo.BUILDERS:
+        model = zoo.build(name)
+        calib = zoo.sample_inputs(tuple(model.input_shape[1:]), n=32, seed=7)
+        path = folder / f"{name}_stock_int8.tflite"
+        path.write_bytes(zoo.to_tflite(model, int8=True, calibration=calib, io_type="int8"))
+        found.append((f"{ZOO}{name}", path))
     return found
 
 
@@ -100,21 +119,8 @@ def measure(label: str, path: Path, args: argparse.Namespace, tmp: Path) -> dict
     return row
 
 
-def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    lines = [
-        "# int8 rules on models quantized elsewhere",
-        "",
-        f"Regenerate: `{meta['command']}` ({meta['minutes']:.1f} min here). Machine:"
-        f" {meta['machine']}, {meta['cpu_count']} cores, {meta['interpreter']}, Python"
-        f" {meta['python']}. One thread; at least {meta['runs']} timed runs (more for"
-        f" fast models: {MIN_SECONDS:.0f} s of timing each, up to {MAX_RUNS}; fewer, down to"
-        f" {MIN_RUNS}, where one pair would take over {MAX_SECONDS:.0f} s) after"
-        f" {meta['warmup']} warm-up, original and optimized interleaved; p50 optimized /"
-        " original (< 1: faster)."
-        " XNNPACK runs the model optimized with `--target xnnpack`, the plain kernels (`none`)"
-        " the one optimized with `--target cpu`. `-`: no rule fired, the same graph (not timed).",
-        "",
-    ]
+def _section(rows: list[dict[str, Any]], what: str) -> list[str]:
+    """Computed findings and the per-model table for a group of models."""
     timed = [
         (r["model"], rt, e["ratio"])
         for r in rows
@@ -123,8 +129,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     ]
     wins = [f"{m} on {rt} ({v:.2f})" for m, rt, v in timed if v <= 0.95]
     worst = max(timed, key=lambda t: t[2]) if timed else None
-    lines += [
-        "## Findings of this run (computed)",
+    lines = [
+        f"### Findings ({what}, computed)",
         "",
         f"- Models measured: {sum(1 for r in rows if 'skipped' not in r)};"
         f" a rule fired on {len({m for m, _, _ in timed})} of them.",
@@ -154,7 +160,39 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 errors.append(f"{e['max_abs']:.3g}")
         err = " / ".join(errors) or "-"
         runs = " / ".join(str(r["runtimes"][rt].get("runs", "-")) for rt in RUNTIMES)
-        lines.append(f"| {r['model']} | {r['ops']} | " + " | ".join(cells) + f" | {err} | {runs} |")
+        row = f"| {r['model']} | {r['ops']} | " + " | ".join(cells)
+        lines.append(f"{row} | {err} | {runs} |")
+    return lines
+
+
+def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        "# int8 rules on models quantized elsewhere",
+        "",
+        f"Regenerate: `{meta['command']}` ({meta['minutes']:.1f} min here). Machine:"
+        f" {meta['machine']}, {meta['cpu_count']} cores, {meta['interpreter']}, Python"
+        f" {meta['python']}. One thread; at least {meta['runs']} timed runs (more for"
+        f" fast models: {MIN_SECONDS:.0f} s of timing each, up to {MAX_RUNS}; fewer, down to"
+        f" {MIN_RUNS}, where one pair would take over {MAX_SECONDS:.0f} s) after"
+        f" {meta['warmup']} warm-up, original and optimized interleaved; p50 optimized /"
+        " original (< 1: faster)."
+        " XNNPACK runs the model optimized with `--target xnnpack`, the plain kernels (`none`)"
+        " the one optimized with `--target cpu`. `-`: no rule fired, the same graph (not timed).",
+        "",
+    ]
+    zoo_rows = [r for r in rows if r["model"].startswith(ZOO)]
+    lines += ["## Models quantized elsewhere", ""]
+    lines += _section([r for r in rows if r not in zoo_rows], "models quantized elsewhere")
+    if zoo_rows:
+        lines += [
+            "",
+            "## The stock converter's int8 zoo models",
+            "",
+            "The zoo architectures, built here but quantized by the TFLite converter (full int8,"
+            " int8 I/O): what a user of the stock converter hands to `tflfuse optimize`.",
+            "",
+            *_section(zoo_rows, "zoo stock int8 models"),
+        ]
     lines += [
         "",
         "## The int8 rules",
@@ -170,6 +208,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         " kernels' fast path | `cpu` (cost table) |",
         "| MeanLastAxisAsRows | 1 | LayerNorm's mean over the last axis as a pool of rows |"
         " `cpu` (cost table) |",
+        "| SpellOutInt8HardSwish | 3 | int8 HARD_SWISH as ADD (RELU6), MUL, MUL, which XNNPACK"
+        " delegates (it does not take int8 HARD_SWISH) | `xnnpack` (cost table) |",
         "| CancelTransposePair, CollapseReshapeChain, CancelQuantizeDequantize,"
         " HoistLayoutAboveSplit | 0 | data movement only | all |",
         "",
@@ -195,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=300)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--out", default=str(HERE / "INT8.md"))
+    p.add_argument("--no-zoo", action="store_true", help="skip the zoo's stock int8 models")
     p.add_argument("--render-only", action="store_true", help="rewrite OUT from out/int8.json")
     args = p.parse_args(argv)
     if args.render_only:
@@ -204,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, path in models():
+        found = models()
+        if not args.no_zoo:
+            found += zoo_stock_models(Path(tmp))
+        for label, path in found:
             print(f"[{time.strftime('%H:%M:%S')}] {label}", file=sys.stderr, flush=True)
             rows.append(measure(label, path, args, Path(tmp)))
     meta = {
