@@ -6,9 +6,12 @@ Level 1 is epilogue fusion and cleanup only (what the stock converter would have
 rewrite pays on one runtime and not another:
   edgetpu  legalization first; no builtins the compiler does not map (HARD_SWISH, LEAKY_RELU,
            GELU stay spelled out in supported ops); horizontal merges within its 8 MiB of SRAM
-  xnnpack  everything; horizontal merges avoid SPLIT_V (not delegated)
+  xnnpack  everything; horizontal merges avoid SPLIT_V (not delegated); int8 HARD_SWISH is
+           spelled out in ops XNNPACK takes
   gpu, cpu everything; cpu (the plain built-in kernels) also picks their fast int8 MEAN
-           and avoids their slow int8 SUB (measured: delegates/cost_table.json)
+           paths and avoids their slow int8 SUB
+Where a rule's payoff differs by runtime it asks the measured table (delegates/cost_table.json,
+written by benchmarks/cost_table.py) through tflfuse.cost.
 """
 
 from __future__ import annotations
@@ -100,8 +103,8 @@ def pipeline(level: int, target: str = "xnnpack") -> tuple[Rule | Pass, ...]:
         MergeSiblingOps(target),
         HoistLayoutAboveSplit(target),
     )
-    # CPU runtimes only (measured with benchmarks/cost_table.py; the Edge TPU pipeline keeps
-    # its own): before the horizontal merges, which would hide the Q projection in a SPLIT
+    # Not in the Edge TPU pipeline, which keeps its own mapping-driven choices. The first two
+    # come before the horizontal merges, which would hide the Q projection in a SPLIT.
     cpu = target != "edgetpu"
     cpu_vertical: tuple[Rule | Pass, ...] = (
         (FoldScaleIntoMatmulOperand(), DropReshapeBeforeFullyConnected()) if cpu else ()
