@@ -37,6 +37,9 @@ from tflfuse.runtime import interpreter_package  # noqa: E402
 VARIANTS = ("unfused", "stock", "fused")
 PRECISIONS = {"float32": "cpu-float", "int8": "xnnpack-int8"}
 DELEGATES = ("xnnpack", "none")
+# The rule pipeline a runtime's fused model is made with: XNNPACK, and the plain built-in
+# kernels ("none"), whose fast and slow int8 kernels differ (delegates/cost_table.json).
+TARGET_OF_DELEGATE = {"xnnpack": "xnnpack", "none": "cpu"}
 CALIBRATION_SAMPLES = 32
 
 
@@ -44,17 +47,21 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def convert_one(model: Any, recipe: str, calib: Any, out: Path) -> dict[str, Any]:
+def convert_one(
+    model: Any, recipe: str, calib: Any, out: Path, target: str | None = None
+) -> dict[str, Any]:
     from tflfuse.convert import convert_keras
 
     t0 = time.perf_counter()
     result = convert_keras(
-        model, recipe=recipe, calibration=calib, output_dir=out, seed=0, progress=False
-    )
+        model, recipe=recipe, calibration=calib, output_dir=out, seed=0, progress=False,
+        target=target,
+    )  # fmt: skip
     report = result.report
     paths = {"fused": result.fused, "unfused": result.unfused, "stock": result.stock}
     return {
         "recipe": recipe,
+        "target": report["recipe"].get("target"),
         "paths": {k: str(v) for k, v in paths.items()},
         "seconds": time.perf_counter() - t0,
         "timings_s": report.get("timings_s", {}),
@@ -111,13 +118,22 @@ def bench_model(name: str, out_root: Path, args: argparse.Namespace) -> dict[str
     row: dict[str, Any] = {"model": name, "input": list(model.input_shape), "precisions": {}}
     for precision, recipe in PRECISIONS.items():
         log(f"{name}: convert {recipe}")
-        conv = convert_one(model, recipe, calib if precision == "int8" else None,
-                           out_root / name / precision)  # fmt: skip
-        conv["latency_ms"] = {}
+        data = calib if precision == "int8" else None
+        conv = convert_one(model, recipe, data, out_root / name / precision)
+        conv["latency_ms"], conv["predicted"], conv["targets"] = {}, {}, {}
         for delegate in DELEGATES:
+            target = TARGET_OF_DELEGATE[delegate]
+            made = conv
+            if target != conv["target"]:
+                log(f"{name}: convert {recipe} for target {target}")
+                made = convert_one(model, recipe, data, out_root / name / f"{precision}-{target}",
+                                   target=target)  # fmt: skip
+                kept = ("facts", "max_abs_error", "top1_agreement", "paths")
+                conv["targets"][target] = {k: made[k] for k in kept}
             log(f"{name}: time {precision} on {delegate}")
-            conv["latency_ms"][delegate] = time_models(conv["paths"], delegate, args.runs,
+            conv["latency_ms"][delegate] = time_models(made["paths"], delegate, args.runs,
                                                        args.warmup)  # fmt: skip
+            conv["predicted"][delegate] = predictions(made["paths"])
         row["precisions"][precision] = conv
     if not args.no_edgetpu:
         log(f"{name}: convert edgetpu")
@@ -210,6 +226,7 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
         "",
         "## Findings of this run (computed)",
         "",
+        *worst_lines(rows),
         "- int8 fused at least 5% faster than stock on both runtimes:"
         f" {'; '.join(faster) or none}.",
         f"- int8 fused at least 5% slower than stock on a runtime: {'; '.join(slower) or none}.",
@@ -217,6 +234,115 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
         f" unfused shows the same error): {'; '.join(worse_error) or none}.",
         f"- Edge TPU predicted mapping clearly better fused than stock: {'; '.join(tpu) or none}.",
     ]
+
+
+def worst_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The worst fused/stock p50 ratio per precision and runtime (goal: <= 1.00)."""
+    lines = []
+    for precision in PRECISIONS:
+        for d in DELEGATES:
+            ratios = [
+                (
+                    p["latency_ms"][d]["fused"]["p50"] / p["latency_ms"][d]["stock"]["p50"],
+                    r["model"],
+                )
+                for r in rows
+                for p in [r["precisions"].get(precision)]
+                if p
+            ]
+            if ratios:
+                value, model = max(ratios)
+                lines.append(f"- worst fused/stock, {precision} on {d}: {value:.2f} ({model}).")
+    return lines
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None for fewer than 3 points."""
+    if len(a) < 3:
+        return None
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else None
+
+
+def predictions(paths: dict[str, str]) -> dict[str, dict[str, float]]:
+    """What the cost model predicts per variant: before (static counts: kernels, activation
+    traffic) and after (latency from the measured table, per runtime)."""
+    from tflfuse import cost
+
+    out = {}
+    for v in VARIANTS:
+        model = flatbuffer.load(paths[v])
+        static = cost.model_cost(model)
+        out[v] = {
+            "kernels": static["kernels"],
+            "traffic": static["read_bytes"] + static["write_bytes"],
+            **{f"table_{d}": cost.predict_latency_us(model, d) for d in DELEGATES},
+        }
+    return out
+
+
+def cost_model_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """How well each predictor ranks the measured ratios over the zoo (Spearman's rho)."""
+    lines = [
+        "",
+        "## Cost model vs measurement",
+        "",
+        "Spearman's rho between a predicted and the measured p50 ratio over every (model,"
+        " precision) of this run (1: the same ranking). before = the static cost model"
+        " (kernel count; activation bytes read and written), after = latency predicted from"
+        " `delegates/cost_table.json` (`python benchmarks/cost_table.py`).",
+        "",
+        "| ratio | runtime | points | before: kernels | before: traffic | after: table |",
+        "|---|---|---|---|---|---|",
+    ]
+    for base in ("stock", "unfused"):
+        for d in DELEGATES:
+            measured, pred = [], {"kernels": [], "traffic": [], f"table_{d}": []}
+            for r in rows:
+                for p in r["precisions"].values():
+                    if d not in p.get("predicted", {}):
+                        continue
+                    lat = p["latency_ms"][d]
+                    measured.append(lat["fused"]["p50"] / lat[base]["p50"])
+                    for key in pred:
+                        f, b = p["predicted"][d]["fused"][key], p["predicted"][d][base][key]
+                        pred[key].append(f / b if b else 1.0)
+            rho = [spearman(v, measured) for v in pred.values()]
+            cells = ["-" if x is None else f"{x:.2f}" for x in rho]
+            lines.append(f"| fused/{base} | {d} | {len(measured)} | " + " | ".join(cells) + " |")
+    for d in DELEGATES:
+        keys = ("kernels", "traffic", f"table_{d}")
+        points = [
+            (p["latency_ms"][d][v]["p50"], [p["predicted"][d][v][k] for k in keys])
+            for r in rows
+            for p in r["precisions"].values()
+            if d in p.get("predicted", {})
+            for v in VARIANTS
+        ]
+        measured = [m for m, _ in points]
+        rho = [spearman([pr[i] for _, pr in points], measured) for i in range(len(keys))]
+        cells = ["-" if x is None else f"{x:.2f}" for x in rho]
+        lines.append(
+            f"| p50 itself (every model) | {d} | {len(points)} | " + " | ".join(cells) + " |"
+        )
+    return lines
 
 
 def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -235,12 +361,15 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         " blocked), stock = the plain TFLite converter (its PTQ for int8), fused = tflfuse."
         f" int8 = recipe `xnnpack-int8` ({CALIBRATION_SAMPLES} calibration samples), float32 ="
         " recipe `cpu-float`. Error = max |output - Keras output| on the report's check inputs;"
-        " top-1 = how often the arg-max class agrees with Keras (classifiers)."
+        " top-1 = how often the arg-max class agrees with Keras (classifiers). The fused model"
+        " is made for the runtime that times it: `--target xnnpack` for XNNPACK, `--target cpu`"
+        " for the plain kernels (`none`); op-count ratios are the XNNPACK target's."
         " Latencies are milliseconds on this machine; compare ratios, not absolute times.",
     ]
     lines += findings(rows)
     for precision in ("int8", "float32"):
         lines += ratio_table(rows, precision)
+    lines += cost_model_lines(rows)
     tpu_rows = [r for r in rows if r.get("edgetpu")]
     lines += (
         []
@@ -275,26 +404,33 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     ]
     for r in rows:
         for precision, p in r["precisions"].items():
-            for v in VARIANTS:
-                lat = p["latency_ms"]
+            lat, cpu = p["latency_ms"], p.get("targets", {}).get("cpu")
+            for v in (*VARIANTS, "fused (cpu)") if cpu else VARIANTS:
                 stock_s = p["timings_s"].get("stock")
                 seconds = (
                     f"{p['seconds']:.1f}" if v == "fused" else f"{stock_s:.1f}" if v == "stock"
                     and stock_s is not None else "-"
                 )  # fmt: skip
+                facts, key = (cpu, "fused") if v == "fused (cpu)" else (p, v)
+                times = [lat[d][key][q] for d in DELEGATES for q in ("p50", "p90")]
+                if cpu and v == "fused":
+                    times[2:] = [None, None]  # plain kernels ran the cpu-target model
+                if v == "fused (cpu)":
+                    times[:2] = [None, None]
+                cells = ["-" if t is None else f"{t:.3f}" for t in times]
                 lines.append(
-                    f"| {r['model']} | {precision} | {v} | {p['facts'][v]['op_count']} | "
-                    f"{_kib(p['facts'][v]['activation_bytes'])} | {seconds} | "
-                    f"{_err(p['max_abs_error'][v])} | {_top1(p['top1_agreement'][v])} | "
-                    f"{lat['xnnpack'][v]['p50']:.3f} | "
-                    f"{lat['xnnpack'][v]['p90']:.3f} | {lat['none'][v]['p50']:.3f} | "
-                    f"{lat['none'][v]['p90']:.3f} |"
+                    f"| {r['model']} | {precision} | {v} | {facts['facts'][key]['op_count']} | "
+                    f"{_kib(facts['facts'][key]['activation_bytes'])} | {seconds} | "
+                    f"{_err(facts['max_abs_error'][key])} | {_top1(facts['top1_agreement'][key])}"
+                    " | " + " | ".join(cells) + " |"
                 )
     lines += [
         "",
         "convert s: for `fused`, the whole `convert_keras` call (Grappler, converter, rules,"
         " unfused baseline, quantization of all three, verification); for `stock`, the plain"
-        " converter's share of it.",
+        " converter's share of it. `fused (cpu)`: the same recipe with `--target cpu`, the"
+        " pipeline for the plain built-in kernels; the `none` columns time it (and that"
+        " conversion's unfused and stock models, the same graphs as above).",
         "",
         "![p50 latency ratios](zoo_latency_ratios.png)",
         "",

@@ -40,3 +40,39 @@ def test_decisions() -> None:
     assert cost.horizontal_pays("xnnpack", 2, 1000, absorbs_concat=True, equal_parts=False) is None
     assert cost.horizontal_pays("xnnpack", 5, 1000, absorbs_concat=False, equal_parts=True)
     assert cost.horizontal_pays("edgetpu", 3, 9 * cost.MIB, absorbs_concat=True, equal_parts=True)
+
+
+def _binary_op(shape_b: tuple[int, ...], dtype: str = "FLOAT32"):
+    from tflfuse.ir import Graph
+
+    g = Graph("main")
+    a = g.add_tensor("a", (1, 16, 32), dtype)
+    b = g.add_tensor("b", shape_b, dtype)
+    y = g.add_tensor("y", (1, 16, 32), dtype)
+    return g.add_op("SUB", [a, b], [y], {})
+
+
+def test_op_kinds_name_the_kernel_variant_the_table_measured() -> None:
+    assert cost.op_kind(_binary_op((1, 16, 32))) == "SUB"
+    assert cost.op_kind(_binary_op((1, 16, 1))) == "SUB@bcast"
+    assert cost.op_dtype(_binary_op((1, 16, 1), "INT8")) == "int8"
+    assert cost.work(_binary_op((1, 16, 1))) == 16 * 32
+
+
+def test_prediction_follows_the_table() -> None:
+    table = {("SUB", "float32", "none"): (2.0, 0.01), ("ADD", "float32", "none"): (1.0, 0.0)}
+    assert cost.predict_op_us(_binary_op((1, 16, 32)), "none", table) == 2.0 + 0.01 * 512
+    # an unmeasured variant is priced as its op type, an unmeasured type as an ADD
+    assert cost.predict_op_us(_binary_op((1, 16, 1)), "none", table) == 2.0 + 0.01 * 512
+    del table[("SUB", "float32", "none")]
+    assert cost.predict_op_us(_binary_op((1, 16, 1)), "none", table) == 1.0
+
+
+def test_shipped_table_loads_and_says_where_int8_sub_and_mean_are_slow() -> None:
+    table = cost.cost_table()
+    assert ("FULLY_CONNECTED", "int8", "xnnpack") in table
+    assert all(a >= 0 and b >= 0 for a, b in table.values())
+    # measured facts the rules rely on (delegates/cost_table.json): plain int8 kernels
+    assert not cost.fast_sub("cpu") and cost.fast_sub("xnnpack")
+    assert cost.mean_keep_dims_pays("cpu", "int8", (1, 7, 7, 256))
+    assert not cost.mean_keep_dims_pays("xnnpack", "int8", (1, 7, 7, 256))

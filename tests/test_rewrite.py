@@ -519,3 +519,20 @@ def test_int8_error_grows_through_an_fc_by_its_weights_and_one_rounding() -> Non
     result = PassManager([NudgesInt8Add()]).run(m)
     assert result.fired() == {"NudgesInt8Add": 1}
     assert int8_error_bounds(m, result) == {"fc": 3, "relu": 0}
+
+
+def test_steps_whose_site_a_later_rewrite_removed_still_bound_a_float_output() -> None:
+    """Found by the int8 property test: LegalizeHardSwish wrote 'hard_swish' (2 steps), then
+    FuseActivationIntoProducer fused the RELU after it, so no tensor is called 'hard_swish' any
+    more. Those steps count at every output: for a float output of a DEQUANTIZE, in the steps
+    of the int8 tensor it reads (they were dropped for float outputs)."""
+    from tflfuse.int8_error import output_bounds
+    from tflfuse.rewrite import RewriteEvent
+
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 4), "INT8", quantization=q8(0.02))
+    y = g.add_tensor("y_float", (1, 4), "FLOAT32")
+    g.inputs, g.outputs = [x], [y]
+    g.add_op("DEQUANTIZE", [x], [y], {})
+    gone = RewriteEvent("SomeRule", 0, "hard_swish", int8_steps=2, sites=("hard_swish",))
+    assert output_bounds(Model([g]), [gone]) == {"y_float": pytest.approx(2 * 0.02)}

@@ -16,6 +16,7 @@ from tflfuse.rules.algebra import (
     RecognizeHardSwish,
     RecognizeLeakyRelu,
     RemoveIdentityArithmetic,
+    SquareExistingDifference,
 )
 
 
@@ -222,3 +223,48 @@ def test_factoring_refused_when_a_product_is_shared() -> None:
     _, model, result = apply(data, FactorCommonMultiplier())
     assert ops(model) == ["MUL", "MUL", "ADD"]
     assert refusals(result, "FactorCommonMultiplier") == ["a product is read elsewhere"]
+
+
+def _layernorm(g: G, x, gamma):
+    """The converter's LayerNorm: x * m + (-mean) * m with m = rsqrt(var + eps) * gamma."""
+    mean = g.op("MEAN", [x, g.const(np.array([2]))], (1, 6, 1), keep_dims=True)
+    sq = g.binary("SQUARED_DIFFERENCE", x, mean)
+    var = g.op("MEAN", [sq, g.const(np.array([2]))], (1, 6, 1), keep_dims=True)
+    r = g.unary("RSQRT", g.binary("ADD", var, g.const(np.float32(1e-3))))
+    m = g.binary("MUL", r, gamma)
+    return g.binary("ADD", g.binary("MUL", x, m), g.binary("MUL", g.unary("NEG", mean), m))
+
+
+@pytest.mark.parametrize("target", ["xnnpack", "cpu"])
+def test_layernorm_squares_the_factored_difference(target: str) -> None:
+    g = G()
+    x = g.input((1, 6, 8))
+    data = g.bytes(_layernorm(g, x, g.rand(1, 1, 8, name="gamma")))
+    fused, model, result = apply(data, FactorCommonMultiplier(target), SquareExistingDifference())
+    assert result.fired() == {"FactorCommonMultiplier": 1, "SquareExistingDifference": 1}
+    # plain kernels run an int8 SUB slowly: the cpu form adds m * -1 instead
+    diff = ["SUB"] if target == "xnnpack" else ["MUL", "ADD"]
+    assert ops(model) == ["MEAN", *diff, "MUL", "MEAN", "ADD", "RSQRT", "MUL", "MUL"]
+    assert_same_function(data, fused)
+
+
+def test_squared_difference_stays_when_no_difference_is_computed() -> None:
+    g = G()
+    x = g.input((1, 6, 8))
+    mean = g.op("MEAN", [x, g.const(np.array([2]))], (1, 6, 1), keep_dims=True)
+    data = g.bytes(g.binary("SQUARED_DIFFERENCE", x, mean))
+    _, model, result = apply(data, SquareExistingDifference())
+    assert ops(model) == ["MEAN", "SQUARED_DIFFERENCE"]
+    assert refusals(result, "SquareExistingDifference") == ["x - m is not computed elsewhere"]
+
+
+def test_identity_that_only_broadcasts_disappears_when_readers_broadcast() -> None:
+    g = G()
+    x = g.input((1, 6, 8))
+    r = g.unary("TANH", g.op("MEAN", [x, g.const(np.array([2]))], (1, 6, 1), keep_dims=True))
+    gamma_ones = g.binary("MUL", r, g.const(np.ones((1, 1, 8), np.float32)))
+    data = g.bytes(g.binary("MUL", x, gamma_ones))
+    fused, model, _ = apply(data, RemoveIdentityArithmetic())
+    assert ops(model) == ["MEAN", "TANH", "MUL"]
+    assert model.main.ops[-1].inputs[1].shape == (1, 6, 1)
+    assert_same_function(data, fused)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from rulekit import G, apply, assert_same_function, ops, refusals
 
 from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
@@ -180,3 +181,21 @@ def test_head_layout_is_not_hoisted_into_a_shape_the_edgetpu_cannot_map() -> Non
         "the merged head layout [4, 3, 2, 4] has more non-trivial dimensions than the edgetpu"
         " maps (3)"
     ]
+
+
+def test_zoo_transformer_loses_over_30_percent_of_its_ops_and_keeps_its_function() -> None:
+    """Issue 13: the stock float encoder (84 ops) through the XNNPACK pipeline: Q/K/V merged
+    with their head layout, attention scale folded into Q, LayerNorm factored and squared."""
+    pytest.importorskip("tensorflow")
+    from rulekit import optimize
+
+    from tflfuse import flatbuffer, zoo
+
+    stock = zoo.to_tflite(zoo.build("transformer_encoder"))
+    before = len(flatbuffer.from_bytes(stock).main.ops)
+    fused, model, result = optimize(stock)
+    assert before == 84
+    assert len(model.main.ops) <= 0.7 * before
+    assert {"SQUARED_DIFFERENCE", "NEG"}.isdisjoint(model.main.op_counts())
+    assert result.fired()["FoldScaleIntoMatmulOperand"] == 2
+    assert_same_function(stock, fused, atol=1e-5, rtol=1e-4)

@@ -8,9 +8,11 @@ from rulekit import G, apply, assert_same_function, ops, refusals
 
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
 from tflfuse.rules.vertical import (
+    DropReshapeBeforeFullyConnected,
     FoldAffineIntoFollowing,
     FoldBiasThroughAdd,
     FoldPadIntoConv,
+    FoldScaleIntoMatmulOperand,
     MergeLinearChain,
     MoveScaleThroughMean,
     MoveScaleThroughRelu,
@@ -262,4 +264,140 @@ def test_affine_refused_when_fc_rows_do_not_line_up_with_channels() -> None:
     assert ops(model) == ["MUL", "FULLY_CONNECTED"]
     assert refusals(result, "FoldAffineIntoFollowing") == [
         "FULLY_CONNECTED rows of 6 values do not line up with the 4 channels"
+    ]
+
+
+def _heads(g: G, x, name: str):
+    """A projection of x (1, 4, 8) split into 2 heads: FC -> RESHAPE -> TRANSPOSE (1, 2, 4, 4)."""
+    w, b = g.rand(8, 8, name=name + "_w"), g.rand(8, name=name + "_b")
+    p = g.op("FULLY_CONNECTED", [x, w, b], (1, 4, 8), keep_num_dims=True,
+             fused_activation_function="NONE")  # fmt: skip
+    r = g.op("RESHAPE", [p, g.const(np.array([1, 4, 2, 4]))], (1, 4, 2, 4), new_shape=[1, 4, 2, 4])
+    return g.op("TRANSPOSE", [r, g.const(np.array([0, 2, 1, 3]))], (1, 2, 4, 4))
+
+
+def test_attention_scale_folds_into_the_query_projection() -> None:
+    g = G()
+    x = g.input((1, 4, 8))
+    q, k = _heads(g, x, "q"), _heads(g, x, "k")
+    scores = g.op("BATCH_MATMUL", [q, k], (1, 2, 4, 4), adj_x=False, adj_y=True)
+    data = g.bytes(g.op("SOFTMAX", [g.binary("MUL", scores, g.const(np.float32(0.5)))],
+                        (1, 2, 4, 4), beta=1.0))  # fmt: skip
+    fused, model, result = apply(data, FoldScaleIntoMatmulOperand())
+    assert result.fired() == {"FoldScaleIntoMatmulOperand": 1}
+    assert "MUL" not in ops(model)
+    assert len(model.main.ops) == 8
+    assert_same_function(data, fused)
+
+
+def test_attention_scale_stays_when_no_operand_is_a_projection() -> None:
+    g = G()
+    q, k = g.input((1, 2, 4, 4)), g.input((1, 2, 4, 4), "k")
+    scores = g.op("BATCH_MATMUL", [q, k], (1, 2, 4, 4), adj_x=False, adj_y=True)
+    data = g.bytes(g.unary("TANH", g.binary("MUL", scores, g.const(np.float32(0.5)))))
+    _, model, result = apply(data, FoldScaleIntoMatmulOperand())
+    assert ops(model) == ["BATCH_MATMUL", "MUL", "TANH"]
+    assert refusals(result, "FoldScaleIntoMatmulOperand") == [
+        "no matmul operand comes from a projection through layout ops only"
+    ]
+
+
+def _reshape_fc(g: G, x, dtype_q=None):
+    flat = g.graph.add_tensor("flat", (4, 8), x.dtype, quantization=dtype_q)
+    g.graph.add_op("RESHAPE", [x, g.const(np.array([4, 8]))], [flat], {"new_shape": [4, 8]})
+    return flat
+
+
+def test_reshape_before_fully_connected_disappears() -> None:
+    g = G()
+    x = g.unary("TANH", g.input((1, 4, 2, 4)))
+    data = g.bytes(g.fc(_reshape_fc(g, x), 3))
+    fused, model, _ = apply(data, DropReshapeBeforeFullyConnected())
+    assert ops(model) == ["TANH", "FULLY_CONNECTED"]
+    assert_same_function(data, fused)
+
+
+def test_reshape_before_fully_connected_disappears_in_int8() -> None:
+    from tflfuse import verify
+    from tflfuse.ir import Quantization
+
+    g = G()
+
+    def q(scale: float, n: int = 1, axis: int = 0) -> Quantization:
+        return Quantization(np.full(n, scale, np.float32), np.zeros(n, np.int64), axis=axis)
+
+    x = g.graph.add_tensor("x", (1, 4, 2, 4), "INT8", quantization=q(0.05))
+    g.graph.inputs.append(x)
+    flat = _reshape_fc(g, x, q(0.05))
+    w = g.graph.add_constant("w", g.rng.integers(-127, 128, (3, 8)).astype(np.int8), "INT8",
+                             q(1 / 127, 3))  # fmt: skip
+    b = g.graph.add_constant("b", np.arange(3, dtype=np.int32), "INT32", q(0.05 / 127, 3))
+    out = g.graph.add_tensor("out", (4, 3), "INT8", quantization=q(0.1))
+    g.graph.add_op("FULLY_CONNECTED", [flat, w, b], [out],
+                   {"fused_activation_function": "NONE", "keep_num_dims": False})  # fmt: skip
+    data = g.bytes(out)
+    fused, model, _ = apply(data, DropReshapeBeforeFullyConnected())
+    assert ops(model) == ["FULLY_CONNECTED"]
+    agreement = verify.compare(data, fused, int_atol=0)
+    assert agreement.ok and agreement.identical and agreement.varies
+
+
+def test_reshape_before_fc_that_keeps_dims_stays() -> None:
+    g = G()
+    x = g.unary("TANH", g.input((1, 4, 2, 4)))
+    flat = _reshape_fc(g, x)
+    w, b = g.rand(3, 8), g.rand(3, name="b")
+    data = g.bytes(g.op("FULLY_CONNECTED", [flat, w, b], (4, 3), keep_num_dims=True,
+                        fused_activation_function="NONE"))  # fmt: skip
+    _, model, result = apply(data, DropReshapeBeforeFullyConnected())
+    assert ops(model) == ["TANH", "RESHAPE", "FULLY_CONNECTED"]
+    assert refusals(result, "DropReshapeBeforeFullyConnected") == [
+        "the FC keeps its input's dimensions"
+    ]
+
+
+def _int8_pad_conv(g: G, pad_value: int | None):
+    from tflfuse.ir import Quantization
+
+    def q(scale: float, zero: int = 0, n: int = 1) -> Quantization:
+        return Quantization(np.full(n, scale, np.float32), np.full(n, zero, np.int64))
+
+    x = g.graph.add_tensor("x", (1, 6, 6, 3), "INT8", quantization=q(0.05, -4))
+    g.graph.inputs.append(x)
+    padded = g.graph.add_tensor("padded", (1, 8, 8, 3), "INT8", quantization=q(0.05, -4))
+    pads = g.const(np.array([[0, 0], [1, 1], [1, 1], [0, 0]]))
+    if pad_value is None:
+        g.graph.add_op("PAD", [x, pads], [padded])
+    else:
+        value = g.graph.add_constant("v", np.array([pad_value], np.int8), "INT8", q(0.05, -4))
+        g.graph.add_op("PADV2", [x, pads, value], [padded])
+    w = g.graph.add_constant("w", g.rng.integers(-127, 128, (4, 3, 3, 3)).astype(np.int8),
+                             "INT8", q(1 / 127, 0, 4))  # fmt: skip
+    b = g.graph.add_constant("b", np.arange(4, dtype=np.int32), "INT32", q(0.05 / 127, 0, 4))
+    out = g.graph.add_tensor("out", (1, 6, 6, 4), "INT8", quantization=q(0.1, 2))
+    g.graph.add_op("CONV_2D", [padded, w, b], [out],
+                   {"padding": "VALID", "stride_h": 1, "stride_w": 1,
+                    "fused_activation_function": "NONE"})  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("pad_value", [None, -4])
+def test_int8_pad_folds_into_conv(pad_value: int | None) -> None:
+    from tflfuse import verify
+
+    g = G()
+    data = g.bytes(_int8_pad_conv(g, pad_value))
+    fused, model, _ = apply(data, FoldPadIntoConv())
+    assert ops(model) == ["CONV_2D"]
+    agreement = verify.compare(data, fused, int_atol=0)
+    assert agreement.ok and agreement.identical and agreement.varies
+
+
+def test_int8_pad_with_another_value_is_refused() -> None:
+    g = G()
+    data = g.bytes(_int8_pad_conv(g, 10))
+    _, model, result = apply(data, FoldPadIntoConv())
+    assert ops(model) == ["PADV2", "CONV_2D"]
+    assert refusals(result, "FoldPadIntoConv") == [
+        "the PAD value is not the zero point (real zero)"
     ]

@@ -9,7 +9,10 @@ Nothing here imports TensorFlow.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -155,3 +158,187 @@ def horizontal_pays(
     if after >= before:
         return f"{siblings} ops would become {after} (merged op and a split): no fewer kernels"
     return None
+
+
+# -- measured latency (delegates/cost_table.json, written by benchmarks/cost_table.py) -----------
+# The measured runtime a target's models run on: XNNPACK, or the plain built-in kernels
+# ("none"). Other targets (edgetpu, gpu) have no measured table: decisions keep their default.
+RUNTIME_OF_TARGET: dict[str, str] = {"xnnpack": "xnnpack", "cpu": "none"}
+_INT_TYPES = frozenset({"INT8", "UINT8", "INT16"})
+
+
+def runtime_label(target: str) -> str:
+    """Words for the runtime a target's models run on (for refusal sentences)."""
+    runtime = RUNTIME_OF_TARGET.get(target)
+    labels = {"xnnpack": "XNNPACK kernels", "none": "the plain built-in kernels"}
+    return labels.get(runtime, f"the {target} kernels")
+
+
+def _table_dirs() -> list[Path]:
+    """Where the shipped cost table is: the delegates data found by `tflfuse.resources` (a
+    wheel's `tflfuse/data/delegates/`, or `delegates/` of a checkout)."""
+    from tflfuse.resources import data_dir
+
+    return [Path(str(data_dir("delegates")))]
+
+
+@functools.cache
+def cost_table(path: str | None = None) -> dict[str, tuple[float, float]]:
+    """{(kind, dtype, runtime): (microseconds per call, microseconds per unit of work)},
+    fitted to the measured shape classes; empty when no table ships."""
+    candidates = [Path(path)] if path else [d / "cost_table.json" for d in _table_dirs()]
+    for file in candidates:
+        if file.is_file():
+            entries = json.loads(file.read_text())["entries"]
+            break
+    else:
+        return {}
+    points: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
+    for e in entries:
+        points.setdefault((e["kind"], e["dtype"], e["runtime"]), []).append((e["work"], e["us"]))
+    fitted = {}
+    for key, pts in points.items():
+        pts.sort()
+        (w0, u0), (w1, u1) = pts[0], pts[-1]
+        slope = max((u1 - u0) / (w1 - w0), 0.0) if w1 > w0 else 0.0
+        fitted[key] = (max(u0 - slope * w0, 0.0), slope)
+    return fitted
+
+
+def op_kind(op: Op) -> str:
+    """The cost-table kind of an op: its type, with a variant that runs a different kernel."""
+    if op.type in ("ADD", "SUB", "MUL", "SQUARED_DIFFERENCE", "DIV", "MAXIMUM", "MINIMUM"):
+        shapes = [tuple(t.shape) for t in op.inputs[:2] if t is not None]
+        return op.type + ("@bcast" if len(set(shapes)) > 1 else "")
+    if op.type == "MEAN":
+        if not op.options.get("keep_dims", False):
+            return "MEAN@squeeze"
+        x, axes = op.inputs[0], op.inputs[1]
+        rank = len(x.shape)
+        reduced = {int(a) % rank for a in np.ravel(axes.data)} if axes.is_constant else set()
+        if reduced == {rank - 1}:
+            return "MEAN@last"
+        if rank == 4 and reduced == {1, 2} and x.shape[3] == 1 and x.shape[0] > 1:
+            return "MEAN@rows"
+        return "MEAN"
+    if op.type == "CONV_2D" and len(op.inputs[1].shape) == 4 and op.inputs[1].shape[1] > 1:
+        return "CONV_2D@3x3"
+    return op.type
+
+
+_REDUCTIONS = frozenset({"MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"})
+
+
+def work(op: Op) -> int:
+    """What the op's time grows with: multiply-adds of a heavy kernel, elements read by a
+    reduction, else elements written."""
+    if op.type in _REDUCTIONS and op.inputs:
+        return _elements(op.inputs[0].shape)
+    return macs(op) or sum(_elements(t.shape) for t in op.outputs)
+
+
+def op_dtype(op: Op) -> str:
+    out = op.outputs[0] if op.outputs else None
+    return "int8" if out is not None and out.dtype in _INT_TYPES else "float32"
+
+
+def predict_op_us(op: Op, runtime: str, table: dict | None = None) -> float:
+    """Predicted microseconds `op` adds on `runtime`; an unmeasured kind is priced as an
+    element-wise ADD over its output (same dtype)."""
+    table = cost_table() if table is None else table
+    dtype = op_dtype(op)
+    entry = table.get((op_kind(op), dtype, runtime)) or table.get((op.type, dtype, runtime))
+    if entry is None:
+        entry = table.get(("ADD", dtype, runtime), (1.0, 0.001))
+        return entry[0] + entry[1] * sum(_elements(t.shape) for t in op.outputs)
+    return entry[0] + entry[1] * work(op)
+
+
+def predict_latency_us(model: Model, runtime: str, table: dict | None = None) -> float:
+    """Predicted invoke time of the main subgraph on `runtime` (sum of its ops)."""
+    return sum(predict_op_us(op, runtime, table) for op in model.main.ops)
+
+
+def fast_sub(target: str) -> bool:
+    """The target's runtime runs an int8 SUB about as fast as an int8 ADD (within 1.5x at the
+    medium shape class). Plain kernels do not (measured: benchmarks/cost_table.py); a rule
+    that would write a SUB there writes ADD of a negation instead. True without a table."""
+    table = cost_table()
+    runtime = RUNTIME_OF_TARGET.get(target)
+    sub, add = table.get(("SUB@bcast", "int8", runtime)), table.get(("ADD@bcast", "int8", runtime))
+    if sub is None or add is None:
+        return runtime != "none"
+    medium = 8192
+    return sub[0] + sub[1] * medium <= 1.5 * (add[0] + add[1] * medium)
+
+
+def mean_keep_dims_saving_us(target: str, dtype: str, shape: tuple[int, ...]) -> float | None:
+    """Microseconds a MEAN over H, W of `shape` saves on the target's runtime when written with
+    keep_dims=True plus a RESHAPE instead of keep_dims=False (negative: it costs), and the
+    keep_dims=False time; None without a measured table."""
+    table = cost_table()
+    runtime = RUNTIME_OF_TARGET.get(target)
+    squeeze = table.get(("MEAN@squeeze", dtype, runtime))
+    keep, reshape = table.get(("MEAN", dtype, runtime)), table.get(("RESHAPE", dtype, runtime))
+    if squeeze is None or keep is None or reshape is None:
+        return None
+    n, channels = _elements(shape), (shape[-1] if shape else 1)
+    before = squeeze[0] + squeeze[1] * n
+    after = keep[0] + keep[1] * n + reshape[0] + reshape[1] * channels
+    return before - after
+
+
+def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool:
+    """keep_dims=True + RESHAPE saves at least a fifth of the MEAN's int8 time on the target's
+    runtime. For a float graph, which convert may still quantize, the int8 saving must also
+    outweigh the float cost (measured table; False without one)."""
+    int8 = mean_keep_dims_saving_us(target, "int8", shape)
+    if int8 is None or int8 <= 0:
+        return False
+    table = cost_table()
+    squeeze = table[("MEAN@squeeze", "int8", RUNTIME_OF_TARGET.get(target))]
+    if int8 < 0.2 * (squeeze[0] + squeeze[1] * _elements(shape)):
+        return False
+    if dtype == "int8":
+        return True
+    float_saving = mean_keep_dims_saving_us(target, "float32", shape)
+    return float_saving is not None and int8 + float_saving > 0
+
+
+def mean_last_as_rows_pays(target: str, dtype: str, rows: int, cols: int) -> bool:
+    """MEAN over the last axis of (1, rows, cols) is faster on the target's runtime as
+    RESHAPE (rows, 1, cols, 1) -> MEAN over axes 1, 2 -> RESHAPE: the plain int8 kernels'
+    fast pooling path. For a float graph convert may still quantize, the int8 saving must
+    outweigh the float cost (measured table; False without one)."""
+    table = cost_table()
+    runtime = RUNTIME_OF_TARGET.get(target)
+
+    def saving(dt: str) -> float | None:
+        last, pool = table.get(("MEAN@last", dt, runtime)), table.get(("MEAN@rows", dt, runtime))
+        reshape = table.get(("RESHAPE", dt, runtime))
+        if last is None or pool is None or reshape is None:
+            return None
+        n = rows * cols
+        before = last[0] + last[1] * n
+        after = pool[0] + pool[1] * n + 2 * (reshape[0] + reshape[1] * n)
+        return before - after if before > 0 and after < 0.8 * before else -abs(after - before)
+
+    int8 = saving("int8")
+    if int8 is None or int8 <= 0:
+        return False
+    if dtype == "int8":
+        return True
+    other = saving("float32")
+    return other is not None and int8 + other > 0
+
+
+def spelled_hard_swish_pays(target: str, elements: int) -> bool:
+    """An int8 HARD_SWISH is slower on the target's runtime than the ADD (RELU6) and two MULs
+    that spell it out: XNNPACK takes the three but not the int8 HARD_SWISH (measured table)."""
+    table = cost_table()
+    runtime = RUNTIME_OF_TARGET.get(target)
+    entries = [table.get((k, "int8", runtime)) for k in ("HARD_SWISH", "ADD", "MUL", "MUL@bcast")]
+    if any(e is None for e in entries):
+        return False
+    hswish, add, mul, mul_c = (a + b * elements for a, b in entries)
+    return add + mul + mul_c < 0.8 * hswish

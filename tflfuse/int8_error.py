@@ -14,8 +14,9 @@ are 1-Lipschitz, ADD/SUB (summed over inputs), max(1, |alpha|) for LEAKY_RELU/PR
 row sum of |weights| (dequantized) for conv, depthwise, FC and TRANSPOSE_CONV, the other
 operand's largest magnitude for MUL. An output that no event reaches has bound 0: it must match
 bit for bit. An op type the table does not know makes the bound of what it feeds unlimited
-(reported as 255 steps). Events whose sites a later rewrite removed, and events in other
-subgraphs, count their steps at every output.
+(reported as 255 steps). Events whose sites a later rewrite removed (an activation fused into the
+op a legalization wrote), and events in other subgraphs, count their steps at every output (for
+a float output of a DEQUANTIZE, in the steps of the int8 tensor it reads).
 
 For a chain of ops that keep the scale (the common case after an exact fusion) this is the sum of
 the steps of the rewrites on the paths to the output, plus one per requantizing op after a
@@ -230,7 +231,13 @@ def output_bounds(model: Model, events: Sequence) -> dict[str, float]:
         e = error.get(id(out), 0.0)
         s = scale(out)
         if out.dtype in ("FLOAT32", "FLOAT16") or s is None:
-            bounds[out.name] = e  # a real-valued output (e.g. DEQUANTIZE): an atol
+            # a real-valued output (e.g. DEQUANTIZE): an atol; steps that could not be placed
+            # count in the steps of the int8 tensor it dequantizes
+            source = out.producer.inputs[0] if out.producer is not None else None
+            s_in = (
+                scale(source) if source is not None and out.producer.type == "DEQUANTIZE" else None
+            )
+            bounds[out.name] = e + everywhere * (s_in or 0.0)
             continue
         steps = MAX_STEPS if not math.isfinite(e) else math.ceil(e / s - 1e-9)
         bounds[out.name] = float(min(MAX_STEPS, steps + everywhere))

@@ -6,8 +6,12 @@ Level 1 is epilogue fusion and cleanup only (what the stock converter would have
 rewrite pays on one runtime and not another:
   edgetpu  legalization first; no builtins the compiler does not map (HARD_SWISH, LEAKY_RELU,
            GELU stay spelled out in supported ops); horizontal merges within its 8 MiB of SRAM
-  xnnpack  everything; horizontal merges avoid SPLIT_V (not delegated)
-  gpu, cpu everything
+  xnnpack  everything; horizontal merges avoid SPLIT_V (not delegated); int8 HARD_SWISH is
+           spelled out in ops XNNPACK takes
+  gpu, cpu everything; cpu (the plain built-in kernels) also picks their fast int8 MEAN
+           paths and avoids their slow int8 SUB
+Where a rule's payoff differs by runtime it asks the measured table (delegates/cost_table.json,
+written by benchmarks/cost_table.py) through tflfuse.cost.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tflfuse.rules.algebra import (
     RecognizeHardSwish,
     RecognizeLeakyRelu,
     RemoveIdentityArithmetic,
+    SquareExistingDifference,
 )
 from tflfuse.rules.cleanup import (
     EliminateCommonSubexpressions,
@@ -35,10 +40,13 @@ from tflfuse.rules.epilogue import (
 )
 from tflfuse.rules.exporter import exporter_rules
 from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
+from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows, SpellOutInt8HardSwish
 from tflfuse.rules.vertical import (
+    DropReshapeBeforeFullyConnected,
     FoldAffineIntoFollowing,
     FoldBiasThroughAdd,
     FoldPadIntoConv,
+    FoldScaleIntoMatmulOperand,
     MergeLinearChain,
     MoveScaleThroughMean,
     MoveScaleThroughRelu,
@@ -87,7 +95,7 @@ def pipeline(
         CancelTransposePair(),
         CollapseReshapeChain(),
         CancelQuantizeDequantize(),
-        FactorCommonMultiplier(),
+        FactorCommonMultiplier(target),
     )
     activations: tuple[Rule | Pass, ...] = (
         () if target == "edgetpu" else (RecognizeHardSwish(), RecognizeLeakyRelu(), RecognizeGelu())
@@ -105,6 +113,22 @@ def pipeline(
         MergeSiblingOps(target),
         HoistLayoutAboveSplit(target),
     )
+    # Not in the Edge TPU pipeline, which keeps its own mapping-driven choices. The first two
+    # come before the horizontal merges, which would hide the Q projection in a SPLIT.
+    cpu = target != "edgetpu"
+    cpu_vertical: tuple[Rule | Pass, ...] = (
+        (FoldScaleIntoMatmulOperand(), DropReshapeBeforeFullyConnected()) if cpu else ()
+    )
+    cpu_kernels: tuple[Rule | Pass, ...] = (
+        (
+            SquareExistingDifference(),
+            MeanKeepDims(target),
+            MeanLastAxisAsRows(target),
+            SpellOutInt8HardSwish(target),
+        )
+        if cpu
+        else ()
+    )
     legalize = _edgetpu_legalization() if target == "edgetpu" else ()
     exporter = exporter_rules(target)
     return (
@@ -114,7 +138,9 @@ def pipeline(
         *activations,
         *epilogue,
         *vertical,
+        *cpu_vertical,
         *horizontal,
+        *cpu_kernels,
         *cleanup,
     )
 

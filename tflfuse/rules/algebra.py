@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from tflfuse import cost
 from tflfuse.ir import Graph, Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rules import common
@@ -22,7 +23,12 @@ def _identity_value(op: Op) -> float | None:
 
 
 class RemoveIdentityArithmetic(Rule):
-    """x * 1 | x / 1 | x + 0 | x - 0  =>  x (when the constant does not broadcast x larger)."""
+    """x * 1 | x / 1 | x + 0 | x - 0  =>  x (when the constant does not broadcast x larger,
+    or every reader is element-wise and broadcasts x to the same shape itself).
+
+    The second case is LayerNorm's rsqrt(var) * gamma with gamma all ones (Keras' initial
+    value): (1, S, 1) * ones(1, 1, C) only broadcasts, and the MUL reading it broadcasts anyway.
+    """
 
     int8_error_steps = 0  # float-only
 
@@ -35,12 +41,33 @@ class RemoveIdentityArithmetic(Rule):
             return NotApplicable(f"the {m.root.type} constant is not the identity")
         if m.root.fused_activation != "NONE":
             return refuse(f"{m.root.type} applies fused {m.root.fused_activation}")
-        if m.x.shape != m.y.shape or m.x.dtype != m.y.dtype:
+        if m.x.dtype != m.y.dtype:
+            return refuse("the constant changes the type")
+        if m.x.shape != m.y.shape and not _readers_broadcast(m.graph, m.y, m.x):
             return refuse("the constant broadcasts the value to a larger shape")
         return _forwardable(m.graph, m.y, m.x)
 
     def rewrite(self, m: Match) -> None:
         common.forward(m.graph, m.y, m.x)
+
+
+_BROADCASTING = frozenset({"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE"})
+
+
+def _readers_broadcast(graph: Graph, y: Tensor, x: Tensor) -> bool:
+    """Every reader of y is element-wise and writes the same shape when it reads x instead."""
+    if graph.is_graph_output(y) or not y.consumers:
+        return False
+    for op in y.consumers:
+        if op.type not in _BROADCASTING or len(op.inputs) != 2:
+            return False
+        shapes = [x.shape if t is y else t.shape for t in op.inputs]
+        try:
+            if tuple(np.broadcast_shapes(*shapes)) != tuple(op.output.shape):
+                return False
+        except ValueError:
+            return False
+    return True
 
 
 def _forwardable(graph: Graph, old: Tensor, new: Tensor) -> Refusal | None:
@@ -52,13 +79,20 @@ def _forwardable(graph: Graph, old: Tensor, new: Tensor) -> Refusal | None:
 
 
 class FactorCommonMultiplier(Rule):
-    """a * k + b * k  =>  (a + b) * k;  a * k + (-b) * k  =>  (a - b) * k.
+    """a * k + b * k  =>  (a + b) * k;  a * k + (-b) * k  =>  (a - b) * k
+    (on targets whose int8 SUB is slow: (a + b * -1) * k).
 
-    Two kernels fewer; the form the converter gives LayerNorm ((x - mean) * rsqrt(var) * gamma
-    written as x * m + (-mean) * m). Float only; equal up to rounding.
+    Two kernels fewer (one for the -1 form); the form the converter gives LayerNorm
+    ((x - mean) * rsqrt(var) * gamma written as x * m + (-mean) * m). Float only; equal up to
+    rounding. The plain int8 SUB kernel is slow (benchmarks/cost_table.py): a LayerNorm
+    factored with SUB made the int8 zoo transformer 7% slower than stock on plain kernels, so
+    for the "cpu" target the negation stays a MUL by -1 (the quantizer keeps NEG in float).
     """
 
     int8_error_steps = 0  # float-only
+
+    def __init__(self, target: str = "xnnpack") -> None:
+        self.target = target
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(p.MUL(p.a, p.k, out="ma"), p.MUL(p.b, p.k, out="mb"))
@@ -90,13 +124,86 @@ class FactorCommonMultiplier(Rule):
         out, act = add.output, add.fused_activation
         position = g.ops.index(add)
         g.remove_op(add)
-        first = g.add_op(
-            "SUB" if neg else "ADD", [m.a, b], [inner], {"fused_activation_function": "NONE"}
-        )
-        second = g.add_op("MUL", [inner, m.k], [out], {"fused_activation_function": act})
-        for op in (first, second):
+        new_ops = []
+        if neg and not cost.fast_sub(self.target):
+            negated = g.add_tensor(b.name + "_negated", b.shape)
+            minus_one = common.new_constant(g, "minus_one", np.float32(-1.0))
+            new_ops.append(g.add_op("MUL", [b, minus_one], [negated], _no_act()))
+            b, neg = negated, False
+        new_ops.append(g.add_op("SUB" if neg else "ADD", [m.a, b], [inner], _no_act()))
+        new_ops.append(g.add_op("MUL", [inner, m.k], [out], {"fused_activation_function": act}))
+        for op in new_ops:
             g.ops.remove(op)
-        g.ops[position:position] = [first, second]
+        g.ops[position:position] = new_ops
+
+
+def _no_act() -> dict:
+    return {"fused_activation_function": "NONE"}
+
+
+class SquareExistingDifference(Rule):
+    """SQUARED_DIFFERENCE(x, m) where d = x - m is already computed (a SUB, or an ADD of
+    m * -1)  =>  MUL(d, d).
+
+    Same kernel count; a LayerNorm that FactorCommonMultiplier left with x - m then squares
+    that difference instead of recomputing it. Once quantized, the int8 SQUARED_DIFFERENCE
+    kernel is 8-30x slower than an int8 MUL on both runtimes (XNNPACK does not take it; see
+    delegates/cost_table.json). Float: the same products, exactly.
+    """
+
+    int8_error_steps = 0  # float-only
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.SQUARED_DIFFERENCE(p.x, p.m, out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        if not all(common.is_float(t) for t in (m.x, m.m, m.y)):
+            return refuse("not float")
+        d = _difference(m.x, m.m)
+        if d is None:
+            return NotApplicable("x - m is not computed elsewhere")
+        if d.shape != m.y.shape:
+            return refuse("the difference has another shape than the square")
+        if d.producer in _descendants(m.root):
+            return refuse("the difference is computed from the square")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, old = m.graph, m.root
+        d = _difference(m.x, m.m)
+        position = g.ops.index(old)
+        g.remove_op(old)
+        op = g.add_op("MUL", [d, d], [m.y], _no_act())
+        g.ops.remove(op)
+        g.ops.insert(position, op)
+        g.toposort()  # the difference may be computed after the square was
+
+
+def _difference(x: Tensor, m: Tensor) -> Tensor | None:
+    """The output of an op computing x - m: SUB(x, m), or ADD(x, n) with n = m * -1."""
+    for op in x.consumers:
+        if op.fused_activation != "NONE" or not op.outputs:
+            continue
+        if op.type == "SUB" and op.inputs[0] is x and op.inputs[1] is m:
+            return op.output
+        if op.type == "ADD" and x in op.inputs:
+            n = _other(op, x)
+            mul = n.producer if n is not None else None
+            if _plain(mul, "MUL") and m in mul.inputs and _is_const(_other(mul, m), -1.0):
+                return op.output
+    return None
+
+
+def _descendants(op: Op) -> set[Op]:
+    seen: set[Op] = set()
+    todo = [op]
+    while todo:
+        for t in todo.pop().outputs:
+            for reader in t.consumers:
+                if reader not in seen:
+                    seen.add(reader)
+                    todo.append(reader)
+    return seen
 
 
 def _negated(t: Tensor) -> Tensor:

@@ -157,7 +157,10 @@ class LegalizeHardSwish(Rule):
     """
 
     quantized_ok = True
-    int8_error_steps = 1  # one requantization more
+    # Against the HARD_SWISH kernel's one rounding, in output steps: the gate's rounding (half a
+    # gate step, 3/255, times |x|/6 is at most half an output step), the product's (half of 6
+    # output steps, divided by 6) and the output's own; the int8 property test found 2.
+    int8_error_steps = 2
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.HARD_SWISH(p.x)

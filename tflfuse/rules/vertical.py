@@ -13,6 +13,7 @@ from tflfuse import cost
 from tflfuse.ir import Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rules import common
+from tflfuse.rules.common import NotApplicable
 
 _READERS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
@@ -356,10 +357,13 @@ class FoldPadIntoConv(Rule):
     with SAME padding on x, when the PAD adds exactly the border SAME would.
 
     For MAX_POOL_2D only when x >= 0 (it follows a RELU): SAME max pool ignores the border,
-    the PAD's zeros never win over non-negative values.
+    the PAD's zeros never win over non-negative values. int8: exact when the PAD keeps its
+    input's quantization and pads with the zero point (real 0), which is what the int8 conv
+    kernels' SAME border holds.
     """
 
-    int8_error_steps = 0  # float-only
+    quantized_ok = True
+    int8_error_steps = 0
     inner_ops_may_be_shared = True  # the PAD stays for its other readers
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
@@ -371,9 +375,15 @@ class FoldPadIntoConv(Rule):
         op, pad = m.root, m.padded.op
         if op.options.get("padding") != "VALID":
             return refuse(f"{op.type} already pads")
-        if not common.is_float(m.x) or len(m.x.shape) != 4:
-            return refuse("the PAD input is not a float NHWC tensor")
-        if pad.type == "PADV2" and common.scalar_value(pad.inputs[2]) != 0.0:
+        if len(m.x.shape) != 4:
+            return refuse("the PAD input is not an NHWC tensor")
+        if m.x.is_quantized or m.padded.is_quantized:
+            reason = _int8_pad_refusal(m.x, m.padded, pad)
+            if reason is not None:
+                return reason
+        elif not common.is_float(m.x):
+            return refuse("the PAD input is neither float nor int8")
+        elif pad.type == "PADV2" and common.scalar_value(pad.inputs[2]) != 0.0:
             return refuse("the PAD value is not zero")
         pads = np.asarray(m.pads.data).reshape(-1, 2).tolist()
         if len(pads) != 4 or pads[0] != [0, 0] or pads[3] != [0, 0]:
@@ -396,8 +406,122 @@ class FoldPadIntoConv(Rule):
         m.root.set_input(0, m.x)
 
 
+def _int8_pad_refusal(x: Tensor, padded: Tensor, pad: Op) -> Refusal | None:
+    """None when an int8 PAD pads real zeros and keeps x's quantization."""
+    if x.dtype not in ("INT8", "UINT8") or padded.dtype != x.dtype:
+        return refuse("the PAD input is not int8 or uint8")
+    q = x.quantization
+    if q is None or q.per_channel or q.scale is None or not _same_quantization(x, padded):
+        return refuse("the PAD changes the quantization")
+    if pad.type == "PADV2":
+        value = pad.inputs[2]
+        zero = int(np.ravel(q.zero_point)[0]) if q.zero_point is not None else 0
+        if not value.is_constant or value.data.size != 1 or int(np.ravel(value.data)[0]) != zero:
+            return refuse("the PAD value is not the zero point (real zero)")
+    return None
+
+
 def _non_negative(t: Tensor) -> bool:
     op = t.producer
     if op is None:
         return False
     return op.type in ("RELU", "RELU6") or op.fused_activation in ("RELU", "RELU6")
+
+
+_LAYOUT = ("RESHAPE", "TRANSPOSE")
+
+
+def _scalable_producer(m: Match, t: Tensor) -> Op | None:
+    """The conv/FC whose output reaches `t` through RESHAPE/TRANSPOSE ops only, each value on
+    the way read once: scaling its weights and bias scales `t`."""
+    while t.producer is not None and t.producer.type in _LAYOUT:
+        if not common.single_reader(m.graph, t):
+            return None
+        t = t.producer.inputs[0]
+    op = t.producer
+    if op is None or op.type not in ("FULLY_CONNECTED", "CONV_2D"):
+        return None
+    if not common.single_reader(m.graph, t) or not common.has_float_params(op):
+        return None
+    if op.fused_activation != "NONE" or op.options.get("weights_format", 0):
+        return None
+    return op
+
+
+class FoldScaleIntoMatmulOperand(Rule):
+    """BATCH_MATMUL(a, b) * c, c a scalar, a = layout ops of W(x) + bias  =>
+    BATCH_MATMUL(a', b) with a' from W' = c W, bias' = c bias.
+
+    Attention's 1/sqrt(d) on the scores: (c Q) K^T = c (Q K^T), and Q comes from a projection
+    through a reshape and a transpose (which commute with a scalar). One kernel fewer per head
+    group. Exact up to float rounding.
+    """
+
+    int8_error_steps = 0  # float-only
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MUL(p.BATCH_MATMUL(p.a, p.b, out="mm"), p.const("c"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        if m.root.fused_activation != "NONE":
+            return refuse(f"the MUL has fused {m.root.fused_activation}")
+        if common.scalar_value(m.c) is None:
+            return NotApplicable("the factor is not one float number")
+        if not common.is_float(m.mm) or m.mm.shape != m.y.shape:
+            return refuse("the product is not float or the MUL broadcasts")
+        if not common.single_reader(m.graph, m.mm):
+            return refuse("the matmul result is read elsewhere")
+        if m.graph.is_graph_output(m.y):
+            return refuse("the scaled result is a model output")
+        if m.a is m.b or all(_scalable_producer(m, t) is None for t in (m.a, m.b)):
+            return refuse("no matmul operand comes from a projection through layout ops only")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        c = common.scalar_value(m.c)
+        op = _scalable_producer(m, m.a) or _scalable_producer(m, m.b)
+        common.set_weights(m.graph, op, common.weights(op) * np.float32(c))
+        common.set_bias(m.graph, op, common.bias(op) * np.float32(c))
+        common.forward(m.graph, m.y, m.mm)
+
+
+class DropReshapeBeforeFullyConnected(Rule):
+    """FULLY_CONNECTED(RESHAPE(x) to [rows, I], keep_num_dims=False)  =>  FULLY_CONNECTED(x).
+
+    The FC kernel flattens its input to [elements / I, I] itself, row-major like the RESHAPE,
+    so the RESHAPE is one kernel (and one tensor) too many. Pure data layout: exact, and
+    exact in int8 too when both sides of the RESHAPE share their quantization.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.FULLY_CONNECTED(p.RESHAPE(p.x, ..., out="flat"), p.const("w"), ...)
+
+    def check(self, m: Match) -> Refusal | None:
+        fc = m.root
+        if fc.options.get("keep_num_dims", False):
+            return refuse("the FC keeps its input's dimensions")
+        if not common.single_reader(m.graph, m.flat):
+            return refuse("the reshaped value is read elsewhere")
+        inputs = m.w.shape[-1] if m.w.shape else 0
+        if len(m.flat.shape) != 2 or m.flat.shape[-1] != inputs:
+            return refuse("the RESHAPE does more than flatten to [rows, input size]")
+        if not m.x.shape or int(np.prod(m.x.shape)) % inputs or m.x.shape[-1] > inputs:
+            return refuse("the FC input would not flatten to the same rows")
+        if inputs % m.x.shape[-1]:
+            return refuse("the input's last axis does not divide the FC input size")
+        if m.x.dtype != m.flat.dtype or not _same_quantization(m.x, m.flat):
+            return refuse("the RESHAPE changes the type or quantization")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        m.root.set_input(0, m.x)
+
+
+def _same_quantization(a: Tensor, b: Tensor) -> bool:
+    qa, qb = a.quantization, b.quantization
+    if qa is None or qa.is_empty():
+        return qb is None or qb.is_empty()
+    return qa.same_as(qb)

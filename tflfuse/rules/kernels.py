@@ -1,0 +1,173 @@
+"""Kernel choice: the same maths written so a runtime picks its faster kernel.
+
+These rewrites change no numbers (they only move bytes); whether one pays depends on the
+runtime, so each asks the measured cost table (`tflfuse.cost`, `delegates/cost_table.json`)
+for the op's dtype on the target's runtime and fires only where it is faster there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tflfuse import cost
+from tflfuse.ir import NUMPY_DTYPES, Op, Quantization, Tensor
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rules.common import NotApplicable
+
+
+class MeanKeepDims(Rule):
+    """MEAN(x, axes=[1, 2], keep_dims=False)  =>  RESHAPE(MEAN(x, axes=[1, 2], keep_dims=True)).
+
+    Global average pooling of an NHWC tensor. The plain int8 kernels have a fast path only for
+    keep_dims=True over H and W; without it the generic reduction is 1.4-2.9x slower on whole
+    models (65x on the op alone; delegates/cost_table.json), XNNPACK is as fast either way.
+    A float graph may still be quantized (convert fuses in float, then quantizes): there the
+    rule fires when the int8 saving outweighs the float cost (a few microseconds).
+    The same MEAN, then a reshape that keeps bytes and quantization; in int8 the fast path
+    rounds differently from the generic one: each channel by at most one quantization step.
+    Measured against the exact mean of the dequantized input it is as accurate, except when
+    the input and output zero points differ a lot, where it is biased by about -0.45 step
+    (all channels alike: a classifier after it amplifies that; `optimize` verifies).
+    """
+
+    quantized_ok = True
+    int8_error_steps = 1
+
+    def __init__(self, target: str = "xnnpack") -> None:
+        self.target = target
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MEAN(p.x, p.const("axes"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        if m.root.options.get("keep_dims", False):
+            return NotApplicable("the MEAN keeps its dimensions already")
+        rank = len(m.x.shape)
+        axes = {int(a) % rank for a in np.ravel(m.axes.data)} if rank else set()
+        if rank != 4 or axes != {1, 2}:
+            return NotApplicable("not a mean over H and W of an NHWC tensor")
+        if not cost.mean_keep_dims_pays(self.target, cost.op_dtype(m.root), m.x.shape):
+            runtime = cost.runtime_label(self.target)
+            return refuse(f"{runtime} run this MEAN as fast without keep_dims (cost table)")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, mean, y = m.graph, m.root, m.y
+        kept = g.add_tensor(y.name + "_kept", (m.x.shape[0], 1, 1, m.x.shape[3]), y.dtype,
+                            quantization=y.quantization)  # fmt: skip
+        mean.outputs = [kept]
+        mean.options["keep_dims"] = True
+        shape = g.add_constant(y.name + "_shape", np.asarray(y.shape, np.int32), "INT32")
+        g.add_op("RESHAPE", [kept, shape], [y], {"new_shape": list(y.shape)}, after=mean)
+
+
+class MeanLastAxisAsRows(Rule):
+    """MEAN(x (1, R, C), axis=-1, keep_dims=True)  =>
+    RESHAPE (1, R, 1) <- MEAN(RESHAPE(x) (R, 1, C, 1), axes=[1, 2], keep_dims=True).
+
+    LayerNorm's two means. The plain int8 kernels reduce the last axis generically, 4-9x slower
+    than their pooling fast path, which the same numbers reach with the rows as the batch
+    (delegates/cost_table.json: MEAN@last vs MEAN@rows); XNNPACK is slower that way, so only
+    where the table says it pays. The same sums; int8 rounds at most one step differently.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 1
+
+    def __init__(self, target: str = "xnnpack") -> None:
+        self.target = target
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MEAN(p.x, p.const("axes"), out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        shape = tuple(m.x.shape)
+        axes = [int(a) % len(shape) for a in np.ravel(m.axes.data)] if shape else []
+        if len(shape) != 3 or shape[0] != 1 or axes != [2] or not m.root.options.get("keep_dims"):
+            return NotApplicable("not a mean over the last axis of a (1, R, C) tensor")
+        if shape[1] == 1:
+            return NotApplicable("a single row")
+        if not cost.mean_last_as_rows_pays(self.target, cost.op_dtype(m.root), *shape[1:]):
+            runtime = cost.runtime_label(self.target)
+            return refuse(f"{runtime} reduce the last axis as fast as a pool (cost table)")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, mean, x, y = m.graph, m.root, m.x, m.y
+        rows, cols = x.shape[1], x.shape[2]
+
+        def reshape(src: Tensor, dst: Tensor, shape: tuple[int, ...], **where: Op) -> Op:
+            const = g.add_constant(dst.name + "_shape", np.asarray(shape, np.int32), "INT32")
+            return g.add_op("RESHAPE", [src, const], [dst], {"new_shape": list(shape)}, **where)
+
+        q_in, q_out = x.quantization, y.quantization
+        pooled_in = g.add_tensor(x.name + "_rows", (rows, 1, cols, 1), x.dtype, quantization=q_in)
+        pooled = g.add_tensor(y.name + "_rows", (rows, 1, 1, 1), y.dtype, quantization=q_out)
+        reshape(x, pooled_in, (rows, 1, cols, 1), before=mean)
+        axes = g.add_constant(y.name + "_axes", np.array([1, 2], np.int32), "INT32")
+        mean.inputs = [pooled_in, axes]
+        mean.outputs = [pooled]
+        reshape(pooled, y, (1, rows, 1), after=mean)
+
+
+_INT_RANGE = {"INT8": (-128, 127), "UINT8": (0, 255)}
+
+
+class SpellOutInt8HardSwish(Rule):
+    """HARD_SWISH(x), int8  =>  x * (relu6(x + 3) * 1/6): ADD (fused RELU6), MUL, MUL.
+
+    The TFLite XNNPACK delegate takes int8 ADD and MUL but not int8 HARD_SWISH, which then
+    runs on the built-in kernel, about 5x slower than the three delegated ops
+    (delegates/cost_table.json); the float rules do the opposite (RecognizeHardSwish), as
+    float HARD_SWISH is delegated. Intermediates: relu6(x + 3) on [0, 6] and the hard
+    sigmoid on [0, 1], each over the full int8 range; that is up to 3 more roundings.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 3
+
+    def __init__(self, target: str = "xnnpack") -> None:
+        self.target = target
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.HARD_SWISH(p.x, out="y")
+
+    def check(self, m: Match) -> Refusal | None:
+        if m.x.dtype not in _INT_RANGE or m.y.dtype != m.x.dtype:
+            return NotApplicable("not an int8 HARD_SWISH")
+        for t in (m.x, m.y):
+            q = t.quantization
+            if q is None or q.scale is None or q.per_channel:
+                return refuse("the HARD_SWISH is not quantized per tensor")
+        if not cost.spelled_hard_swish_pays(self.target, int(np.prod(m.y.shape))):
+            runtime = cost.runtime_label(self.target)
+            return refuse(f"{runtime} run the int8 HARD_SWISH as fast (cost table)")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, x, y, old = m.graph, m.x, m.y, m.root
+        dtype = x.dtype
+        low, high = _INT_RANGE[dtype]
+        steps = high - low
+
+        def q(scale: float, zero: int) -> Quantization:
+            return Quantization(np.array([scale], np.float32), np.array([zero], np.int64))
+
+        def const(name: str, real: float) -> Tensor:
+            value = np.array([high], dtype=NUMPY_DTYPES[dtype])  # real = scale * high
+            return g.add_constant(y.name + name, value, dtype, q(real / high, 0))
+
+        shifted = g.add_tensor(y.name + "_relu6", y.shape, dtype, quantization=q(6 / steps, low))
+        sigmoid = g.add_tensor(y.name + "_hsig", y.shape, dtype, quantization=q(1 / steps, low))
+        position = g.ops.index(old)
+        g.remove_op(old)
+        ops = [
+            g.add_op("ADD", [x, const("_three", 3.0)], [shifted],
+                     {"fused_activation_function": "RELU6"}),
+            g.add_op("MUL", [shifted, const("_sixth", 1 / 6)], [sigmoid],
+                     {"fused_activation_function": "NONE"}),
+            g.add_op("MUL", [x, sigmoid], [y], {"fused_activation_function": "NONE"}),
+        ]  # fmt: skip
+        for op in ops:
+            g.ops.remove(op)
+        g.ops[position:position] = ops
