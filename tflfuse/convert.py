@@ -292,19 +292,18 @@ def _with_io_types(data: bytes, rec: Recipe) -> bytes:
 
 
 def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
-    """The rules run on the quantized fused model: the target's whole pipeline when the float
-    rules could not be kept (the converter-PTQ route), else the target's int8 legalization
-    (Edge TPU: the rules' int8 forms and DeferUnmappableOps, which act only on int8 tensors)."""
+    """The rules run on the quantized fused model. For the Edge TPU, its int8 legalization (the
+    rules' int8 forms and DeferUnmappableOps, which act only on int8 tensors); for the other
+    targets, their whole pipeline again, where the int8-only rules fire (e.g. HARD_SWISH spelled
+    out for XNNPACK, which takes no int8 HARD_SWISH; MEAN keep_dims on the plain kernels). When
+    the float rules could not be kept (the converter-PTQ route), the target's whole pipeline."""
     from tflfuse.rules import pipeline
 
-    if rules_pending:
-        return pipeline(rec.level, rec.target)
-    if rec.target != "edgetpu" or rec.level <= 0:
+    if rec.level <= 0:
         return ()
-    try:  # issue 9's entry point for the int8 legalization (rules/edgetpu.py, helper h9a)
-        return pipeline(2, "edgetpu", quantized=True)  # type: ignore[call-arg]
-    except TypeError:  # a pipeline() without it: the edgetpu pipeline again on the int8 graph
-        return pipeline(2, "edgetpu")
+    if rules_pending or rec.target != "edgetpu":
+        return pipeline(rec.level, rec.target)
+    return pipeline(rec.level, "edgetpu", quantized=True)
 
 
 def _mapped(data: bytes) -> int:
