@@ -486,6 +486,13 @@ class Model:
     def graphs(self) -> Iterator[tuple[int, Graph]]:
         return iter(enumerate(self.subgraphs))
 
+    def retarget_signatures(self, renamed: dict[Tensor, Tensor]) -> None:
+        """Point every signature entry that names a tensor in `renamed` at its replacement
+        (after an input or output tensor was swapped for a new one)."""
+        for s in self.signatures:
+            s.inputs = {k: renamed.get(v, v) for k, v in s.inputs.items()}
+            s.outputs = {k: renamed.get(v, v) for k, v in s.outputs.items()}
+
     def validate(self) -> None:
         if not self.subgraphs:
             raise IRError("model has no subgraphs")

@@ -132,9 +132,7 @@ def channels_last(data: bytes, source: str = "<bytes>") -> LayoutChange:
         change.outputs.append(i)
         change.removed_ops += 1
         change.details.append(f"output {i}: {list(t.shape)} (NCHW) -> {list(src.shape)} (NHWC)")
-    for s in model.signatures:
-        s.inputs = {k: renamed.get(v, v) for k, v in s.inputs.items()}
-        s.outputs = {k: renamed.get(v, v) for k, v in s.outputs.items()}
+    model.retarget_signatures(renamed)
     DeadCodeElimination().run(graph)
     graph.toposort()
     model.validate()

@@ -250,9 +250,7 @@ def set_io_types(model: Model, input_type: str, output_type: str) -> None:
     renamed: dict[Any, Any] = {}
     graph.inputs = _retype(graph, graph.inputs, input_type, "input", renamed)
     graph.outputs = _retype(graph, graph.outputs, output_type, "output", renamed)
-    for s in model.signatures:
-        s.inputs = {k: renamed.get(v, v) for k, v in s.inputs.items()}
-        s.outputs = {k: renamed.get(v, v) for k, v in s.outputs.items()}
+    model.retarget_signatures(renamed)
     DeadCodeElimination().run(graph)
     graph.toposort()
     model.validate()

@@ -247,6 +247,11 @@ def _pool_limit() -> int:
     return int(capability("edgetpu")["ops"]["AVERAGE_POOL_2D"].get("max_pool_plane", 1 << 30))
 
 
+def _mean_limit() -> int:
+    """The largest H x W plane a MEAN maps over as it is (YAMNet's 3x2 one did: edgetpu-more)."""
+    return int(capability("edgetpu")["ops"]["MEAN"].get("max_pool_plane", 0))
+
+
 def _pool_stages(h: int, w: int, limit: int) -> list[tuple[int, int]] | None:
     """Pool windows (fh, fw) whose successive averages equal the mean over h x w, each window at
     most `limit` pixels: one stage when h*w fits, else two (fh | h, fw | w), else None."""
@@ -291,7 +296,9 @@ def _average_pool_chain(g: Graph, x: Tensor, stages, final: Tensor, anchor: Op) 
 
 
 class MeanToAveragePool(Rule):
-    """MEAN(x, axes=[1, 2])  =>  AVERAGE_POOL_2D(x, filter = H x W) [-> RESHAPE] [-> QUANTIZE].
+    """MEAN(x, axes=[1, 2])  =>  AVERAGE_POOL_2D(x, filter = H x W) [-> RESHAPE] [-> QUANTIZE],
+    only for a plane larger than a MEAN maps over (the compiler maps a MEAN within its limit as it
+    is: YAMNet's, edgetpu-more; the pool would add ops and roundings there).
 
     The same average (exact in float). A plane larger than the compiler maps is pooled in two
     stages: windows fh x fw, then the (H/fh) x (W/fw) grid of their averages — the mean of equal-
@@ -327,6 +334,13 @@ class MeanToAveragePool(Rule):
         kind = _kind(x)
         if kind is None or _kind(m.root.output) != kind:
             return refuse(f"MEAN on {x.dtype} with per-channel or no quantization")
+        plane, mean_limit = x.shape[1] * x.shape[2], _mean_limit()
+        if plane <= mean_limit:
+            return refuse(
+                f"the MEAN maps on the Edge TPU as it is (a {x.shape[1]}x{x.shape[2]} plane, within"
+                f" the {mean_limit} px of delegates/edgetpu.toml [ops.MEAN]): a pool would add ops"
+                " and roundings"
+            )
         if _pool_stages(x.shape[1], x.shape[2], _pool_limit()) is None:
             return refuse(f"no exact tiling of the {x.shape[1]}x{x.shape[2]} plane fits the limit")
         return None
