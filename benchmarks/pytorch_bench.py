@@ -77,7 +77,9 @@ def bench_one(name: str, recipe: str, out: Path, args: argparse.Namespace) -> di
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     base, channels_last = recipe.removesuffix(CHANNELS_LAST), recipe.endswith(CHANNELS_LAST)
-    res = convert(src, base, calib, out, seed=0, progress=False, channels_last=channels_last)
+    res = convert(  # force: the previous run's models are replaced
+        src, base, calib, out, seed=0, progress=False, channels_last=channels_last, force=True
+    )
     seconds = time.perf_counter() - t0
     r = res.report
     paths = {"stock": res.stock, "fused": res.fused}

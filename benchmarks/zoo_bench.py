@@ -55,7 +55,7 @@ def convert_one(
     t0 = time.perf_counter()
     result = convert_keras(
         model, recipe=recipe, calibration=calib, output_dir=out, seed=0, progress=False,
-        target=target,
+        target=target, force=True,  # the previous run's models are replaced
     )  # fmt: skip
     report = result.report
     paths = {"fused": result.fused, "unfused": result.unfused, "stock": result.stock}
