@@ -56,6 +56,7 @@ def keras_tflite() -> dict[str, bytes]:
         out[f"{name}_int8"] = zoo.to_tflite(model, int8=True)
     return out
 
+
 # Property tests: random examples on a developer's machine (they find new bugs), a fixed
 # derandomized sequence in CI (a red CI then means a change broke something, not bad luck).
 from hypothesis import settings as _hypothesis_settings  # noqa: E402
