@@ -174,25 +174,16 @@ def runtime_label(target: str) -> str:
     return labels.get(runtime, f"the {target} kernels")
 
 
-def _table_dirs() -> list[Path]:
-    """Where the shipped cost table is: the delegates data found by `tflfuse.resources` (a
-    wheel's `tflfuse/data/delegates/`, or `delegates/` of a checkout)."""
-    from tflfuse.resources import data_dir
-
-    return [Path(str(data_dir("delegates")))]
-
-
 @functools.cache
 def cost_table(path: str | None = None) -> dict[str, tuple[float, float]]:
     """{(kind, dtype, runtime): (microseconds per call, microseconds per unit of work)},
     fitted to the measured shape classes; empty when no table ships."""
-    candidates = [Path(path)] if path else [d / "cost_table.json" for d in _table_dirs()]
-    for file in candidates:
-        if file.is_file():
-            entries = json.loads(file.read_text())["entries"]
-            break
-    else:
+    from tflfuse.resources import data_file
+
+    file = Path(path) if path else data_file("delegates", "cost_table.json")
+    if file is None or not file.is_file():
         return {}
+    entries = json.loads(file.read_text())["entries"]
     points: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for e in entries:
         points.setdefault((e["kind"], e["dtype"], e["runtime"]), []).append((e["work"], e["us"]))
