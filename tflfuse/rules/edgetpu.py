@@ -172,19 +172,25 @@ class LegalizeHardSwish(Rule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        g, op, x = m.graph, m.root, m.x
-        out = op.output
-        q_gate = q_prod = None
-        if _kind(x) == "int":
-            s_out, z_out = _scale_zp(out)
-            q_gate, q_prod = _range_q(x, 0.0, 6.0), _quant(6 * s_out, z_out)
-        at = _take_out(g, op)
-        gate = _like(g, f"{out.name}/relu6_x_plus_3", x, q=q_gate)
-        prod = _like(g, f"{out.name}/x_times_gate", x, q=q_prod)
-        three = _scalar(g, f"{out.name}/three", 3.0, x)
-        g.add_op("ADD", [x, three], [gate], {"fused_activation_function": "RELU6"}, before=at)
-        _mul(g, x, gate, prod, at)
-        _mul(g, prod, _scalar(g, f"{out.name}/one_sixth", 1.0 / 6.0, x), out, at)
+        spell_out_hard_swish(m.graph, m.root)
+
+
+def spell_out_hard_swish(g: Graph, op: Op) -> None:
+    """Replace HARD_SWISH `op` (float, or int8/uint8 per tensor) in place by
+    MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6); see LegalizeHardSwish for the quantization of
+    the intermediates. Also XNNPACK's form for int8 (rules/kernels.py: SpellOutInt8HardSwish)."""
+    x, out = op.inputs[0], op.output
+    q_gate = q_prod = None
+    if _kind(x) == "int":
+        s_out, z_out = _scale_zp(out)
+        q_gate, q_prod = _range_q(x, 0.0, 6.0), _quant(6 * s_out, z_out)
+    at = _take_out(g, op)
+    gate = _like(g, f"{out.name}/relu6_x_plus_3", x, q=q_gate)
+    prod = _like(g, f"{out.name}/x_times_gate", x, q=q_prod)
+    three = _scalar(g, f"{out.name}/three", 3.0, x)
+    g.add_op("ADD", [x, three], [gate], {"fused_activation_function": "RELU6"}, before=at)
+    _mul(g, x, gate, prod, at)
+    _mul(g, prod, _scalar(g, f"{out.name}/one_sixth", 1.0 / 6.0, x), out, at)
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

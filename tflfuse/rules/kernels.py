@@ -1,8 +1,9 @@
 """Kernel choice: the same maths written so a runtime picks its faster kernel.
 
-These rewrites change no numbers (they only move bytes); whether one pays depends on the
-runtime, so each asks the measured cost table (`tflfuse.cost`, `delegates/cost_table.json`)
-for the op's dtype on the target's runtime and fires only where it is faster there.
+The same values in float; in int8 each rounds differently by the steps it declares. Whether
+one pays depends on the runtime, so each asks the measured cost table (`tflfuse.cost`,
+`delegates/cost_table.json`) for the op's dtype on the target's runtime and fires only where it
+is faster there.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from tflfuse import cost
-from tflfuse.ir import NUMPY_DTYPES, Op, Quantization, Tensor
+from tflfuse.ir import Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rules.common import NotApplicable
+from tflfuse.rules.edgetpu import LegalizeHardSwish, spell_out_hard_swish
 
 
 class MeanKeepDims(Rule):
@@ -114,17 +116,17 @@ _INT_RANGE = {"INT8": (-128, 127), "UINT8": (0, 255)}
 
 
 class SpellOutInt8HardSwish(Rule):
-    """HARD_SWISH(x), int8  =>  x * (relu6(x + 3) * 1/6): ADD (fused RELU6), MUL, MUL.
+    """HARD_SWISH(x), int8  =>  MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6): the Edge TPU's form
+    (rules/edgetpu.py `spell_out_hard_swish`), here where a runtime is faster with it.
 
     The TFLite XNNPACK delegate takes int8 ADD and MUL but not int8 HARD_SWISH, which then
     runs on the built-in kernel, about 5x slower than the three delegated ops
     (delegates/cost_table.json); the float rules do the opposite (RecognizeHardSwish), as
-    float HARD_SWISH is delegated. Intermediates: relu6(x + 3) on [0, 6] and the hard
-    sigmoid on [0, 1], each over the full int8 range; that is up to 3 more roundings.
+    float HARD_SWISH is delegated.
     """
 
     quantized_ok = True
-    int8_error_steps = 3
+    int8_error_steps = LegalizeHardSwish.int8_error_steps  # the same ops, the same roundings
 
     def __init__(self, target: str = "xnnpack") -> None:
         self.target = target
@@ -145,29 +147,4 @@ class SpellOutInt8HardSwish(Rule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        g, x, y, old = m.graph, m.x, m.y, m.root
-        dtype = x.dtype
-        low, high = _INT_RANGE[dtype]
-        steps = high - low
-
-        def q(scale: float, zero: int) -> Quantization:
-            return Quantization(np.array([scale], np.float32), np.array([zero], np.int64))
-
-        def const(name: str, real: float) -> Tensor:
-            value = np.array([high], dtype=NUMPY_DTYPES[dtype])  # real = scale * high
-            return g.add_constant(y.name + name, value, dtype, q(real / high, 0))
-
-        shifted = g.add_tensor(y.name + "_relu6", y.shape, dtype, quantization=q(6 / steps, low))
-        sigmoid = g.add_tensor(y.name + "_hsig", y.shape, dtype, quantization=q(1 / steps, low))
-        position = g.ops.index(old)
-        g.remove_op(old)
-        ops = [
-            g.add_op("ADD", [x, const("_three", 3.0)], [shifted],
-                     {"fused_activation_function": "RELU6"}),
-            g.add_op("MUL", [shifted, const("_sixth", 1 / 6)], [sigmoid],
-                     {"fused_activation_function": "NONE"}),
-            g.add_op("MUL", [x, sigmoid], [y], {"fused_activation_function": "NONE"}),
-        ]  # fmt: skip
-        for op in ops:
-            g.ops.remove(op)
-        g.ops[position:position] = ops
+        spell_out_hard_swish(m.graph, m.root)
