@@ -43,6 +43,21 @@ def needs_oracle() -> pytest.MarkDecorator:
     return pytest.mark.skipif(not ORACLE.is_dir(), reason="../shared/oracle is absent")
 
 
+@pytest.fixture
+def tiny_tflite(tmp_path: Path) -> Path:
+    """CONV_2D -> RELU as a .tflite file: optimize fuses the RELU (2 -> 1 ops)."""
+    from irgraphs import conv, model_of, to_bytes, unary
+
+    from tflfuse.ir import Graph
+
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 8, 8, 3))
+    y = unary(g, "RELU", conv(g, x, 4, name="c").outputs[0]).outputs[0]
+    path = tmp_path / "tiny.tflite"
+    path.write_bytes(to_bytes(model_of(g, [x], [y])))
+    return path
+
+
 @pytest.fixture(scope="session")
 def keras_tflite() -> dict[str, bytes]:
     """MobileNetV2 and EfficientNetB0 (96 px, 10 classes), float and full int8, converted once."""

@@ -10,22 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from irgraphs import conv, model_of, to_bytes, unary
 
 import tflfuse
 from tflfuse.errors import TflfuseError
-from tflfuse.ir import Graph
 
 
 @pytest.fixture
-def tiny(tmp_path: Path) -> Path:
-    """CONV_2D -> RELU: optimize fuses the RELU (2 -> 1 ops)."""
-    g = Graph("main")
-    x = g.add_tensor("x", (1, 8, 8, 3))
-    y = unary(g, "RELU", conv(g, x, 4, name="c").outputs[0]).outputs[0]
-    path = tmp_path / "tiny.tflite"
-    path.write_bytes(to_bytes(model_of(g, [x], [y])))
-    return path
+def tiny(tiny_tflite: Path) -> Path:
+    """CONV_2D -> RELU (conftest's tiny_tflite)."""
+    return tiny_tflite
 
 
 def _python(code: str) -> str:

@@ -8,24 +8,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from irgraphs import conv, model_of, to_bytes, unary
 
 from tflfuse import bench, calibration
 from tflfuse.cli import main
 from tflfuse.errors import TflfuseError
-from tflfuse.ir import Graph
 
 SHAPE = (8, 8, 1)
 
 
 @pytest.fixture
-def model(tmp_path: Path) -> Path:
-    g = Graph("main")
-    x = g.add_tensor("x", (1, 8, 8, 3))
-    y = unary(g, "RELU", conv(g, x, 4, name="c").outputs[0]).outputs[0]
-    path = tmp_path / "tiny.tflite"
-    path.write_bytes(to_bytes(model_of(g, [x], [y])))
-    return path
+def model(tiny_tflite: Path) -> Path:
+    """CONV_2D -> RELU (conftest's tiny_tflite)."""
+    return tiny_tflite
 
 
 def _fails(argv: list[str], folder: Path, capsys: pytest.CaptureFixture, expect: str) -> None:
