@@ -1,5 +1,5 @@
-"""No op left float by the quantizer (issue 16): PRELU and RELU_0_TO_1, which ai-edge-quantizer has
-no int8 config for, come out int8 and the Edge TPU maps them.
+"""No op left float by the quantizer (issue 16): PRELU, RELU_0_TO_1 and DEPTH_TO_SPACE, which
+ai-edge-quantizer has no int8 config for, come out int8, and the Edge TPU maps PRELU and RELU.
 
 The rules are checked exhaustively on int8 islands built inline (every int8 input value, against
 the DEQUANTIZE -> float op -> QUANTIZE the quantizer leaves); the whole route on a Keras model with
@@ -16,7 +16,12 @@ import pytest
 from rulekit import apply, ops, refusals
 
 from tflfuse import flatbuffer, verify
-from tflfuse.int8_completion import COMPLETED_OPS, QuantizePrelu, QuantizeRelu0To1
+from tflfuse.int8_completion import (
+    COMPLETED_OPS,
+    QuantizeDepthToSpace,
+    QuantizePrelu,
+    QuantizeRelu0To1,
+)
 from tflfuse.ir import Graph, Model, Quantization, Tensor
 from tflfuse.targets import predict
 
@@ -104,6 +109,33 @@ def test_relu_0_to_1_with_an_output_range_past_one_stays_float() -> None:
     ]
 
 
+def _depth_to_space_island(out_q: Quantization) -> bytes:
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 4, 4, 16), "INT8", quantization=_q(0.04, -20))
+    xf, yf = g.add_tensor("x_dequant", x.shape), g.add_tensor("y_float", (1, 8, 8, 4))
+    y = g.add_tensor("y", (1, 8, 8, 4), "INT8", quantization=out_q)
+    g.add_op("DEQUANTIZE", [x], [xf])
+    g.add_op("DEPTH_TO_SPACE", [xf], [yf], {"block_size": 2})
+    g.add_op("QUANTIZE", [yf], [y])
+    g.inputs, g.outputs = [x], [y]
+    return flatbuffer.to_bytes(Model([g]))
+
+
+def test_depth_to_space_island_becomes_int8_exactly() -> None:
+    before = _depth_to_space_island(_q(0.04, -20))
+    after, model, result = apply(before, QuantizeDepthToSpace())
+    assert ops(model) == ["DEPTH_TO_SPACE"] and model.main.ops[0].options == {"block_size": 2}
+    x = np.resize(ALL_INT8, (1, 4, 4, 16))
+    ref, got = verify.run(before, [[x]])[0][0], verify.run(after, [[x]])[0][0]
+    assert np.array_equal(ref, got) and np.ptp(ref.astype(np.int32)) == 255
+    other = _depth_to_space_island(_q(0.05, -20))
+    _, model, result = apply(other, QuantizeDepthToSpace())
+    assert ops(model) == ["DEQUANTIZE", "DEPTH_TO_SPACE", "QUANTIZE"]
+    assert refusals(result, "QuantizeDepthToSpace") == [
+        "the output has other quantization parameters than the input"
+    ]
+
+
 def test_the_quantizer_fallback_knows_what_tflfuse_completes() -> None:
     """convert takes the converter's PTQ (where there is a TF graph) only for ops that stay float:
     PRELU and RELU_0_TO_1 no longer count, RELU6 still does."""
@@ -120,7 +152,7 @@ def test_the_quantizer_fallback_knows_what_tflfuse_completes() -> None:
         cur = out
     g.inputs, g.outputs = [x], [cur]
     assert aeq_unsupported(flatbuffer.to_bytes(Model([g]))) == ["RELU6"]
-    assert {"PRELU", "RELU_0_TO_1"} == COMPLETED_OPS
+    assert {"PRELU", "RELU_0_TO_1", "DEPTH_TO_SPACE"} == COMPLETED_OPS
 
 
 # -- the whole route ------------------------------------------------------------------------------

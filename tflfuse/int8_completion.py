@@ -1,14 +1,17 @@
-"""Ops ai-edge-quantizer leaves in float, made int8 between the scales it chose: PRELU, RELU_0_TO_1.
+"""Ops ai-edge-quantizer leaves in float, made int8 between the scales it chose: PRELU,
+RELU_0_TO_1, DEPTH_TO_SPACE.
 
-ai-edge-quantizer has no int8 config for PRELU (MediaPipe's iris, face and hand models) or
-RELU_0_TO_1 (onnx2tf's HardSigmoid). It leaves each one in float, between a DEQUANTIZE of its
-int8 input and a QUANTIZE of its output, so the model is not fully int8 and on the Edge TPU the
-first one cuts the graph (iris landmark: 2 of 278 ops mapped). Both scales are already chosen from
-calibration (the DEQUANTIZE reads the input's, the QUANTIZE writes the output's), so the float
-island is replaced by one int8 op between the same two tensors:
+ai-edge-quantizer has no int8 config for PRELU (MediaPipe's iris, face, hand and palm models),
+RELU_0_TO_1 (onnx2tf's HardSigmoid) or DEPTH_TO_SPACE (MediaPipe's pose detector). It leaves each
+one in float, between a DEQUANTIZE of its int8 input and a QUANTIZE of its output, so the model is
+not fully int8 and on the Edge TPU the first one cuts the graph (iris landmark: 2 of 278 ops
+mapped). Both scales are already chosen from calibration (the DEQUANTIZE reads the input's, the
+QUANTIZE writes the output's), so the float island is replaced by one int8 op between the same
+two tensors:
 
-  QUANTIZE(PRELU(DEQUANTIZE(x), alpha))  =>  PRELU(x, alpha in int8)
-  QUANTIZE(RELU_0_TO_1(DEQUANTIZE(x)))   =>  RELU(x)   (the output's range tops out at <= 1)
+  QUANTIZE(PRELU(DEQUANTIZE(x), alpha))    =>  PRELU(x, alpha in int8)
+  QUANTIZE(RELU_0_TO_1(DEQUANTIZE(x)))     =>  RELU(x)   (the output's range tops out at <= 1)
+  QUANTIZE(DEPTH_TO_SPACE(DEQUANTIZE(x)))  =>  DEPTH_TO_SPACE(x)   (same parameters in and out)
 
 PRELU: alpha keeps the source's shape (per channel or per tensor values) with one symmetric
 scale, max|alpha| / 127, as the TFLite converter quantizes it (TFLite's int8 PRELU kernel reads
@@ -18,9 +21,11 @@ is 1 or less, the int8 RELU that requantizes to the output's scale saturates exa
 clamp at 1 would (and clamps at the zero point, real 0), so the clamp is the quantization itself;
 RELU maps on the Edge TPU, RELU_0_TO_1 does not.
 
-Both rewrites round once where the island rounded once (its QUANTIZE), from the same real value:
-one step apart at most, plus, for PRELU, alpha's rounding times the largest negative input
-(`QuantizePrelu.int8_error`). `complete` runs the rules and verifies the result against the
+DEPTH_TO_SPACE moves bytes: its output's calibrated range is its input's, so the quantizer gave
+both the same parameters and the int8 op is exact (other parameters are refused: a copy cannot
+requantize). PRELU and RELU round once where the island rounded once (its QUANTIZE), from the same
+real value: one step apart at most, plus, for PRELU, alpha's rounding times the largest negative
+input (`QuantizePrelu.int8_error`). `complete` runs the rules and verifies the result against the
 model as the quantizer left it, with those declared bounds.
 """
 
@@ -65,12 +70,14 @@ def _island_check(m: Match) -> Refusal | None:
     return None
 
 
-def _replace(m: Match, op_type: str, inputs: list[Tensor], version: int) -> None:
+def _replace(
+    m: Match, op_type: str, inputs: list[Tensor], version: int, options: dict | None = None
+) -> None:
     """The island's QUANTIZE gives way to `op_type` writing the same int8 tensor (placed after
     the float op, which stays for any other reader until dead-code elimination)."""
     g, out, float_op = m.graph, m.root.output, m.float_out.producer
     g.remove_op(m.root)
-    g.add_op(op_type, inputs, [out], after=float_op, version=version)
+    g.add_op(op_type, inputs, [out], options, after=float_op, version=version)
 
 
 def _alpha_int8(alpha: np.ndarray) -> tuple[np.ndarray, float]:
@@ -154,7 +161,33 @@ class QuantizeRelu0To1(_Completion):
         _replace(m, "RELU", [m.x], version=2)  # TFLite's op version of an int8 RELU
 
 
-RULES = (QuantizePrelu(), QuantizeRelu0To1())
+class QuantizeDepthToSpace(_Completion):
+    """QUANTIZE(DEPTH_TO_SPACE(DEQUANTIZE(x)))  =>  DEPTH_TO_SPACE(x)   (int8, same parameters).
+
+    The output holds the input's values rearranged; with equal scale and zero point the int8
+    values are the island's exactly.
+    """
+
+    completes = "DEPTH_TO_SPACE"
+    int8_error_steps = 0  # moves bytes
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.QUANTIZE(p.DEPTH_TO_SPACE(p.DEQUANTIZE(p.x), out="float_out"))
+
+    def check(self, m: Match) -> Refusal | None:
+        refusal = _island_check(m)
+        if refusal is not None:
+            return refusal
+        if _scale_zp(m.x) != _scale_zp(m.root.output):
+            return refuse("the output has other quantization parameters than the input")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        options = dict(m.float_out.producer.options)  # the block size
+        _replace(m, "DEPTH_TO_SPACE", [m.x], version=2, options=options)  # int8: version 2
+
+
+RULES = (QuantizePrelu(), QuantizeRelu0To1(), QuantizeDepthToSpace())
 COMPLETED_OPS = frozenset(rule.completes for rule in RULES)  # float ops these rules make int8
 
 
