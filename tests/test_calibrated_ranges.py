@@ -221,17 +221,21 @@ def test_calibration_data_that_overflow_are_refused_in_one_line() -> None:
     assert "'conv_2d'" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_all_zero_calibration_data_give_usable_scales() -> None:
+@pytest.mark.parametrize("value", [0.0, 0.5])
+def test_all_equal_calibration_data_give_usable_scales(value: float) -> None:
+    """Every sample the same: all zeros (widened to [-1, 1]) or all 0.5 (the quantizer's range
+    takes in 0: [0, 0.5], nothing to correct)."""
     pytest.importorskip("ai_edge_quantizer")
     from tflfuse.quantize import quantize
 
     data = _signed(_padded_pool(-np.inf, relu=True))
-    q = quantize(data, "int8", [np.zeros((8, 8, 8, 3), np.float32)], progress=False)
+    q = quantize(data, "int8", [np.full((8, 8, 8, 3), value, np.float32)], progress=False)
     _scales_usable(q.data)
-    assert "input" in q.ranges_adjusted
+    assert ("input" in q.ranges_adjusted) == (value == 0)
     model = flatbuffer.from_bytes(q.data)
     (quantize_op,) = model.main.ops_of("QUANTIZE")
-    assert float(quantize_op.outputs[0].quantization.scale[0]) == pytest.approx(2 / 255)
+    expect = 2 / 255 if value == 0 else value / 255
+    assert float(quantize_op.outputs[0].quantization.scale[0]) == pytest.approx(expect, rel=1e-3)
     x = np.random.default_rng(0).uniform(-1, 1, (8, 8, 8, 3)).astype(np.float32)
     from tflfuse.report import run_float
 

@@ -277,6 +277,29 @@ def test_float16_weights_make_a_float_model(nchw: Path, tmp_path: Path) -> None:
     assert a["verified"] and a["outputs"][0]["varies"]
 
 
+@pytest.mark.parametrize("pad_value", [-np.inf, -3.4028235e38], ids=["torch", "onnx2tf"])
+def test_a_padded_max_pool_converts_with_every_baseline(pad_value: float, tmp_path: Path) -> None:
+    """torch's MaxPool2d(3, 2, padding=1) after conv + ReLU (ResNet's stem) exports as PADV2 with
+    -inf (onnx2tf: -3.4e38): the unfused and stock models keep it, and their calibration gave
+    scale inf, which aborted the interpreter. Now every scale is usable and all three run."""
+    from tests.test_calibrated_ranges import _padded_pool
+
+    g = _padded_pool(pad_value, relu=True)
+    calib = _calib((8, 8, 3), 32)
+    res = convert(g.bytes(g.out), "edgetpu", calib, tmp_path / "o", progress=False)
+    r = res.report
+    assert "PADV2" in _ops(res.stock) and "PADV2" in _ops(res.unfused)
+    assert "PADV2" not in _ops(res.fused)  # the exporter rule: a max over x >= 0 pads with 0
+    for name in ("fused", "unfused", "stock"):
+        a = r["agreement"][name]
+        assert a["verified"] and a["outputs"][0]["varies"], name
+        spread = a["outputs"][0]["reference_range"]
+        spread = spread[1] - spread[0] if isinstance(spread, list) else spread
+        assert a["max_abs"] <= 0.05 * spread, (name, a["max_abs"], spread)
+        for pad in flatbuffer.load(res.output_dir / r["files"][name]).main.ops_of("PADV2"):
+            assert pad.inputs[2].data.reshape(-1).tolist() == [-128]  # the lowest int8
+
+
 def test_channels_last_on_an_nhwc_model_is_refused(tmp_path: Path) -> None:
     from tflfuse.errors import TflfuseError
 

@@ -11,8 +11,9 @@ several quantizations):
               sentinel pad values such as PADV2's -inf never enter a range, an overflow is one
               line naming the tensor, a range of only zeros is widened)
   quantize    ai-edge-quantizer's `static_wi8_ai8` with those ranges
-  complete    (`complete=True`) the ops it leaves in float made int8 between the scales it chose
-              (`int8_completion`: PRELU, RELU_0_TO_1), verified within their declared error
+  complete    (`complete_int8=True`) the ops it leaves in float made int8 between the scales it
+              chose (`int8_completion`: PRELU, RELU_0_TO_1, DEPTH_TO_SPACE), verified within
+              their declared error
   check       every scale finite and > 0, every zero point in range (`qparams`), before any
               interpreter sees the model
 ai-edge-quantizer leaves float I/O with a QUANTIZE after each input and a DEQUANTIZE before each
@@ -126,7 +127,8 @@ def quantize(
         calibration_result, adjusted = usable_ranges(model.main, stats)
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
-    qparams.check(flatbuffer.from_bytes(data), "the quantized model")  # before any interpreter
+    which = desc.removeprefix("calibrating ")
+    qparams.check(flatbuffer.from_bytes(data), f"ai-edge-quantizer's output ({which})")
     out = Quantized(data, f"ai-edge-quantizer {mode}", ranges_adjusted=adjusted)
     if layer_error and samples:
         out.layer_error = _layer_error(q, signature.key, samples[:4])
