@@ -238,7 +238,6 @@ def _float16(nchw_bytes: bytes) -> bytes:
         ("subgraphs", "has 2 subgraphs"),
         ("dynamic", "dynamic dimensions"),
         ("custom", "custom ops NotARealOp the interpreter lacks"),
-        ("float16", "already quantized (float16)"),
         ("corrupt", "not a valid TFLite model"),
     ],
 )
@@ -248,7 +247,6 @@ def test_what_tflfuse_cannot_convert_is_one_line(problem, expect, nchw, tmp_path
         "subgraphs": _two_subgraphs,
         "dynamic": _dynamic,
         "custom": _custom_op,
-        "float16": lambda: _float16(nchw.read_bytes()),
         "corrupt": lambda: b"\x18\x00\x00\x00TFL3" + b"\x07" * 64,
     }[problem]
     path.write_bytes(make())
@@ -258,6 +256,48 @@ def test_what_tflfuse_cannot_convert_is_one_line(problem, expect, nchw, tmp_path
     assert rc == 2
     assert err[-1].startswith(f"tflfuse: error: {path}: ") and expect in err[-1], err[-1]
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_float16_weights_make_a_float_model(nchw: Path, tmp_path: Path) -> None:
+    """Weights stored as float16 behind DEQUANTIZE (the converter's float16 option, MediaPipe):
+    widened exactly to float32 and converted as the float model it is; the report says so."""
+    given = _float16(nchw.read_bytes())
+    res = convert(given, "xnnpack-int8", _calib((3, 16, 16)), tmp_path / "o", progress=False)
+    r = res.report
+    assert r["source_kind"]["float16_weights"] == {"constants": 2, "sparse": 0}
+    assert any("stores its weights as float16" in n for n in r["notices"])
+    assert r["quantization"]["float_ops_left"] == []
+    # ai-edge-quantizer on the float16 form writes conv weights with zero points the interpreter
+    # refuses: stock is its recipe on the widened input, and says why
+    assert "float16 weights widened to float32" in r["quantization"]["stock_route"]
+    assert "FLOAT16" not in flatbuffer.load(res.fused).main.op_counts()
+    # measured against the model as given (float16 weights): the widening changed nothing
+    assert r["float_agreement"]["fused"]["max_abs"] <= 1e-5
+    a = r["agreement"]["fused"]
+    assert a["verified"] and a["outputs"][0]["varies"]
+
+
+@pytest.mark.parametrize("pad_value", [-np.inf, -3.4028235e38], ids=["torch", "onnx2tf"])
+def test_a_padded_max_pool_converts_with_every_baseline(pad_value: float, tmp_path: Path) -> None:
+    """torch's MaxPool2d(3, 2, padding=1) after conv + ReLU (ResNet's stem) exports as PADV2 with
+    -inf (onnx2tf: -3.4e38): the unfused and stock models keep it, and their calibration gave
+    scale inf, which aborted the interpreter. Now every scale is usable and all three run."""
+    from tests.test_calibrated_ranges import _padded_pool
+
+    g = _padded_pool(pad_value, relu=True)
+    calib = _calib((8, 8, 3), 32)
+    res = convert(g.bytes(g.out), "edgetpu", calib, tmp_path / "o", progress=False)
+    r = res.report
+    assert "PADV2" in _ops(res.stock) and "PADV2" in _ops(res.unfused)
+    assert "PADV2" not in _ops(res.fused)  # the exporter rule: a max over x >= 0 pads with 0
+    for name in ("fused", "unfused", "stock"):
+        a = r["agreement"][name]
+        assert a["verified"] and a["outputs"][0]["varies"], name
+        spread = a["outputs"][0]["reference_range"]
+        spread = spread[1] - spread[0] if isinstance(spread, list) else spread
+        assert a["max_abs"] <= 0.05 * spread, (name, a["max_abs"], spread)
+        for pad in flatbuffer.load(res.output_dir / r["files"][name]).main.ops_of("PADV2"):
+            assert pad.inputs[2].data.reshape(-1).tolist() == [-128]  # the lowest int8
 
 
 def test_channels_last_on_an_nhwc_model_is_refused(tmp_path: Path) -> None:

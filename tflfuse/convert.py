@@ -279,6 +279,8 @@ def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
         desc=f"calibrating {which}",
         progress=ctx.options.progress,
         layer_error=which == "fused",
+        complete_int8=True,  # PRELU, RELU_0_TO_1 int8 too (int8_completion), fused and unfused
+        verify=ctx.options.verify,
     )
 
 

@@ -4,6 +4,18 @@ Quantizing after fusion keeps the rewrites in exact float arithmetic. Modes:
   int8     static int8 weights and activations (`static_wi8_ai8`), calibrated on the given data
   dynamic  int8 weights, activations quantized at run time (`dynamic_wi8_afp32`)
   float16  float16 weights for CONV/DW/FC, float32 compute (FLOAT_CASTING weight-only)
+The int8 route, step by step (each step a function of its own, so one calibration can serve
+several quantizations):
+  calibrate   the global min/max of every activation over the data (`_calibrate`)
+  ranges      statistics no scale can represent corrected or refused (`calibrated_ranges`:
+              sentinel pad values such as PADV2's -inf never enter a range, an overflow is one
+              line naming the tensor, a range of only zeros is widened)
+  quantize    ai-edge-quantizer's `static_wi8_ai8` with those ranges
+  complete    (`complete_int8=True`) the ops it leaves in float made int8 between the scales it
+              chose (`int8_completion`: PRELU, RELU_0_TO_1, DEPTH_TO_SPACE), verified within
+              their declared error
+  check       every scale finite and > 0, every zero point in range (`qparams`), before any
+              interpreter sees the model
 ai-edge-quantizer leaves float I/O with a QUANTIZE after each input and a DEQUANTIZE before each
 output. For int8 I/O those boundary ops are removed; for uint8 I/O they are replaced by a
 QUANTIZE between uint8 and int8 (same scale, zero point + 128), the form the Edge TPU compiler
@@ -18,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse import flatbuffer
+from tflfuse import flatbuffer, qparams
+from tflfuse.calibrated_ranges import usable_ranges
 from tflfuse.errors import TflfuseError
+from tflfuse.int8_completion import COMPLETED_OPS, complete
 from tflfuse.ir import Graph, Model, Quantization
 from tflfuse.rewrite import DeadCodeElimination
 
@@ -32,6 +46,8 @@ class Quantized:
     route: str
     float_ops: list[str] = field(default_factory=list)  # ops still computing in float (int8 mode)
     layer_error: list[dict[str, Any]] = field(default_factory=list)
+    ranges_adjusted: dict[str, str] = field(default_factory=dict)  # tensor -> what changed
+    completion: dict[str, Any] = field(default_factory=dict)  # int8_completion's record
 
 
 def _progress(samples: Iterable[Any], total: int, desc: str, enabled: bool) -> Iterable[Any]:
@@ -72,8 +88,15 @@ def quantize(
     desc: str = "calibrating",
     progress: bool = True,
     layer_error: bool = False,
+    complete_int8: bool = False,
+    verify: bool = True,
 ) -> Quantized:
-    """The quantized model (bytes) and how it was made; `mode` 'none' returns the input."""
+    """The quantized model (bytes) and how it was made; `mode` 'none' returns the input.
+
+    `complete_int8` makes the ops ai-edge-quantizer leaves in float int8 (`int8_completion`),
+    checked against its output unless `verify` is False; without it the result is the
+    quantizer's own (the stock baseline). Raises TflfuseError (one line naming the tensor) for
+    calibration statistics no scale can represent and for unusable quantization parameters."""
     if mode == "none":
         return Quantized(float_model, "none (float32)")
     import logging
@@ -87,6 +110,7 @@ def quantize(
     signature = model.signatures[0]
     q = quantizer.Quantizer(bytearray(float_model), _aeq_recipe(mode))
     calibration_result = None
+    adjusted: dict[str, str] = {}
     samples: list[dict[str, np.ndarray]] = []
     if q.need_calibration:
         if calibration is None:
@@ -99,17 +123,31 @@ def quantize(
             for i in range(len(calibration[0]) // b)
         ]
         feed = _progress(samples, len(samples), desc, progress)
-        calibration_result = _calibrate(q, float_model, {signature.key: list(feed)})
+        stats = _calibrate(q, float_model, {signature.key: list(feed)})
+        calibration_result, adjusted = usable_ranges(model.main, stats)
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
-    out = Quantized(data, f"ai-edge-quantizer {mode}")
+    which = desc.removeprefix("calibrating ")
+    qparams.check(flatbuffer.from_bytes(data), f"ai-edge-quantizer's output ({which})")
+    out = Quantized(data, f"ai-edge-quantizer {mode}", ranges_adjusted=adjusted)
     if layer_error and samples:
         out.layer_error = _layer_error(q, signature.key, samples[:4])
+    if mode == "int8" and complete_int8:
+        done = complete(data, verify=verify)
+        out.completion = done.to_dict()
+        made = ", ".join(f"{n} {op}" for op, n in sorted(done.completed.items()))
+        if done.kept and done.completed:
+            data = done.data
+            out.route += f"; {made} it left in float made int8 by tflfuse (int8_completion)"
+        elif not done.kept:
+            failure = done.verification.get("failure", "")
+            out.route += f"; {made} left in float: their int8 form was not kept ({failure})"
+    qmodel = flatbuffer.from_bytes(data)
     if mode == "int8":
-        qmodel = flatbuffer.from_bytes(data)
         out.float_ops = float_compute_ops(qmodel.main)
         set_io_types(qmodel, input_type, output_type)
-        out.data = flatbuffer.to_bytes(qmodel)
+        data = flatbuffer.to_bytes(qmodel)
+    out.data = data
     return out
 
 
@@ -198,11 +236,12 @@ def float_compute_ops(graph: Graph) -> list[str]:
 
 
 def aeq_unsupported(float_model: bytes) -> list[str]:
-    """Op types of the main graph that ai-edge-quantizer has no int8 config for (e.g. RELU6):
-    with them its output is not fully int8, so the caller takes the converter's PTQ instead."""
+    """Op types of the main graph that ai-edge-quantizer has no int8 config for (e.g. RELU6)
+    and `int8_completion` does not make int8 after it: with them the result is not fully int8,
+    so the caller takes the converter's PTQ instead (where there is a TF graph)."""
     from ai_edge_quantizer import qtyping
 
-    known = set(qtyping.TFLOperationName.__members__)
+    known = set(qtyping.TFLOperationName.__members__) | COMPLETED_OPS
     graph = flatbuffer.from_bytes(float_model).main
     return sorted({op.type for op in graph.ops if op.type not in known | BOUNDARY_OPS})
 

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import math
 import platform
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tflfuse.errors import TflfuseError
 
@@ -141,6 +144,19 @@ def load_delegates(delegate: str) -> list[Any]:
     return [_load(module, rest, None, "external")]
 
 
+def unusable_scale(interp: Any) -> str | None:
+    """The first integer tensor whose quantization scale is not finite and > 0, said in words
+    (read from the tensor details, before allocate_tensors); None when every scale is usable."""
+    for d in interp.get_tensor_details():
+        scales = (d.get("quantization_parameters") or {}).get("scales")
+        if scales is None or not len(scales) or d["dtype"] in (np.float32, np.float16):
+            continue
+        for s in scales:
+            if not (math.isfinite(float(s)) and s > 0):
+                return f"tensor {d['name']!r} has quantization scale {float(s):g}"
+    return None
+
+
 def make_interpreter(
     model: bytes | str | Path, delegate: str = "xnnpack", threads: int | None = None
 ) -> Any:
@@ -163,6 +179,9 @@ def make_interpreter(
         raise TflfuseError(f"delegate {kind!r} needs an interpreter with OpResolverType")
     try:
         interp = module.Interpreter(**source, **kwargs)
+        bad = unusable_scale(interp)
+        if bad:  # some builds abort the process in allocate_tensors on such a scale
+            raise TflfuseError(f"the interpreter was not given the model: {bad}")
         interp.allocate_tensors()
     except (ValueError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

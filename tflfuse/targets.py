@@ -138,15 +138,22 @@ def predict(
     if target == "edgetpu":
         from tflfuse.edgetpu_predict import predict_edgetpu
 
-        return predict_edgetpu(model, compiler_version, multiple_subgraphs=multiple_subgraphs)
-    if target == "xnnpack":
-        return predict_xnnpack(model)
-    if target == "gpu":  # TFLite's analyzer reads bytes; it needs the interpreter package
+        prediction = predict_edgetpu(model, compiler_version, multiple_subgraphs=multiple_subgraphs)
+    elif target == "xnnpack":
+        prediction = predict_xnnpack(model)
+    elif target == "gpu":  # TFLite's analyzer reads bytes; it needs the interpreter package
         from tflfuse import flatbuffer
         from tflfuse.delegate_probe import predict_gpu
 
-        return predict_gpu(model, flatbuffer.to_bytes(model))
-    raise TflfuseError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
+        prediction = predict_gpu(model, flatbuffer.to_bytes(model))
+    else:
+        raise TflfuseError(f"unknown target {target!r} (choose from {', '.join(TARGETS)})")
+    from tflfuse.float16_weights import stored_float16_note
+
+    note = stored_float16_note(model)
+    if note:
+        prediction.notes.append(note)
+    return prediction
 
 
 # -- shared tensor facts -------------------------------------------------------------------------

@@ -5,14 +5,20 @@ decided here, once, with a one-line error for what it cannot:
   float, one subgraph, static shapes   the full route: fuse, quantize, legalize, baselines
   full int8 / uint8                    the int8 rules and legalization only; no re-quantization,
                                        and the input itself is the stock baseline
-  float16 or dynamic-range weights     refused: those are quantized already, and re-quantizing
+  float16 weights behind DEQUANTIZE    a float model stored at half size (MediaPipe, vendors):
+                                       the weights are widened exactly to float32
+                                       (`float16_weights`, checked on the interpreter) and it
+                                       takes the full route; the report says so
+  dynamic-range weights                refused: those are quantized already, and re-quantizing
                                        them would quantize rounded weights (give the float model)
   several subgraphs, dynamic shapes    refused (control flow and shape-polymorphic models are
                                        beyond the rules, the quantizer and the Edge TPU)
   ops the interpreter lacks            refused: convert runs the model to calibrate and verify
 A batch left dynamic only in `shape_signature` (-1 at axis 0, stored shape static) is taken at
 the stored size, with a notice. The baselines: `unfused` is the input defused (rules.defuse) and
-verified; `stock` is ai-edge-quantizer's static int8 recipe on the input as given.
+verified; `stock` is ai-edge-quantizer's static int8 recipe on the input as given (for float16
+weights, which it cannot quantize through their DEQUANTIZE, on the widened input, and the route says
+so).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse import flatbuffer
+from tflfuse import flatbuffer, float16_weights, qparams
 from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.ir import Model, Signature
 from tflfuse.layout import LayoutChange
@@ -120,8 +126,18 @@ class TfliteSource:
 
     kind = "tflite"
 
-    def __init__(self, data: bytes, name: str, model: Model, notices: list[str]) -> None:
-        self.given = data  # the model as given: the stock baseline and the reference
+    def __init__(
+        self,
+        data: bytes,
+        name: str,
+        model: Model,
+        notices: list[str],
+        *,
+        given: bytes | None = None,
+        widened: float16_weights.Widened | None = None,
+    ) -> None:
+        self.given = data if given is None else given  # as given: the reference, stock's input
+        self.widened = widened  # float16 weights widened to float32 (None: there were none)
         self.name = name
         self.notices = notices
         self.layout: LayoutChange | None = None
@@ -189,18 +205,42 @@ class TfliteSource:
             return self.given, f"the input as given ({kind})"
         from tflfuse.quantize import quantize
 
-        q = quantize(
-            self.given,
-            rec.quant_mode,
-            calib,
-            input_type=rec.input_type,
-            output_type=rec.output_type,
-            desc="calibrating stock",
-            progress=progress,
-        )
+        def stock_of(data: bytes) -> Any:
+            return quantize(
+                data,
+                rec.quant_mode,
+                calib,
+                input_type=rec.input_type,
+                output_type=rec.output_type,
+                desc="calibrating stock",
+                progress=progress,
+            )
+
+        same = "the same calibration data and range rule as the fused model"
+        if self.widened is None:
+            q = stock_of(self.given)
+            return q.data, (
+                f"{q.route} with its default recipe on the input as given (no tflfuse rules),"
+                f" {same}"
+            )
+        from tflfuse.runtime import make_interpreter
+
+        # ai-edge-quantizer 0.10 fails on weights behind DEQUANTIZE, or quantizes them as
+        # activations into a model the interpreter refuses; a later one may read them
+        try:
+            q = stock_of(self.given)
+            make_interpreter(q.data, delegate="none")
+        except Exception as exc:  # any failure of the quantizer or its result on this form
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            q = stock_of(self._data)
+            return q.data, (
+                f"{q.route} with its default recipe on the input with its float16 weights widened"
+                f" to float32 (on the input as given it fails: {type(exc).__name__}"
+                f"{': ' + why if why else ''}), no tflfuse rules, {same}"
+            )
         return q.data, (
-            f"{q.route} with its default recipe on the input as given (no tflfuse rules), the"
-            " same calibration data and range rule as the fused model"
+            f"{q.route} with its default recipe on the input as given (float16 weights), no"
+            f" tflfuse rules, {same}"
         )
 
     # -- the function all three models are measured against -------------------------------------
@@ -221,11 +261,15 @@ class TfliteSource:
         return run_float(self.given, inputs)
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": self.kind,
             "entered_at": "int8 rules (already quantized)" if self.quantized else "float .tflite",
             "quantized_input": self.quantized,
         }
+        if self.widened is not None:
+            w = self.widened
+            out["float16_weights"] = {"constants": w.constants, "sparse": w.sparse}
+        return out
 
 
 def load(model: bytes | str | Path) -> TfliteSource:
@@ -254,19 +298,52 @@ def load(model: bytes | str | Path) -> TfliteSource:
             " or uint8 models",
         )
     kind = quantization_summary(graph)["kind"]
-    if kind not in ("float", *INT_KINDS):
+    if kind not in ("float", "float16", *INT_KINDS):
         raise ModelError(
             where,
             f"already quantized ({kind}); tflfuse quantizes float models and legalizes full int8"
             " ones (give the float model)",
         )
+    if kind in INT_KINDS:  # an unusable scale aborts some interpreters: refuse it first
+        qparams.check(parsed, where)
     _static(parsed, where, notices)
     _signed(parsed, notices)
     data = flatbuffer.to_bytes(parsed)
     _runnable(data, parsed, where)
+    given, widened = data, None
+    if kind == "float16":
+        widened, data = _widen_float16(parsed, data, where)
+        notices.append(widened.describe() + " (verified: the same outputs)")
     if kind in INT_KINDS:
         notices.append(
             f"the input is already {kind}: the int8 rules and legalization run on it, with no"
             " re-quantization (it is its own stock baseline)"
         )
-    return TfliteSource(data, where, flatbuffer.from_bytes(data, where), notices)
+    model = flatbuffer.from_bytes(data, where)
+    return TfliteSource(data, where, model, notices, given=given, widened=widened)
+
+
+def _widen_float16(
+    parsed: Model, given: bytes, where: str
+) -> tuple[float16_weights.Widened, bytes]:
+    """The model with its float16 weights widened to float32 (float16_weights), checked to give
+    the very outputs of the model as given; one line when something float16 is left."""
+    from tflfuse.verify import compare
+
+    widened = float16_weights.widen(parsed)
+    left = float16_weights.count(parsed.main)
+    if left or quantization_summary(parsed.main)["kind"] != "float":
+        raise ModelError(
+            where,
+            "float16 values tflfuse cannot widen (read other than through DEQUANTIZE);"
+            " give the float32 model",
+        )
+    data = flatbuffer.to_bytes(parsed)
+    check = compare(given, data, atol=0.0, rtol=0.0)
+    if not check.ok:
+        raise ModelError(
+            where,
+            f"widening its float16 weights changed the outputs by {check.max_abs:.3g} (a bug in"
+            " tflfuse); nothing written",
+        )
+    return widened, data
