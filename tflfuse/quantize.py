@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse import flatbuffer
+from tflfuse import flatbuffer, isolation
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Quantization
 from tflfuse.rewrite import DeadCodeElimination
@@ -99,7 +99,9 @@ def quantize(
             for i in range(len(calibration[0]) // b)
         ]
         feed = _progress(samples, len(samples), desc, progress)
+        isolation.detail(f"ai-edge-quantizer {desc}")
         calibration_result = _calibrate(q, float_model, {signature.key: list(feed)})
+    isolation.detail(f"ai-edge-quantizer quantizing ({desc})")
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
     out = Quantized(data, f"ai-edge-quantizer {mode}")
