@@ -1,5 +1,6 @@
 """Output folders (`tflfuse.files.prepare_output` / `publish`): any filesystem, no silent
-overwrite, `force` replaces an earlier result as a whole, signals leave nothing behind, the
+overwrite, `force` replaces only the files tflfuse's manifest proves it wrote (everything else,
+the user's, survives byte for byte), signals and killed runs leave nothing behind, the
 umask is respected. Fast: plain files, no TensorFlow."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -399,3 +401,67 @@ def test_a_signal_leaves_nothing_behind(tmp_path: Path, signum: int) -> None:
     assert err.count("\n") == 1 and err.startswith("tflfuse: ")
     assert not tmp.exists() and not out.exists()
     assert _leftovers(tmp_path) == []
+
+
+# -- the three data-loss cases through `tflfuse convert`, as the user met them -------------------
+def _convert(model: Path, out: str, *extra: str, cwd: Path | None = None) -> Any:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    argv = ["convert", str(model), "--recipe", "cpu-float", "-o", out, *extra]
+    return subprocess.run(
+        [sys.executable, "-m", "tflfuse.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
+
+
+def _one_line(proc: Any, needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("tflfuse: error: ")
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_convert_force_into_a_project_folder_deletes_nothing(
+    tmp_path: Path, tiny_tflite: Path
+) -> None:
+    project = tmp_path / "project"
+    _users_project(project)
+    before = _tree(project)
+    _one_line(_convert(tiny_tflite, str(project), "--force"), "holds no tflfuse result")
+    assert _tree(project) == before
+    assert _leftovers(tmp_path) == [] and _leftovers(project) == []
+
+
+def test_convert_force_into_the_current_folder_deletes_nothing(
+    tmp_path: Path, tiny_tflite: Path
+) -> None:
+    work = tmp_path / "work"
+    _users_project(work)
+    before = _tree(tmp_path)
+    for out in (".", ""):
+        proc = _convert(tiny_tflite, out, "--force", cwd=work)
+        _one_line(proc, "holds no tflfuse result" if out else "output folder name is empty")
+    _one_line(_convert(tiny_tflite, "..", "--force", cwd=work), "holds the current folder")
+    assert _tree(tmp_path) == before
+
+
+def test_convert_force_over_an_earlier_result_keeps_notes_and_device_runs(
+    tmp_path: Path, tiny_tflite: Path
+) -> None:
+    out = tmp_path / "out"
+    first = _convert(tiny_tflite, str(out))
+    assert first.returncode == 0, first.stderr
+    written = set(files.read_manifest(out) or {})
+    assert {"model.tflite", "model_stock.tflite", "report.json"} <= written
+    (out / "notes.md").write_text("fused p50 7.1 ms on the Coral\n")
+    (out / "device_runs").mkdir()
+    (out / "device_runs" / "bench_coral.json").write_bytes(b'{"p50": 7.1}')
+    theirs = {k: v for k, v in _tree(out).items() if k.startswith(("notes", "device_runs"))}
+    again = _convert(tiny_tflite, str(out), "--force")
+    assert again.returncode == 0, again.stderr
+    assert "kept 2 files tflfuse did not write: device_runs, notes.md" in again.stdout
+    assert {k: v for k, v in _tree(out).items() if k.startswith(("notes", "device_runs"))} == theirs
+    assert set(files.read_manifest(out) or {}) == written
+    assert _leftovers(tmp_path) == [] and _leftovers(out) == []

@@ -203,7 +203,9 @@ _SLOW_STAGE = """
 """
 
 
-def _start_slow(tmp_path: Path, model: Path, calib: Path) -> tuple[subprocess.Popen, int, Path]:
+def _start_slow(
+    tmp_path: Path, model: Path, calib: Path, *, session: bool = False
+) -> tuple[subprocess.Popen, int, Path]:
     ready = tmp_path / "ready"
     args = ("convert", str(model), "--calib", str(calib), "-o", str(tmp_path / "out"))
     proc = subprocess.Popen(
@@ -212,6 +214,7 @@ def _start_slow(tmp_path: Path, model: Path, calib: Path) -> tuple[subprocess.Po
         stderr=subprocess.PIPE,
         text=True,
         env=ENV,
+        start_new_session=session,
     )
     deadline = time.monotonic() + 60
     while not (ready.exists() and ready.read_text()) and time.monotonic() < deadline:
@@ -257,6 +260,20 @@ def test_sigterm_of_the_parent_stops_the_child_and_cleans_up(
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert err == f"tflfuse: terminated by signal {int(signal.SIGTERM)}\n"
+    assert _gone(child)
+    assert not folder.exists() and _leftovers(tmp_path) == []
+
+
+def test_ctrl_c_reaches_parent_and_child_and_leaves_nothing(
+    tmp_path: Path, float_model: tuple[Path, Path]
+) -> None:
+    """Ctrl-C signals the whole foreground process group: the child unwinds, the parent waits
+    for it, removes the temp folder and says "interrupted"."""
+    proc, child, folder = _start_slow(tmp_path, *float_model, session=True)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err == "tflfuse: interrupted\n"
     assert _gone(child)
     assert not folder.exists() and _leftovers(tmp_path) == []
 

@@ -66,7 +66,7 @@ def convert(
     `tflfuse.recipe.Recipe`; `overrides` replace its fields (quant_mode, input_type, output_type,
     target, level, samples, scale, offset). `calibration` (needed for int8): an array (N, H, W, C),
     a .npy/.npz file, a folder of images or a callable returning samples. An existing non-empty
-    `output_dir` is refused unless `force` (then an earlier result there is replaced whole).
+    `output_dir` is refused unless `force` (then only the files of an earlier result go).
     `channels_last` gives a .tflite with NCHW inputs NHWC inputs instead (an interface change).
     Returns a `ConversionResult`: the three model paths and the report as a dict."""
     from tflfuse import recipe as recipe_mod

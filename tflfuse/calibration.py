@@ -63,7 +63,8 @@ def check_array(data: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
         if overflow:
             largest = float(np.max(np.abs(arr[given_finite])))
             raise TflfuseError(
-                f"{what}: calibration data has {overflow} values beyond float32's range"
+                f"{what}: calibration data has {overflow} value{'s' if overflow != 1 else ''}"
+                " beyond float32's range"
                 f" (largest |x| {largest:.3g}; the model computes in float32, max 3.4e+38)"
             )
         raise TflfuseError(f"{what}: calibration data has {bad} NaN or Inf values")
@@ -110,7 +111,7 @@ def _listing(keys: list[str]) -> str:
 def split_pick(source: str) -> tuple[Path, list[str] | None]:
     """`FILE.npz:NAME[,NAME...]` -> (FILE.npz, [NAME, ...]); any other text -> (path, None).
     A file that really is named with a colon wins over the split."""
-    match = re.fullmatch(r"(.+\.npz):([^:/\\]+)", source, flags=re.IGNORECASE)
+    match = re.fullmatch(r"(.+\.np[yz]):([^:/\\]+)", source, flags=re.IGNORECASE)
     if match is None or Path(source).exists():
         return Path(source), None
     picked = [k.strip() for k in match.group(2).split(",")]

@@ -172,7 +172,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
     src, dst = check_input(args.model), Path(args.output)
     if same_file(src, dst) and not args.in_place:
         raise UsageError(f"{dst}: output would overwrite the input (pass --in-place to allow it)")
-    check_destination(dst, "optimized model")  # before the work, not after it
+    check_destination(args.output, "optimized model")  # before the work, not after it
+    if args.json not in (None, "-"):
+        check_destination(args.json, "--json report")
     unknown = sorted(set(args.disable) - set(all_rule_names()))
     if unknown:
         raise UsageError(f"unknown rule {unknown[0]!r} (rules: {', '.join(all_rule_names())})")
@@ -295,7 +297,7 @@ def _run_check(args: argparse.Namespace) -> int:
             )
     model_path = check_input(args.model)
     if args.overlay is not None:  # checked before any output: writes and prints nothing
-        _check_overlay_destination(model_path, Path(args.overlay))
+        _check_overlay_destination(model_path, args.overlay)
     model = flatbuffer.load(model_path)
     if args.target == "edgetpu" and _is_compiled(model):
         return _report_compiled(model, model_path, args)
@@ -315,10 +317,10 @@ def _run_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_overlay_destination(model: Path, out: Path) -> None:
-    if same_file(model, out):
-        raise UsageError(f"{out}: --overlay would overwrite the model")
+def _check_overlay_destination(model: Path, out: str) -> None:
     check_destination(out, "--overlay output")
+    if same_file(model, Path(out)):
+        raise UsageError(f"{out}: --overlay would overwrite the model")
 
 
 def _is_compiled(model: Any) -> bool:
@@ -553,7 +555,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         if os.path.lexists(m):
             check_input(m)
     for flag, out in (("--json", args.json), ("--plot", args.plot)):
-        if out and out != "-":
+        if out is not None and out != "-":
             if any(same_file(Path(m), Path(out)) for m in args.models):
                 raise UsageError(f"{out}: output would overwrite a model")
             check_destination(Path(out), f"{flag} output")

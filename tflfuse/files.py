@@ -119,8 +119,12 @@ def _is_temp(entry: Path, real: Path) -> bool:
 
 
 def _content(folder: Path) -> list[Path]:
-    """What a folder holds, leaving out tflfuse's own temp folders and the manifest."""
-    return [p for p in folder.iterdir() if not _is_temp(p, folder) and p.name != MANIFEST]
+    """What a folder holds, leaving out tflfuse's own temp folders, marker and manifest."""
+    return [
+        p
+        for p in folder.iterdir()
+        if not _is_temp(p, folder) and p.name not in (MANIFEST, TEMP_MARKER)
+    ]
 
 
 def _names(entries: list[Path]) -> str:
@@ -249,6 +253,16 @@ def _make_temp(real: Path, where: Path) -> Path:
     return tmp
 
 
+def _is_our_marker_file(path: Path) -> bool:
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and _owner_gone(marker)
+
+
 def _is_our_temp(path: Path) -> dict[str, Any] | None:
     """The marker of a tflfuse temp folder, or None when `path` is not provably one."""
     if path.is_symlink() or not path.is_dir():
@@ -264,6 +278,9 @@ def remove_stale_temps(real: Path) -> list[Path]:
     """Remove the temp folders of killed runs into `real` (beside it and inside it): only those
     holding tflfuse's marker whose owner is provably gone. Returns what was removed."""
     removed = []
+    stray = real / TEMP_MARKER  # a result published by a run killed before it removed this
+    if real.is_dir() and _is_our_marker_file(stray):
+        stray.unlink()
     for folder in (real.parent, real):
         try:
             entries = [p for p in folder.iterdir() if _is_temp(p, real)]
@@ -306,38 +323,42 @@ def prepare_output(
     output_dir = Path(output_dir)
     try:
         if output_dir.exists() and not output_dir.is_dir():
-            raise TflfuseError(f"{output_dir}: exists and is not a folder")
+            raise TflfuseError(f"{shown(output_dir)}: exists and is not a folder")
         real = output_dir.resolve()
     except OSError as exc:
-        raise TflfuseError(f"{output_dir}: {exc.strerror or exc}") from None
+        raise TflfuseError(f"{shown(output_dir)}: {exc.strerror or exc}") from None
     parent = real.parent
     if not parent.is_dir():
-        raise TflfuseError(f"{output_dir}: parent folder {parent} does not exist")
+        raise TflfuseError(f"{shown(output_dir)}: parent folder {parent} does not exist")
     why = _protected(real)
     if why is not None:
         raise TflfuseError(
-            f"{output_dir}: is {why}; tflfuse writes a result only into a folder of its own"
+            f"{shown(output_dir)}: is {why}; tflfuse writes a result only into a folder of its own"
         )
     remove_stale_temps(real)
     if real.exists():
         try:
-            _check_replaceable(output_dir, real, force, names)
+            _check_replaceable(shown(output_dir), real, force, names)
         except OSError as exc:
-            raise TflfuseError(f"{output_dir}: cannot read it: {exc.strerror or exc}") from None
+            raise TflfuseError(
+                f"{shown(output_dir)}: cannot read it: {exc.strerror or exc}"
+            ) from None
         if not _writable(real):
-            raise TflfuseError(f"{output_dir}: cannot write there (permission denied)")
+            raise TflfuseError(f"{shown(output_dir)}: cannot write there (permission denied)")
         where = real  # inside: OUT itself is never replaced, and renames stay on its filesystem
     elif _writable(parent):
         where = parent
     else:
-        raise TflfuseError(f"{output_dir}: cannot create it in {parent} (permission denied)")
+        raise TflfuseError(f"{shown(output_dir)}: cannot create it in {parent} (permission denied)")
     try:
         return _make_temp(real, where)
     except OSError as exc:
-        raise TflfuseError(f"{output_dir}: cannot write there: {exc.strerror or exc}") from None
+        raise TflfuseError(
+            f"{shown(output_dir)}: cannot write there: {exc.strerror or exc}"
+        ) from None
 
 
-def _check_replaceable(shown: Path, real: Path, force: bool, names: Iterable[str]) -> None:
+def _check_replaceable(label: Path, real: Path, force: bool, names: Iterable[str]) -> None:
     """Refuse (one line, listing the files) an existing folder tflfuse may not write into."""
     entries = _content(real)
     manifest = read_manifest(real)
@@ -351,24 +372,24 @@ def _check_replaceable(shown: Path, real: Path, force: bool, names: Iterable[str
             else ""
         )
         raise TflfuseError(
-            f"{shown}: folder is not empty and holds no tflfuse result{hint}; it holds"
+            f"{label}: folder is not empty and holds no tflfuse result{hint}; it holds"
             f" {_names(entries)}: choose a new or empty folder"
         )
     if not force:
         raise TflfuseError(
-            f"{shown}: holds an earlier tflfuse result (pass --force to replace the files it"
+            f"{label}: holds an earlier tflfuse result (pass --force to replace the files it"
             " wrote; other files are kept)"
         )
     _, changed = _ours(real, manifest)
     if changed:
         raise TflfuseError(
-            f"{shown}: {', '.join(changed)} changed since tflfuse wrote them; --force replaces"
+            f"{label}: {', '.join(changed)} changed since tflfuse wrote them; --force replaces"
             " only files as tflfuse wrote them: move those away first"
         )
     clash = sorted(n for n in names if n not in manifest and (real / n).exists())
     if clash:
         raise TflfuseError(
-            f"{shown}: holds {', '.join(clash)}, which tflfuse did not write and the new result"
+            f"{label}: holds {', '.join(clash)}, which tflfuse did not write and the new result"
             " would replace: move them away first"
         )
 
@@ -415,41 +436,38 @@ def publish(tmp: Path, output_dir: Path, *, force: bool = False) -> list[str]:
     if tmp.parent != real and not real.exists():
         _write_manifest(tmp, digests)
         os.chmod(tmp, 0o777 & ~_umask())
-        (tmp / TEMP_MARKER).unlink()
         try:
             os.rename(tmp, real)
-            return []
         except OSError:  # OUT appeared meanwhile: publish into it as below
-            _make_marker_again(tmp)
-    return _publish_into(tmp, real, output_dir, files, digests, force)
-
-
-def _make_marker_again(tmp: Path) -> None:
-    (tmp / TEMP_MARKER).write_text(json.dumps(_owner()) + "\n")
+            (tmp / MANIFEST).unlink()
+        else:
+            (real / TEMP_MARKER).unlink()  # (a run killed just before: see remove_stale_temps)
+            return []
+    return _publish_into(tmp, real, shown(output_dir), files, digests, force)
 
 
 def _publish_into(
     tmp: Path,
     real: Path,
-    shown: Path,
+    label: Path,
     files: dict[str, Path],
     digests: dict[str, str],
     force: bool,
 ) -> list[str]:
     earlier = read_manifest(real)
     if not force and (earlier is not None or _content(real)):
-        raise TflfuseError(f"{shown}: folder is not empty (it was filled meanwhile)")
+        raise TflfuseError(f"{label}: folder is not empty (it was filled meanwhile)")
     manifest = earlier or {}
     foreign = _foreign(real, manifest)
     unchanged, changed = _ours(real, manifest)
     if changed:
         raise TflfuseError(
-            f"{shown}: {', '.join(changed)} changed while tflfuse worked; nothing replaced"
+            f"{label}: {', '.join(changed)} changed while tflfuse worked; nothing replaced"
         )
     clash = sorted(n for n in files if n not in manifest and (real / n).exists())
     if clash:
         raise TflfuseError(
-            f"{shown}: {', '.join(clash)} appeared while tflfuse worked and would be replaced;"
+            f"{label}: {', '.join(clash)} appeared while tflfuse worked and would be replaced;"
             " nothing replaced"
         )
     stale = {name: path for name, path in unchanged.items() if name not in files}
@@ -464,7 +482,7 @@ def _publish_into(
                 os.replace(path, target)
         except OSError as exc:
             raise TflfuseError(
-                f"{shown}: cannot move the result into place: {exc.strerror or exc}"
+                f"{label}: cannot move the result into place: {exc.strerror or exc}"
             ) from None
         for path in stale.values():
             path.unlink()
@@ -529,7 +547,7 @@ def _os_problem(path: Path, exc: OSError) -> TflfuseError:
     return TflfuseError(f"{shown(path)}: {exc.strerror or exc}")
 
 
-def check_destination(path: Path, what: str = "output") -> None:
+def check_destination(path: Path | str, what: str = "output") -> None:
     """A one-line error now, before any work, if a file could not be written at `path` later."""
     if str(path) == "":
         raise TflfuseError(f"the {what} file name is empty")
