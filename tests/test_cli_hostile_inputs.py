@@ -150,6 +150,17 @@ def test_a_seed_out_of_range_is_one_line(
     assert _tree(tmp_path) == before
 
 
+def test_the_api_bounds_seeds_the_same_way(tmp_path: Path, model: Path) -> None:
+    import tflfuse
+
+    for seed in (-1, 2**32, 99999999999):
+        with pytest.raises(TflfuseError, match=r"^seed must be"):
+            tflfuse.bench([model], seed=seed)
+        with pytest.raises(TflfuseError, match=r"^seed must be"):
+            tflfuse.convert(model, tmp_path / "out", recipe="cpu-float", seed=seed)
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_largest_seed_is_taken(tmp_path: Path, model: Path) -> None:
     proc = _cli("bench", str(model), "--seed", "4294967295", "--runs", "2", "--no-progress")
     assert proc.returncode == 0, proc.stderr

@@ -502,8 +502,8 @@ def _run_convert(args: argparse.Namespace) -> int:
         channels_last=args.channels_last,
     )
     r = result.report
-    if args.json:
-        _emit_json(r, "-")
+    if args.json:  # (files of OUTDIR tflfuse did not write, and kept, under "kept")
+        _emit_json({**r, "kept": result.kept} if result.kept else r, "-")
         return 0
     print(f"{result.output_dir}: recipe {r['recipe']['name']}, {r['quantization']['fused_route']}")
     for name, m in r["models"].items():

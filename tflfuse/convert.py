@@ -460,8 +460,11 @@ def convert(
     rec = rec.override(**overrides) if overrides else rec
     if batch < 1:
         raise TflfuseError(f"batch size must be at least 1, not {batch}")
+    from tflfuse.files import check_input
     from tflfuse.frontend import source_kind
 
+    if isinstance(model, (str, Path)):  # before anything opens it (a FIFO would block)
+        check_input(model, folder_ok=True)
     # Only a .tflite can be int8 already; any other source needs calibration data for int8, and
     # that is said before anything is loaded or written.
     if rec.quant_mode == "int8" and calibration is None and source_kind(model) != "tflite":

@@ -103,13 +103,6 @@ def _writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK | os.X_OK)
 
 
-def _same_device(a: Path, b: Path) -> bool:
-    try:
-        return a.stat().st_dev == b.stat().st_dev
-    except OSError:
-        return False
-
-
 def _temp_prefix(real: Path) -> str:
     return f".{real.name[:200]}{_TEMP_TAG}"  # room for the suffix within NAME_MAX
 
@@ -128,9 +121,10 @@ def _content(folder: Path) -> list[Path]:
 
 
 def _names(entries: list[Path]) -> str:
-    shown = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in entries[:6]]
+    first = sorted(entries)[:6]
+    names = [p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in first]
     more = f" and {len(entries) - 6} more" if len(entries) > 6 else ""
-    return ", ".join(sorted(shown)) + more
+    return ", ".join(names) + more
 
 
 # -- the manifest --------------------------------------------------------------------------------
