@@ -603,7 +603,7 @@ def _run_compile(args: argparse.Namespace) -> int:
     from tflfuse import edgetpu_compiler
 
     result = edgetpu_compiler.compile_model(
-        check_input(args.model),
+        Path(args.model),
         Path(args.out_dir) if args.out_dir else None,
         num_segments=args.num_segments,
         search_delegate=args.search_delegate,

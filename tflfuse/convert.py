@@ -460,11 +460,10 @@ def convert(
     rec = rec.override(**overrides) if overrides else rec
     if batch < 1:
         raise TflfuseError(f"batch size must be at least 1, not {batch}")
-    from tflfuse.files import check_input
     from tflfuse.frontend import source_kind
 
-    if isinstance(model, (str, Path)):  # before anything opens it (a FIFO would block)
-        check_input(model, folder_ok=True)
+    if isinstance(model, (str, Path)):
+        _check_path(model)
     # Only a .tflite can be int8 already; any other source needs calibration data for int8, and
     # that is said before anything is loaded or written.
     if rec.quant_mode == "int8" and calibration is None and source_kind(model) != "tflite":
@@ -487,6 +486,21 @@ def convert(
     return ConversionResult(
         output_dir, output_dir / FUSED, output_dir / UNFUSED, output_dir / STOCK, ctx.report, kept
     )
+
+
+def _check_path(model: str | Path) -> None:
+    """A model path that is no file (a FIFO would block the first read, a device never end it)
+    or whose name is too long, refused before anything opens it; a missing one is said by the
+    loader, after the other arguments are checked."""
+    from tflfuse.files import check_input
+
+    try:
+        os.stat(model)
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    check_input(model, folder_ok=True)
 
 
 def _run_stages(rec: Recipe, ctx: Context, started: float) -> dict[str, Any]:

@@ -86,10 +86,11 @@ def describe_status(status: int) -> str:
 
 
 def available() -> bool:
-    """True when `run` can fork: POSIX, not turned off, and TensorFlow not loaded here."""
+    """True when `run` can fork: POSIX, not turned off, not already in an isolated child, and
+    TensorFlow not loaded here."""
     if not hasattr(os, "fork") or os.environ.get("TFLFUSE_ISOLATION", "1") == "0":
         return False
-    return "tensorflow" not in sys.modules
+    return _channel is None and "tensorflow" not in sys.modules
 
 
 def in_child() -> bool:
