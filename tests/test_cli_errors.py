@@ -153,13 +153,15 @@ def test_example_without_scikit_learn_is_one_line(tmp_path: Path, monkeypatch, c
 
 
 # -- convert (no model is loaded: these are refused first) ---------------------------------------
-def test_convert_refuses_a_non_empty_output_folder_first(tmp_path: Path, capsys) -> None:
+def test_convert_refuses_a_non_empty_output_folder_first(
+    tmp_path: Path, model: Path, capsys
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    base = ["convert", "absent.keras", "--recipe", "cpu-float", "-o", str(out)]
-    _fails(base, tmp_path, capsys, "folder is not empty (pass --force")
-    _fails([*base, "--force"], tmp_path, capsys, "holds no earlier tflfuse result")
+    base = ["convert", str(model), "--recipe", "cpu-float", "-o", str(out)]
+    _fails(base, tmp_path, capsys, "folder is not empty and holds no tflfuse result")
+    _fails([*base, "--force"], tmp_path, capsys, "holds no tflfuse result; it holds notes.txt")
     assert (out / "notes.txt").read_text() == "mine"
 
 

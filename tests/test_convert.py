@@ -161,6 +161,7 @@ def test_cli_convert_with_recipe_file_and_override(cnn, digits, tmp_path) -> Non
     assert r["recipe"]["name"] == "mine" and r["recipe"]["quant_mode"] == "float16"
     assert r["models"]["fused"]["quantization"] == "float16"
     assert sorted(p.name for p in out.iterdir()) == [
+        ".tflfuse-manifest.json",  # what tflfuse wrote: all --force may replace (tflfuse.files)
         "model.tflite",
         "model_stock.tflite",
         "model_unfused.tflite",
@@ -206,7 +207,7 @@ def test_bad_input_is_one_line_and_writes_nothing(problem, cnn, digits, tmp_path
         "bad_recipe": "unknown recipe",
         "empty_npy": "calib.npy: not a readable .npy file: the file is empty",
         "truncated_npz": "calib.npz: not a readable .npz file: truncated or corrupt",
-        "output_not_empty": "out: folder is not empty (pass --force",
+        "output_not_empty": "out: folder is not empty and holds no tflfuse result",
     }[problem]
     if problem == "wrong_shape":
         np.save(calib, np.zeros((4, 9, 9, 1), np.float32))

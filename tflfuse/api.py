@@ -31,6 +31,13 @@ def _integer(name: str, value: Any, least: int) -> None:
         raise UsageError(f"{name} must be an integer of at least {least}, not {value!r}")
 
 
+def _seed(value: Any) -> None:
+    """Seeds are 32-bit (numpy's RandomState, which the device-side bench uses, takes no more)."""
+    _integer("seed", value, 0)
+    if value > 2**32 - 1:
+        raise UsageError(f"seed must be at most {2**32 - 1}, not {value!r}")
+
+
 def _model_bytes(model: ModelSource, what: str = "model") -> tuple[bytes, str]:
     """(bytes, name for messages) of a path or bytes."""
     from tflfuse import flatbuffer
@@ -66,7 +73,7 @@ def convert(
     `tflfuse.recipe.Recipe`; `overrides` replace its fields (quant_mode, input_type, output_type,
     target, level, samples, scale, offset). `calibration` (needed for int8): an array (N, H, W, C),
     a .npy/.npz file, a folder of images or a callable returning samples. An existing non-empty
-    `output_dir` is refused unless `force` (then an earlier result there is replaced whole).
+    `output_dir` is refused unless `force` (then only the files of an earlier result go).
     `channels_last` gives a .tflite with NCHW inputs NHWC inputs instead (an interface change).
     Returns a `ConversionResult`: the three model paths and the report as a dict."""
     from tflfuse import recipe as recipe_mod
@@ -74,7 +81,7 @@ def convert(
 
     if output_dir is None or str(output_dir) == "":
         raise UsageError("output_dir is required")
-    _integer("seed", seed, 0)
+    _seed(seed)
     _integer("batch", batch, 1)
     rec = recipe_mod.load(recipe)
     if overrides:
@@ -177,6 +184,7 @@ def bench(
 
     if isinstance(models, (str, Path)):
         raise UsageError("models must be a list of .tflite paths (the first is the baseline)")
+    _seed(seed)
     return run_benchmark(
         list(models),
         delegate=delegate,

@@ -1,15 +1,20 @@
 """Calibration data for quantization: arrays, .npy/.npz files, a folder of images or a callable.
 
 Whatever the source, the result is one float32 array per model input, shaped (N, *input shape
-without batch), checked (shape, dtype, NaN/Inf), and reduced to a seeded subset of the recipe's
+without batch), checked (shape, dtype, and NaN/Inf in the float32 values actually used: a float64
+1e300 overflows to inf in the cast), and reduced to a seeded subset of the recipe's
 sample count, so the same seed gives the same quantized model. Images are decoded and resized with
 TensorFlow (imported lazily), then scaled as the recipe says: x / 255 * scale + offset, and laid
 out for the model's input: (H, W, C), or (C, H, W) for a channels-first input such as a PyTorch
 export's [1, 3, H, W] (`image_layout`). Arrays are taken in the model's own layout, as given.
+An .npz holding several arrays is read as `FILE.npz:NAME` (or `FILE.npz:NAME1,NAME2` for a
+model with several inputs, in input order).
 """
 
 from __future__ import annotations
 
+import re
+import stat
 import zipfile
 import zlib
 from collections.abc import Iterable
@@ -49,23 +54,48 @@ def check_array(data: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
         )
     if arr.shape[0] == 0:
         raise TflfuseError(f"{what}: calibration data is empty")
-    bad = int(np.count_nonzero(~np.isfinite(arr)))
+    given_finite = np.isfinite(arr)
+    with np.errstate(over="ignore", invalid="ignore"):
+        used = np.ascontiguousarray(arr, dtype=np.float32)  # what calibration will see
+    bad = int(np.count_nonzero(~np.isfinite(used)))
     if bad:
+        overflow = int(np.count_nonzero(given_finite & ~np.isfinite(used)))
+        if overflow:
+            largest = float(np.max(np.abs(arr[given_finite])))
+            raise TflfuseError(
+                f"{what}: calibration data has {overflow} value{'s' if overflow != 1 else ''}"
+                " beyond float32's range"
+                f" (largest |x| {largest:.3g}; the model computes in float32, max 3.4e+38)"
+            )
         raise TflfuseError(f"{what}: calibration data has {bad} NaN or Inf values")
-    return np.ascontiguousarray(arr, dtype=np.float32)
+    return used
 
 
-def _from_npz(path: Path, names: list[str]) -> list[Any]:
+def _from_npz(path: Path, names: list[str], picked: list[str] | None = None) -> list[Any]:
+    """The arrays for the model inputs `names`: the ones `picked` (FILE.npz:NAME), else the one
+    array of the file, else the arrays named after the inputs."""
     with np.load(path, allow_pickle=False) as z:
         keys = list(z.files)
         if not keys:
             raise TflfuseError(f"{path}: the .npz holds no arrays")
+        if picked is not None:
+            missing = [k for k in picked if k not in keys]
+            if missing:
+                raise TflfuseError(
+                    f"{path}: no array named {missing[0]!r} (it holds {_listing(keys)})"
+                )
+            if len(picked) != len(names):
+                raise TflfuseError(
+                    f"{path}: {len(picked)} arrays picked for {len(names)} model inputs"
+                    f" ({', '.join(names)})"
+                )
+            return [z[k] for k in picked]
         if len(names) == 1:
             key = names[0] if names[0] in keys else keys[0]
             if len(keys) > 1 and names[0] not in keys:
                 raise TflfuseError(
-                    f"{path}: {len(keys)} arrays ({', '.join(keys)}); name one after the model"
-                    f" input {names[0]!r} or keep a single array"
+                    f"{path}: {len(keys)} arrays ({_listing(keys)}); pick one as"
+                    f" {path}:{keys[0]} (or name it after the model input {names[0]!r})"
                 )
             return [z[key]]
         missing = [n for n in names if n not in keys]
@@ -74,19 +104,40 @@ def _from_npz(path: Path, names: list[str]) -> list[Any]:
         return [z[n] for n in names]
 
 
+def _listing(keys: list[str]) -> str:
+    return ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+
+
+def split_pick(source: str) -> tuple[Path, list[str] | None]:
+    """`FILE.npz:NAME[,NAME...]` -> (FILE.npz, [NAME, ...]); any other text -> (path, None).
+    A file that really is named with a colon wins over the split."""
+    match = re.fullmatch(r"(.+\.np[yz]):([^:/\\]+)", source, flags=re.IGNORECASE)
+    if match is None or Path(source).exists():
+        return Path(source), None
+    picked = [k.strip() for k in match.group(2).split(",")]
+    if not all(picked):
+        raise TflfuseError(f"{source}: empty array name after {match.group(1)}:")
+    return Path(match.group(1)), picked
+
+
 # what numpy raises for an empty, truncated or corrupt .npy/.npz
 _NUMPY_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError)
 
 
-def _read_numpy(path: Path, names: list[str]) -> list[Any]:
+def _read_numpy(path: Path, names: list[str], picked: list[str] | None = None) -> list[Any]:
     """The arrays of a .npy or .npz file, or a one-line error saying why it cannot be read."""
-    kind = path.suffix
-    if path.is_file() and path.stat().st_size == 0:
+    kind = path.suffix.lower()
+    mode = path.stat().st_mode
+    if not stat.S_ISREG(mode):  # a FIFO would block, a device read without end
+        raise TflfuseError(f"{path}: not a regular file; calibration data must be a {kind} file")
+    if path.stat().st_size == 0:
         raise TflfuseError(f"{path}: not a readable {kind} file: the file is empty")
+    if picked is not None and kind != ".npz":
+        raise TflfuseError(f"{path}: FILE:NAME picks an array of an .npz, not of a {kind} file")
     try:
         if kind == ".npy":
             return [np.load(path, allow_pickle=False)]
-        return _from_npz(path, names)
+        return _from_npz(path, names, picked)
     except TflfuseError:
         raise
     except _NUMPY_READ_ERRORS as exc:
@@ -106,7 +157,9 @@ def image_layout(shape: tuple[int, ...]) -> str:
 
 
 def _from_images(folder: Path, shape: tuple[int, ...], scale: float, offset: float) -> np.ndarray:
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(
+        p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()
+    )
     if not files:
         raise TflfuseError(
             f"{folder}: no images in the calibration folder ({', '.join(IMAGE_SUFFIXES)})"
@@ -128,12 +181,23 @@ def _from_images(folder: Path, shape: tuple[int, ...], scale: float, offset: flo
             image = tf.io.decode_image(
                 path.read_bytes(), channels=channels, expand_animations=False
             )
-        except (tf.errors.InvalidArgumentError, OSError) as exc:
-            raise TflfuseError(f"{path}: cannot decode image: {str(exc).splitlines()[0]}") from None
+        except OSError as exc:
+            raise TflfuseError(f"{path}: cannot read image: {exc.strerror or exc}") from None
+        except tf.errors.OpError as exc:
+            raise TflfuseError(f"{path}: cannot decode image: {_tf_message(exc)}") from None
         image = tf.image.resize(tf.cast(image, tf.float32), (height, width))
         value = image.numpy() / 255.0 * scale + offset
         out.append(value.transpose(2, 0, 1) if layout == "NCHW" else value)
     return np.stack(out).astype(np.float32)
+
+
+def _tf_message(exc: Exception) -> str:
+    """A TensorFlow op error without its internals ("{{function_node ...}}", "[Op:...]")."""
+    text = getattr(exc, "message", None) or str(exc)
+    text = re.sub(r"\{\{[^}]*\}\}", "", text)
+    text = re.sub(r"\[Op:[^\]]*\].*", "", text, flags=re.DOTALL)
+    text = " ".join(text.split()).strip(" .;:")
+    return (text or "not an image") + " (a corrupt or unsupported image?)"
 
 
 def load(
@@ -156,25 +220,32 @@ def load(
         produced = source()
         raw = _collect(produced, len(shapes), what)
     elif isinstance(source, (str, Path)):
-        path = Path(source)
-        what = str(path)
-        if path.is_dir():
+        path, picked = split_pick(str(source)) if isinstance(source, str) else (source, None)
+        what = str(source)
+        try:
+            exists, is_dir = path.exists(), path.is_dir()
+        except OSError as exc:  # e.g. a name too long
+            raise TflfuseError(f"{path}: {exc.strerror or exc}") from None
+        if is_dir:
             if len(shapes) != 1:
                 raise TflfuseError(
                     f"{path}: a folder of images calibrates single-input models only"
                 )
             raw = [_from_images(path, shapes[0], scale, offset)]
-        elif not path.exists():
+        elif not exists:
             raise TflfuseError(f"{path}: calibration data not found")
-        elif path.suffix in (".npy", ".npz"):
-            raw = _read_numpy(path, names)
+        elif path.suffix.lower() in (".npy", ".npz"):
+            raw = _read_numpy(path, names, picked)
         else:
             raise TflfuseError(f"{path}: calibration data must be .npy, .npz or a folder of images")
     else:
         raw = _collect(source, len(shapes), what)
     if len(raw) != len(shapes):
         raise TflfuseError(f"{what}: {len(raw)} calibration arrays for {len(shapes)} model inputs")
-    arrays = [check_array(a, s, what) for a, s in zip(raw, shapes)]
+    arrays = [
+        check_array(a, s, f"{what} (input {n!r})" if len(shapes) > 1 else what)
+        for a, s, n in zip(raw, shapes, names)
+    ]
     counts = {len(a) for a in arrays}
     if len(counts) != 1:
         raise TflfuseError(f"{what}: calibration arrays have different sample counts {counts}")

@@ -11,6 +11,8 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,7 +24,9 @@ from tflfuse.files import (
     atomic_write_bytes,
     atomic_write_text,
     check_destination,
+    check_input,
     same_file,
+    shown,
     signals_raise,
 )
 
@@ -55,6 +59,20 @@ def _add_json_option(p: argparse.ArgumentParser, metavar: str, what: str) -> Non
     )
 
 
+SEED_MAX = 2**32 - 1  # numpy's legacy seeding (and TensorFlow's) takes 32-bit seeds
+
+
+def _seed(text: str) -> int:
+    """An argparse type: an integer seed in [0, 2**32 - 1] (a one-line error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {SEED_MAX}, not {text}")
+    return value
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -82,7 +100,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer
     from tflfuse.summary import model_summary
 
-    summary = model_summary(flatbuffer.load(args.model))
+    summary = model_summary(flatbuffer.load(check_input(args.model)))
     if args.json:
         _emit_json({"model": args.model, **summary}, "-")
         return 0
@@ -151,9 +169,12 @@ def _run_optimize(args: argparse.Namespace) -> int:
     from tflfuse.rewrite import FLOAT_ONLY
     from tflfuse.rules import all_rule_names
 
-    src, dst = Path(args.model), Path(args.output)
+    src, dst = check_input(args.model), Path(args.output)
     if same_file(src, dst) and not args.in_place:
         raise UsageError(f"{dst}: output would overwrite the input (pass --in-place to allow it)")
+    check_destination(args.output, "optimized model")  # before the work, not after it
+    if args.json not in (None, "-"):
+        check_destination(args.json, "--json report")
     unknown = sorted(set(args.disable) - set(all_rule_names()))
     if unknown:
         raise UsageError(f"unknown rule {unknown[0]!r} (rules: {', '.join(all_rule_names())})")
@@ -201,6 +222,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
     if args.explain:
         for rule, n in result.result.fired().items():
             print(f"  fired {rule} x{n}")
+        for line in _pass_lines(result.result.pass_changes):
+            print(f"  {line}")
         float_only: dict[str, int] = {}
         for r in result.result.refusals:
             if r.reason == FLOAT_ONLY:  # one line per rule, not one per int8 op
@@ -210,6 +233,32 @@ def _run_optimize(args: argparse.Namespace) -> int:
         for rule, n in float_only.items():
             print(f"  refused {rule} at {n} op{'s' if n > 1 else ''}: {FLOAT_ONLY}")
     return 0
+
+
+def _pass_lines(changes: dict[str, dict[str, int]]) -> list[str]:
+    """'pass DeadCodeElimination removed 1 op (MAX_POOL_2D 1): <what the pass does>' for each
+    whole-graph pass that changed the op list, so every removed op has a name beside it."""
+    from tflfuse.rules import TARGETS, pipeline
+
+    docs = {
+        p.name: (type(p).__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        for target in TARGETS
+        for level in (0, 1, 2)
+        for p in pipeline(level, target)
+    }
+    lines = []
+    for name, ops in changes.items():
+        removed = {t: n for t, n in ops.items() if n > 0}
+        added = {t: -n for t, n in ops.items() if n < 0}
+        parts = []
+        for verb, group in (("removed", removed), ("added", added)):
+            if group:
+                total = sum(group.values())
+                kinds = ", ".join(f"{t} {n}" for t, n in group.items())
+                parts.append(f"{verb} {total} op{'s' if total != 1 else ''} ({kinds})")
+        why = docs.get(name, "").rstrip(".")
+        lines.append(f"pass {name} {' and '.join(parts)}" + (f": {why}" if why else ""))
+    return lines
 
 
 # -- check ---------------------------------------------------------------------------------------
@@ -246,9 +295,12 @@ def _run_check(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--compiler-version {args.compiler_version!r} is not a version (e.g. 14.1, 16.0)"
             )
-    if args.overlay:  # checked before any output: a bad destination writes and prints nothing
-        _check_overlay_destination(Path(args.model), Path(args.overlay))
-    model = flatbuffer.load(args.model)
+    model_path = check_input(args.model)
+    if args.overlay is not None:  # checked before any output: writes and prints nothing
+        _check_overlay_destination(model_path, args.overlay)
+    model = flatbuffer.load(model_path)
+    if args.target == "edgetpu" and _is_compiled(model):
+        return _report_compiled(model, model_path, args)
     prediction = targets.predict(
         model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
     )
@@ -265,12 +317,79 @@ def _run_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_overlay_destination(model: Path, out: Path) -> None:
-    if same_file(model, out):
+def _check_overlay_destination(model: Path, out: str) -> None:
+    check_destination(out, "--overlay output")
+    if same_file(model, Path(out)):
         raise UsageError(f"{out}: --overlay would overwrite the model")
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        raise UsageError(f"{out}: folder {folder} does not exist")
+
+
+def _is_compiled(model: Any) -> bool:
+    from tflfuse.edgetpu_compiler import CUSTOM_OP
+
+    return any(op.custom_code == CUSTOM_OP for g in model.subgraphs for op in g.ops)
+
+
+def _report_compiled(model: Any, path: Path, args: argparse.Namespace) -> int:
+    """`check --target edgetpu` on a model edgetpu_compiler already compiled: there is nothing
+    to predict. Say so, and give the compiler's real placement: per op of the CPU model when
+    its twin (X.tflite beside X_edgetpu.tflite) is there (tflfuse.edgetpu_truth), else the ops
+    the compiled model runs outside its Edge TPU segments."""
+    from tflfuse import flatbuffer
+    from tflfuse.edgetpu_compiler import CUSTOM_OP, parse_log
+    from tflfuse.edgetpu_truth import COMPILED_SUFFIX, truth_of
+    from tflfuse.targets import op_label
+
+    if args.overlay is not None:
+        raise UsageError(
+            f"{path}: already compiled for the Edge TPU; --overlay needs the CPU model to"
+            " place its ops"
+        )
+    outside = [op_label(op) for op in model.main.ops if op.custom_code != CUSTOM_OP]
+    segments = len(model.main.ops) - len(outside)
+    stem = path.name[: -len(".tflite")] if path.name.endswith(".tflite") else path.stem
+    twin = path.with_name(stem[: -len(COMPILED_SUFFIX)] + ".tflite")
+    out: dict[str, Any] = {
+        "model": str(path),
+        "compiled": True,
+        "segments": segments,
+        "ops_outside_segments": outside,
+    }
+    lines = [
+        f"{path}: already compiled for the Edge TPU ({segments} Edge TPU subgraph"
+        f"{'s' if segments != 1 else ''}); nothing to predict",
+    ]
+    if stem.endswith(COMPILED_SUFFIX) and twin.is_file() and not same_file(twin, path):
+        log_path = path.with_suffix(".log")
+        log = parse_log(log_path.read_text(errors="replace")) if log_path.is_file() else None
+        truth = truth_of(flatbuffer.load(check_input(twin)), model, log)
+        cpu = [truth.model.main.ops[i] for i in truth.cpu_ops]
+        out.update(
+            cpu_model=str(twin),
+            total=truth.total,
+            mapped=truth.mapped,
+            cpu=len(truth.cpu_ops),
+            cpu_ops=[{"index": i, "op": op_label(op)} for i, op in zip(truth.cpu_ops, cpu)],
+        )
+        if truth.compiler_version:
+            out["compiler_version"] = truth.compiler_version
+        lines.append(
+            f"The compiler's placement of {twin.name}: {truth.mapped} of {truth.total}"
+            f" operations on the Edge TPU, {len(truth.cpu_ops)} on the CPU"
+        )
+        lines += [f"  #{i:<4} {op_label(op)}" for i, op in zip(truth.cpu_ops, cpu)]
+    else:
+        if outside:
+            lines.append(f"Operations it runs on the CPU: {', '.join(outside)}")
+        else:
+            lines.append("Every operation runs on the Edge TPU")
+        lines.append(
+            f"(for a per-op check, give the CPU model, e.g. {twin.name}, the one compiled)"
+        )
+    if args.json:
+        _emit_json(out, "-")
+    else:
+        print("\n".join(lines))
+    return 0
 
 
 # -- convert -------------------------------------------------------------------------------------
@@ -291,14 +410,19 @@ def _add_convert(sub: Any) -> None:
         default="xnnpack-int8",
         help="recipe name (edgetpu, xnnpack-int8, cpu-float, gpu-fp16) or a .toml file",
     )
-    p.add_argument("--calib", metavar="DATA", help="calibration data: .npy, .npz or image folder")
+    p.add_argument(
+        "--calib",
+        metavar="DATA",
+        help="calibration data: .npy, .npz (FILE.npz:NAME picks one array) or image folder",
+    )
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output folder")
     p.add_argument(
         "--force",
         action="store_true",
-        help="replace an earlier result in OUTDIR (all its files; refused for other folders)",
+        help="replace an earlier tflfuse result in OUTDIR: only the files it wrote (as it wrote"
+        " them); every other file there is kept",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed for sampling and checks (default 0)")
+    p.add_argument("--seed", type=_seed, default=0, help="seed for sampling and checks (default 0)")
     p.add_argument("--batch", type=int, default=1, help="size a dynamic batch is pinned to")
     p.add_argument(
         "--allow-lambda",
@@ -355,9 +479,17 @@ def _run_convert(args: argparse.Namespace) -> int:
 
     if args.batch < 1:
         raise UsageError(f"--batch must be at least 1, not {args.batch}")
+    if args.output == "":
+        raise UsageError("-o: the output folder name is empty")
+    recipe = _recipe_from_args(args)
+    model = check_input(args.model, folder_ok=True)
+    if args.calib is not None:
+        from tflfuse.calibration import split_pick
+
+        check_input(split_pick(args.calib)[0], "calibration", folder_ok=True)
     result = convert(
-        args.model,
-        recipe=_recipe_from_args(args),
+        str(model),
+        recipe=recipe,
         calibration=args.calib,
         output_dir=Path(args.output),
         seed=args.seed,
@@ -370,8 +502,8 @@ def _run_convert(args: argparse.Namespace) -> int:
         channels_last=args.channels_last,
     )
     r = result.report
-    if args.json:
-        _emit_json(r, "-")
+    if args.json:  # (files of OUTDIR tflfuse did not write, and kept, under "kept")
+        _emit_json({**r, "kept": result.kept} if result.kept else r, "-")
         return 0
     print(f"{result.output_dir}: recipe {r['recipe']['name']}, {r['quantization']['fused_route']}")
     for name, m in r["models"].items():
@@ -388,6 +520,8 @@ def _run_convert(args: argparse.Namespace) -> int:
     if cut:
         print(f"  Edge TPU cut at op {cut['index']} {cut['op']}: {cut['reason']}")
     print(f"  report: {result.output_dir / 'report.md'}")
+    if result.kept:
+        print(f"  kept {len(result.kept)} files tflfuse did not write: {', '.join(result.kept)}")
     return 0
 
 
@@ -403,7 +537,7 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--runs", type=int, default=100, help="timed rounds (default 100)")
     p.add_argument("--warmup", type=int, default=10, help="untimed rounds first (default 10)")
     p.add_argument("--threads", type=int, default=None, help="interpreter threads")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random inputs")
     _add_json_option(p, "OUT", "result")
     p.add_argument("--plot", metavar="OUT.png", help="plot the latency distributions")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -417,8 +551,11 @@ def _run_bench(args: argparse.Namespace) -> int:
     # everything that could fail after the benchmark is checked before it
     check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")
     check_delegate_name(args.delegate)
+    for m in args.models:  # a FIFO or a device would block or never end (missing: bench says)
+        if os.path.lexists(m):
+            check_input(m)
     for flag, out in (("--json", args.json), ("--plot", args.plot)):
-        if out and out != "-":
+        if out is not None and out != "-":
             if any(same_file(Path(m), Path(out)) for m in args.models):
                 raise UsageError(f"{out}: output would overwrite a model")
             check_destination(Path(out), f"{flag} output")
@@ -567,6 +704,59 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands whose native code (the interpreter; TFLite's GPU analyzer) runs in a child process,
+# so that a crash there is one line (tflfuse.isolation); convert isolates its own stages.
+_ISOLATED = {
+    "optimize": "the optimize command (the interpreter, verifying)",
+    "bench": "the bench command (the interpreter)",
+    "check": "the check command",
+}
+BROKEN_PIPE = 128 + int(getattr(signal, "SIGPIPE", 13))  # what a shell shows for `... | head -1`
+
+
+def _os_error_text(exc: OSError) -> str:
+    """An OSError from the user's environment (a name too long, a full disk) as one line."""
+    if exc.filename is not None:
+        return f"{shown(exc.filename)}: {exc.strerror or exc}"
+    return exc.strerror or str(exc)
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    """The command. A reader that closes stdout early (`| head -1`) ends it quietly, as it ends
+    any Unix tool; an OSError becomes one line."""
+    try:
+        return args.func(args)
+    except BrokenPipeError:
+        return BROKEN_PIPE
+    except OSError as exc:
+        raise TflfuseError(_os_error_text(exc)) from None
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    what = _ISOLATED.get(args.command)
+    if what is None:
+        return _run_command(args)
+    from tflfuse import isolation
+
+    def work() -> int:
+        isolation.stage(what)
+        return _run_command(args)
+
+    subject = getattr(args, "model", None) or ", ".join(getattr(args, "models", []))
+    try:
+        return isolation.run(work, what=subject)
+    except BrokenPipeError:  # the child's output, written here, found the reader gone
+        return BROKEN_PIPE
+
+
+def _stdout_gone() -> None:
+    """After a broken pipe: stdout to /dev/null, so the final flush at exit raises nothing."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     log = None
@@ -575,11 +765,19 @@ def main(argv: list[str] | None = None) -> int:
             stack.enter_context(signals_raise())  # SIGTERM/SIGHUP unwind: temp files removed
             if not args.verbose:  # library chatter goes to a temp file (tflfuse.quiet)
                 log = stack.enter_context(quiet.captured())
-            return args.func(args)
+            code = _dispatch(args)
     except TflfuseError as exc:
-        print(f"tflfuse: error: {exc}", file=sys.stderr)
+        from tflfuse.isolation import NativeCrashError
+
+        hint = " (-v shows what it printed)" if isinstance(exc, NativeCrashError) else ""
+        _end_progress_line()
+        print(f"tflfuse: error: {exc}{hint if not args.verbose else ''}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:  # outside a command's own work (e.g. a fork refused)
+        print(f"tflfuse: error: {_os_error_text(exc)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
+        _end_progress_line()
         print("tflfuse: interrupted", file=sys.stderr)
         return 130
     except Terminated as exc:
@@ -589,6 +787,16 @@ def main(argv: list[str] | None = None) -> int:
         if log is not None and log.text():
             sys.stderr.write("tflfuse: library output before the failure:\n" + log.text())
         raise
+    if code == BROKEN_PIPE:
+        _stdout_gone()
+    return code
+
+
+def _end_progress_line() -> None:
+    """On a terminal, clear a progress bar a crashed or interrupted step left on the line."""
+    with contextlib.suppress(Exception):
+        if sys.stderr.isatty():
+            sys.stderr.write("\r\x1b[K")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from tflfuse import calibration as calib_mod
-from tflfuse import flatbuffer
+from tflfuse import flatbuffer, isolation
 from tflfuse import recipe as recipe_mod
 from tflfuse.errors import TflfuseError
 from tflfuse.files import discard, prepare_output, publish
@@ -54,6 +54,7 @@ class ConversionResult:
     unfused: Path
     stock: Path
     report: dict[str, Any] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)  # entries of output_dir tflfuse did not write
 
 
 @dataclass(frozen=True)
@@ -138,9 +139,7 @@ def load(rec: Recipe, ctx: Context) -> None:
             ctx.model, batch=opts.batch, allow_lambda=opts.allow_lambda, quiet=opts.quiet
         )
         ctx.source = KerasSource(front)
-    for notice in ctx.source.notices:
-        _note(notice, opts.quiet)
-    src = ctx.source
+    src = ctx.source  # (its notices are printed once the conversion succeeded: see convert)
     needs_calib = rec.quant_mode == "int8" and not src.quantized
     if needs_calib and ctx.calibration is None:
         raise _no_calibration(rec)
@@ -408,6 +407,19 @@ def report(rec: Recipe, ctx: Context) -> None:
     ctx.report = report_mod.assemble(rec, ctx)
 
 
+# what native code each stage runs, for the one line a crash there becomes (tflfuse.isolation)
+_NATIVE_WORK = {
+    "load": "loading the model",
+    "tf_graph": "TensorFlow's Grappler",
+    "float_tflite": "the TFLite converter",
+    "fuse": "the interpreter, verifying the fused model",
+    "unfused": "the TFLite converter and the interpreter, for the unfused baseline",
+    "quantize": "ai-edge-quantizer or the converter's quantization",
+    "legalize": "the interpreter, verifying the int8 rules",
+    "baselines": "the stock baseline's quantization",
+    "report": "the interpreter, measuring the three models",
+}
+
 STAGES: tuple[Callable[[Recipe, Context], None], ...] = (
     load,
     tf_graph,
@@ -442,7 +454,8 @@ def convert(
     .tflite given as a path or bytes) with `recipe` (name, .toml or Recipe; `overrides` replace
     recipe fields) and write model.tflite, model_unfused.tflite, model_stock.tflite,
     report.json and report.md to `output_dir` (an existing non-empty one only with `force`, which
-    replaces an earlier tflfuse result whole; see `tflfuse.files`). `verify=False` writes models
+    replaces the files an earlier tflfuse result wrote there and keeps every other file; see
+    `tflfuse.files`). `verify=False` writes models
     this host cannot run without the numeric checks (the report says so)."""
     started = time.perf_counter()
     rec = recipe if isinstance(recipe, Recipe) else recipe_mod.load(recipe)
@@ -451,31 +464,70 @@ def convert(
         raise TflfuseError(f"batch size must be at least 1, not {batch}")
     from tflfuse.frontend import source_kind
 
+    if isinstance(model, (str, Path)):
+        _check_path(model)
     # Only a .tflite can be int8 already; any other source needs calibration data for int8, and
     # that is said before anything is loaded or written.
     if rec.quant_mode == "int8" and calibration is None and source_kind(model) != "tflite":
         raise _no_calibration(rec)
     options = Options(seed, batch, allow_lambda, progress, quiet, channels_last, verify)
     output_dir = Path(output_dir)
-    tmp = prepare_output(output_dir, force=force)
+    written = (FUSED, UNFUSED, STOCK, "report.json", "report.md")
+    tmp = prepare_output(output_dir, force=force, names=written)
     ctx = Context(model, calibration, options, tmp)
     try:
-        for stage in STAGES:
-            t0 = time.perf_counter()
-            stage(rec, ctx)
-            ctx.timings[stage.__name__] = time.perf_counter() - t0
-        ctx.report["timings_s"] = {k: round(v, 3) for k, v in ctx.timings.items()}
-        ctx.report["timings_s"]["total"] = round(time.perf_counter() - started, 3)
-        from tflfuse import report as report_mod
-
-        report_mod.write(ctx.report, tmp)
-        publish(tmp, output_dir, force=force)
+        # native code (converter, quantizer, interpreter) runs in a child: a crash there is one
+        # line naming the stage, and the temp folder is removed here whatever happened
+        ctx.report = isolation.run(lambda: _run_stages(rec, ctx, started), what=_name_of(model))
+        kept = publish(tmp, output_dir, force=force)
     except BaseException:
         discard(tmp)
         raise
+    for notice in ctx.report.get("notices", []):
+        _note(notice, quiet)
     return ConversionResult(
-        output_dir, output_dir / FUSED, output_dir / UNFUSED, output_dir / STOCK, ctx.report
+        output_dir, output_dir / FUSED, output_dir / UNFUSED, output_dir / STOCK, ctx.report, kept
     )
+
+
+def _check_path(model: str | Path) -> None:
+    """A model path that is no file (a FIFO would block the first read, a device never end it)
+    or whose name is too long, refused before anything opens it; a missing one is said by the
+    loader, after the other arguments are checked."""
+    from tflfuse.files import check_input
+
+    try:
+        os.stat(model)
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    check_input(model, folder_ok=True)
+
+
+def _run_stages(rec: Recipe, ctx: Context, started: float) -> dict[str, Any]:
+    """Every stage in turn, then the report written into the temp folder; returns the report."""
+    for stage in STAGES:
+        work = _NATIVE_WORK.get(stage.__name__)
+        isolation.stage(f"the {stage.__name__} stage" + (f" ({work})" if work else ""))
+        t0 = time.perf_counter()
+        stage(rec, ctx)
+        ctx.timings[stage.__name__] = time.perf_counter() - t0
+    ctx.report["timings_s"] = {k: round(v, 3) for k, v in ctx.timings.items()}
+    ctx.report["timings_s"]["total"] = round(time.perf_counter() - started, 3)
+    from tflfuse import report as report_mod
+
+    report_mod.write(ctx.report, ctx.folder)
+    return ctx.report
+
+
+def _name_of(model: Any) -> str:
+    """The model as messages name it: its path, or what kind of object it is."""
+    if isinstance(model, (str, Path)):
+        return str(model)
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return "<.tflite bytes>"
+    return str(getattr(model, "name", None) or type(model).__name__)
 
 
 convert_keras = convert  # the name the Keras route had; every source kind goes through convert

@@ -148,11 +148,13 @@ def _utf8(value: str) -> bytes:
 def read_model_bytes(path: str | Path) -> bytes:
     """The bytes of a model file; a missing, unreadable or directory path raises ModelError."""
     p = Path(path)
-    if not p.exists():
-        raise ModelError(p, "no such file")
-    if p.is_dir():
-        raise ModelError(p, "is a directory, not a .tflite file")
     try:
+        if not p.exists():
+            raise ModelError(p, "no such file")
+        if p.is_dir():
+            raise ModelError(p, "is a directory, not a .tflite file")
+        if not p.is_file():  # a FIFO would block the read forever, /dev/zero never end it
+            raise ModelError(p, "not a regular file (a FIFO, device or socket)")
         return p.read_bytes()
     except OSError as exc:
         raise ModelError(p, f"cannot read: {exc.strerror or exc}") from None

@@ -51,11 +51,18 @@ def _is_keras_model(obj: Any) -> bool:
 
 
 def _load_keras_file(path: Path, allow_lambda: bool) -> Any:
-    from tflfuse.safety import check_keras_file
+    from tflfuse.safety import check_keras_file, read_config
 
     if not allow_lambda:
         # before any loader runs: legacy .h5 loading (tf-keras) has no safe mode at all
         check_keras_file(path)
+    if path.suffix in (".h5", ".hdf5") and read_config(path) is None:
+        # read with h5py alone: said in a second, not after TensorFlow's import and a
+        # loader's "No model config found in the file at <GFile object at 0x...>"
+        raise TflfuseError(
+            f"{path}: an HDF5 file with no Keras model in it (no model_config: weights only?);"
+            " give the file model.save() wrote"
+        )
     import keras
 
     legacy = path.suffix in (".h5", ".hdf5")
@@ -69,13 +76,18 @@ def _load_keras_file(path: Path, allow_lambda: bool) -> Any:
                 " (pass --allow-lambda if you trust the file)"
             ) from None
         if not legacy:
-            raise TflfuseError(f"{path}: Keras cannot load it: {text.splitlines()[0]}") from None
+            raise TflfuseError(f"{path}: Keras cannot load it: {_first_line(exc, path)}") from None
     except (OSError, TypeError) as exc:
         if not legacy:
-            raise TflfuseError(
-                f"{path}: Keras cannot load it: {str(exc).splitlines()[0]}"
-            ) from None
+            raise TflfuseError(f"{path}: Keras cannot load it: {_first_line(exc, path)}") from None
     return _load_legacy_h5(path)
+
+
+def _first_line(exc: BaseException, path: Path) -> str:
+    """An exception's first line, with the file objects loaders print ("<...GFile object at
+    0x7f...>") replaced by the path."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return re.sub(r"<[\w.]+ object at 0x[0-9a-fA-F]+>", str(path), text)
 
 
 def _load_legacy_h5(path: Path) -> Any:
@@ -87,7 +99,7 @@ def _load_legacy_h5(path: Path) -> Any:
     try:
         return tf_keras.models.load_model(path, compile=False)
     except (ValueError, OSError, TypeError) as exc:
-        raise TflfuseError(f"{path}: cannot load: {str(exc).splitlines()[0]}") from None
+        raise TflfuseError(f"{path}: cannot load: {_first_line(exc, path)}") from None
 
 
 def _specs_from_keras(model: Any, batch: int, quiet: bool) -> tuple[list, list[str], list[str]]:

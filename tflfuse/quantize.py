@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse import flatbuffer, qparams
+from tflfuse import flatbuffer, isolation, qparams
 from tflfuse.calibrated_ranges import usable_ranges
 from tflfuse.errors import TflfuseError
 from tflfuse.int8_completion import COMPLETED_OPS, complete
@@ -123,8 +123,10 @@ def quantize(
             for i in range(len(calibration[0]) // b)
         ]
         feed = _progress(samples, len(samples), desc, progress)
+        isolation.detail(f"ai-edge-quantizer {desc}")
         stats = _calibrate(q, float_model, {signature.key: list(feed)})
         calibration_result, adjusted = usable_ranges(model.main, stats)
+    isolation.detail(f"ai-edge-quantizer quantizing ({desc})")
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
     which = desc.removeprefix("calibrating ")

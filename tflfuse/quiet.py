@@ -66,6 +66,12 @@ class _Router(io.TextIOBase):
         self._shown.flush()
         self._log.flush()
 
+    def show_through(self, stream: TextIO) -> TextIO:
+        """Send what this router shows to `stream` from now on (tflfuse.isolation: a child
+        process forwards it to its parent); returns where it went before."""
+        previous, self._shown = self._shown, stream
+        return previous
+
     def isatty(self) -> bool:
         return self._shown.isatty()
 

@@ -14,6 +14,7 @@ override (the CLI passes its flag names as `labels`, so `--samples 0` is blamed 
 from __future__ import annotations
 
 import difflib
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -205,6 +206,11 @@ class Recipe:
             value = getattr(self, name)
             if not _is_kind(value, kind):
                 raise fail(name, f"must be {kind}, not {_describe(value)}")
+        for name in ("scale", "offset"):  # image calibration: x / 255 * scale + offset
+            if not math.isfinite(getattr(self, name)):
+                raise fail(name, f"must be a finite number, not {getattr(self, name)}")
+        if self.scale == 0:
+            raise fail("scale", "must not be 0 (every image would calibrate as one constant)")
         if self.quant_mode not in QUANT_MODES:
             raise fail(
                 "quant_mode",

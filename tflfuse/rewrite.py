@@ -27,6 +27,7 @@ less). `int8_error_bounds` turns the events into a bound per model output (see t
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -284,6 +285,9 @@ class PassResult:
     refusals: list[RefusalEvent] = field(default_factory=list)
     not_applicable: list[RefusalEvent] = field(default_factory=list)
     rounds: int = 0
+    # what the whole-graph passes (cleanup, folding) did to the ops, which makes no events:
+    # {pass: {op type: ops removed (negative: added)}}, so every removed op is attributed
+    pass_changes: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -294,6 +298,18 @@ class PassResult:
         for e in self.events:
             counts[e.rule] = counts.get(e.rule, 0) + 1
         return counts
+
+    def note_pass(self, name: str, before: Counter[str], after: Counter[str]) -> None:
+        """Record the ops pass `name` removed (or added), by type."""
+        entry = self.pass_changes.setdefault(name, {})
+        for op_type in sorted(set(before) | set(after)):
+            delta = before[op_type] - after[op_type]
+            if delta:
+                entry[op_type] = entry.get(op_type, 0) + delta
+                if not entry[op_type]:
+                    del entry[op_type]
+        if not entry:
+            del self.pass_changes[name]
 
     def approximations(self) -> dict[str, dict[str, float]]:
         """Rules that fired as approximations: {rule: {count, error_bound}} (summed bounds)."""
@@ -321,6 +337,7 @@ class PassResult:
             "approximations": self.approximations(),
             "int8_rewrites": self.int8_rewrites(),
             "fired": self.fired(),
+            "passes": {name: dict(ops) for name, ops in self.pass_changes.items()},
             "events": [vars(e) for e in self.events],
             "refusals": [{k: v for k, v in vars(r).items() if k != "quiet"} for r in self.refusals],
         }
@@ -374,7 +391,10 @@ class PassManager:
                 if isinstance(p, Rule):
                     n = self._apply_rule(p, index, graph, result, refusals)
                 else:
+                    before = Counter(op.type for op in graph.ops)
                     n = self._run_pass(p, graph)
+                    if n:
+                        result.note_pass(p.name, before, Counter(op.type for op in graph.ops))
                 if n:
                     changed = True
                     self._check(graph, p.name)
