@@ -142,7 +142,17 @@ def _add_optimize(sub: Any) -> None:
         help="skip the numeric check (needed for models this host cannot run, e.g. custom ops)",
     )
     p.add_argument("--in-place", action="store_true", help="allow OUTPUT to be the input file")
+    _add_runtime_option(p)
     p.set_defaults(func=_run_optimize)
+
+
+def _add_runtime_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runtime",
+        metavar="PKG==VER",
+        help="write only op versions this interpreter release has (e.g. tflite-runtime==2.5.0),"
+        " rewriting where the function allows, else refuse",
+    )
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
@@ -157,6 +167,10 @@ def _run_optimize(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.disable) - set(all_rule_names()))
     if unknown:
         raise UsageError(f"unknown rule {unknown[0]!r} (rules: {', '.join(all_rule_names())})")
+    if args.runtime:
+        from tflfuse.runtimes import resolve
+
+        resolve(args.runtime)  # a bad name is refused before the model is read
     data = flatbuffer.read_model_bytes(src)
     result = optimize_bytes(
         data,
@@ -165,6 +179,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
         disabled=tuple(args.disable),
         verify=not args.no_verify,
         source=str(src),
+        runtime=args.runtime or None,
     )
     atomic_write_bytes(dst, result.data)
     report = {
@@ -191,6 +206,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
             print("  warning: the outputs did not change with the input, so the check is weak")
     elif args.level > 0:
         print(f"  not verified: {v.get('reason')}")
+    if result.runtime:
+        print(f"  made for {result.runtime['made_for']}: every op version it needs is there")
     for rule, approx in result.result.approximations().items():
         bound = approx["error_bound"]
         print(f"  approximation: {rule} x{approx['count']} (|error| <= {bound:.2g} in all)")
@@ -214,9 +231,19 @@ def _run_optimize(args: argparse.Namespace) -> int:
 
 # -- check ---------------------------------------------------------------------------------------
 def _add_check(sub: Any) -> None:
-    p = sub.add_parser("check", help="which ops run on the Edge TPU / XNNPACK / GPU, and why not")
+    p = sub.add_parser(
+        "check",
+        help="which ops run on the Edge TPU / XNNPACK / GPU, and on which interpreter release",
+    )
     p.add_argument("model", help=".tflite file")
-    p.add_argument("--target", required=True, choices=("edgetpu", "xnnpack", "gpu"))
+    p.add_argument("--target", choices=("edgetpu", "xnnpack", "gpu"))
+    p.add_argument(
+        "--runtime",
+        metavar="PKG==VER",
+        help="check the op versions against an interpreter release (tflite-runtime==2.5.0,"
+        " ai-edge-litert==2.3.0, tensorflow==2.21; exit status 1 when it cannot run the model);"
+        " without it, the oldest release that runs it",
+    )
     p.add_argument(
         "--compiler-version", metavar="V", help="predict an older edgetpu_compiler (e.g. 14.1)"
     )
@@ -239,6 +266,8 @@ def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
     from tflfuse.api import COMPILER_VERSION
 
+    if args.target is None and (args.compiler_version or args.multiple_subgraphs):
+        raise UsageError("--compiler-version and --multiple-subgraphs need --target edgetpu")
     if args.compiler_version is not None:
         if args.target != "edgetpu":
             raise UsageError("--compiler-version is for --target edgetpu only")
@@ -247,22 +276,36 @@ def _run_check(args: argparse.Namespace) -> int:
                 f"--compiler-version {args.compiler_version!r} is not a version (e.g. 14.1, 16.0)"
             )
     if args.overlay:  # checked before any output: a bad destination writes and prints nothing
+        if args.target is None:
+            raise UsageError("--overlay shows a target's placement: give --target")
         _check_overlay_destination(Path(args.model), Path(args.overlay))
+    from tflfuse import runtimes
+
+    runtime = runtimes.resolve(args.runtime) if args.runtime else None
     model = flatbuffer.load(args.model)
-    prediction = targets.predict(
-        model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
-    )
+    delegate = "edgetpu" if args.target == "edgetpu" else None  # it runs edgetpu-custom-op
+    text, payload = runtimes.describe(model, runtime, args.model, delegate)
+    prediction = None
+    if args.target is not None:
+        prediction = targets.predict(
+            model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
+        )
+        payload = {**prediction.to_dict(), "runtime": payload}
+        if runtime is not None:
+            payload["runtime_ok"] = payload["runtime"]["runtime_ok"]
     if args.json:
-        _emit_json(prediction.to_dict(), "-")
+        _emit_json(payload, "-")
     else:
-        print(targets.format_prediction(prediction, args.model))
+        if prediction is not None:
+            print(targets.format_prediction(prediction, args.model))
+        print(text)
     if args.overlay:
         from tflfuse import overlay
 
         overlay.write(args.overlay, model, prediction)
         if not args.json:
             print(f"node data for Model Explorer: {args.overlay}")
-    return 0
+    return 1 if runtime is not None and not payload.get("runtime_ok", True) else 0
 
 
 def _check_overlay_destination(model: Path, out: Path) -> None:

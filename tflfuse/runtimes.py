@@ -288,20 +288,25 @@ class RuntimeCheck:
         }
 
 
-def check_needs(items: Iterable[Need], runtime: Runtime | str) -> RuntimeCheck:
+def check_needs(
+    items: Iterable[Need], runtime: Runtime | str, delegate: str | None = None
+) -> RuntimeCheck:
     rt = resolve(runtime)
-    return RuntimeCheck(rt, [_finding(n, rt) for n in items])
+    return RuntimeCheck(rt, [_finding(n, rt, delegate) for n in items])
 
 
-def check(model: Model, runtime: Runtime | str) -> RuntimeCheck:
-    """Per operator code of `model`: does `runtime` resolve it, and if not, why (its words)."""
-    return check_needs(needs(model), runtime)
+def check(model: Model, runtime: Runtime | str, delegate: str | None = None) -> RuntimeCheck:
+    """Per operator code of `model`: does `runtime` resolve it, and if not, why (its words).
+    `delegate="edgetpu"`: the Edge TPU delegate is loaded, so it resolves edgetpu-custom-op."""
+    return check_needs(needs(model), runtime, delegate)
 
 
-def _finding(n: Need, rt: Runtime) -> Finding:
+def _finding(n: Need, rt: Runtime, delegate: str | None = None) -> Finding:
     if n.custom is not None:
         if n.custom in rt.custom_ops:
             return Finding(n, True)
+        if n.custom == EDGETPU_CUSTOM_OP and delegate == "edgetpu":
+            return Finding(n, True, delegate="edgetpu")
         words = UNRESOLVED.format(name=n.custom)
         if n.custom == EDGETPU_CUSTOM_OP:
             return Finding(
@@ -335,23 +340,27 @@ def _first_release(op: str, version: int) -> str:
     return firsts[version - 1] if 0 < version <= len(firsts) else ""
 
 
-def oldest(model: Model | Iterable[Need]) -> dict[str, str | None]:
+def oldest(model: Model | Iterable[Need], delegate: str | None = None) -> dict[str, str | None]:
     """Per family, the oldest release the table knows that resolves every operator code of the
-    model (None: no release of that family does)."""
+    model (None: no release of that family does). A compiled Edge TPU model is judged with the
+    Edge TPU delegate loaded (nothing else runs it)."""
     items = needs(model) if isinstance(model, Model) else list(model)
+    if delegate is None and any(n.custom == EDGETPU_CUSTOM_OP for n in items):
+        delegate = "edgetpu"
     out: dict[str, str | None] = {}
     for family in FAMILIES:
         out[family] = next(
-            (r.name for r in table().family(family) if check_needs(items, r).runtime_ok), None
+            (r.name for r in table().family(family) if check_needs(items, r, delegate).runtime_ok),
+            None,
         )
     return out
 
 
-def verdicts(model: Model) -> dict[str, str | None]:
+def verdicts(model: Model, delegate: str | None = None) -> dict[str, str | None]:
     """{runtime name: None when it runs the model, else the one-line refusal} for every runtime
     in the table: what a device bundle carries so the device can refuse early without tflfuse."""
     items = needs(model)
-    return {name: check_needs(items, name).refusal() or None for name in known_runtimes()}
+    return {name: check_needs(items, name, delegate).refusal() or None for name in known_runtimes()}
 
 
 def format_check(result: RuntimeCheck, source: str = "") -> str:
@@ -376,8 +385,30 @@ def format_check(result: RuntimeCheck, source: str = "") -> str:
 
 
 def format_oldest(found: dict[str, str | None]) -> str:
+    """One line: the oldest release of each family that runs the model."""
     parts = [
         f"{fam} {name.partition('==')[2]}" if name else f"no {fam} release"
         for fam, name in found.items()
     ]
     return "oldest runtime that runs it: " + ", ".join(parts)
+
+
+def describe(
+    model: Model, runtime: str | Runtime | None, source: str = "", delegate: str | None = None
+) -> tuple[str, dict]:
+    """(text, JSON-ready dict) of `tflfuse check --runtime`: the per-op check against `runtime`,
+    or without one the oldest release of each family that runs the model."""
+    found = oldest(model, delegate)
+    payload: dict[str, Any] = {"oldest_runtime": found}
+    if runtime is None:
+        items = needs(model)
+        lines = [f"{source}: {len(items)} operator codes" if source else "operator codes:"]
+        lines += [f"  {n.label:<40} {n.count:>5} op{'s' if n.count != 1 else ''}" for n in items]
+        lines.append(format_oldest(found))
+        payload["ops"] = [
+            {"op": n.custom or n.op, "builtin_code": n.code, "version": n.version} for n in items
+        ]
+        return "\n".join(lines), payload
+    result = check(model, runtime, delegate)
+    payload.update(result.to_dict())
+    return format_check(result, source) + "\n" + format_oldest(found), payload
