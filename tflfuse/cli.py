@@ -368,6 +368,7 @@ def _add_convert(sub: Any) -> None:
         help=".tflite with NCHW inputs (PyTorch exports): give the model NHWC inputs (and"
         " outputs) instead, dropping the layout TRANSPOSEs (an interface change)",
     )
+    _add_runtime_option(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_run_convert)
 
@@ -382,6 +383,7 @@ _RECIPE_FLAGS = {
     "samples": "--samples",
     "scale": "--scale",
     "offset": "--offset",
+    "runtime": "--runtime",
 }
 
 
@@ -427,6 +429,8 @@ def _run_convert(args: argparse.Namespace) -> int:
     d = r["delegate_check"]
     if d.get("checked"):
         print(f"  {d['delegate']}: {d['mapped']} ops mapped, {d['cpu']} on the CPU")
+    if r.get("runtime"):
+        print(f"  made for {r['runtime']['made_for']}: every op version it needs is there")
     cut = r.get("edgetpu", {}).get("fused", {}).get("cut")
     if cut:
         print(f"  Edge TPU cut at op {cut['index']} {cut['op']}: {cut['reason']}")
