@@ -23,6 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TRY_MODELS = REPO / "device_scripts" / "try_models.py"
 ENV = "TFLFUSE_RUNTIMES"
+# ../shared (PyTorch exports, the Coral oracle); TFLFUSE_SHARED names it for a worktree elsewhere
+SHARED = Path(os.environ.get("TFLFUSE_SHARED", REPO.parent / "shared"))
 
 
 @dataclass(frozen=True)
