@@ -5,6 +5,7 @@ tests/test_runtimes_probe.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -59,7 +60,7 @@ def test_releases_only_gain_op_versions() -> None:
     table = runtimes.table()
     for family in runtimes.FAMILIES:
         releases = table.family(family)
-        for older, newer in zip(releases, releases[1:]):
+        for older, newer in itertools.pairwise(releases):
             for op, versions in older.versions.items():
                 assert set(versions) <= set(newer.versions.get(op, ())), (
                     older.name,
@@ -108,7 +109,7 @@ def test_gelu_needs_2_8_and_the_refusal_is_the_runtimes_own_words() -> None:
     model = flatbuffer.from_bytes(gelu_bytes())
     old = runtimes.check(model, "tflite-runtime==2.7.0")
     assert not old.runtime_ok
-    gelu = [f for f in old.findings if f.need.op == "GELU"][0]
+    gelu = next(f for f in old.findings if f.need.op == "GELU")
     assert gelu.reason.startswith(
         "Op builtin_code out of range: 150. Are you using old TFLite binary with newer model?"
     )
