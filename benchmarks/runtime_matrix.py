@@ -31,6 +31,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import runtime_kit as kit  # noqa: E402
 
 from tflfuse import flatbuffer, runtimes  # noqa: E402
+from tflfuse.errors import TflfuseError  # noqa: E402
 
 # (zoo architecture, recipe, --runtime or None)
 CONVERSIONS = (
@@ -43,6 +44,8 @@ CONVERSIONS = (
     ("transformer_encoder", "xnnpack-int8", "tflite-runtime==2.7.0"),
 )
 SIZES = {"mobilenet_v2": 96, "yolo_style": 96}
+MODEL_FILES = ("model_stock.tflite", "model_unfused.tflite", "model.tflite")
+REFUSED: dict[str, str] = {}  # conversions `convert --runtime` refused (in one line)
 
 
 def convert_zoo(work: Path) -> list[Path]:
@@ -60,9 +63,15 @@ def convert_zoo(work: Path) -> list[Path]:
             calib = zoo.sample_inputs(tuple(model.input_shape[1:]), n=32, seed=3)
             overrides = {"runtime": runtime} if runtime else {}
             print(f"converting {tag} ...", flush=True)
-            tflfuse.convert(model, folder, recipe=recipe, calibration=calib, force=True,
-                            progress=False, samples=32, **overrides)  # fmt: skip
-        out += [folder / f for f in ("model_stock.tflite", "model_unfused.tflite", "model.tflite")]
+            try:
+                tflfuse.convert(model, folder, recipe=recipe, calibration=calib, force=True,
+                                progress=False, samples=32, **overrides)  # fmt: skip
+            except TflfuseError as exc:  # a --runtime refusal is a result too
+                REFUSED[tag] = str(exc)
+                print(f"  refused: {exc}", flush=True)
+                continue
+        if (folder / "model.tflite").is_file():
+            out += [folder / f for f in MODEL_FILES]
     return out
 
 
@@ -142,6 +151,9 @@ def render(rows: list, interps: list, agree: int, total: int, seconds: float) ->
                 reasons.setdefault(name, f"{real['stage']}: {real['error']}")
         oldest_text = oldest.partition("==")[2] if oldest else "none"
         lines.append(f"| {name} | {oldest_text} | " + " | ".join(out) + " |")
+    if REFUSED:
+        lines += ["", "## Conversions `convert --runtime` refused", ""]
+        lines += [f"- `{tag}`: {why}" for tag, why in REFUSED.items()]
     lines += ["", "## What the interpreters said (first refusal per model)", ""]
     lines += [f"- `{name}`: {why}" for name, why in reasons.items()]
     lines += [

@@ -153,3 +153,16 @@ def test_optimize_runtime_names_an_unknown_runtime() -> None:
         TflfuseError, match=r"no data for that tflite-runtime release \(known: 2\.5"
     ):
         optimize_bytes(gelu_model(False), runtime="tflite-runtime==2.4.0")
+
+
+def test_before_int8_the_erf_gelu_takes_the_quantizable_tanh_form() -> None:
+    """ai-edge-quantizer has no int8 ABS or EXP: before quantizing, the tanh form (MUL, ADD,
+    TANH), declared 4.74e-4 from the erf GELU."""
+    from ai_edge_quantizer import qtyping
+
+    before = gelu_model(approximate=False)
+    after, model, result = apply(before, SpellOutGelu(OLD, tanh_form=True))
+    assert set(ops(model)) == {"FULLY_CONNECTED", "MUL", "ADD", "TANH"}
+    assert set(ops(model)) <= set(qtyping.TFLOperationName.__members__)
+    assert result.approximations() == {"SpellOutGelu": {"count": 1, "error_bound": 4.74e-4}}
+    assert_same_function(before, after, atol=5e-4, rtol=1e-5)

@@ -204,6 +204,7 @@ def fuse(rec: Recipe, ctx: Context) -> None:
         verify=ctx.options.verify,
         source=ctx.source.name,
         runtime=rec.runtime or None,  # GELU etc. spelled out in float, before quantizing
+        before_int8=rec.quant_mode == "int8" and not ctx.source.quantized,
     )
 
 

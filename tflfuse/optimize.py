@@ -90,13 +90,15 @@ def _run_pipeline(
     disabled: tuple[str, ...],
     source: str,
     runtime: Runtime | None = None,
+    before_int8: bool = False,
 ) -> tuple[Model, PassResult, bytes]:
     model = flatbuffer.from_bytes(data, source)
     result = PassManager(pipeline(level, target), disabled=disabled).run(model)
     if runtime is not None:  # a stage of its own: it may undo a fusion the pipeline made
         from tflfuse.rules.runtime import runtime_legalization
 
-        lowered = PassManager(runtime_legalization(runtime), disabled=disabled).run(model)
+        rules = runtime_legalization(runtime, before_int8=before_int8)
+        lowered = PassManager(rules, disabled=disabled).run(model)
         result.events += lowered.events
         result.refusals += lowered.refusals
         result.not_applicable += lowered.not_applicable
@@ -124,18 +126,20 @@ def optimize_bytes(
     verify: bool = True,
     source: str = "<bytes>",
     runtime: str | Runtime | None = None,
+    before_int8: bool = False,
 ) -> OptimizeResult:
     """Optimize a .tflite given as bytes; raises VerificationError if the function changed or
     the result does not run, TflfuseError if the input cannot be verified here and `verify`.
     `runtime` (e.g. "tflite-runtime==2.5.0"): lower the result to the op versions that release
-    has (tflfuse.rules.runtime, at any level), or refuse in one line when it cannot run it."""
+    has (tflfuse.rules.runtime, at any level), or refuse in one line when it cannot run it;
+    `before_int8`: the result is quantized next (convert), so rewrites use quantizable ops."""
     check_options(level=level, target=target, disabled=disabled)
     if runtime is not None:
         from tflfuse.runtimes import resolve
 
         runtime = resolve(runtime)
     before = _totals(flatbuffer.from_bytes(data, source))
-    model, result, out = _run_pipeline(data, level, target, disabled, source, runtime)
+    model, result, out = _run_pipeline(data, level, target, disabled, source, runtime, before_int8)
     made_for = runtime_section(model, runtime, source) if runtime is not None else None
     if not verify:
         verification: dict[str, Any] = {"verified": False, "reason": NOT_VERIFIED}
@@ -144,7 +148,7 @@ def optimize_bytes(
     else:
         failure, verification = verify_rewrite(data, out, model, result)
         if failure is not None:
-            culprit = _blame(data, level, target, disabled, source, result, runtime)
+            culprit = _blame(data, level, target, disabled, source, result, runtime, before_int8)
             raise VerificationError(f"{source}: {failure}{culprit}; nothing written")
     optimized = OptimizeResult(out, model, result, before, _totals(model), verification)
     optimized.runtime = made_for
@@ -219,12 +223,15 @@ def _blame(
     source: str,
     result: PassResult,
     runtime: Runtime | None = None,
+    before_int8: bool = False,
 ) -> str:
     """' (rule R: ...)' naming the first fired rule without which the pipeline's result passes
     verification, or the list of rules fired when no single one is to blame."""
     fired = list(result.fired())
     for rule in fired[:16]:
-        model, trial, out = _run_pipeline(data, level, target, (*disabled, rule), source, runtime)
+        model, trial, out = _run_pipeline(
+            data, level, target, (*disabled, rule), source, runtime, before_int8
+        )
         try:
             failure, _ = verify_rewrite(data, out, model, trial)
         except TflfuseError:

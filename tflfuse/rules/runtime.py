@@ -40,6 +40,7 @@ _AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 # max |GELU_erf(x) - the spelled form| over [-12, 12] in float64 (2.11e-7 at x = 3.08); float32
 # rounding of the result (an ulp of relu(x)) is within verification's relative tolerance
 _GELU_ERF_BOUND = 2.2e-7
+_GELU_TANH_VS_ERF = 4.74e-4  # max |erf form - tanh form| (rules/edgetpu.py, LegalizeGelu)
 _ACTIVATION_OP = {"RELU": "RELU", "RELU6": "RELU6", "RELU_N1_TO_1": "RELU_N1_TO_1"}
 
 
@@ -95,8 +96,14 @@ class SpellOutGelu(_RuntimeRule):
         GELU(x) = relu(x) - 0.5 |x| P(t) exp(-x^2 / 2),  t = 1 / (1 + (p / sqrt 2) |x|),
     P(t) = t (a1 + t (a2 + t (a3 + t (a4 + t a5)))): within 2.2e-7 of the erf GELU (the tanh
     form is 4.7e-4 away). Every op is version 1 of TFLite 1.x. Float only: an int8 GELU is
-    refused (spell it out before quantizing: `convert --runtime` does).
+    refused (spell it out before quantizing: `convert --runtime` does). Before int8
+    quantization (`tanh_form=True`) the erf GELU takes the tanh form too: ai-edge-quantizer has
+    no int8 ABS or EXP, and 4.7e-4 is far below an int8 step.
     """
+
+    def __init__(self, runtime: Runtime, tanh_form: bool = False) -> None:
+        super().__init__(runtime)
+        self.tanh_form = tanh_form
 
     quantized_ok = True  # so that an int8 GELU gets the refusal below, not "float-only"
     int8_error_steps = 0  # refuses int8
@@ -118,13 +125,15 @@ class SpellOutGelu(_RuntimeRule):
         return None
 
     def error_bound(self, m: Match) -> float:
-        return 0.0 if m.root.options.get("approximate") else _GELU_ERF_BOUND
+        if m.root.options.get("approximate"):
+            return 0.0
+        return _GELU_TANH_VS_ERF if self.tanh_form else _GELU_ERF_BOUND
 
     def rewrite(self, m: Match) -> None:
-        if m.root.options.get("approximate"):
+        if m.root.options.get("approximate") or self.tanh_form:
             from tflfuse.rules.edgetpu import LegalizeGelu
 
-            LegalizeGelu().rewrite(m)  # the tanh form, which is exactly this GELU
+            LegalizeGelu().rewrite(m)  # the tanh form (exactly this GELU when approximate)
             return
         g, x, out = m.graph, m.x, m.root.output
         b = _Builder(g, _take_out(g, m.root), out.name, x)
@@ -195,10 +204,11 @@ def _transpose_conv_version(op: Op) -> int:
     return 2 if op.inputs[1] is not None and op.inputs[1].dtype == "INT8" else 1
 
 
-def runtime_legalization(runtime: Runtime) -> tuple[Rule | Pass, ...]:
-    """The rules that lower a model to `runtime`'s op versions, then cleanup."""
+def runtime_legalization(runtime: Runtime, *, before_int8: bool = False) -> tuple[Rule | Pass, ...]:
+    """The rules that lower a model to `runtime`'s op versions, then cleanup. `before_int8`:
+    the model is quantized next (GELU in ops ai-edge-quantizer takes)."""
     return (
-        SpellOutGelu(runtime),
+        SpellOutGelu(runtime, tanh_form=before_int8),
         SplitTransposeConvActivation(runtime),
         DeadCodeElimination(),
         TopologicalSort(),
