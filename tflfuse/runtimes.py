@@ -405,6 +405,8 @@ def describe(
         lines = [f"{source}: {len(items)} operator codes" if source else "operator codes:"]
         lines += [f"  {n.label:<40} {n.count:>5} op{'s' if n.count != 1 else ''}" for n in items]
         lines.append(format_oldest(found))
+        if any(n.custom == EDGETPU_CUSTOM_OP for n in items):
+            lines[-1] += " (with the Edge TPU delegate, libedgetpu, which runs edgetpu-custom-op)"
         payload["ops"] = [
             {"op": n.custom or n.op, "builtin_code": n.code, "version": n.version} for n in items
         ]
