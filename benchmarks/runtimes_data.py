@@ -77,6 +77,18 @@ CORRECTIONS = {
     ("QUANTIZE", 6): ("", "tensorflow 2.21.0 refuses it (ai-edge-litert registers it from 2.1.3)"),
     ("STABLEHLO_CBRT", 1): ("", "tensorflow 2.21.0 refuses it; no register.cc here registers it"),
 }
+# Versions a model needs by its first input's type whatever its `version` field says:
+# ai-edge-quantizer writes version 1 for every op, and an int8 GELU labelled v1 passes the
+# opcode lookup of a release whose GELU kernel is float-only, then fails when tensors are
+# allocated (measured: tflite-runtime 2.8.0). Transcribed from GetBuiltinOperatorVersion in
+# op_version.cc (the first-input rules of these ops only).
+OP_VERSION = "tflite/converter/tools/versioning/op_version.cc"
+IMPLIED = {
+    "GELU": {"INT8": 2, "UINT8": 2, "FLOAT16": 3},
+    "RSQRT": {"INT8": 2, "INT16": 3},
+    "SQUARED_DIFFERENCE": {"INT8": 2},
+    "DEPTH_TO_SPACE": {"INT8": 2},
+}
 # The custom ops BuiltinOpResolver carries (AddCustom in register.cc of every LiteRT tag here;
 # tests/test_runtimes_probe.py finds them in tflite-runtime 2.7-2.14 too)
 CUSTOM_OPS = ("AudioSpectrogram", "Mfcc", "NumericVerify", "TFLite_Detection_PostProcess")
@@ -182,6 +194,14 @@ def generate(repo: Path) -> str:
         'what = "enum BuiltinOperator: op name -> builtin code"',
         "",
     ]
+    lines += [
+        "[sources.op_version]",
+        'repo = "google-ai-edge/LiteRT"',
+        f'commit = "{head}"',
+        f'file = "{OP_VERSION}"',
+        'what = "GetBuiltinOperatorVersion: the version an op needs by its tensor types"',
+        "",
+    ]
     tables = {}
     for tag in LITERT_TAGS:
         commit = git(repo, "rev-list", "-n", "1", tag).strip()
@@ -244,9 +264,14 @@ def generate(repo: Path) -> str:
         )
     lines += [
         "",
-        "# Builtin ops: code, and the first release of each version (version 1 first).",
-        "",
+        "# The version an op needs by its first input's type, over its `version` field (which",
+        "# ai-edge-quantizer leaves at 1): sources.op_version.",
+        "[implied]",
     ]
+    for op, by_type in IMPLIED.items():
+        cells = ", ".join(f"{t} = {v}" for t, v in by_type.items())
+        lines.append(f"{op} = {{ {cells} }}")
+    lines += ["", "# Builtin ops: code, and the first release of each version (1 first).", ""]
     lines.append("[ops]")
     for op in sorted(since, key=lambda o: codes[o]):
         versions = since[op]

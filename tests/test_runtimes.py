@@ -217,3 +217,20 @@ def test_verdicts_cover_every_runtime() -> None:
     assert verdicts["tflite-runtime==2.8.0"] is None
     assert verdicts["tflite-runtime==2.7.0"].startswith("GELU v1 (builtin 150) cannot run on")
     assert np.all([v is None for k, v in verdicts.items() if k.startswith("ai-edge-litert")])
+
+
+def test_an_int8_op_labelled_v1_needs_the_version_its_type_does() -> None:
+    """ai-edge-quantizer writes version 1 for an int8 GELU; op_version.cc gives it v2 (2.9).
+    tflite-runtime 2.8 resolves v1 and fails when the op runs (benchmarks/RUNTIMES.md)."""
+    from test_rules_edgetpu import Q8
+
+    g = Q8()
+    x = g.input((1, 16))
+    model = flatbuffer.from_bytes(g.bytes(g.op("GELU", [x], x.shape, 0.03, -20)))
+    assert model.main.ops[0].version == 1
+    [need] = runtimes.needs(model)
+    assert (need.version, need.declared) == (2, 1)
+    refused = runtimes.check(model, "tflite-runtime==2.8.0").refused[0]
+    assert refused.reason.startswith("tflite-runtime 2.8.0 resolves GELU v1, the version the file")
+    assert runtimes.check(model, "tflite-runtime==2.9.1").runtime_ok
+    assert runtimes.check(model, "tflite-runtime==2.8.0").to_dict()["ops"][0]["version_field"] == 1

@@ -14,6 +14,7 @@ import pytest
 import runtime_kit as kit
 from rulekit import G
 from runtime_kit import SHARED
+from test_rules_edgetpu import Q8
 from test_rules_runtime import gelu_model, transpose_conv_model
 
 from tflfuse import flatbuffer, runtimes
@@ -87,6 +88,14 @@ def conv_net() -> bytes:
     return g.bytes(g.op("MEAN", [y, g.const(np.array([1, 2], np.int32), "axes")], (1, 4)))
 
 
+def int8_gelu_v1() -> bytes:
+    """An int8 GELU whose version field says 1, as ai-edge-quantizer writes it: int8 GELU came
+    with v2 (TFLite 2.9); 2.8 resolves v1 and fails when the op runs."""
+    g = Q8()
+    x = g.input((1, 16))
+    return g.bytes(g.op("GELU", [x], x.shape, 0.03, -20))
+
+
 def edgetpu_op() -> bytes:
     g = G()
     x = g.input((1, 4))
@@ -109,6 +118,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
             transpose_conv_model("RELU6", 4), runtime="tflite-runtime==2.7.0", level=0
         ).data,
         "edgetpu_custom_op": edgetpu_op(),
+        "gelu_int8_v1": int8_gelu_v1(),
     }
     paths = []
     for name, data in made.items():
@@ -133,5 +143,7 @@ def test_models_run_exactly_where_predicted(interp, models) -> None:
     verdict = {name: real for name, _, real, _ in rows}
     assert verdict["conv_net.tflite"] and not verdict["edgetpu_custom_op.tflite"]
     assert verdict["gelu_erf_for_2.7.tflite"] and verdict["transpose_conv_for_2.7.tflite"]
-    old = runtime.family == "tflite-runtime" and runtimes.version_key(runtime.version) < (2, 8, 0)
-    assert verdict["gelu_erf.tflite"] is not old
+    release = runtimes.version_key(runtime.version)
+    tflite_runtime = runtime.family == "tflite-runtime"
+    assert verdict["gelu_erf.tflite"] is not (tflite_runtime and release < (2, 8, 0))
+    assert verdict["gelu_int8_v1.tflite"] is not (tflite_runtime and release < (2, 9, 0))

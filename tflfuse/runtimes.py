@@ -98,6 +98,7 @@ class Table:
     codes: dict[str, int]  # op -> builtin code (ops the sources speak of)
     since: dict[str, list[str]]  # op -> first release of each version (runtime_version, corrected)
     sources: dict[str, dict[str, Any]]
+    implied: dict[str, dict[str, int]] = field(default_factory=dict)  # op -> {input type: v}
 
     def family(self, family: str) -> list[Runtime]:
         """The family's releases, oldest first."""
@@ -154,7 +155,8 @@ def table() -> Table:
             versions=versions,
             note=entry.get("note", ""),
         )
-    return Table(runtimes, codes, since, sources)
+    implied = {op: {t: int(v) for t, v in by.items()} for op, by in raw.get("implied", {}).items()}
+    return Table(runtimes, codes, since, sources, implied)
 
 
 def known_runtimes() -> list[str]:
@@ -198,30 +200,42 @@ class Need:
     custom: str | None = None
     count: int = 0
     first: tuple[int, int] = (0, 0)  # (subgraph, op index) of its first use
+    declared: int = 0  # the version field, when its input type needs more (0: it says enough)
 
     @property
     def label(self) -> str:
         if self.custom is not None:
             return f"custom op {self.custom!r}"
+        if self.declared:
+            return (
+                f"{self.op} v{self.version} (builtin {self.code}; the file says v{self.declared},"
+                f" its input type needs v{self.version})"
+            )
         return f"{self.op} v{self.version} (builtin {self.code})"
 
 
 def needs(model: Model) -> list[Need]:
-    """The operator codes the model's ops use, in order of first use (every subgraph)."""
+    """The operator codes the model's ops use, in order of first use (every subgraph): the
+    version field the converter wrote, raised where the op's input type needs more (the table's
+    [implied] rules of op_version.cc: ai-edge-quantizer writes version 1 for an int8 GELU)."""
     from tflfuse.flatbuffer import OP_CODES
 
+    implied = table().implied
     seen: dict[tuple, list] = {}
     for g_index, graph in enumerate(model.subgraphs):
         for o_index, op in enumerate(graph.ops):
             custom = op.custom_code if op.type == "CUSTOM" else None
-            key = (op.type, op.version, custom)
+            first_input = op.inputs[0] if op.inputs else None
+            by_type = implied.get(op.type, {})
+            need = by_type.get(first_input.dtype, 0) if first_input is not None else 0
+            key = (op.type, max(op.version, need), custom, op.version if need > op.version else 0)
             if key in seen:
                 seen[key][0] += 1
             else:
                 seen[key] = [1, (g_index, o_index)]
     return [
-        Need(t, OP_CODES.get(t, -1), v, c, count, first)
-        for (t, v, c), (count, first) in seen.items()
+        Need(t, OP_CODES.get(t, -1), v, c, count, first, declared)
+        for (t, v, c, declared), (count, first) in seen.items()
     ]
 
 
@@ -240,6 +254,7 @@ class Finding:
             "op": n.custom if n.custom is not None else n.op,
             "builtin_code": n.code,
             "version": n.version,
+            **({"version_field": n.declared} if n.declared else {}),
             "custom": n.custom is not None,
             "count": n.count,
             "first_use": {"subgraph": n.first[0], "op": n.first[1]},
@@ -320,6 +335,16 @@ def _finding(n: Need, rt: Runtime, delegate: str | None = None) -> Finding:
     top = rt.top_version(n.op)
     if n.version in rt.versions.get(n.op, ()):
         return Finding(n, True, highest=top)
+    if n.declared and n.declared in rt.versions.get(n.op, ()):
+        first = _first_release(n.op, n.version)
+        when = f" (TensorFlow Lite {first})" if first else ""
+        return Finding(
+            n,
+            False,
+            f"{rt.label} resolves {n.op} v{n.declared}, the version the file says, but its kernel"
+            f" lacks the input type that needs v{n.version}{when}: it fails when the op runs",
+            highest=top,
+        )
     if n.code > rt.max_builtin_code or n.code < 0:
         words = OUT_OF_RANGE.format(code=n.code)
         why = f"{n.op} is newer than {rt.label}"
