@@ -234,3 +234,30 @@ def test_an_int8_op_labelled_v1_needs_the_version_its_type_does() -> None:
     assert refused.reason.startswith("tflite-runtime 2.8.0 resolves GELU v1, the version the file")
     assert runtimes.check(model, "tflite-runtime==2.9.1").runtime_ok
     assert runtimes.check(model, "tflite-runtime==2.8.0").to_dict()["ops"][0]["version_field"] == 1
+
+
+# -- convert --runtime and the recipe key ----------------------------------------------------------
+def test_convert_runtime_writes_a_model_the_release_runs_and_says_so(tmp_path: Path) -> None:
+    from tflfuse.convert import convert
+
+    source = tmp_path / "gelu.tflite"
+    source.write_bytes(gelu_bytes())
+    result = convert(source, recipe="cpu-float", output_dir=tmp_path / "out", progress=False,
+                     runtime="tflite-runtime==2.7.0")  # fmt: skip
+    made = result.report["runtime"]
+    assert made["made_for"] == "tflite-runtime==2.7.0" and made["fired"] == {"SpellOutGelu": 1}
+    assert made["fused"]["runtime_ok"] is True
+    assert made["stock"]["runtime_ok"] is False  # the model as given still holds GELU
+    assert runtimes.check(flatbuffer.load(result.fused), "tflite-runtime==2.7.0").runtime_ok
+    assert "Made for **tflite-runtime==2.7.0**" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_the_recipe_key_runtime_is_checked_and_named(tmp_path: Path) -> None:
+    from tflfuse import recipe
+
+    rec = recipe.from_dict({"name": "coral", "target": "edgetpu", "runtime": "tflite-runtime==2.5"})
+    assert rec.runtime == "tflite-runtime==2.5"
+    with pytest.raises(recipe.RecipeError, match=r"^my\.toml: runtime 'tflite-runtime==9\.9': no"):
+        recipe.from_dict({"name": "x", "runtime": "tflite-runtime==9.9"}, source="my.toml")
+    with pytest.raises(recipe.RecipeError, match=r"^--runtime 'litert==0\.1': no data"):
+        recipe.load("cpu-float").override(labels={"runtime": "--runtime"}, runtime="litert==0.1")
