@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Benchmark .tflite models on the device with the same protocol as `tflfuse bench`.
 
-Needs only Python >= 3.8, numpy and `tflite_runtime` or `ai_edge_litert` (no TensorFlow).
+Needs only Python >= 3.7, numpy and `tflite_runtime` or `ai_edge_litert` (no TensorFlow).
 Runs from a bundle folder (see tflfuse/bundle.py), whose manifest it checks first, or from a
 tflfuse checkout/install with plain model paths:
 
     python3 bench_on_device.py --bundle . --expect MANIFEST_SHA256 --json results/bench.json
     python3 bench_on_device.py model_a.tflite model_b.tflite --delegate edgetpu --runs 200
+
+A bundle whose model this device's interpreter cannot build (an op code or version newer than
+the installed release: the manifest says so, checked on the host) is refused before anything
+loads. The JSON records the interpreter package, its version and, for the Edge TPU, libedgetpu's.
 
 Exit status 0 on success; 2 with one line on stderr for a refused bundle or bad input.
 """
@@ -50,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         models = [Path(m) for m in args.models]
         manifest = None
+        interpreter = bundle.device_interpreter(args.delegate)
+        runtime_check = None
         if args.bundle:
             root = Path(args.bundle)
             manifest = bundle.verify_bundle(root, args.expect)
+            runtime_check = bundle.check_runtime(manifest, interpreter, args.delegate)
             if not models:
                 models = [root / m for m in manifest["models"]]
         if not models:
@@ -70,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
             "script": "bench_on_device.py",
             "tflfuse_source": str(Path(bench.__file__).resolve().parent),
             "tensorflow_imported": sys.modules.get("tensorflow") is not None,
+            "interpreter": interpreter,
         }
+        if runtime_check is not None:
+            result["runtime_check"] = runtime_check
         if manifest is not None:
             result["bundle"] = {
                 "manifest_sha256": bundle.manifest_id(Path(args.bundle)),

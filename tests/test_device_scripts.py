@@ -1,6 +1,8 @@
 """Device side: the bundle and its manifest checks, the on-device bench without TensorFlow,
-Python 3.8 syntax of everything shipped, the Edge TPU compile step's fallbacks, and a real
-deploy round trip over SSH to an OpenSSH server this test starts on 127.0.0.1."""
+the early refusal of a model the device's interpreter cannot build (also on a real Python 3.7
+with tflite-runtime alone, where one is installed), Python 3.7 syntax of everything shipped,
+the Edge TPU compile step's fallbacks, and a real deploy round trip over SSH to an OpenSSH
+server this test starts on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -74,15 +76,15 @@ def _run_no_tf(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProce
     )
 
 
-# -- Python 3.8 --------------------------------------------------------------------------------
+# -- Python 3.7 (Coral's Mendel) -------------------------------------------------------------------
 @pytest.mark.parametrize(
     "path",
     [SCRIPTS / bundle.ENTRY_POINT] + [REPO / "tflfuse" / m for m in bundle.SHIPPED_MODULES],
     ids=lambda p: p.name,
 )
-def test_shipped_code_is_python38_syntax(path: Path) -> None:
+def test_shipped_code_is_python37_syntax(path: Path) -> None:
     source = path.read_text()
-    tree = ast.parse(source, feature_version=(3, 8))
+    tree = ast.parse(source, feature_version=(3, 7))
     imports = {  # module level only: plotting imports matplotlib lazily, inside a function
         (node.module or "").split(".")[0] if isinstance(node, ast.ImportFrom) else a.name
         for node in tree.body
@@ -311,3 +313,105 @@ def test_deploy_script_reports_an_unreachable_host_in_one_line(models: list[Path
     assert proc.returncode == 2
     assert proc.stderr.startswith("deploy: error: push on 127.0.0.1 failed")
     assert proc.stderr.strip().count("\n") == 0
+
+
+# -- the device's interpreter ----------------------------------------------------------------------
+def _versioned(op_type: str, version: int) -> bytes:
+    """A conv net whose last op claims `version` (the operator code the interpreter resolves)."""
+    g = Graph()
+    x = g.add_tensor("x", (1, 8, 8, 4))
+    op = conv(g, x, 4, act="RELU", name="c0")
+    op.version = version
+    return to_bytes(model_of(g, [x], [op.outputs[0]]))
+
+
+def test_try_models_is_python37_syntax_without_tflfuse() -> None:
+    source = (SCRIPTS / "try_models.py").read_text()
+    tree = ast.parse(source, feature_version=(3, 7))
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not any(name and name.startswith("tflfuse") for name in imported)
+
+
+def test_the_manifest_carries_each_models_verdict_per_runtime(made_bundle: Path) -> None:
+    from tflfuse import runtimes
+
+    check = bundle.verify_bundle(made_bundle)["runtime_check"]
+    assert check["format"] == bundle.RUNTIME_CHECK_FORMAT
+    assert set(check["models"]) == {"models/chain3.tflite", "models/chain1.tflite"}
+    verdicts = check["models"]["models/chain3.tflite"]["plain"]
+    assert set(verdicts) == set(runtimes.known_runtimes())
+    assert all(v is None for v in verdicts.values())  # CONV_2D v1 runs everywhere
+
+
+def test_the_device_refuses_early_a_model_its_interpreter_cannot_build(tmp_path: Path) -> None:
+    """CONV_2D v99 exists in no release: the bundle's verdict for this environment's interpreter
+    (ai-edge-litert here) refuses it in one line before any model is loaded."""
+    path = tmp_path / "future.tflite"
+    path.write_bytes(_versioned("CONV_2D", 99))
+    folder = tmp_path / "bundle"
+    bundle.make_bundle([path], folder)
+    expected = bundle.manifest_id(folder)
+    proc = _run_no_tf(folder / bundle.ENTRY_POINT, "--bundle", ".", "--expect", expected,
+                      "--json", "results/r.json", cwd=folder)  # fmt: skip
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert line.count("\n") == 0
+    assert line.startswith("bench_on_device: error: models/future.tflite: CONV_2D v99 (builtin 3)")
+    assert "Didn't find op for builtin opcode 'CONV_2D' version '99'" in line
+    assert not (folder / "results").exists()
+
+
+def test_the_bench_json_records_the_interpreter_and_the_check(made_bundle: Path) -> None:
+    args = ["--bundle", ".", "--runs", "2", "--warmup", "1", "--json", "results/r.json"]
+    proc = _run_no_tf(made_bundle / bundle.ENTRY_POINT, *args, cwd=made_bundle)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((made_bundle / "results/r.json").read_text())
+    interp = result["runner"]["interpreter"]
+    assert interp["package"] in ("ai_edge_litert", "tflite_runtime")
+    assert interp["runtime"] == f"{interp['package'].replace('_', '-')}=={interp['version']}"
+    assert interp["libedgetpu"] is None  # not asked for without --delegate edgetpu
+    assert result["runtime_check"]["checked"] is True
+    assert set(result["runtime_check"]["as"].values()) == {interp["runtime"]}
+
+
+def _mendel_like() -> Path | None:
+    """Python 3.7 with only numpy and tflite-runtime 2.7.0 (benchmarks/install_runtimes.py)."""
+    root = os.environ.get("TFLFUSE_RUNTIMES")
+    python = Path(root or "/nonexistent") / "tflite-runtime-2.7.0" / "bin" / "python"
+    return python if python.is_file() else None
+
+
+@pytest.mark.skipif(_mendel_like() is None, reason="tflite-runtime 2.7.0 venv is not installed")
+def test_a_real_python37_tflite_runtime_refuses_gelu_and_runs_its_lowered_twin(
+    tmp_path: Path,
+) -> None:
+    from test_rules_runtime import gelu_model
+
+    from tflfuse.optimize import optimize_bytes
+
+    gelu = tmp_path / "gelu.tflite"
+    gelu.write_bytes(gelu_model(False))
+    lowered = tmp_path / "gelu_27.tflite"
+    lowered.write_bytes(optimize_bytes(gelu.read_bytes(), runtime="tflite-runtime==2.7.0").data)
+    python = str(_mendel_like())
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    for models, code in (([gelu, lowered], 2), ([lowered], 0)):
+        folder = tmp_path / f"bundle{code}"
+        bundle.make_bundle(models, folder)
+        proc = subprocess.run(
+            [python, bundle.ENTRY_POINT, "--bundle", ".", "--runs", "2", "--warmup", "1",
+             "--json", "results/r.json"],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == code, proc.stderr
+        if code == 2:
+            assert (
+                "models/gelu.tflite: GELU v1 (builtin 150) cannot run on tflite-runtime 2.7.0"
+                in (proc.stderr)
+            )
+        else:
+            result = json.loads((folder / "results/r.json").read_text())
+            assert result["environment"]["python"].startswith("3.7")
+            assert result["runner"]["interpreter"]["version"] == "2.7.0"
+            assert result["runner"]["tensorflow_imported"] is False

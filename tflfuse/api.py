@@ -109,11 +109,14 @@ def optimize(
     level: int = 2,
     disabled: Sequence[str] = (),
     verify: bool = True,
+    runtime: str | None = None,
 ) -> OptimizeResult:
     """Fuse and simplify a .tflite (path or bytes) for `target` (xnnpack, edgetpu, gpu, cpu) at
     `level` (0: load and save, 1: safe fusions, 2: everything), without the rules named in
     `disabled`; the result is checked on seeded inputs against the input model unless `verify`
-    is False (a mismatch raises VerificationError and nothing is written). Writes `output` when
+    is False (a mismatch raises VerificationError and nothing is written). `runtime` (e.g.
+    "tflite-runtime==2.5.0") lowers the result to the op versions that interpreter release has,
+    or refuses in one line (TflfuseError) when it cannot. Writes `output` when
     given. Returns an `OptimizeResult`: `.data` (the new .tflite bytes), `.before`/`.after`
     (op counts, activation bytes, cost), `.result` (rules fired, refusals with reasons),
     `.verification`."""
@@ -125,7 +128,13 @@ def optimize(
     if output is not None and isinstance(model, (str, Path)) and same_file(Path(model), output):
         raise UsageError(f"{output}: output would overwrite the input model")
     result = optimize_bytes(
-        data, level=level, target=target, disabled=tuple(disabled), verify=verify, source=source
+        data,
+        level=level,
+        target=target,
+        disabled=tuple(disabled),
+        verify=verify,
+        source=source,
+        runtime=runtime,
     )
     if output is not None:
         atomic_write_bytes(Path(output), result.data)

@@ -10,15 +10,23 @@ The device checks the bundle against its manifest before running anything and re
 corrupt one (a file missing, changed or added) or a mismatched one (the host expected another
 manifest: a stale or foreign bundle). The identity of a bundle is the sha256 of manifest.json.
 
-This module is shipped in the bundle: Python 3.8 syntax, standard library only.
+The manifest also carries, per model, the verdict of `tflfuse.runtimes` for every interpreter
+release tflfuse knows (None: it runs; else the one-line refusal), computed on the host. The
+device looks up its own interpreter package and version (`device_interpreter`) and refuses early,
+in one line, a model its interpreter cannot build (`check_runtime`), before loading anything.
+
+This module is shipped in the bundle: Python 3.7 syntax, standard library only.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import importlib
 import json
 import os
 import platform
+import re
 import shutil
 import time
 from pathlib import Path
@@ -100,6 +108,7 @@ def make_bundle(
             "host_interpreter": interpreter_package(),
         },
     }
+    manifest["runtime_check"] = _runtime_verdicts(paths, names)
     if extra:
         manifest["extra"] = extra
     target = out_dir / MANIFEST
@@ -154,3 +163,103 @@ def verify_bundle(bundle_dir: Path, expected_id: str | None = None) -> dict[str,
 def _is_output(rel: str) -> bool:
     """Files a run may leave in the bundle folder (results), which the manifest cannot list."""
     return rel.startswith("results/")
+
+
+# -- which interpreter runs the models -----------------------------------------------------------
+RUNTIME_CHECK_FORMAT = 1
+_FAMILIES = {"tflite_runtime": "tflite-runtime", "ai_edge_litert": "ai-edge-litert",
+             "tensorflow": "tensorflow"}  # fmt: skip
+
+
+def _runtime_verdicts(paths: list[Path], names: list[str]) -> dict[str, Any]:
+    """Host side: per model, {runtime: None or refusal} for every release tflfuse knows; a
+    compiled Edge TPU model also with the Edge TPU delegate loaded (`edgetpu`)."""
+    from tflfuse import flatbuffer, runtimes  # host only: the device never calls this
+
+    models: dict[str, Any] = {}
+    for path, name in zip(paths, names):
+        model = flatbuffer.load(path)
+        entry = {"plain": runtimes.verdicts(model)}
+        if any(n.custom == runtimes.EDGETPU_CUSTOM_OP for n in runtimes.needs(model)):
+            entry["edgetpu"] = runtimes.verdicts(model, delegate="edgetpu")
+        models["models/" + name] = entry
+    return {"format": RUNTIME_CHECK_FORMAT, "models": models}
+
+
+def _version_key(version: str) -> tuple:
+    parts = [int(p) for p in re.findall(r"\d+", version)[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def libedgetpu_version() -> str | None:
+    """The Edge TPU runtime's own version string (`edgetpu_version()` of libedgetpu), or None
+    when the library is not there."""
+    library = {"Darwin": "libedgetpu.1.dylib", "Windows": "edgetpu.dll"}.get(
+        platform.system(), "libedgetpu.so.1"
+    )
+    try:
+        lib = ctypes.CDLL(library)
+        lib.edgetpu_version.restype = ctypes.c_char_p
+        raw = lib.edgetpu_version()
+    except (OSError, AttributeError):
+        return None
+    return raw.decode("utf-8", "replace") if raw else None
+
+
+def device_interpreter(delegate: str = "") -> dict[str, Any]:
+    """{"package", "version", "runtime" (the table's name, e.g. tflite-runtime==2.11.0),
+    "libedgetpu"} of the interpreter this device runs (the package the bench will use)."""
+    from tflfuse.runtime import interpreter_module
+
+    module = interpreter_module()
+    package = module.__name__.split(".")[0]
+    top = importlib.import_module(package)
+    version = getattr(top, "__version__", None)
+    if version is None and package == "tensorflow":
+        version = getattr(getattr(top, "version", None), "VERSION", None)
+    version = str(version) if version else None
+    family = _FAMILIES.get(package, package)
+    info = {
+        "package": package,
+        "version": version,
+        "runtime": "{}=={}".format(family, ".".join(map(str, _version_key(version))))
+        if version
+        else None,
+        "libedgetpu": libedgetpu_version() if delegate.startswith("edgetpu") else None,
+    }
+    return info
+
+
+def check_runtime(manifest: dict[str, Any], interpreter: dict[str, Any], delegate: str) -> dict:
+    """Device side: BundleError (one line) when the manifest says a model cannot run on this
+    interpreter release; else what was checked. Only the exact release (major.minor.patch) can
+    refuse: for a release tflfuse has no data on, a known older one of the same package that
+    runs the model is taken as a pass, anything else is reported as not checked."""
+    table = manifest.get("runtime_check")
+    runtime = interpreter.get("runtime")
+    if not isinstance(table, dict) or table.get("format") != RUNTIME_CHECK_FORMAT:
+        return {"checked": False, "reason": "the bundle carries no runtime check"}
+    if not runtime:
+        return {"checked": False, "reason": "the interpreter does not say its version"}
+    mode = "edgetpu" if delegate.startswith("edgetpu") else "plain"
+    family, _, version = runtime.partition("==")
+    seen = {}
+    for model, entry in sorted(table.get("models", {}).items()):
+        verdicts = entry.get(mode) or entry.get("plain") or {}
+        if runtime in verdicts:
+            if verdicts[runtime]:
+                raise BundleError(f"{model}: {verdicts[runtime]}")
+            seen[model] = runtime
+            continue
+        older = [
+            name
+            for name in verdicts
+            if name.partition("==")[0] == family
+            and _version_key(name.partition("==")[2]) <= _version_key(version)
+        ]
+        older.sort(key=lambda name: _version_key(name.partition("==")[2]))
+        if older and verdicts[older[-1]] is None:
+            seen[model] = older[-1]
+    if len(seen) < len(table.get("models", {})):
+        return {"checked": False, "runtime": runtime, "reason": "no data for this release"}
+    return {"checked": True, "runtime": runtime, "as": seen, "delegate": mode}

@@ -160,7 +160,17 @@ def _add_optimize(sub: Any) -> None:
         help="skip the numeric check (needed for models this host cannot run, e.g. custom ops)",
     )
     p.add_argument("--in-place", action="store_true", help="allow OUTPUT to be the input file")
+    _add_runtime_option(p)
     p.set_defaults(func=_run_optimize)
+
+
+def _add_runtime_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--runtime",
+        metavar="PKG==VER",
+        help="write only op versions this interpreter release has (e.g. tflite-runtime==2.5.0),"
+        " rewriting where the function allows, else refuse",
+    )
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
@@ -178,6 +188,10 @@ def _run_optimize(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.disable) - set(all_rule_names()))
     if unknown:
         raise UsageError(f"unknown rule {unknown[0]!r} (rules: {', '.join(all_rule_names())})")
+    if args.runtime:
+        from tflfuse.runtimes import resolve
+
+        resolve(args.runtime)  # a bad name is refused before the model is read
     data = flatbuffer.read_model_bytes(src)
     result = optimize_bytes(
         data,
@@ -186,6 +200,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
         disabled=tuple(args.disable),
         verify=not args.no_verify,
         source=str(src),
+        runtime=args.runtime or None,
     )
     atomic_write_bytes(dst, result.data)
     report = {
@@ -212,6 +227,8 @@ def _run_optimize(args: argparse.Namespace) -> int:
             print("  warning: the outputs did not change with the input, so the check is weak")
     elif args.level > 0:
         print(f"  not verified: {v.get('reason')}")
+    if result.runtime:
+        print(f"  made for {result.runtime['made_for']}: every op version it needs is there")
     for rule, approx in result.result.approximations().items():
         bound = approx["error_bound"]
         print(f"  approximation: {rule} x{approx['count']} (|error| <= {bound:.2g} in all)")
@@ -263,9 +280,19 @@ def _pass_lines(changes: dict[str, dict[str, int]]) -> list[str]:
 
 # -- check ---------------------------------------------------------------------------------------
 def _add_check(sub: Any) -> None:
-    p = sub.add_parser("check", help="which ops run on the Edge TPU / XNNPACK / GPU, and why not")
+    p = sub.add_parser(
+        "check",
+        help="which ops run on the Edge TPU / XNNPACK / GPU, and on which interpreter release",
+    )
     p.add_argument("model", help=".tflite file")
-    p.add_argument("--target", required=True, choices=("edgetpu", "xnnpack", "gpu"))
+    p.add_argument("--target", choices=("edgetpu", "xnnpack", "gpu"))
+    p.add_argument(
+        "--runtime",
+        metavar="PKG==VER",
+        help="check the op versions against an interpreter release (tflite-runtime==2.5.0,"
+        " ai-edge-litert==2.3.0, tensorflow==2.21; exit status 1 when it cannot run the model);"
+        " without it, the oldest release that runs it",
+    )
     p.add_argument(
         "--compiler-version", metavar="V", help="predict an older edgetpu_compiler (e.g. 14.1)"
     )
@@ -288,6 +315,8 @@ def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import flatbuffer, targets
     from tflfuse.api import COMPILER_VERSION
 
+    if args.target is None and (args.compiler_version or args.multiple_subgraphs):
+        raise UsageError("--compiler-version and --multiple-subgraphs need --target edgetpu")
     if args.compiler_version is not None:
         if args.target != "edgetpu":
             raise UsageError("--compiler-version is for --target edgetpu only")
@@ -297,24 +326,39 @@ def _run_check(args: argparse.Namespace) -> int:
             )
     model_path = check_input(args.model)
     if args.overlay is not None:  # checked before any output: writes and prints nothing
+        if args.target is None:
+            raise UsageError("--overlay shows a target's placement: give --target")
         _check_overlay_destination(model_path, args.overlay)
+    from tflfuse import runtimes
+
+    runtime = runtimes.resolve(args.runtime) if args.runtime else None
     model = flatbuffer.load(model_path)
+    delegate = "edgetpu" if args.target == "edgetpu" else None  # it runs edgetpu-custom-op
+    text, payload = runtimes.describe(model, runtime, args.model, delegate)
     if args.target == "edgetpu" and _is_compiled(model):
-        return _report_compiled(model, model_path, args)
-    prediction = targets.predict(
-        model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
-    )
+        ok = _report_compiled(model, model_path, args, (text, payload) if runtime else None)
+        return 0 if ok else 1
+    prediction = None
+    if args.target is not None:
+        prediction = targets.predict(
+            model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
+        )
+        payload = {**prediction.to_dict(), "runtime": payload}
+        if runtime is not None:
+            payload["runtime_ok"] = payload["runtime"]["runtime_ok"]
     if args.json:
-        _emit_json(prediction.to_dict(), "-")
+        _emit_json(payload, "-")
     else:
-        print(targets.format_prediction(prediction, args.model))
+        if prediction is not None:
+            print(targets.format_prediction(prediction, args.model))
+        print(text)
     if args.overlay:
         from tflfuse import overlay
 
         overlay.write(args.overlay, model, prediction)
         if not args.json:
             print(f"node data for Model Explorer: {args.overlay}")
-    return 0
+    return 1 if runtime is not None and not payload.get("runtime_ok", True) else 0
 
 
 def _check_overlay_destination(model: Path, out: str) -> None:
@@ -329,11 +373,14 @@ def _is_compiled(model: Any) -> bool:
     return any(op.custom_code == CUSTOM_OP for g in model.subgraphs for op in g.ops)
 
 
-def _report_compiled(model: Any, path: Path, args: argparse.Namespace) -> int:
+def _report_compiled(
+    model: Any, path: Path, args: argparse.Namespace, runtime: tuple[str, dict] | None
+) -> bool:
     """`check --target edgetpu` on a model edgetpu_compiler already compiled: there is nothing
     to predict. Say so, and give the compiler's real placement: per op of the CPU model when
     its twin (X.tflite beside X_edgetpu.tflite) is there (tflfuse.edgetpu_truth), else the ops
-    the compiled model runs outside its Edge TPU segments."""
+    the compiled model runs outside its Edge TPU segments. With `runtime` ((text, payload) of
+    `runtimes.describe`), its verdict too; returns whether that runtime runs the model."""
     from tflfuse import flatbuffer
     from tflfuse.edgetpu_compiler import CUSTOM_OP, parse_log
     from tflfuse.edgetpu_truth import COMPILED_SUFFIX, truth_of
@@ -385,11 +432,17 @@ def _report_compiled(model: Any, path: Path, args: argparse.Namespace) -> int:
         lines.append(
             f"(for a per-op check, give the CPU model, e.g. {twin.name}, the one compiled)"
         )
+    ok = True
+    if runtime is not None:
+        text, payload = runtime
+        ok = bool(payload.get("runtime_ok", True))
+        out.update(runtime=payload, runtime_ok=ok)
+        lines.append(text)
     if args.json:
         _emit_json(out, "-")
     else:
         print("\n".join(lines))
-    return 0
+    return ok
 
 
 # -- convert -------------------------------------------------------------------------------------
@@ -449,6 +502,7 @@ def _add_convert(sub: Any) -> None:
         help=".tflite with NCHW inputs (PyTorch exports): give the model NHWC inputs (and"
         " outputs) instead, dropping the layout TRANSPOSEs (an interface change)",
     )
+    _add_runtime_option(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_run_convert)
 
@@ -463,6 +517,7 @@ _RECIPE_FLAGS = {
     "samples": "--samples",
     "scale": "--scale",
     "offset": "--offset",
+    "runtime": "--runtime",
 }
 
 
@@ -516,6 +571,8 @@ def _run_convert(args: argparse.Namespace) -> int:
     d = r["delegate_check"]
     if d.get("checked"):
         print(f"  {d['delegate']}: {d['mapped']} ops mapped, {d['cpu']} on the CPU")
+    if r.get("runtime"):
+        print(f"  made for {r['runtime']['made_for']}: every op version it needs is there")
     cut = r.get("edgetpu", {}).get("fused", {}).get("cut")
     if cut:
         print(f"  Edge TPU cut at op {cut['index']} {cut['op']}: {cut['reason']}")

@@ -92,6 +92,7 @@ class Context:
     legalization: dict[str, Any] = field(default_factory=dict)
     models: dict[str, bytes] = field(default_factory=dict)  # the three written models
     routes: dict[str, str] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)  # --runtime: made for, rules fired
     report: dict[str, Any] = field(default_factory=dict)
 
     def interface(self, which: str) -> Any:
@@ -201,6 +202,8 @@ def fuse(rec: Recipe, ctx: Context) -> None:
         target=rec.target,
         verify=ctx.options.verify,
         source=ctx.source.name,
+        runtime=rec.runtime or None,  # GELU etc. spelled out in float, before quantizing
+        before_int8=rec.quant_mode == "int8" and not ctx.source.quantized,
     )
 
 
@@ -352,6 +355,42 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     ctx.legalization = summary
 
 
+def runtime(rec: Recipe, ctx: Context) -> None:
+    """`--runtime R`: the fused model (int8 too) lowered to R's op versions by the runtime
+    legalization, verified like `legalize`; a model R cannot run is refused in one line (nothing
+    is written). The report says which runtime the model was made for."""
+    if not rec.runtime:
+        return
+    from tflfuse.optimize import NOT_VERIFIED, runtime_section, verify_rewrite
+    from tflfuse.rewrite import PassManager
+    from tflfuse.rules.runtime import runtime_legalization
+    from tflfuse.runtimes import resolve
+
+    target = resolve(rec.runtime)
+    q = ctx.quantized["fused"]
+    model = flatbuffer.from_bytes(q.data, "quantized")
+    result = PassManager(runtime_legalization(target)).run(model)
+    section = runtime_section(model, target, ctx.source.name)  # refuses what it cannot run
+    if result.changed:
+        data = flatbuffer.to_bytes(model)
+        failure, section["verification"] = (
+            verify_rewrite(q.data, data, model, result)
+            if ctx.options.verify
+            else (None, {"verified": False, "reason": NOT_VERIFIED})
+        )
+        if failure is not None:
+            raise TflfuseError(
+                f"{ctx.source.name}: runtime legalization: {failure}; nothing written"
+            )
+        q.data = data
+    section["fired"] = {**ctx.fused.result.fired(), **result.fired()}
+    section["fired"] = {k: v for k, v in section["fired"].items() if k in _RUNTIME_RULES}
+    ctx.runtime = section
+
+
+_RUNTIME_RULES = ("SpellOutGelu", "SplitTransposeConvActivation")
+
+
 def baselines(rec: Recipe, ctx: Context) -> None:
     """The stock model, and the unfused int8 baseline where quantize could not make it."""
     from tflfuse.quantize import Quantized, quantize
@@ -405,6 +444,14 @@ def report(rec: Recipe, ctx: Context) -> None:
     for name, data in zip((FUSED, UNFUSED, STOCK), (ctx.models[m] for m in MODELS)):
         (ctx.folder / name).write_bytes(data)
     ctx.report = report_mod.assemble(rec, ctx)
+    if ctx.runtime:
+        from tflfuse import runtimes
+
+        section = dict(ctx.runtime)
+        for name in MODELS:  # which of the three the runtime runs (only fused is required to)
+            check = runtimes.check(flatbuffer.from_bytes(ctx.models[name]), rec.runtime)
+            section[name] = {"runtime_ok": check.runtime_ok, "refusal": check.refusal() or None}
+        ctx.report["runtime"] = section
 
 
 # what native code each stage runs, for the one line a crash there becomes (tflfuse.isolation)
@@ -428,6 +475,7 @@ STAGES: tuple[Callable[[Recipe, Context], None], ...] = (
     unfused,
     quantize,
     legalize,
+    runtime,
     baselines,
     report,
 )

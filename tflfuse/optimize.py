@@ -25,6 +25,7 @@ from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model
 from tflfuse.rewrite import PassManager, PassResult, int8_error_bounds
 from tflfuse.rules import pipeline
+from tflfuse.runtimes import Runtime
 from tflfuse.summary import activation_bytes
 
 ATOL = RTOL = 1e-5  # float outputs: |fused - input| <= ATOL + RTOL * |input|
@@ -44,6 +45,7 @@ class OptimizeResult:
     before: dict[str, Any]
     after: dict[str, Any]
     verification: dict[str, Any] = field(default_factory=dict)
+    runtime: dict[str, Any] | None = None  # --runtime: the release it was made for
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +54,7 @@ class OptimizeResult:
             **self.result.to_dict(),
             "cost": cost_delta(self.before["cost"], self.after["cost"]),
             "verification": self.verification,
+            **({"runtime": self.runtime} if self.runtime is not None else {}),
         }
 
 
@@ -81,11 +84,37 @@ def check_options(*, level: int, target: str, disabled: Sequence[str] = ()) -> N
 
 
 def _run_pipeline(
-    data: bytes, level: int, target: str, disabled: tuple[str, ...], source: str
+    data: bytes,
+    level: int,
+    target: str,
+    disabled: tuple[str, ...],
+    source: str,
+    runtime: Runtime | None = None,
+    before_int8: bool = False,
 ) -> tuple[Model, PassResult, bytes]:
     model = flatbuffer.from_bytes(data, source)
     result = PassManager(pipeline(level, target), disabled=disabled).run(model)
+    if runtime is not None:  # a stage of its own: it may undo a fusion the pipeline made
+        from tflfuse.rules.runtime import runtime_legalization
+
+        rules = runtime_legalization(runtime, before_int8=before_int8)
+        lowered = PassManager(rules, disabled=disabled).run(model)
+        result.events += lowered.events
+        result.refusals += lowered.refusals
+        result.not_applicable += lowered.not_applicable
+        result.rounds = max(result.rounds, lowered.rounds)
     return model, result, flatbuffer.to_bytes(model)
+
+
+def runtime_section(model: Model, runtime: Runtime, source: str) -> dict[str, Any]:
+    """The model's check against `runtime`; TflfuseError (one line, nothing written) when the
+    runtime cannot run it: the op, the version it needs and the runtime, in the runtime's words."""
+    from tflfuse import runtimes
+
+    result = runtimes.check(model, runtime)
+    if not result.runtime_ok:
+        raise TflfuseError(f"{source}: {result.refusal()}; nothing written")
+    return {"made_for": runtime.name, "runtime_ok": True, "basis": runtime.basis}
 
 
 def optimize_bytes(
@@ -96,22 +125,34 @@ def optimize_bytes(
     disabled: tuple[str, ...] = (),
     verify: bool = True,
     source: str = "<bytes>",
+    runtime: str | Runtime | None = None,
+    before_int8: bool = False,
 ) -> OptimizeResult:
     """Optimize a .tflite given as bytes; raises VerificationError if the function changed or
-    the result does not run, TflfuseError if the input cannot be verified here and `verify`."""
+    the result does not run, TflfuseError if the input cannot be verified here and `verify`.
+    `runtime` (e.g. "tflite-runtime==2.5.0"): lower the result to the op versions that release
+    has (tflfuse.rules.runtime, at any level), or refuse in one line when it cannot run it;
+    `before_int8`: the result is quantized next (convert), so rewrites use quantizable ops."""
     check_options(level=level, target=target, disabled=disabled)
+    if runtime is not None:
+        from tflfuse.runtimes import resolve
+
+        runtime = resolve(runtime)
     before = _totals(flatbuffer.from_bytes(data, source))
-    model, result, out = _run_pipeline(data, level, target, disabled, source)
+    model, result, out = _run_pipeline(data, level, target, disabled, source, runtime, before_int8)
+    made_for = runtime_section(model, runtime, source) if runtime is not None else None
     if not verify:
         verification: dict[str, Any] = {"verified": False, "reason": NOT_VERIFIED}
-    elif level <= 0:
+    elif level <= 0 and not result.changed:
         verification = {"verified": False, "reason": "level 0 rewrites nothing"}
     else:
         failure, verification = verify_rewrite(data, out, model, result)
         if failure is not None:
-            culprit = _blame(data, level, target, disabled, source, result)
+            culprit = _blame(data, level, target, disabled, source, result, runtime, before_int8)
             raise VerificationError(f"{source}: {failure}{culprit}; nothing written")
-    return OptimizeResult(out, model, result, before, _totals(model), verification)
+    optimized = OptimizeResult(out, model, result, before, _totals(model), verification)
+    optimized.runtime = made_for
+    return optimized
 
 
 def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, Any]]:
@@ -181,12 +222,16 @@ def _blame(
     disabled: tuple[str, ...],
     source: str,
     result: PassResult,
+    runtime: Runtime | None = None,
+    before_int8: bool = False,
 ) -> str:
     """' (rule R: ...)' naming the first fired rule without which the pipeline's result passes
     verification, or the list of rules fired when no single one is to blame."""
     fired = list(result.fired())
     for rule in fired[:16]:
-        model, trial, out = _run_pipeline(data, level, target, (*disabled, rule), source)
+        model, trial, out = _run_pipeline(
+            data, level, target, (*disabled, rule), source, runtime, before_int8
+        )
         try:
             failure, _ = verify_rewrite(data, out, model, trial)
         except TflfuseError:

@@ -69,6 +69,7 @@ SCHEMA: dict[str, Any] = {
     "target": "target",
     "delegate": "delegate",
     "level": "level",
+    "runtime": "runtime",
     "quantization": {
         "mode": "quant_mode",
         "input_type": "input_type",
@@ -109,6 +110,7 @@ KINDS: dict[str, str] = {
     "offset": _NUMBER,
     "grappler": _STRINGS,
     "select_tf_ops": _BOOLEAN,
+    "runtime": _STRING,
 }
 
 
@@ -170,6 +172,7 @@ class Recipe:
     offset: float = -1.0
     grappler: tuple[str, ...] = DEFAULT_GRAPPLER
     select_tf_ops: bool = False
+    runtime: str = ""  # "tflite-runtime==2.5.0": write only op versions that release has
     source: str = ""
     overridden: tuple[str, ...] = field(default=())
 
@@ -248,6 +251,14 @@ class Recipe:
             )
         if self.samples < 1:
             raise fail("samples", f"must be at least 1, not {self.samples}")
+        if self.runtime:
+            from tflfuse.runtimes import resolve
+
+            try:
+                resolve(self.runtime)
+            except TflfuseError as exc:
+                problem = str(exc).removeprefix(f"runtime {self.runtime!r}: ")
+                raise fail("runtime", f"{self.runtime!r}: {problem}") from None
         if self.level not in (0, 1, 2):
             raise fail("level", f"must be 0, 1 or 2, not {self.level}")
 

@@ -263,6 +263,10 @@ def markdown(r: dict[str, Any]) -> str:
         f" {r['versions']['ai_edge_quantizer']}.",
         "",
     ]
+    made_for = r.get("runtime")
+    if made_for:
+        lines += [f"Made for **{made_for['made_for']}**: every op version model.tflite needs is"
+                  " there (`--runtime`).", ""]  # fmt: skip
     kind = r.get("source_kind", {})
     if kind.get("kind") == "tflite":
         lines.append(f"Source: a .tflite, entered at the {kind.get('entered_at')} stage.")

@@ -146,7 +146,11 @@ def pipeline(
 
 
 def all_rule_names() -> list[str]:
-    """Every rule and pass any pipeline uses (the names `--disable` accepts)."""
+    """Every rule and pass any pipeline uses (the names `--disable` accepts), the runtime
+    legalization's (`--runtime`, tflfuse.rules.runtime) included."""
+    from tflfuse.rules.runtime import RULES as RUNTIME_RULES
+
     return sorted(
         {p.name for target in TARGETS for level in (1, 2) for p in pipeline(level, target)}
+        | {rule.__name__ for rule in RUNTIME_RULES}
     )
