@@ -247,6 +247,25 @@ def edgetpu_op_status(
             return "limitation", f"reads {t.dtype} tensor {t.name!r}: it stays on the CPU"
         kind = "constant" if t.is_constant else "tensor"
         return "data_type", f"{kind} {t.name!r} is {t.dtype} (the Edge TPU runs int8 only)"
+    refusal = _tensor_limits(op, row, meta)
+    if refusal:
+        return refusal
+    half_pixel_since = row.get("half_pixel_centers_since")
+    if (
+        half_pixel_since
+        and op.options.get("half_pixel_centers")
+        and compiler_version_key(half_pixel_since) > version
+    ):
+        return "version", (
+            f"half_pixel_centers makes this op version 3, which edgetpu_compiler maps only"
+            f" from {half_pixel_since} on"
+        )
+    return _row_limits(op, row) or ("mapped", "in the op table; types, shapes and limits hold")
+
+
+def _tensor_limits(op: Op, row: dict[str, Any], meta: dict[str, Any]) -> tuple[str, str] | None:
+    """The limits every op's tensors obey (static, at most 3 dimensions > 1, the two innermost
+    dimensions' size) and the row's fused activations."""
     for t in _activations(op):
         if _edgetpu_dynamic(t):
             return "limitation", f"tensor {t.name!r} has a dynamic shape"
@@ -263,21 +282,30 @@ def edgetpu_op_status(
         allowed = row.get("fused_activations", meta["default_fused_activations"])
         if op.fused_activation not in allowed:
             return "limitation", f"fused activation {op.fused_activation} is not allowed here"
-    half_pixel_since = row.get("half_pixel_centers_since")
-    if (
-        half_pixel_since
-        and op.options.get("half_pixel_centers")
-        and compiler_version_key(half_pixel_since) > version
-    ):
-        return "version", (
-            f"half_pixel_centers makes this op version 3, which edgetpu_compiler maps only"
-            f" from {half_pixel_since} on"
-        )
+    return None
+
+
+def _row_limits(op: Op, row: dict[str, Any]) -> tuple[str, str] | None:
+    """The op's own row's constraints (`_EDGETPU_CHECKS`)."""
     for check, key in _EDGETPU_CHECKS:
         reason = check(op, row)
         if reason:
             return key, reason
-    return "mapped", "in the op table; types, shapes and limits hold"
+    return None
+
+
+def edgetpu_shape_refusal(op: Op, table: dict[str, Any] | None = None) -> str | None:
+    """Why the compiler would refuse `op` for its type, shapes and constants alone, whatever its
+    data types, or None: what a legalization can ask of an op it writes into a float graph that
+    is quantized afterwards (quantization keeps every shape)."""
+    table = table or capability("edgetpu")
+    if op.type == "CUSTOM":
+        return f"{op_label(op)} is a custom op"
+    row = table["ops"].get(op.type)
+    if row is None:
+        return f"{op.type} is not in the Edge TPU op table"
+    refusal = _tensor_limits(op, row, table["meta"]) or _row_limits(op, row)
+    return refusal[1] if refusal else None
 
 
 def _boundary_cpu(op: Op, graph: Graph, status: str) -> bool:
@@ -328,6 +356,27 @@ def _single_segment(
             if t is not None:
                 after[id(t)] = origin
     return mapped, cut_by
+
+
+def computed_after_the_segment(graph: Graph, compiler_version: str | None = None) -> set[int]:
+    """ids of the tensors a one-segment compile computes on the CPU from the segment's outputs:
+    an op reading one can never map, whatever is done to the op itself (a legalization there
+    only adds CPU work)."""
+    table = capability("edgetpu")
+    statuses = [edgetpu_op_status(op, table, compiler_version) for op in graph.ops]
+    mapped, cut_by = _single_segment(graph, statuses)
+    after = set()
+    for index, op in enumerate(graph.ops):
+        if not mapped[index] and (index in cut_by or _reads_segment(op, graph, mapped)):
+            after.update(id(t) for t in op.outputs if t is not None)
+    return after
+
+
+def _reads_segment(op: Op, graph: Graph, mapped: list[bool]) -> bool:
+    position = {o: i for i, o in enumerate(graph.ops)}
+    return any(
+        t is not None and t.producer in position and mapped[position[t.producer]] for t in op.inputs
+    )
 
 
 def _segments(graph: Graph, mapped: list[bool]) -> int:

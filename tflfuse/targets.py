@@ -273,7 +273,9 @@ def format_prediction(prediction: Prediction, model_name: str) -> str:
     return "\n".join(lines)
 
 
-_EDGETPU_NAMES = frozenset({"predict_edgetpu", "edgetpu_op_status", "edgetpu_statuses"})
+_EDGETPU_NAMES = frozenset(
+    {"predict_edgetpu", "edgetpu_op_status", "edgetpu_statuses", "edgetpu_shape_refusal"}
+)
 
 
 def __getattr__(name: str) -> Any:
