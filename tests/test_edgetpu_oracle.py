@@ -180,3 +180,66 @@ def test_exact_needs_the_same_cpu_ops_and_in_multi_mode_the_same_segments() -> N
     assert is_exact(prediction, truth)
     truth.segments = 2
     assert is_exact(prediction, truth) and not is_exact(prediction, truth, count_segments=True)
+
+
+# -- what a twin says about its compile ------------------------------------------------------------
+def _package(runtime: int) -> bytes:
+    """Custom options as the compiler writes them: a few leading bytes, then a DarwiNN `Package`
+    flatbuffer (identifier DWN1) whose field 0 is min_runtime_version."""
+    import flatbuffers
+
+    b = flatbuffers.Builder(64)
+    b.StartObject(2)
+    b.PrependInt32Slot(0, runtime, 0)
+    b.PrependInt32Slot(1, 7, 0)  # another field, to be skipped
+    b.Finish(b.EndObject(), file_identifier=b"DWN1")
+    return b"\x31\x00\x34\x00\x00\x00\x00\x00" + bytes(b.Output())
+
+
+def test_the_runtime_version_is_read_from_the_package_in_the_custom_op() -> None:
+    from tflfuse.edgetpu_truth import package_runtime_version
+
+    assert package_runtime_version(_package(14)) == 14
+    assert package_runtime_version(_package(12)) == 12
+    assert package_runtime_version(b"beagle and no package") is None
+
+
+def test_a_compiled_model_reports_its_mode_runtime_and_cpu_ops() -> None:
+    from tflfuse.edgetpu_truth import compiled_summary, is_compiled, truth_of
+
+    model, compiled = _chain()
+    compiled.main.ops[0].custom_options = _package(14)
+    assert is_compiled(compiled) and not is_compiled(model)
+    summary = compiled_summary(compiled)
+    assert summary["segments"] == 1 and not summary["multiple_subgraphs"]
+    assert summary["runtime_version"] == 14 and "16 or later" in summary["compiler"]
+    assert [o["op"] for o in summary["cpu_ops"]] == ["CONV_2D", "DEQUANTIZE"]
+    truth = truth_of(model, compiled)
+    assert truth.runtime_version == 14 and truth.mode.startswith("one Edge TPU subgraph")
+    compiled.main.ops[0].custom_options = _package(12)
+    assert "15.0 or older" in compiled_summary(compiled)["compiler"]
+
+
+def _oracle_twin(name: str) -> tuple[Path, Path]:
+    root = SHARED / "oracle" / "edgetpu"
+    if not root.is_dir():
+        pytest.skip(f"{root} is absent")
+    return root / f"{name}.tflite", root / f"{name}_edgetpu.tflite"
+
+
+def test_check_describes_a_compiled_model_and_compares_with_a_twin(capsys) -> None:
+    import json
+
+    from tflfuse.cli import main
+
+    cpu, twin = _oracle_twin("deeplabv3_mnv2_dm05_pascal_quant")
+    assert main(["check", str(twin), "--target", "edgetpu", "--json"]) == 0
+    compiled = json.loads(capsys.readouterr().out)["compiled"]
+    assert compiled["segments"] == 1 and compiled["runtime_version"] == 12
+    assert compiled["cpu_ops"][0]["op"] == "RESIZE_BILINEAR"
+    assert main(["check", str(cpu), "--target", "edgetpu", "--twin", str(twin)]) == 0
+    text = capsys.readouterr().out
+    assert "(edgetpu_compiler 16.0" in text.splitlines()[0]
+    assert "The prediction for that mode is exact" in text
+    assert main(["check", str(cpu), "--target", "edgetpu", "--twin", str(cpu)]) == 2
+    assert "needs an Edge TPU compiled model" in capsys.readouterr().err

@@ -218,12 +218,20 @@ def _add_check(sub: Any) -> None:
     p.add_argument("model", help=".tflite file")
     p.add_argument("--target", required=True, choices=("edgetpu", "xnnpack", "gpu"))
     p.add_argument(
-        "--compiler-version", metavar="V", help="predict an older edgetpu_compiler (e.g. 14.1)"
+        "--compiler-version",
+        metavar="V",
+        help="the edgetpu_compiler to predict: 16 (default) or an older one (15, 14.1)",
     )
     p.add_argument(
         "--multiple-subgraphs",
         action="store_true",
         help="predict a compile that allows several Edge TPU subgraphs (edgetpu_compiler -a)",
+    )
+    p.add_argument(
+        "--twin",
+        metavar="X_edgetpu.tflite",
+        help="the model compiled by edgetpu_compiler: predict in the mode it was compiled in"
+        " and compare",
     )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument(
@@ -249,6 +257,8 @@ def _run_check(args: argparse.Namespace) -> int:
     if args.overlay:  # checked before any output: a bad destination writes and prints nothing
         _check_overlay_destination(Path(args.model), Path(args.overlay))
     model = flatbuffer.load(args.model)
+    if args.target == "edgetpu" and _check_compiled_or_twin(args, model):
+        return 0
     prediction = targets.predict(
         model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
     )
@@ -263,6 +273,36 @@ def _run_check(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"node data for Model Explorer: {args.overlay}")
     return 0
+
+
+def _check_compiled_or_twin(args: argparse.Namespace, model: Any) -> bool:
+    """`check` on an Edge TPU compiled model (how it was compiled), or with `--twin` (the
+    prediction in the twin's mode, compared with it). True when it answered."""
+    from tflfuse import edgetpu_truth, flatbuffer, targets
+
+    if edgetpu_truth.is_compiled(model):
+        summary = edgetpu_truth.compiled_summary(model)
+        if args.json:
+            _emit_json({"compiled": summary}, "-")
+        else:
+            print(edgetpu_truth.format_compiled(summary, args.model))
+        return True
+    if not args.twin:
+        return False
+    twin = flatbuffer.load(args.twin)
+    if not edgetpu_truth.is_compiled(twin):
+        raise UsageError(f"{args.twin}: --twin needs an Edge TPU compiled model")
+    prediction, comparison = edgetpu_truth.compare_with_twin(model, twin, args.compiler_version)
+    if args.json:
+        _emit_json({**prediction.to_dict(), "twin": comparison}, "-")
+    else:
+        print(targets.format_prediction(prediction, args.model))
+        print(edgetpu_truth.format_twin_comparison(comparison, model))
+    if args.overlay:
+        from tflfuse import overlay
+
+        overlay.write(args.overlay, model, prediction)
+    return True
 
 
 def _check_overlay_destination(model: Path, out: Path) -> None:

@@ -327,3 +327,115 @@ def score_pair(pair: Pair) -> PairScore:
     if truth.log is not None and truth.log.rows:
         score.status = status_agreement(prediction, truth.log)
     return score
+
+
+# -- a compiled model on its own, and a model beside its twin (`tflfuse check`) --------------------
+def is_compiled(model: Model) -> bool:
+    """Whether `model` is an Edge TPU compiled model (it holds an edgetpu-custom-op)."""
+    return any(op.custom_code == CUSTOM_OP for op in model.main.ops)
+
+
+def compiled_summary(compiled: Model) -> dict[str, object]:
+    """What a compiled model says about its compile: the number of Edge TPU segments and so the
+    mode (several only with `-a`), the Edge TPU runtime it needs and what that tells of the
+    compiler (see `package_runtime_version`), and the ops left on the CPU."""
+    segments = sum(1 for op in compiled.main.ops if op.custom_code == CUSTOM_OP)
+    runtime = compiled_runtime_version(compiled)
+    if runtime is None:
+        compiler = "unknown (no readable package)"
+    elif runtime >= 14:
+        compiler = "edgetpu_compiler 16 or later (runtime 14: its default)"
+    else:
+        compiler = (
+            f"edgetpu_compiler 15.0 or older (runtime {runtime}), or a newer one asked for an"
+            " older runtime (-m)"
+        )
+    mode = (
+        "several Edge TPU subgraphs (edgetpu_compiler -a)"
+        if segments > 1
+        else "one Edge TPU subgraph (the default, or -a finding one)"
+    )
+    cpu = [
+        {"index": i, "op": op_label(op)}
+        for i, op in enumerate(compiled.main.ops)
+        if op.custom_code != CUSTOM_OP
+    ]
+    return {
+        "segments": segments,
+        "mode": mode,
+        "multiple_subgraphs": segments > 1,
+        "runtime_version": runtime,
+        "compiler": compiler,
+        "cpu_ops": cpu,
+    }
+
+
+def format_compiled(summary: dict[str, object], name: str) -> str:
+    """`tflfuse check` on a compiled model: how it was compiled and what runs on the CPU."""
+    cpu = summary["cpu_ops"]
+    assert isinstance(cpu, list)
+    counts = Counter(str(o["op"]) for o in cpu)
+    lines = [
+        f"{name}: compiled for the Edge TPU",
+        f"Compiled with: {summary['mode']}; {summary['segments']} edgetpu-custom-op",
+        f"Needs Edge TPU runtime: {summary['runtime_version']} ({summary['compiler']})",
+        f"Operations left on the CPU: {len(cpu)}"
+        + (f" ({', '.join(f'{op} x{n}' for op, n in counts.items())})" if cpu else ""),
+        "predict the CPU model it was compiled from (`check X.tflite --twin X_edgetpu.tflite`)",
+    ]
+    return "\n".join(lines)
+
+
+def compare_with_twin(
+    model: Model, compiled: Model, compiler_version: str | None = None
+) -> tuple[Prediction, dict[str, object]]:
+    """The prediction for `model` in the mode its compiled twin was made in, and how it compares:
+    exact or the ops placed differently (indices into `model.main.ops`)."""
+    truth = truth_of(model, compiled)
+    multi = truth.segments > 1
+    prediction = predict_edgetpu(model, compiler_version, multiple_subgraphs=multi)
+    predicted, actual = set(prediction.cpu_ops()), set(truth.cpu_ops)
+    comparison: dict[str, object] = {
+        **compiled_summary(compiled),
+        "exact": is_exact(prediction, truth, count_segments=multi),
+        "predicted_only_cpu": sorted(predicted - actual),
+        "compiler_only_cpu": sorted(actual - predicted),
+        "predicted_segments": predicted_segments(prediction),
+    }
+    comparison.pop("cpu_ops")
+    return prediction, comparison
+
+
+def format_twin_comparison(comparison: dict[str, object], model: Model) -> str:
+    """The lines `check --twin` prints after the prediction."""
+    ops = model.main.ops
+
+    def named(indices: object) -> str:
+        assert isinstance(indices, list)
+        return ", ".join(f"#{i} {op_label(ops[i])}" for i in indices[:12]) + (
+            " ..." if len(indices) > 12 else ""
+        )
+
+    lines = [
+        "",
+        f"Compiled twin: {comparison['mode']}, {comparison['segments']} edgetpu-custom-op;"
+        f" needs Edge TPU runtime {comparison['runtime_version']} ({comparison['compiler']})",
+    ]
+    if comparison["exact"]:
+        lines.append("The prediction for that mode is exact: the same ops on the CPU")
+    else:
+        lines.append("The prediction for that mode differs from the twin:")
+        if comparison["predicted_only_cpu"]:
+            lines.append(
+                f"  predicted on the CPU, compiled: {named(comparison['predicted_only_cpu'])}"
+            )
+        if comparison["compiler_only_cpu"]:
+            lines.append(
+                f"  predicted mapped, left on the CPU: {named(comparison['compiler_only_cpu'])}"
+            )
+        if comparison["predicted_segments"] != comparison["segments"]:
+            lines.append(
+                f"  segments: predicted {comparison['predicted_segments']},"
+                f" compiled {comparison['segments']}"
+            )
+    return "\n".join(lines)
