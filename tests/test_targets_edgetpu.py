@@ -446,3 +446,28 @@ def test_check_multiple_subgraphs_option(tmp_path: Path, capsys: pytest.CaptureF
     text = capsys.readouterr().out
     assert "Number of Edge TPU subgraphs: 2" in text
     assert "Number of operations that will run on Edge TPU: 2" in text
+
+
+def test_check_says_which_compiler_it_predicts_for(tmp_path: Path, capsys) -> None:
+    """16 by default; `--compiler-version 15` refuses what only 16 maps (a half-pixel resize)."""
+    import json
+
+    from tflfuse.cli import main
+
+    g = Graph("main")
+    x = act(g, "x", (1, 8, 8, 4))
+    y = act(g, "y", (1, 16, 16, 4))
+    size = g.add_constant("size", np.array([16, 16], np.int32))
+    g.add_op("RESIZE_NEAREST_NEIGHBOR", [x, size], [y], {"half_pixel_centers": True})
+    path = tmp_path / "up.tflite"
+    flatbuffer.save(model_of(g, [x], [y]), path)
+    assert main(["check", str(path), "--target", "edgetpu"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "edgetpu_compiler 16.0" in first and "one Edge TPU subgraph" in first
+    assert main(["check", str(path), "--target", "edgetpu", "--compiler-version", "15"]) == 0
+    text = capsys.readouterr().out
+    assert "edgetpu_compiler 15" in text.splitlines()[0]
+    assert "Operation version not supported" in text
+    assert main(["check", str(path), "--target", "edgetpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["compiler_version"].startswith("16.0") and out["mapped"] == 1

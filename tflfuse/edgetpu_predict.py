@@ -325,7 +325,7 @@ def edgetpu_statuses(model: Model, compiler_version: str | None = None) -> list[
 
 def _single_segment(
     graph: Graph, statuses: list[tuple[str, str]]
-) -> tuple[list[bool], dict[int, int]]:
+) -> tuple[list[bool], dict[int, int], dict[int, int]]:
     """The default compiler (one Edge TPU subgraph). The segment may read what the CPU computes
     before it (a float -> int8 QUANTIZE of an input, a CAST before it) but not what the CPU
     computes from the segment's own outputs, which would need a second segment. So an op maps
@@ -335,7 +335,8 @@ def _single_segment(
     semantics block of edgetpu.toml).
 
     Returns (mapped per op, {index of a mappable op left on the CPU: index of the op that cut it,
-    the earliest one it depends on})."""
+    the earliest one it depends on}, {id of a tensor the CPU computes after the segment: index of
+    the op that cut it})."""
     mapped = [False] * len(graph.ops)
     cut_by: dict[int, int] = {}
     after: dict[int, int] = {}  # id(tensor the CPU computes after the segment) -> cutting op
@@ -355,7 +356,7 @@ def _single_segment(
         for t in op.outputs:
             if t is not None:
                 after[id(t)] = origin
-    return mapped, cut_by
+    return mapped, cut_by, after
 
 
 def computed_after_the_segment(graph: Graph, compiler_version: str | None = None) -> set[int]:
@@ -364,19 +365,7 @@ def computed_after_the_segment(graph: Graph, compiler_version: str | None = None
     only adds CPU work)."""
     table = capability("edgetpu")
     statuses = [edgetpu_op_status(op, table, compiler_version) for op in graph.ops]
-    mapped, cut_by = _single_segment(graph, statuses)
-    after = set()
-    for index, op in enumerate(graph.ops):
-        if not mapped[index] and (index in cut_by or _reads_segment(op, graph, mapped)):
-            after.update(id(t) for t in op.outputs if t is not None)
-    return after
-
-
-def _reads_segment(op: Op, graph: Graph, mapped: list[bool]) -> bool:
-    position = {o: i for i, o in enumerate(graph.ops)}
-    return any(
-        t is not None and t.producer in position and mapped[position[t.producer]] for t in op.inputs
-    )
+    return set(_single_segment(graph, statuses)[2])
 
 
 def _segments(graph: Graph, mapped: list[bool]) -> int:
@@ -421,7 +410,7 @@ def predict_edgetpu(
         mapped = [key == "mapped" for key, _ in statuses]
         cut_by: dict[int, int] = {}
     else:
-        mapped, cut_by = _single_segment(graph, statuses)
+        mapped, cut_by, _ = _single_segment(graph, statuses)
     ops: list[OpPrediction] = []
     for index, (op, (key, reason)) in enumerate(zip(graph.ops, statuses)):
         label = op_label(op)
