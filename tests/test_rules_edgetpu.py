@@ -391,6 +391,19 @@ def test_align_corners_resize_is_not_tiled() -> None:
     ]
 
 
+def test_a_resize_whose_tiles_would_not_map_is_not_tiled() -> None:
+    """256 x 700 rows hold 179200 elements, over the two-innermost-dimensions limit: tiles of any
+    height would stay on the CPU, so the resize is left as it is (not run: only planned)."""
+    g = G()
+    x = g.input((1, 129, 128, 700))
+    y = g.op("RESIZE_NEAREST_NEIGHBOR", [x, g.const(np.array([258, 256]))], (1, 258, 256, 700))
+    g.graph.outputs = [y]
+    result = PassManager([SplitOversizedResize()], validate=False).run(g.graph)
+    assert [op.type for op in g.graph.ops] == ["RESIZE_NEAREST_NEIGHBOR"]
+    [reason] = refusals(result, "SplitOversizedResize")
+    assert reason.startswith("a tile would stay on the CPU") and "innermost" in reason
+
+
 # -- fusions the Edge TPU table forbids ------------------------------------------------------------
 def _int8_conv(g: Q8, x: Tensor, out_ch: int, scale: float, zero: int) -> Tensor:
     rng = np.random.default_rng(3)

@@ -466,6 +466,14 @@ class SplitOversizedResize(Rule):
         rows = limit // (fh * big_w) - extra
         if rows < 1:
             return refuse(f"even one input row resizes to more than {limit} pixels")
+        c = x.shape[3]
+        tile = Tensor("tile", (1, (rows + extra) * fh, big_w, c), op.output.dtype)
+        why = _refusal_of(
+            op.type, [Tensor("rows", (1, rows + extra, w, c), x.dtype)], tile.shape,
+            dict(op.options), consts=[np.array(tile.shape[1:3], np.int32)],
+        ) or _refusal_of("CONCATENATION", [tile], op.output.shape, {"axis": 1})  # fmt: skip
+        if why:
+            return refuse(f"a tile would stay on the CPU: {why}")
         return fh, rows, extra
 
     def check(self, m: Match) -> Refusal | None:
