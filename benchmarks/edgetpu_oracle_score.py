@@ -1,11 +1,12 @@
 """Score the Edge TPU mapping predictor on real compiled pairs: `exact K/N` per set and half.
 
-    PYTHONPATH=. python benchmarks/edgetpu_oracle_score.py [--extra DIR] [--misses] [--half dev]
+    PYTHONPATH=. python benchmarks/edgetpu_oracle_score.py [--extra DIR ...] [--misses] [--half dev]
 
-Sets: `../shared/oracle/edgetpu`, `../shared/oracle/edgetpu-more`, and with `--extra DIR` (or the
-environment variable TFLFUSE_EXTRA_ORACLE) a further folder of pairs measured locally only (the
-fetch-more set: its pairs come from repositories without a licence, so this script never prints
-their paths unless asked with `--misses`, which is for the local console only).
+Sets: `../shared/oracle/edgetpu`, `../shared/oracle/edgetpu-more`, and with `--extra DIR` (any
+number of times, or the environment variable TFLFUSE_EXTRA_ORACLE holding folders separated by
+`os.pathsep`) further folders of pairs measured locally only, each a set named by its folder
+(their pairs come from repositories without a licence, so this script never prints their paths
+unless asked with `--misses`, which is for the local console only).
 
 For each set, split into the "dev" half (rules were built from these) and the "holdout" half (a
 fixed hash of each pair's path; checked only at the end), and into the two compiler modes
@@ -27,14 +28,23 @@ from pathlib import Path
 from tflfuse.edgetpu_truth import PairScore, find_pairs, score_pair
 
 HERE = Path(__file__).resolve().parent
-ORACLE = HERE.parent.parent / "shared" / "oracle"
+ORACLE = Path(os.environ.get("TFLFUSE_SHARED") or HERE.parent.parent / "shared") / "oracle"
 
 
-def sets(extra: str | None) -> dict[str, Path]:
-    found = {name: ORACLE / name for name in ("edgetpu", "edgetpu-more")}
-    extra = extra or os.environ.get("TFLFUSE_EXTRA_ORACLE")
-    if extra:
-        found["fetch-more"] = Path(extra)
+LICENSED = ("edgetpu", "edgetpu-more")
+
+
+def extra_sets(extra: list[str] | None = None) -> dict[str, Path]:
+    """The local pair folders: `extra`, else $TFLFUSE_EXTRA_ORACLE (os.pathsep-separated), each
+    named by its folder's name."""
+    listed = os.environ.get("TFLFUSE_EXTRA_ORACLE", "").split(os.pathsep)
+    folders = extra or [f for f in listed if f]
+    return {Path(f).name: Path(f) for f in folders}
+
+
+def sets(extra: list[str] | None = None) -> dict[str, Path]:
+    found = {name: ORACLE / name for name in LICENSED}
+    found.update(extra_sets(extra))
     return {name: path for name, path in found.items() if path.is_dir()}
 
 
@@ -80,7 +90,9 @@ def _status_misses(s: PairScore, show_path: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--extra", help="a further folder of pairs (default $TFLFUSE_EXTRA_ORACLE)")
+    parser.add_argument(
+        "--extra", action="append", help="a further folder of pairs (default $TFLFUSE_EXTRA_ORACLE)"
+    )
     parser.add_argument("--misses", action="store_true", help="list each miss with its path")
     parser.add_argument("--half", choices=("dev", "holdout"), help="score one half only")
     args = parser.parse_args(argv)
@@ -90,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     total_status = [0, 0]
     for name, root in found.items():
-        licensed = name != "fetch-more"
+        licensed = name in LICENSED
         scores = [score_pair(p) for p in find_pairs(root, all_dev=name == "edgetpu")]
         for half in ("dev", "holdout"):
             if args.half and half != args.half:

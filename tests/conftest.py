@@ -16,7 +16,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+SHARED = Path(os.environ.get("TFLFUSE_SHARED") or REPO.parent / "shared")  # override: worktrees
 ORACLE = SHARED / "oracle" / "edgetpu"
 
 

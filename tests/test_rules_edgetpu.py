@@ -5,10 +5,9 @@ graphs, integer rules on int8 graphs built inline; the YOLO-style zoo model show
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import SHARED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rulekit import G, apply, assert_same_function, ops, refusals
@@ -18,13 +17,13 @@ from tflfuse.ir import Graph, Model, Quantization, Tensor
 from tflfuse.rewrite import DeadCodeElimination, PassManager, TopologicalSort
 from tflfuse.rules.edgetpu import (
     EDGETPU_LEGALIZATION,
-    DeferUnmappableOps,
     LegalizeGelu,
     LegalizeHardSwish,
     LegalizeLeakyRelu,
     MeanToAveragePool,
     SplitOversizedAveragePool,
     SplitOversizedResize,
+    SplitOversizedTranspose,
 )
 from tflfuse.targets import predict
 
@@ -214,19 +213,28 @@ def test_mean_over_channels_is_refused() -> None:
 
 
 # -- order ---------------------------------------------------------------------------------------
-def test_unmappable_side_op_is_moved_after_the_mappable_ones() -> None:
-    g = Q8()
-    x = g.input((1, 4, 4, 8), 0.05, 0)
-    axis = g.graph.add_constant("axis", np.array([3], np.int32))
-    side = g.graph.add_tensor("argmax", (1, 4, 4), "INT32")
-    g.graph.add_op("ARG_MAX", [x, axis], [side], {"output_type": 2})
-    a = g.op("RELU", [x], x.shape, 0.05, 0)
-    b = g.op("RELU6", [a], x.shape, 0.05, 0)
-    before = g.bytes(side, b)
-    after, model, _ = apply(before, DeferUnmappableOps())
-    assert ops(model) == ["RELU", "RELU6", "ARG_MAX"]
-    assert verify.compare(before, after, int_atol=0).identical
-    assert mapped(before) == (0, 3) and mapped(after) == (2, 1)
+def test_execution_order_does_not_move_the_cut() -> None:
+    """The compiler's cut follows the data flow (edgetpu.toml), so no pass reorders ops: an
+    unmappable side op placed first or last leaves the same mappable ops on the Edge TPU."""
+
+    def side_head(first: bool) -> bytes:
+        g = Q8()
+        x = g.input((1, 4, 4, 8), 0.05, 0)
+        a = g.op("RELU", [x], x.shape, 0.05, 0)
+        side = g.graph.add_tensor("argmax", (1, 4, 4), "INT32")
+        argmax = g.graph.add_op(
+            "ARG_MAX", [a, g.graph.add_constant("axis", np.array([3], np.int32))], [side],
+            {"output_type": 2},
+        )  # fmt: skip
+        b = g.op("RELU6", [a], x.shape, 0.05, 0)
+        if not first:  # the ARG_MAX after the RELU6 in execution order
+            g.graph.ops.remove(argmax)
+            g.graph.ops.append(argmax)
+        return g.bytes(side, b)
+
+    early, late = side_head(first=True), side_head(first=False)
+    assert ops(flatbuffer.from_bytes(early)) == ["RELU", "ARG_MAX", "RELU6"]
+    assert mapped(early) == mapped(late) == (2, 1)
 
 
 # -- a YOLO-style model end to end -----------------------------------------------------------------
@@ -383,6 +391,19 @@ def test_align_corners_resize_is_not_tiled() -> None:
     ]
 
 
+def test_a_resize_whose_tiles_would_not_map_is_not_tiled() -> None:
+    """256 x 700 rows hold 179200 elements, over the two-innermost-dimensions limit: tiles of any
+    height would stay on the CPU, so the resize is left as it is (not run: only planned)."""
+    g = G()
+    x = g.input((1, 129, 128, 700))
+    y = g.op("RESIZE_NEAREST_NEIGHBOR", [x, g.const(np.array([258, 256]))], (1, 258, 256, 700))
+    g.graph.outputs = [y]
+    result = PassManager([SplitOversizedResize()], validate=False).run(g.graph)
+    assert [op.type for op in g.graph.ops] == ["RESIZE_NEAREST_NEIGHBOR"]
+    [reason] = refusals(result, "SplitOversizedResize")
+    assert reason.startswith("a tile would stay on the CPU") and "innermost" in reason
+
+
 # -- fusions the Edge TPU table forbids ------------------------------------------------------------
 def _int8_conv(g: Q8, x: Tensor, out_ch: int, scale: float, zero: int) -> Tensor:
     rng = np.random.default_rng(3)
@@ -488,27 +509,11 @@ def test_quantized_pipeline_is_the_edgetpu_legalization_only() -> None:
 
     names = [p.name for p in pipeline(2, "edgetpu", quantized=True)]
     assert names[: len(EDGETPU_LEGALIZATION)] == [p.name for p in EDGETPU_LEGALIZATION]
-    assert "DeferUnmappableOps" in names and "FuseActivationIntoProducer" not in names
+    assert "SplitOversizedTranspose" in names and "FuseActivationIntoProducer" not in names
     assert pipeline(2, "xnnpack", quantized=True) == ()
 
 
-def test_legalize_quantized_reorders_an_int8_graph() -> None:
-    from tflfuse.rules.edgetpu import legalize_quantized
-
-    g = Q8()
-    x = g.input((1, 4, 4, 8), 0.05, 0)
-    axis = g.graph.add_constant("axis", np.array([3], np.int32))
-    side = g.graph.add_tensor("argmax", (1, 4, 4), "INT32")
-    g.graph.add_op("ARG_MAX", [x, axis], [side], {"output_type": 2})
-    y = g.op("MEAN", [x, g.graph.add_constant("hw", np.array([1, 2], np.int32))], (1, 8), 0.05, 0)
-    before = g.bytes(side, y)
-    model = flatbuffer.from_bytes(before)
-    legalize_quantized(model)
-    assert ops(model) == ["MEAN", "ARG_MAX"]  # the MEAN maps as it is; ARG_MAX moves behind it
-    assert verify.compare(before, flatbuffer.to_bytes(model), int_atol=0).identical
-
-
-MORE = Path(__file__).resolve().parents[1].parent / "shared" / "oracle" / "edgetpu-more"
+MORE = SHARED / "oracle" / "edgetpu-more"
 YOLOV8_INT8 = (
     MORE
     / "MaxwellHogan__coral_wifi_webserver"
@@ -516,27 +521,6 @@ YOLOV8_INT8 = (
     / "yolov8n_full_integer_quant.tflite"
 )
 YAMNET_INT8 = MORE / "google-coral__coralmicro/models__yamnet_spectra_in/yamnet_spectra_in.tflite"
-
-
-@pytest.mark.skipif(not YOLOV8_INT8.is_file(), reason="../shared/oracle/edgetpu-more is absent")
-def test_legalize_quantized_defers_the_cpu_head_of_a_real_yolov8() -> None:
-    """The DFL SOFTMAX cuts the graph; the class-score branch does not depend on it, so it is
-    moved before it (the real int8 export, as Ultralytics wrote it)."""
-    from tflfuse.rules.edgetpu import legalize_quantized
-
-    data = YOLOV8_INT8.read_bytes()
-    model = flatbuffer.from_bytes(data)
-    before = predict(model, "edgetpu").mapped
-    order_before = [op.name for op in model.main.ops]
-    legalize_quantized(model, disabled=("ConcatFlattenedMapsInNHWC",))  # the reordering alone
-    order_after = [op.name for op in model.main.ops]
-    assert sorted(order_before) == sorted(order_after) and order_before != order_after
-    softmax = next(i for i, op in enumerate(model.main.ops) if op.type == "SOFTMAX")
-    logistic = max(i for i, op in enumerate(model.main.ops) if op.type == "LOGISTIC")
-    assert logistic < softmax  # the class scores no longer wait behind the box head
-    assert predict(model, "edgetpu").mapped > before
-    agreement = verify.compare(data, flatbuffer.to_bytes(model), runs=2, int_atol=0)
-    assert agreement.identical and agreement.varies
 
 
 @pytest.mark.skipif(not YAMNET_INT8.is_file(), reason="../shared/oracle/edgetpu-more is absent")
@@ -590,7 +574,7 @@ def test_half_pixel_nearest_upsample_float_becomes_version_1_exactly(factor: int
     assert agreement.identical
 
 
-def test_half_pixel_nearest_upsample_int8_is_bit_exact_and_maps() -> None:
+def test_half_pixel_nearest_upsample_int8_is_bit_exact_and_maps_on_older_compilers() -> None:
     from tflfuse.rules.edgetpu import DropHalfPixelCentersFromNearestResize
 
     before = nearest_upsample("INT8", 2)
@@ -598,7 +582,9 @@ def test_half_pixel_nearest_upsample_int8_is_bit_exact_and_maps() -> None:
     assert model.main.ops[0].version == 2
     agreement = verify.compare(before, after, int_atol=0)
     assert agreement.identical and agreement.varies
-    assert mapped(before) == (0, 1) and mapped(after) == (1, 0)
+    assert mapped(before) == mapped(after) == (1, 0)  # compiler 16 maps either
+    for data, cpu in ((before, 1), (after, 0)):  # 15.0 refuses op version 3
+        assert predict(flatbuffer.from_bytes(data), "edgetpu", "15.0").cpu == cpu
 
 
 def test_half_pixel_downsample_and_align_corners_are_refused() -> None:
@@ -724,17 +710,96 @@ def test_maps_with_different_channel_counts_are_refused() -> None:
     ]
 
 
+def test_a_join_whose_one_transpose_would_not_map_is_refused() -> None:
+    """A 640-pixel head: the joined [1, N, C] TRANSPOSE and the NHWC rows are over the compiler's
+    limits, so joining would trade three refused feature-map transposes for refused ops."""
+    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+
+    g = Q8()
+    maps = [g.input((1, 40, 40, 144), 0.05, 0)]
+    for size in (20, 10):
+        options = {**_pool_options(), "stride_h": 40 // size, "stride_w": 40 // size}
+        options["filter_height"] = options["filter_width"] = 40 // size
+        maps.append(g.op("AVERAGE_POOL_2D", [maps[0]], (1, size, size, 144), 0.05, 0, **options))
+    flat = [_flatten_nchw(g, m, q8=True) for m in maps]
+    joined = g.op("CONCATENATION", flat, (1, 144, 2100), 0.05, 0, axis=2,
+                  fused_activation_function="NONE")  # fmt: skip
+    _, model, result = apply(g.bytes(joined), ConcatFlattenedMapsInNHWC())
+    assert not result.fired() and ops(model).count("TRANSPOSE") == 3
+    [reason] = refusals(result, "ConcatFlattenedMapsInNHWC")
+    assert reason.startswith("its NHWC rows would stay on the CPU") and "innermost" in reason
+
+
+# -- data movement over the compiler's limits ------------------------------------------------------
+def _transpose_model(shape, perm, q8: bool = True) -> bytes:
+    g = Q8() if q8 else G()
+    x = g.input(shape, 0.05, 3) if q8 else g.input(shape)
+    p = g.graph.add_constant("perm", np.array(perm, np.int32))
+    moved = tuple(shape[i] for i in perm)
+    y = g.op("TRANSPOSE", [x, p], moved, 0.05, 3) if q8 else g.op("TRANSPOSE", [x, p], moved)
+    return g.bytes(y)
+
+
+def test_oversized_transpose_int8_is_split_bit_exactly_and_maps() -> None:
+    """A YOLOv8 class-score map at 256 pixels: 81920 elements, over the 69696 seen mapped."""
+    before = _transpose_model((1, 32, 32, 80), (0, 3, 1, 2))
+    after, model, result = apply(before, SplitOversizedTranspose())
+    assert result.fired() == {"SplitOversizedTranspose": 1}
+    assert ops(model) == ["SLICE", "TRANSPOSE", "SLICE", "TRANSPOSE", "CONCATENATION"]
+    assert [op.inputs[0].shape for op in model.main.ops if op.type == "TRANSPOSE"] == [
+        (1, 16, 32, 80), (1, 16, 32, 80)
+    ]  # fmt: skip
+    assert model.main.ops[-1].options["axis"] == 2  # input axis 1 lands on output axis 2
+    agreement = verify.compare(before, after, int_atol=0)
+    assert agreement.identical and agreement.varies
+    assert mapped(before) == (0, 1) and mapped(after) == (5, 0)
+
+
+def test_a_dfl_transpose_is_split_along_its_sides() -> None:
+    before = _transpose_model((1, 4, 16, 1344), (0, 1, 3, 2))
+    after, model, _ = apply(before, SplitOversizedTranspose())
+    assert ops(model).count("TRANSPOSE") == 2 and model.main.ops[-1].options["axis"] == 1
+    assert verify.compare(before, after, int_atol=0).identical
+    assert mapped(after) == (5, 0)
+
+
+def test_a_transpose_whose_result_is_over_the_limits_is_not_split() -> None:
+    before = _transpose_model((1, 64, 8400), (0, 2, 1))  # [1, 8400, 64]: rows of 537600
+    _, model, result = apply(before, SplitOversizedTranspose())
+    assert ops(model) == ["TRANSPOSE"]
+    [reason] = refusals(result, "SplitOversizedTranspose")
+    assert reason.startswith("the transposed tensor itself stays on the CPU")
+
+
+def test_a_float_transpose_waits_for_the_int8_graph() -> None:
+    _, model, result = apply(_transpose_model((1, 32, 32, 80), (0, 3, 1, 2), q8=False),
+                             SplitOversizedTranspose())  # fmt: skip
+    assert ops(model) == ["TRANSPOSE"] and not result.fired()
+    assert refusals(result, "SplitOversizedTranspose") == [
+        "float graph: split after quantization, one scale for all pieces"
+    ]
+
+
 @pytest.mark.skipif(not YOLOV8_INT8.is_file(), reason="../shared/oracle/edgetpu-more is absent")
-def test_real_yolov8_head_joins_in_nhwc_bit_exactly() -> None:
-    """The Ultralytics int8 export: the head's feature-map TRANSPOSEs (two of which the real
-    compiler rejected, see its _edgetpu.log) become one after the join; outputs identical."""
-    from rulekit import optimize
+def test_real_yolov8_head_keeps_its_per_scale_transposes_and_stays_bit_exact() -> None:
+    """The Ultralytics int8 export of the compiled pair (640 pixels): the join in NHWC is
+    refused (its one TRANSPOSE would not map), the refused 40x40 and 80x80 feature-map
+    transposes are split into pieces the compiler maps; outputs identical."""
+    from tflfuse.rules.edgetpu import legalize_quantized
 
     data = YOLOV8_INT8.read_bytes()
-    out, model, result = optimize(data, target="edgetpu")
-    assert result.fired().get("ConcatFlattenedMapsInNHWC") == 1
-    before = flatbuffer.from_bytes(data)
-    assert ops(before).count("TRANSPOSE") == 5 and ops(model).count("TRANSPOSE") == 2
-    assert predict(model, "edgetpu").cpu < predict(before, "edgetpu").cpu
-    agreement = verify.compare(data, out, runs=2, int_atol=0)
+    model = flatbuffer.from_bytes(data)
+    before = predict(model, "edgetpu")
+    result = legalize_quantized(model)
+    assert "ConcatFlattenedMapsInNHWC" not in result.fired()
+    assert result.fired()["SplitOversizedTranspose"] == 2  # the 40x40 and 80x80 maps
+    # the DFL transposes read what the CPU computes after the segment: splitting them would
+    # only add CPU work, so they are left alone
+    reasons = [
+        r for r in refusals(result, "SplitOversizedTranspose") if "within the limit" not in r
+    ]
+    assert reasons == ["its input is computed on the CPU after the Edge TPU segment"] * 2
+    after = predict(model, "edgetpu")
+    assert after.mapped > before.mapped and after.cpu < before.cpu
+    agreement = verify.compare(data, flatbuffer.to_bytes(model), runs=2, int_atol=0)
     assert agreement.identical and agreement.varies

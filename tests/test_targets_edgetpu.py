@@ -187,8 +187,10 @@ def test_resize_rules_integer_scale_size_and_half_pixel_version() -> None:
     size = Graph("tmp").add_constant("size", np.array([16, 16], np.int32))
     op, _ = _single("RESIZE_NEAREST_NEIGHBOR", [(1, 8, 8, 4)], (1, 16, 16, 4), {}, [size])
     assert edgetpu_op_status(op)[0] == "mapped"
-    op.options["half_pixel_centers"] = True
-    assert edgetpu_op_status(op)[0] == "version"
+    op.options["half_pixel_centers"] = True  # op version 3: compiler 16 maps it, 15 does not
+    assert edgetpu_op_status(op)[0] == "mapped"
+    key, reason = edgetpu_op_status(op, compiler_version="15.0")
+    assert key == "version" and "16.0" in reason
     op, _ = _single("RESIZE_BILINEAR", [(1, 6, 6, 4)], (1, 16, 16, 4), {}, [size])
     assert edgetpu_op_status(op)[0] == "limitation"
     big = Graph("tmp").add_constant("size", np.array([512, 512], np.int32))
@@ -196,19 +198,60 @@ def test_resize_rules_integer_scale_size_and_half_pixel_version() -> None:
     assert edgetpu_op_status(op)[0] == "limitation"
 
 
-def test_softmax_must_be_one_dimensional_and_custom_ops_are_not_supported() -> None:
+def test_softmax_over_the_last_axis_maps_for_any_allowed_shape() -> None:
     # 16384 elements: above the documented 16000, but compiled pairs map it (edgetpu-more)
     op, _ = _single("SOFTMAX", [(1, 16384)], (1, 16384), {"beta": 1.0})
     assert edgetpu_op_status(op)[0] == "mapped"
-    op, _ = _single("SOFTMAX", [(1, 8, 8, 2)], (1, 8, 8, 2), {"beta": 1.0})
-    key, reason = edgetpu_op_status(op)
-    assert key == "limitation" and "one-dimensional" in reason
+    # a YOLOv8 DFL softmax: the compiler's logs give it the after-the-cut status, not its own
+    op, _ = _single("SOFTMAX", [(1, 4, 2100, 16)], (1, 4, 2100, 16), {"beta": 1.0})
+    assert edgetpu_op_status(op)[0] == "mapped"
+    op, _ = _single("SOFTMAX", [(2, 4, 8, 2)], (2, 4, 8, 2), {"beta": 1.0})
+    assert edgetpu_op_status(op)[0] == "limitation"  # four dimensions > 1
     g = Graph("main")
     x = act(g, "x", (1, 10))
     y = g.add_tensor("y", (1, 10), "FLOAT32")  # a float output does not change the status
     op = g.add_op("CUSTOM", [x], [y], custom_code="MyOp")
     key, reason = edgetpu_op_status(op)
     assert key == "unsupported" and "MyOp" in reason
+
+
+def _transpose(shape, perm) -> tuple:
+    p = Graph("tmp").add_constant("perm", np.array(perm, np.int32))
+    return _single("TRANSPOSE", [shape], tuple(shape[i] for i in perm), {}, [p])
+
+
+def test_transpose_limit_is_the_element_count_of_the_tensor() -> None:
+    """Largest seen mapped: [1, 22, 22, 144] (69696); smallest refused: [1, 20, 20, 256] and
+    [1, 80, 80, 16] (102400, from a plane smaller and one larger than the mapped one)."""
+    assert edgetpu_op_status(_transpose((1, 22, 22, 144), (0, 3, 1, 2))[0])[0] == "mapped"
+    for shape in ((1, 20, 20, 256), (1, 80, 80, 16), (1, 40, 40, 144)):
+        key, reason = edgetpu_op_status(_transpose(shape, (0, 3, 1, 2))[0])
+        assert key == "limitation" and "elements" in reason and "perm [0, 3, 1, 2]" in reason
+    assert edgetpu_op_status(_transpose((16, 256), (1, 0))[0])[0] == "mapped"
+    old = edgetpu_op_status(_transpose((16, 256), (1, 0))[0], compiler_version="14.1")
+    assert old[0] == "unsupported"  # 14.1 logs: TRANSPOSE "Operation not supported" (gh242)
+
+
+def _reshape(src, dst) -> tuple:
+    shape = Graph("tmp").add_constant("shape", np.array(dst, np.int32))
+    return _single("RESHAPE", [src], dst, {}, [shape])
+
+
+def test_reshape_limits_elements_and_every_op_the_two_innermost_dimensions() -> None:
+    # YOLOv5 heads: the 40x40 map reshapes on the Edge TPU, the 80x80 one does not
+    assert edgetpu_op_status(_reshape((1, 40, 40, 255), (1, 1600, 3, 85))[0])[0] == "mapped"
+    key, reason = edgetpu_op_status(_reshape((1, 80, 80, 255), (1, 6400, 3, 85))[0])
+    assert key == "limitation" and "1632000 elements" in reason
+    # [1, 1200, 85] rows hold 102000 elements and map; [1, 4800, 85] rows hold 408000
+    assert edgetpu_op_status(_reshape((1, 400, 3, 85), (1, 1200, 85))[0])[0] == "mapped"
+    key, reason = edgetpu_op_status(_reshape((1, 1600, 3, 85), (1, 4800, 85))[0])
+    assert key == "limitation" and "innermost" in reason
+    # the rule is every op's: a LOGISTIC over [1, 80, 2100] is accepted, over [1, 80, 8400] not
+    assert edgetpu_op_status(_single("LOGISTIC", [(1, 80, 2100)], (1, 80, 2100))[0])[0] == (
+        "mapped"
+    )
+    key, _ = edgetpu_op_status(_single("LOGISTIC", [(1, 80, 8400)], (1, 80, 8400))[0])
+    assert key == "limitation"
 
 
 def test_table_rows_each_cite_a_source() -> None:
@@ -302,15 +345,58 @@ def test_pack_along_dimension_zero_maps_below_rank_four() -> None:
     assert key == "limitation" and "batch" in reason
 
 
-def test_an_unmappable_first_op_still_cuts_unless_it_is_a_float_input_quantize() -> None:
+def test_an_op_the_segment_does_not_need_does_not_cut_it() -> None:
+    """ARG_MAX reads the input (before the segment) and feeds only an output: the conv maps."""
     g = Graph("main")
     x = act(g, "x", (1, 8, 8, 4))
     idx = g.add_tensor("idx", (1, 8, 8), "INT32")
     g.add_op("ARG_MAX", [x, g.add_constant("axis", np.array([3], np.int32))], [idx])
     y = conv(g, x, 8)
     p = predict(model_of(g, [x], [idx, y]), "edgetpu")
-    assert [o.target for o in p.ops] == ["cpu", "cpu"]  # the documented rule stays in force
-    assert p.ops[1].status == STATUS["after_cut"]
+    assert [o.target for o in p.ops] == ["cpu", "edgetpu"]
+    assert p.ops[0].status == STATUS["data_type"]
+
+
+def test_the_cut_follows_the_data_flow_not_the_execution_order() -> None:
+    """The YOLOv8 head of the compiled pairs: a refused TRANSPOSE of one scale cuts what reads
+    it; the next scale's convolutions, later in execution order, still map; the join of both
+    runs on the CPU."""
+    g = Graph("main")
+    x = act(g, "x", (1, 40, 40, 8))
+    big = conv(g, x, 48, name="p4")
+    perm = g.add_constant("perm", np.array([0, 3, 1, 2], np.int32))
+    moved = act(g, "moved", (1, 48, 40, 40))
+    g.add_op("TRANSPOSE", [big, perm], [moved])  # 76800 elements: refused
+    small = conv(g, x, 16, name="other")  # independent of the transpose, after it in order
+    flat = act(g, "flat", (1, 16, 1600))
+    g.add_op("RESHAPE", [small, g.add_constant("s", np.array([1, 16, 1600], np.int32))], [flat])
+    flat2 = act(g, "flat2", (1, 48, 1600))
+    g.add_op("RESHAPE", [moved, g.add_constant("s2", np.array([1, 48, 1600], np.int32))], [flat2])
+    joined = act(g, "joined", (1, 64, 1600))
+    g.add_op("CONCATENATION", [flat2, flat], [joined], {"axis": 1})
+    p = predict(model_of(g, [x], [joined]), "edgetpu")
+    assert [o.target for o in p.ops] == ["edgetpu", "cpu", "edgetpu", "edgetpu", "cpu", "cpu"]
+    assert p.ops[1].status == STATUS["limitation"]
+    assert p.ops[4].status == STATUS["after_cut"] and "after the cut at op 1" in p.ops[4].reason
+    assert p.segments == 1
+
+
+def test_ops_before_the_segment_stay_on_the_cpu_without_cutting() -> None:
+    """MoveNet's CAST -> QUANTIZE before the first convolution: both on the CPU, the rest maps;
+    a CPU op fed by the segment cuts what depends on it."""
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 8, 8, 3), "UINT8")
+    f = g.add_tensor("f", x.shape, "FLOAT32")
+    g.add_op("CAST", [x], [f])
+    q = act(g, "q", x.shape)
+    g.add_op("QUANTIZE", [f], [q])
+    y = conv(g, q, 8, name="c1")
+    z = act(g, "leaky", y.shape)
+    g.add_op("LEAKY_RELU", [y], [z], {"alpha": 0.1})
+    out = conv(g, z, 4, name="c2")
+    p = predict(model_of(g, [x], [out]), "edgetpu")
+    assert [o.target for o in p.ops] == ["cpu", "cpu", "edgetpu", "cpu", "cpu"]
+    assert [o.status for o in p.ops[3:]] == [STATUS["unsupported"], STATUS["after_cut"]]
 
 
 def _two_islands() -> Model:
@@ -360,3 +446,28 @@ def test_check_multiple_subgraphs_option(tmp_path: Path, capsys: pytest.CaptureF
     text = capsys.readouterr().out
     assert "Number of Edge TPU subgraphs: 2" in text
     assert "Number of operations that will run on Edge TPU: 2" in text
+
+
+def test_check_says_which_compiler_it_predicts_for(tmp_path: Path, capsys) -> None:
+    """16 by default; `--compiler-version 15` refuses what only 16 maps (a half-pixel resize)."""
+    import json
+
+    from tflfuse.cli import main
+
+    g = Graph("main")
+    x = act(g, "x", (1, 8, 8, 4))
+    y = act(g, "y", (1, 16, 16, 4))
+    size = g.add_constant("size", np.array([16, 16], np.int32))
+    g.add_op("RESIZE_NEAREST_NEIGHBOR", [x, size], [y], {"half_pixel_centers": True})
+    path = tmp_path / "up.tflite"
+    flatbuffer.save(model_of(g, [x], [y]), path)
+    assert main(["check", str(path), "--target", "edgetpu"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "edgetpu_compiler 16.0" in first and "one Edge TPU subgraph" in first
+    assert main(["check", str(path), "--target", "edgetpu", "--compiler-version", "15"]) == 0
+    text = capsys.readouterr().out
+    assert "edgetpu_compiler 15" in text.splitlines()[0]
+    assert "Operation version not supported" in text
+    assert main(["check", str(path), "--target", "edgetpu", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["compiler_version"].startswith("16.0") and out["mapped"] == 1

@@ -294,12 +294,20 @@ def _add_check(sub: Any) -> None:
         " without it, the oldest release that runs it",
     )
     p.add_argument(
-        "--compiler-version", metavar="V", help="predict an older edgetpu_compiler (e.g. 14.1)"
+        "--compiler-version",
+        metavar="V",
+        help="the edgetpu_compiler to predict: 16 (default) or an older one (15, 14.1)",
     )
     p.add_argument(
         "--multiple-subgraphs",
         action="store_true",
         help="predict a compile that allows several Edge TPU subgraphs (edgetpu_compiler -a)",
+    )
+    p.add_argument(
+        "--twin",
+        metavar="X_edgetpu.tflite",
+        help="the model compiled by edgetpu_compiler: predict in the mode it was compiled in"
+        " and compare",
     )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument(
@@ -329,15 +337,17 @@ def _run_check(args: argparse.Namespace) -> int:
         if args.target is None:
             raise UsageError("--overlay shows a target's placement: give --target")
         _check_overlay_destination(model_path, args.overlay)
-    from tflfuse import runtimes
+    from tflfuse import edgetpu_truth, runtimes
 
     runtime = runtimes.resolve(args.runtime) if args.runtime else None
     model = flatbuffer.load(model_path)
     delegate = "edgetpu" if args.target == "edgetpu" else None  # it runs edgetpu-custom-op
     text, payload = runtimes.describe(model, runtime, args.model, delegate)
-    if args.target == "edgetpu" and _is_compiled(model):
+    if args.target == "edgetpu" and edgetpu_truth.is_compiled(model):
         ok = _report_compiled(model, model_path, args, (text, payload) if runtime else None)
         return 0 if ok else 1
+    if args.target == "edgetpu" and args.twin:
+        return _compare_with_twin(model, args)
     prediction = None
     if args.target is not None:
         prediction = targets.predict(
@@ -361,29 +371,43 @@ def _run_check(args: argparse.Namespace) -> int:
     return 1 if runtime is not None and not payload.get("runtime_ok", True) else 0
 
 
+def _compare_with_twin(model: Any, args: argparse.Namespace) -> int:
+    """`check --twin`: the prediction in the mode the twin was compiled in, compared with it."""
+    from tflfuse import edgetpu_truth, flatbuffer, targets
+
+    twin = flatbuffer.load(check_input(args.twin))
+    if not edgetpu_truth.is_compiled(twin):
+        raise UsageError(f"{args.twin}: --twin needs an Edge TPU compiled model")
+    prediction, comparison = edgetpu_truth.compare_with_twin(model, twin, args.compiler_version)
+    if args.json:
+        _emit_json({**prediction.to_dict(), "twin": comparison}, "-")
+    else:
+        print(targets.format_prediction(prediction, args.model))
+        print(edgetpu_truth.format_twin_comparison(comparison, model))
+    if args.overlay:
+        from tflfuse import overlay
+
+        overlay.write(args.overlay, model, prediction)
+    return 0
+
+
 def _check_overlay_destination(model: Path, out: str) -> None:
     check_destination(out, "--overlay output")
     if same_file(model, Path(out)):
         raise UsageError(f"{out}: --overlay would overwrite the model")
 
 
-def _is_compiled(model: Any) -> bool:
-    from tflfuse.edgetpu_compiler import CUSTOM_OP
-
-    return any(op.custom_code == CUSTOM_OP for g in model.subgraphs for op in g.ops)
-
-
 def _report_compiled(
     model: Any, path: Path, args: argparse.Namespace, runtime: tuple[str, dict] | None
 ) -> bool:
     """`check --target edgetpu` on a model edgetpu_compiler already compiled: there is nothing
-    to predict. Say so, and give the compiler's real placement: per op of the CPU model when
-    its twin (X.tflite beside X_edgetpu.tflite) is there (tflfuse.edgetpu_truth), else the ops
-    the compiled model runs outside its Edge TPU segments. With `runtime` ((text, payload) of
-    `runtimes.describe`), its verdict too; returns whether that runtime runs the model."""
-    from tflfuse import flatbuffer
-    from tflfuse.edgetpu_compiler import CUSTOM_OP, parse_log
-    from tflfuse.edgetpu_truth import COMPILED_SUFFIX, truth_of
+    to predict. Say so, how it was compiled (`edgetpu_truth.compiled_summary`: mode, segments,
+    the Edge TPU runtime it needs, the ops outside its segments) and, when its CPU model sits
+    beside it (X.tflite beside X_edgetpu.tflite), the compiler's placement per op of that model
+    (`edgetpu_truth.truth_of`). With `runtime` ((text, payload) of `runtimes.describe`), that
+    verdict too; returns whether that runtime runs the model."""
+    from tflfuse import edgetpu_truth, flatbuffer
+    from tflfuse.edgetpu_compiler import parse_log
     from tflfuse.targets import op_label
 
     if args.overlay is not None:
@@ -391,24 +415,20 @@ def _report_compiled(
             f"{path}: already compiled for the Edge TPU; --overlay needs the CPU model to"
             " place its ops"
         )
-    outside = [op_label(op) for op in model.main.ops if op.custom_code != CUSTOM_OP]
-    segments = len(model.main.ops) - len(outside)
+    summary = edgetpu_truth.compiled_summary(model)
+    segments = summary["segments"]
+    suffix = edgetpu_truth.COMPILED_SUFFIX
     stem = path.name[: -len(".tflite")] if path.name.endswith(".tflite") else path.stem
-    twin = path.with_name(stem[: -len(COMPILED_SUFFIX)] + ".tflite")
-    out: dict[str, Any] = {
-        "model": str(path),
-        "compiled": True,
-        "segments": segments,
-        "ops_outside_segments": outside,
-    }
+    twin = path.with_name(stem[: -len(suffix)] + ".tflite")
+    out: dict[str, Any] = {"model": str(path), "compiled": summary, "segments": segments}
     lines = [
         f"{path}: already compiled for the Edge TPU ({segments} Edge TPU subgraph"
         f"{'s' if segments != 1 else ''}); nothing to predict",
     ]
-    if stem.endswith(COMPILED_SUFFIX) and twin.is_file() and not same_file(twin, path):
+    if stem.endswith(suffix) and twin.is_file() and not same_file(twin, path):
         log_path = path.with_suffix(".log")
         log = parse_log(log_path.read_text(errors="replace")) if log_path.is_file() else None
-        truth = truth_of(flatbuffer.load(check_input(twin)), model, log)
+        truth = edgetpu_truth.truth_of(flatbuffer.load(check_input(twin)), model, log)
         cpu = [truth.model.main.ops[i] for i in truth.cpu_ops]
         out.update(
             cpu_model=str(twin),
@@ -425,13 +445,12 @@ def _report_compiled(
         )
         lines += [f"  #{i:<4} {op_label(op)}" for i, op in zip(truth.cpu_ops, cpu)]
     else:
+        outside = [str(o["op"]) for o in summary["cpu_ops"]]
         if outside:
             lines.append(f"Operations it runs on the CPU: {', '.join(outside)}")
         else:
             lines.append("Every operation runs on the Edge TPU")
-        lines.append(
-            f"(for a per-op check, give the CPU model, e.g. {twin.name}, the one compiled)"
-        )
+    lines += edgetpu_truth.format_compiled(summary, str(path)).splitlines()[1:]
     ok = True
     if runtime is not None:
         text, payload = runtime

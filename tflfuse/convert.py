@@ -11,7 +11,7 @@ graph by Grappler, float .tflite by the converter) or a .tflite from anywhere
 quantization. Models:
   fused    the recipe's rules on the float graph (exact float arithmetic), quantized with
            ai-edge-quantizer, then the int8 legalization of the target (Edge TPU: the rules that
-           need int8 tensors, e.g. DeferUnmappableOps); every step is verified
+           need int8 tensors, e.g. SplitOversizedTranspose); every step is verified
   unfused  the network as written (output-blocked conversion, or the input defused), verified
   stock    what the user gets without tflfuse: the converter's own PTQ (TF route) or
            ai-edge-quantizer's recipe on the .tflite as given
@@ -297,7 +297,7 @@ def _with_io_types(data: bytes, rec: Recipe) -> bytes:
 
 def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
     """The rules run on the quantized fused model. For the Edge TPU, its int8 legalization (the
-    rules' int8 forms and DeferUnmappableOps, which act only on int8 tensors); for the other
+    rules' int8 forms and SplitOversizedTranspose, which acts only on int8 tensors); for the other
     targets, their whole pipeline again, where the int8-only rules fire (e.g. HARD_SWISH spelled
     out for XNNPACK, which takes no int8 HARD_SWISH; MEAN keep_dims on the plain kernels). When
     the float rules could not be kept (the converter-PTQ route), the target's whole pipeline."""
@@ -337,7 +337,7 @@ def legalize(rec: Recipe, ctx: Context) -> None:
         [op.type for op in flatbuffer.from_bytes(q.data).main.ops],
         [op.type for op in model.main.ops],
     )
-    # passes (DeferUnmappableOps reorders) leave no rewrite events: say what they changed
+    # passes leave no rewrite events: say what they changed (op counts, order)
     summary["ops_before"], summary["ops_after"] = len(before), len(after)
     summary["reordered"] = before != after and sorted(before) == sorted(after)
     if rec.target == "edgetpu":

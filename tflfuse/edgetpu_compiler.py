@@ -266,6 +266,9 @@ class CompileResult:
             "prediction": self.prediction.to_dict(),
             "actual": None if actual is None else actual.to_dict(),
             "segments": {"predicted": self.predicted_segments, "actual": self.actual_segments},
+            "twin": None
+            if self.truth is None
+            else {"mode": self.truth.mode, "runtime_version": self.truth.runtime_version},
             "status_agreement": None if status is None else list(status),
             "agrees": self.agrees(),
         }
@@ -344,6 +347,11 @@ def format_comparison(result: CompileResult) -> str:
     for key in ("on_chip_memory", "off_chip_memory"):
         if key in h:
             lines.append(f"  {key.replace('_', ' ')}: {h[key]}")
+    if result.truth is not None:  # what the twin itself says about its compile
+        lines.append(
+            f"  compiled twin: {result.truth.mode}, {result.truth.segments} edgetpu-custom-op,"
+            f" needs Edge TPU runtime {result.truth.runtime_version}"
+        )
     p, log = result.prediction, result.log
     mem = p.memory.get("parameter_bytes")
     if mem is not None:

@@ -1,9 +1,10 @@
 """The Edge TPU mapping predictor: which ops `edgetpu_compiler` maps, from `delegates/edgetpu.toml`.
 
-`edgetpu_op_status` judges one op on its own, in the order the compiler's logs show (output data
-type, then op type, then inputs, shapes and the row's constraints); `predict_edgetpu` places every
-op of the main subgraph for a one-segment compile (map in execution order until the first op that
-cannot; float I/O conversions stay outside without cutting) or, with `multiple_subgraphs`, for
+`edgetpu_op_status` judges one op on its own for one compiler version, in the order the
+compiler's logs show (output data type, then op type, then inputs, shapes and the row's
+constraints); `predict_edgetpu` places every op of the main subgraph for a one-segment compile
+(an op maps when it can and nothing it reads comes from an op left on the CPU: the cut follows the
+data flow; float I/O conversions stay outside without cutting) or, with `multiple_subgraphs`, for
 `edgetpu_compiler -a` (every mappable op maps; segments are the connected groups of mapped ops).
 The evidence for each rule is cited in the table's semantics block and rows; the predictor is
 scored on real compiled pairs by `benchmarks/edgetpu_oracle_score.py` (see `tflfuse.edgetpu_truth`).
@@ -20,7 +21,6 @@ import numpy as np
 
 from tflfuse.ir import Graph, Model, Op, Tensor
 from tflfuse.targets import (
-    FLOAT_TYPES,
     OpPrediction,
     Prediction,
     _activations,
@@ -92,16 +92,17 @@ def _check_pad(op: Op, row: dict[str, Any]) -> str | None:
     return None
 
 
-def _check_softmax(op: Op, row: dict[str, Any]) -> str | None:
-    if not row.get("one_dimensional"):
-        return None
-    shape = op.inputs[0].shape
-    if sum(1 for d in shape if d > 1) > 1:
-        return f"input {list(shape)} is not one-dimensional"
+def _check_moved_elements(op: Op, row: dict[str, Any]) -> str | None:
+    """TRANSPOSE and RESHAPE limits are a property of the tensor they move: its element count
+    (see those rows for the evidence, and for what it cannot decide)."""
     limit = row.get("max_elements")
-    if limit and op.inputs[0].size > limit:
-        return f"input has {op.inputs[0].size} elements, more than {limit}"
-    return None
+    x = op.inputs[0] if op.inputs else None
+    if op.type not in ("TRANSPOSE", "RESHAPE") or not limit or x is None or x.size <= limit:
+        return None
+    how = f"transposes {list(x.shape)}" if op.type == "TRANSPOSE" else f"reshapes {list(x.shape)}"
+    if op.type == "TRANSPOSE":
+        how += f" (perm {_const_ints(op.inputs[1] if len(op.inputs) > 1 else None)})"
+    return f"{how}: {x.size} elements, more than the {limit} of the largest seen mapped"
 
 
 def _check_resize(op: Op, row: dict[str, Any]) -> str | None:
@@ -169,13 +170,19 @@ _EDGETPU_CHECKS: tuple[tuple[Check, str], ...] = (
     (_check_reduction, "limitation"),
     (_check_concat, "limitation"),
     (_check_pad, "limitation"),
-    (_check_softmax, "limitation"),
+    (_check_moved_elements, "limitation"),
     (_check_resize, "limitation"),
     (_check_fc, "limitation"),
     (_check_prelu, "limitation"),
     (_check_pack, "limitation"),
     (_check_split, "first_dimension"),
 )
+
+
+def _row_elements(t: Tensor) -> int:
+    """Elements in the two innermost dimensions (x * z of the compiler's y, x, z layout)."""
+    shape = list(t.shape)
+    return int(np.prod(shape[-2:])) if shape else 1
 
 
 def _edgetpu_dynamic(t: Tensor) -> bool:
@@ -187,15 +194,30 @@ def _edgetpu_dynamic(t: Tensor) -> bool:
     return sig is not None and any(d < 0 for d in sig[1:])
 
 
-def edgetpu_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[str, str]:
+def compiler_version_key(text: str) -> tuple[int, int]:
+    """'16.0.384591198' / '16' / '15.0' -> (major, minor), the part the table's rows compare."""
+    major, minor = [*(int(p) for p in re.findall(r"\d+", text)[:2]), 0, 0][:2]
+    return major, minor
+
+
+def default_compiler_version(table: dict[str, Any] | None = None) -> str:
+    """The compiler the table describes unless told otherwise (its [meta] compiler_version)."""
+    return str((table or capability("edgetpu"))["meta"]["compiler_version"])
+
+
+def edgetpu_op_status(
+    op: Op, table: dict[str, Any] | None = None, compiler_version: str | None = None
+) -> tuple[str, str]:
     """(status key, reason) for one op on its own: "mapped" or why not (keys of [status]).
 
     The order of the checks is the compiler's, as its logs show (see the semantics block of
     `delegates/edgetpu.toml`): an op writing a tensor that is not int8/uint8 is "working on an
     unsupported data type" whatever its type; otherwise an op outside the table is "not
-    supported"; then inputs, shapes and the row's constraints.
+    supported"; then the compiler version (ops and op versions it has), inputs, shapes and the
+    row's constraints. `compiler_version` defaults to the table's (16.0).
     """
     table = table or capability("edgetpu")
+    version = compiler_version_key(compiler_version or default_compiler_version(table))
     meta = table["meta"]
     acts, consts = set(meta["activation_types"]), set(meta["constant_types"])
     states = set(meta["state_types"])
@@ -207,6 +229,9 @@ def edgetpu_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[str,
     row = table["ops"].get(op.type)
     if row is None:
         return "unsupported", f"{op_label(op)} is not in the Edge TPU op table"
+    since = row.get("since")
+    if since and compiler_version_key(since) > version:
+        return "unsupported", f"{op_label(op)} needs edgetpu_compiler {since} or later"
     for t in op.inputs:
         if t is None:
             continue
@@ -222,66 +247,125 @@ def edgetpu_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[str,
             return "limitation", f"reads {t.dtype} tensor {t.name!r}: it stays on the CPU"
         kind = "constant" if t.is_constant else "tensor"
         return "data_type", f"{kind} {t.name!r} is {t.dtype} (the Edge TPU runs int8 only)"
+    refusal = _tensor_limits(op, row, meta)
+    if refusal:
+        return refusal
+    half_pixel_since = row.get("half_pixel_centers_since")
+    if (
+        half_pixel_since
+        and op.options.get("half_pixel_centers")
+        and compiler_version_key(half_pixel_since) > version
+    ):
+        return "version", (
+            f"half_pixel_centers makes this op version 3, which edgetpu_compiler maps only"
+            f" from {half_pixel_since} on"
+        )
+    return _row_limits(op, row) or ("mapped", "in the op table; types, shapes and limits hold")
+
+
+def _tensor_limits(op: Op, row: dict[str, Any], meta: dict[str, Any]) -> tuple[str, str] | None:
+    """The limits every op's tensors obey (static, at most 3 dimensions > 1, the two innermost
+    dimensions' size) and the row's fused activations."""
     for t in _activations(op):
         if _edgetpu_dynamic(t):
             return "limitation", f"tensor {t.name!r} has a dynamic shape"
         big = [d for d in t.shape if d > 1]
         if len(big) > meta["max_nontrivial_dims"]:
             return "limitation", f"tensor {t.name!r} {list(t.shape)} has more than 3 dimensions > 1"
+        inner, inner_limit = _row_elements(t), meta.get("max_row_elements")
+        if inner_limit and inner > inner_limit:
+            return "limitation", (
+                f"tensor {t.name!r} {list(t.shape)}: its two innermost dimensions hold {inner}"
+                f" elements, more than the {inner_limit} seen accepted"
+            )
     if "fused_activation_function" in op.options:
         allowed = row.get("fused_activations", meta["default_fused_activations"])
         if op.fused_activation not in allowed:
             return "limitation", f"fused activation {op.fused_activation} is not allowed here"
-    if row.get("no_half_pixel_centers") and op.options.get("half_pixel_centers"):
-        return "version", "half_pixel_centers makes this op version 3, which the compiler rejects"
+    return None
+
+
+def _row_limits(op: Op, row: dict[str, Any]) -> tuple[str, str] | None:
+    """The op's own row's constraints (`_EDGETPU_CHECKS`)."""
     for check, key in _EDGETPU_CHECKS:
         reason = check(op, row)
         if reason:
             return key, reason
-    return "mapped", "in the op table; types, shapes and limits hold"
+    return None
+
+
+def edgetpu_shape_refusal(op: Op, table: dict[str, Any] | None = None) -> str | None:
+    """Why the compiler would refuse `op` for its type, shapes and constants alone, whatever its
+    data types, or None: what a legalization can ask of an op it writes into a float graph that
+    is quantized afterwards (quantization keeps every shape)."""
+    table = table or capability("edgetpu")
+    if op.type == "CUSTOM":
+        return f"{op_label(op)} is a custom op"
+    row = table["ops"].get(op.type)
+    if row is None:
+        return f"{op.type} is not in the Edge TPU op table"
+    refusal = _tensor_limits(op, row, table["meta"]) or _row_limits(op, row)
+    return refusal[1] if refusal else None
 
 
 def _boundary_cpu(op: Op, graph: Graph, status: str) -> bool:
-    """An op the compiler leaves on the CPU outside its segment without cutting it (float I/O):
-    a QUANTIZE reading a float model input, a DEQUANTIZE writing a model output."""
-    if op.type == "QUANTIZE" and status != "mapped":
-        src = op.inputs[0]
-        return src is not None and src.dtype in FLOAT_TYPES and src in graph.inputs
+    """A DEQUANTIZE writing a model output: it stays on the CPU (float output) and cuts nothing.
+    (Ops before the segment, like the float -> int8 QUANTIZE of an input, are `_single_segment`'s
+    "before the segment" case.)"""
     if op.type == "DEQUANTIZE" and status == "data_type":
         return all(graph.is_graph_output(t) for t in op.outputs)
     return False
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in re.findall(r"\d+", text)[:2])
-
-
 def edgetpu_statuses(model: Model, compiler_version: str | None = None) -> list[tuple[str, str]]:
     """(status key, reason) of every op of the main subgraph on its own, for one compiler."""
     table = capability("edgetpu")
-    wanted = _version(compiler_version) if compiler_version else None
-    out = []
-    for op in model.main.ops:
-        key, reason = edgetpu_op_status(op, table)
-        row = table["ops"].get(op.type, {}) if op.type != "CUSTOM" else {}
-        since = row.get("since")
-        if key == "mapped" and wanted and since and _version(since) > wanted:
-            key, reason = "unsupported", f"{op_label(op)} needs compiler {since} or later"
-        out.append((key, reason))
-    return out
+    return [edgetpu_op_status(op, table, compiler_version) for op in model.main.ops]
 
 
-def _single_segment(graph: Graph, statuses: list[tuple[str, str]]) -> list[bool]:
-    """The default compiler (one Edge TPU subgraph): ops map in execution order until the first
-    that cannot; it and every op after it run on the CPU. Float I/O conversions (`_boundary_cpu`)
-    stay on the CPU without cutting."""
+def _single_segment(
+    graph: Graph, statuses: list[tuple[str, str]]
+) -> tuple[list[bool], dict[int, int], dict[int, int]]:
+    """The default compiler (one Edge TPU subgraph). The segment may read what the CPU computes
+    before it (a float -> int8 QUANTIZE of an input, a CAST before it) but not what the CPU
+    computes from the segment's own outputs, which would need a second segment. So an op maps
+    when its own status is "mapped" and nothing it reads was computed on the CPU from the
+    segment; an op left on the CPU after the segment cuts every op that depends on it, and ops
+    that do not depend on it still map (the data flow decides, not the execution order: see the
+    semantics block of edgetpu.toml).
+
+    Returns (mapped per op, {index of a mappable op left on the CPU: index of the op that cut it,
+    the earliest one it depends on}, {id of a tensor the CPU computes after the segment: index of
+    the op that cut it})."""
     mapped = [False] * len(graph.ops)
+    cut_by: dict[int, int] = {}
+    after: dict[int, int] = {}  # id(tensor the CPU computes after the segment) -> cutting op
+    segment: set[int] = set()  # id(tensors the segment writes)
     for index, (op, (key, _)) in enumerate(zip(graph.ops, statuses)):
-        if key == "mapped":
+        reads = [t for t in op.inputs if t is not None]
+        roots = [after[id(t)] for t in reads if id(t) in after]
+        if key == "mapped" and not roots:
             mapped[index] = True
-        elif not _boundary_cpu(op, graph, key):
-            break
-    return mapped
+            segment.update(id(t) for t in op.outputs if t is not None)
+            continue
+        if roots:
+            cut_by[index] = min(roots)
+        elif not any(id(t) in segment for t in reads) or _boundary_cpu(op, graph, key):
+            continue  # computed before the segment (or a float output): cuts nothing
+        origin = cut_by.get(index, index)
+        for t in op.outputs:
+            if t is not None:
+                after[id(t)] = origin
+    return mapped, cut_by, after
+
+
+def computed_after_the_segment(graph: Graph, compiler_version: str | None = None) -> set[int]:
+    """ids of the tensors a one-segment compile computes on the CPU from the segment's outputs:
+    an op reading one can never map, whatever is done to the op itself (a legalization there
+    only adds CPU work)."""
+    table = capability("edgetpu")
+    statuses = [edgetpu_op_status(op, table, compiler_version) for op in graph.ops]
+    return set(_single_segment(graph, statuses)[2])
 
 
 def _segments(graph: Graph, mapped: list[bool]) -> int:
@@ -311,8 +395,8 @@ def predict_edgetpu(
 ) -> Prediction:
     """The compiler's mapping of the main subgraph, predicted from `delegates/edgetpu.toml`.
 
-    `compiler_version` (e.g. "14.1") predicts an older compiler: ops its table row says were
-    added later are not supported by it. Default: the version the table describes.
+    `compiler_version` (e.g. "15.0") predicts that compiler: ops and op versions its table rows
+    say came later are refused. Default: the version the table describes (16.0).
     `multiple_subgraphs` predicts a compiler run that allows several Edge TPU subgraphs
     (`edgetpu_compiler -a`): every op that can map maps, with no cut, and the prediction counts
     the segments (connected groups of mapped ops) the compiled model will hold.
@@ -320,26 +404,26 @@ def predict_edgetpu(
     table = capability("edgetpu")
     status_text = table["status"]
     graph = model.main
-    statuses = edgetpu_statuses(model, compiler_version)
+    version = compiler_version or default_compiler_version(table)
+    statuses = edgetpu_statuses(model, version)
     if multiple_subgraphs:
         mapped = [key == "mapped" for key, _ in statuses]
+        cut_by: dict[int, int] = {}
     else:
-        mapped = _single_segment(graph, statuses)
-    cut = next(
-        (
-            i
-            for i, (op, (key, _)) in enumerate(zip(graph.ops, statuses))
-            if not mapped[i] and not _boundary_cpu(op, graph, key)
-        ),
-        None,
-    )
+        mapped, cut_by, _ = _single_segment(graph, statuses)
     ops: list[OpPrediction] = []
     for index, (op, (key, reason)) in enumerate(zip(graph.ops, statuses)):
         label = op_label(op)
         if mapped[index]:
             ops.append(OpPrediction(index, label, "edgetpu", status_text[key], reason))
-        elif key == "mapped":  # mappable, but after the cut of a one-segment compile
-            why = reason if cut is None else f"after the cut at op {cut} ({graph.ops[cut].type})"
+        elif key == "mapped":  # mappable, but it needs an op on the CPU (one-segment compile)
+            root = cut_by.get(index)
+            why = (
+                reason
+                if root is None
+                else f"after the cut at op {root} ({graph.ops[root].type}): it reads what that"
+                " op computes on the CPU"
+            )
             ops.append(OpPrediction(index, label, "cpu", status_text["after_cut"], why))
         else:
             ops.append(OpPrediction(index, label, "cpu", status_text[key], reason))
@@ -348,7 +432,9 @@ def predict_edgetpu(
         "edgetpu",
         ops,
         memory=_edgetpu_memory(mapped_ops, table),
-        segments=_segments(graph, mapped),
+        segments=_segments(graph, mapped) if multiple_subgraphs else int(any(mapped)),
+        compiler_version=version,
+        mode="multiple subgraphs (-a)" if multiple_subgraphs else "one Edge TPU subgraph",
     )
     if not mapped_ops and any(key == "data_type" for key, _ in statuses):
         prediction.notes.append(

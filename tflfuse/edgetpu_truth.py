@@ -17,6 +17,11 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from struct import error as struct_error
+
+from flatbuffers import encode
+from flatbuffers import number_types as fb_types
+from flatbuffers.table import Table
 
 from tflfuse import flatbuffer
 from tflfuse.edgetpu_compiler import CUSTOM_OP, CompilerLog, parse_log
@@ -65,6 +70,41 @@ def find_pairs(root: Path, *, all_dev: bool = False) -> list[Pair]:
     return pairs
 
 
+# -- what the twin says about its compiler -------------------------------------------------------
+# The custom op's options hold a DarwiNN `Package` flatbuffer (file identifier "DWN1"; schema:
+# google-coral/libedgetpu executable/executable.fbs) whose field 0 is `min_runtime_version`, the
+# oldest Edge TPU runtime the compiled model runs on. On the twins whose compiler log survives,
+# compiler 16.0 wrote 14 (124 of 124 logs) and 15.0 wrote 12 (4 of 4); 1.0 and 2.0 wrote 10 or
+# 12. A twin needing runtime 14 was therefore made by compiler 16 or later. Less does not tell
+# 15.0 from a newer compiler asked for an older runtime: Coral's own twins of 2021 (MoveNet, the
+# LSTM example) need runtime 12 yet map what only 16 maps. So the runtime is reported, and the
+# compiler version comes from the log alone.
+_PACKAGE_ID = b"DWN1"
+
+
+def package_runtime_version(custom_options: bytes) -> int | None:
+    """`min_runtime_version` of the DarwiNN package in an edgetpu-custom-op's options, or None
+    when the options hold no readable package (compilers 1.x/2.0 wrote an older layout)."""
+    at = custom_options.find(_PACKAGE_ID)
+    if at < 4:
+        return None
+    buf = bytearray(custom_options[at - 4 :])
+    try:
+        table = Table(buf, encode.Get(fb_types.UOffsetTFlags.packer_type, buf, 0))
+        slot = table.Offset(4)  # vtable entry of field 0
+        return int(table.Get(fb_types.Int32Flags, slot + table.Pos)) if slot else None
+    except (IndexError, ValueError, struct_error):
+        return None
+
+
+def compiled_runtime_version(compiled: Model) -> int | None:
+    """The Edge TPU runtime version a compiled model needs (its first custom op's package)."""
+    for op in compiled.main.ops:
+        if op.custom_code == CUSTOM_OP and op.custom_options:
+            return package_runtime_version(bytes(op.custom_options))
+    return None
+
+
 @dataclass
 class Truth:
     """Where the compiler put each op of the CPU model's main subgraph.
@@ -81,6 +121,7 @@ class Truth:
     segments: int
     unmatched: int
     log: CompilerLog | None
+    runtime_version: int | None = None  # min_runtime_version of the twin's custom op
 
     @property
     def total(self) -> int:
@@ -92,7 +133,16 @@ class Truth:
 
     @property
     def compiler_version(self) -> str | None:
+        """The compiler that made the twin, as its log names it (None without a log)."""
         return self.log.header.get("version") if self.log else None
+
+    @property
+    def mode(self) -> str:
+        """How the twin was compiled: several Edge TPU subgraphs (`-a`) when it holds more than
+        one custom op, else one (the default; `-a` that found one segment looks the same)."""
+        if self.segments > 1:
+            return "multiple subgraphs (-a)"
+        return "one Edge TPU subgraph" if self.segments == 1 else "nothing mapped"
 
 
 def read_truth(pair: Pair) -> Truth:
@@ -115,7 +165,8 @@ def truth_of(model: Model, compiled: Model, log: CompilerLog | None = None) -> T
     matched = {t.name for i in cpu_ops for t in model.main.ops[i].outputs}
     unmatched = sum(1 for op in outside if not any(t.name in matched for t in op.outputs))
     types = Counter(op_label(model.main.ops[i]) for i in cpu_ops)
-    return Truth(model, cpu_ops, types, segments, unmatched, log)
+    runtime = compiled_runtime_version(compiled)
+    return Truth(model, cpu_ops, types, segments, unmatched, log, runtime)
 
 
 def is_exact(prediction: Prediction, truth: Truth, *, count_segments: bool = False) -> bool:
@@ -276,3 +327,115 @@ def score_pair(pair: Pair) -> PairScore:
     if truth.log is not None and truth.log.rows:
         score.status = status_agreement(prediction, truth.log)
     return score
+
+
+# -- a compiled model on its own, and a model beside its twin (`tflfuse check`) --------------------
+def is_compiled(model: Model) -> bool:
+    """Whether `model` is an Edge TPU compiled model (it holds an edgetpu-custom-op)."""
+    return any(op.custom_code == CUSTOM_OP for op in model.main.ops)
+
+
+def compiled_summary(compiled: Model) -> dict[str, object]:
+    """What a compiled model says about its compile: the number of Edge TPU segments and so the
+    mode (several only with `-a`), the Edge TPU runtime it needs and what that tells of the
+    compiler (see `package_runtime_version`), and the ops left on the CPU."""
+    segments = sum(1 for op in compiled.main.ops if op.custom_code == CUSTOM_OP)
+    runtime = compiled_runtime_version(compiled)
+    if runtime is None:
+        compiler = "unknown (no readable package)"
+    elif runtime >= 14:
+        compiler = "edgetpu_compiler 16 or later (runtime 14: its default)"
+    else:
+        compiler = (
+            f"edgetpu_compiler 15.0 or older (runtime {runtime}), or a newer one asked for an"
+            " older runtime (-m)"
+        )
+    mode = (
+        "several Edge TPU subgraphs (edgetpu_compiler -a)"
+        if segments > 1
+        else "one Edge TPU subgraph (the default, or -a finding one)"
+    )
+    cpu = [
+        {"index": i, "op": op_label(op)}
+        for i, op in enumerate(compiled.main.ops)
+        if op.custom_code != CUSTOM_OP
+    ]
+    return {
+        "segments": segments,
+        "mode": mode,
+        "multiple_subgraphs": segments > 1,
+        "runtime_version": runtime,
+        "compiler": compiler,
+        "cpu_ops": cpu,
+    }
+
+
+def format_compiled(summary: dict[str, object], name: str) -> str:
+    """`tflfuse check` on a compiled model: how it was compiled and what runs on the CPU."""
+    cpu = summary["cpu_ops"]
+    assert isinstance(cpu, list)
+    counts = Counter(str(o["op"]) for o in cpu)
+    lines = [
+        f"{name}: compiled for the Edge TPU",
+        f"Compiled with: {summary['mode']}; {summary['segments']} edgetpu-custom-op",
+        f"Needs Edge TPU runtime: {summary['runtime_version']} ({summary['compiler']})",
+        f"Operations left on the CPU: {len(cpu)}"
+        + (f" ({', '.join(f'{op} x{n}' for op, n in counts.items())})" if cpu else ""),
+        "predict the CPU model it was compiled from (`check X.tflite --twin X_edgetpu.tflite`)",
+    ]
+    return "\n".join(lines)
+
+
+def compare_with_twin(
+    model: Model, compiled: Model, compiler_version: str | None = None
+) -> tuple[Prediction, dict[str, object]]:
+    """The prediction for `model` in the mode its compiled twin was made in, and how it compares:
+    exact or the ops placed differently (indices into `model.main.ops`)."""
+    truth = truth_of(model, compiled)
+    multi = truth.segments > 1
+    prediction = predict_edgetpu(model, compiler_version, multiple_subgraphs=multi)
+    predicted, actual = set(prediction.cpu_ops()), set(truth.cpu_ops)
+    comparison: dict[str, object] = {
+        **compiled_summary(compiled),
+        "exact": is_exact(prediction, truth, count_segments=multi),
+        "predicted_only_cpu": sorted(predicted - actual),
+        "compiler_only_cpu": sorted(actual - predicted),
+        "predicted_segments": predicted_segments(prediction),
+    }
+    comparison.pop("cpu_ops")
+    return prediction, comparison
+
+
+def format_twin_comparison(comparison: dict[str, object], model: Model) -> str:
+    """The lines `check --twin` prints after the prediction."""
+    ops = model.main.ops
+
+    def named(indices: object) -> str:
+        assert isinstance(indices, list)
+        return ", ".join(f"#{i} {op_label(ops[i])}" for i in indices[:12]) + (
+            " ..." if len(indices) > 12 else ""
+        )
+
+    lines = [
+        "",
+        f"Compiled twin: {comparison['mode']}, {comparison['segments']} edgetpu-custom-op;"
+        f" needs Edge TPU runtime {comparison['runtime_version']} ({comparison['compiler']})",
+    ]
+    if comparison["exact"]:
+        lines.append("The prediction for that mode is exact: the same ops on the CPU")
+    else:
+        lines.append("The prediction for that mode differs from the twin:")
+        if comparison["predicted_only_cpu"]:
+            lines.append(
+                f"  predicted on the CPU, compiled: {named(comparison['predicted_only_cpu'])}"
+            )
+        if comparison["compiler_only_cpu"]:
+            lines.append(
+                f"  predicted mapped, left on the CPU: {named(comparison['compiler_only_cpu'])}"
+            )
+        if comparison["predicted_segments"] != comparison["segments"]:
+            lines.append(
+                f"  segments: predicted {comparison['predicted_segments']},"
+                f" compiled {comparison['segments']}"
+            )
+    return "\n".join(lines)

@@ -81,6 +81,8 @@ class Prediction:
     memory: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     segments: int | None = None  # Edge TPU: number of compiled segments (edgetpu-custom-ops)
+    compiler_version: str | None = None  # Edge TPU: the edgetpu_compiler this prediction is for
+    mode: str | None = None  # Edge TPU: one Edge TPU subgraph (default) or several (-a)
 
     @property
     def mapped(self) -> int:
@@ -113,6 +115,10 @@ class Prediction:
         }
         if self.segments is not None:
             out["segments"] = self.segments
+        if self.compiler_version is not None:
+            out["compiler_version"] = self.compiler_version
+        if self.mode is not None:
+            out["mode"] = self.mode
         if self.memory:
             out["memory"] = dict(self.memory)
         if self.notes:
@@ -246,6 +252,8 @@ def format_prediction(prediction: Prediction, model_name: str) -> str:
     """The text report of `tflfuse check`: header, status table, then each CPU op and why."""
     accel = {"edgetpu": "Edge TPU", "xnnpack": "XNNPACK", "gpu": "GPU"}[prediction.target]
     lines = [f"{model_name}: predicted placement on {accel}"]
+    if prediction.compiler_version is not None:
+        lines[0] += f" (edgetpu_compiler {prediction.compiler_version}, {prediction.mode})"
     mem = prediction.memory
     if mem:
         lines += [
@@ -272,7 +280,9 @@ def format_prediction(prediction: Prediction, model_name: str) -> str:
     return "\n".join(lines)
 
 
-_EDGETPU_NAMES = frozenset({"predict_edgetpu", "edgetpu_op_status", "edgetpu_statuses"})
+_EDGETPU_NAMES = frozenset(
+    {"predict_edgetpu", "edgetpu_op_status", "edgetpu_statuses", "edgetpu_shape_refusal"}
+)
 
 
 def __getattr__(name: str) -> Any:

@@ -69,7 +69,8 @@ def pipeline(
     """The rules and passes for an optimization level (0: none) and target.
 
     `quantized=True` is the stage after quantization: only the target's legalization of the int8
-    model (Edge TPU: the rules' int8 forms, then `DeferUnmappableOps`), nothing for other targets.
+    model (Edge TPU: the rules' int8 forms, e.g. `SplitOversizedTranspose`), nothing for other
+    targets.
     """
     if level <= 0:
         return ()

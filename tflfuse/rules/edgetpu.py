@@ -1,9 +1,11 @@
 """Edge TPU legalization: rewrite ops the compiler does not map into ops it does.
 
-One unmappable op sends itself and everything after it to the CPU, so a single LEAKY_RELU near
-the input of a YOLO-style model costs nearly the whole accelerator. Each rule here replaces such
-an op by the same function spelled in ops from the Edge TPU table (`delegates/edgetpu.toml`,
-[legalization] keeps each choice and its source). They run first in the `edgetpu` pipeline.
+One unmappable op sends itself and every op that depends on it to the CPU, so a single
+LEAKY_RELU near the input of a YOLO-style model costs nearly the whole accelerator. Each rule here
+replaces such an op by the same function spelled in ops the Edge TPU table maps
+(`delegates/edgetpu.toml`, [legalization] keeps each choice and its source), and a rule that
+writes new ops asks the table first (`edgetpu_shape_refusal`) so that it never trades a refused op
+for another. They run first in the `edgetpu` pipeline.
 
 Most rules work on float graphs (the `edgetpu` recipe fuses and legalizes in float, then
 quantizes) and on int8/uint8 graphs (a stock-converted `.tflite` given to `optimize`): there the
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tflfuse.edgetpu_predict import computed_after_the_segment
 from tflfuse.ir import Graph, Model, Op, Quantization, Tensor
 from tflfuse.rewrite import (
     Match,
@@ -31,7 +34,7 @@ from tflfuse.rewrite import (
     refuse,
 )
 from tflfuse.rules.common import NotApplicable, is_float, single_reader
-from tflfuse.targets import capability, edgetpu_op_status
+from tflfuse.targets import capability, edgetpu_shape_refusal
 
 _INT_TYPES = ("INT8", "UINT8")
 
@@ -94,6 +97,17 @@ def _take_out(g: Graph, op: Op) -> Op | None:
     after = g.ops[i + 1] if i + 1 < len(g.ops) else None
     g.remove_op(op)
     return after
+
+
+def _refusal_of(op_type: str, ins: list[Tensor], out_shape, options=None, consts=()) -> str | None:
+    """Why the compiler would refuse an `op_type` op reading tensors shaped like `ins` (plus the
+    constants `consts`, as numpy arrays) and writing `out_shape`, or None: asked of an op before a
+    rule writes it (a scratch graph; the rule's own graph is not touched)."""
+    g = Graph("scratch")
+    inputs = [g.add_tensor(f"in{i}", t.shape, t.dtype) for i, t in enumerate(ins)]
+    inputs += [g.add_constant(f"c{i}", np.asarray(c)) for i, c in enumerate(consts)]
+    out = g.add_tensor("out", tuple(out_shape), ins[0].dtype)
+    return edgetpu_shape_refusal(g.add_op(op_type, inputs, [out], dict(options or {})))
 
 
 # -- activations ---------------------------------------------------------------------------------
@@ -452,6 +466,14 @@ class SplitOversizedResize(Rule):
         rows = limit // (fh * big_w) - extra
         if rows < 1:
             return refuse(f"even one input row resizes to more than {limit} pixels")
+        c = x.shape[3]
+        tile = Tensor("tile", (1, (rows + extra) * fh, big_w, c), op.output.dtype)
+        why = _refusal_of(
+            op.type, [Tensor("rows", (1, rows + extra, w, c), x.dtype)], tile.shape,
+            dict(op.options), consts=[np.array(tile.shape[1:3], np.int32)],
+        ) or _refusal_of("CONCATENATION", [tile], op.output.shape, {"axis": 1})  # fmt: skip
+        if why:
+            return refuse(f"a tile would stay on the CPU: {why}")
         return fh, rows, extra
 
     def check(self, m: Match) -> Refusal | None:
@@ -505,7 +527,9 @@ class DropHalfPixelCentersFromNearestResize(Rule):
     For an output index o = k f + r (0 <= r < f, f = out/in an integer) the source row is
     floor((o + 0.5) / f) = k with half-pixel centers and floor(o / f) = k without: the same
     pixel, so the same values in float and int8. litert-torch writes every nearest upsample this
-    way (PyTorch's convention); version 3 is what older compilers reject (gh420).
+    way (PyTorch's convention). Compiler 16 maps version 3 (its logs on YOLOv5 exports, the
+    compiled YOLOv8 pairs); 14.1 and 15.0 reject it as "Operation version not supported" (gh206,
+    gh420), so the rewrite costs nothing on 16 and keeps the model mappable by older compilers.
     """
 
     quantized_ok = True
@@ -580,8 +604,13 @@ class ConcatFlattenedMapsInNHWC(Rule):
     reshape (no data moves), and one TRANSPOSE after the join gives the same [1, C, N] tensor:
     element (c, offset_i + h W_i + w) is x_i[h, w, c] either way. Pure data movement, so exact
     in float and int8 (the join's requantization is element-wise and unchanged). Three layout
-    TRANSPOSEs of whole feature maps become one; on the real YOLOv8n pair the compiler rejected
-    the feature-map TRANSPOSEs of the 40x40 and 80x80 scales (not the 20x20 one).
+    TRANSPOSEs of whole feature maps become one.
+
+    The one TRANSPOSE is larger than each of the three, and the compiler's TRANSPOSE limit is the
+    tensor's element count (edgetpu.toml); the NHWC rows [1, H W, C] and the join may also exceed
+    its two-innermost-dimensions limit. So the rewrite is refused unless every op it writes maps:
+    it never trades a refused op for another, nor moves the cut earlier (on a 640-pixel YOLOv8n
+    the joined [1, 8400, 144] TRANSPOSE holds 1.2 million elements; only small inputs qualify).
     """
 
     quantized_ok = True
@@ -602,7 +631,27 @@ class ConcatFlattenedMapsInNHWC(Rule):
             return NotApplicable("not every input is an NHWC map flattened channels-first")
         if len({x.shape[3] for x, _ in maps}) != 1:
             return refuse("the maps have different channel counts")
-        return maps
+        refusal = self._refused_by_the_compiler(maps, out)
+        return refuse(refusal) if refusal else maps
+
+    @staticmethod
+    def _refused_by_the_compiler(maps: list[tuple[Tensor, Quantization | None]], out: Tensor):
+        """Why an op the rewrite would write stays on the CPU (edgetpu.toml), or None."""
+        c = maps[0][0].shape[3]
+        rows = []
+        for x, _ in maps:
+            row = (1, x.shape[1] * x.shape[2], c)
+            why = _refusal_of("RESHAPE", [x], row, consts=[np.array(row, np.int32)])
+            if why:
+                return f"its NHWC rows would stay on the CPU: {why}"
+            rows.append(Tensor("row", row, x.dtype))
+        joined = (1, sum(r.shape[1] for r in rows), c)
+        why = _refusal_of("CONCATENATION", rows, joined, {"axis": 1})
+        if why:
+            return f"its join would stay on the CPU: {why}"
+        why = _refusal_of("TRANSPOSE", [Tensor("j", joined, out.dtype)], out.shape,
+                          consts=[np.array([0, 2, 1], np.int32)])  # fmt: skip
+        return f"its one TRANSPOSE would stay on the CPU: {why}" if why else None
 
     def check(self, m: Match) -> Refusal | None:
         maps = self._maps(m)
@@ -642,51 +691,106 @@ class ConcatFlattenedMapsInNHWC(Rule):
         g.add_op("TRANSPOSE", [joined, perm], [out], before=at)
 
 
-# -- order -----------------------------------------------------------------------------------------
-class DeferUnmappableOps(Pass):
-    """Order ops so those the Edge TPU cannot map come as late as the data flow allows.
+# -- data movement over the compiler's limits ------------------------------------------------------
+def _transpose_limit() -> int:
+    return int(capability("edgetpu")["ops"]["TRANSPOSE"]["max_elements"])
 
-    The compiler maps ops in execution order until the first it cannot; an unmappable op that
-    nothing mapped depends on (a CPU-only side head, a float output conversion) placed early cuts
-    off every op after it. Moving it behind the mappable ops keeps them on the accelerator; the
-    function is unchanged (only the order of independent ops moves).
+
+def _pieces(length: int, count: int) -> list[int]:
+    """`length` cut into `count` consecutive pieces whose sizes differ by at most one."""
+    base, extra = divmod(length, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+class SplitOversizedTranspose(Rule):
+    """TRANSPOSE(x, perm) over the compiler's element limit  =>
+    CONCATENATION_j(TRANSPOSE(SLICE_a(x, piece_i), perm) ...), j the axis with perm[j] = a.
+
+    Consecutive slices of x along axis a, each transposed, are consecutive slices of the output
+    along the axis a lands on: out[.., i_j, ..] = x[.., i_a = i_j, ..]. Pure data movement, so
+    bit-exact; it runs on the int8 graph (the quantized stage), where every piece keeps x's
+    quantization (a float graph quantized afterwards could give each piece its own scale).
+
+    The compiler's TRANSPOSE limit is the element count of the tensor it moves (edgetpu.toml:
+    69696 seen mapped, 102400 refused), so the pieces stay under the largest seen mapped; the
+    axis cut into the fewest pieces is chosen. Refused unless every op it writes maps (a result
+    whose two innermost dimensions are over the limit stays on the CPU however it is cut) and
+    unless its input comes from the Edge TPU segment (after the cut the pieces would only add CPU
+    work). YOLOv8 heads at 256 pixels: the [1, 32, 32, 80] class-score map and the
+    [1, 4, 16, 1344] DFL transposes; at 640 the 40x40 and 80x80 feature maps.
     """
 
-    def run(self, graph: Graph) -> int:
-        if not any(_kind(t) == "int" for op in graph.ops for t in op.outputs):
-            return 0  # float graphs: nothing maps yet, order decided after quantization
-        table = capability("edgetpu")
-        late = {op: edgetpu_op_status(op, table)[0] != "mapped" for op in graph.ops}
-        order = _ordered(graph, late)
-        if order == graph.ops:
-            return 0
-        graph.ops = order
-        return 1
+    quantized_ok = True
+    int8_error_steps = 0  # data movement only
 
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.TRANSPOSE(p.x, p.const("perm"))
 
-def _ordered(graph: Graph, late: dict[Op, bool]) -> list[Op]:
-    import heapq
+    def _plan(self, m: Match) -> tuple[int, list[int]] | Refusal:
+        x, out, limit = m.x, m.root.output, _transpose_limit()
+        if x.size <= limit:
+            return NotApplicable("the transpose is within the limit")
+        perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
+        kind = _kind(x)
+        if kind == "float":  # quantizing the pieces separately could give each its own scale
+            return NotApplicable("float graph: split after quantization, one scale for all pieces")
+        if kind is None:
+            return refuse(f"TRANSPOSE on {x.dtype} with per-channel or no quantization")
+        if not (out.is_quantized and out.quantization.same_as(x.quantization)):
+            return refuse("the transpose requantizes")
+        if id(x) in computed_after_the_segment(m.graph):
+            return refuse("its input is computed on the CPU after the Edge TPU segment")
+        plans = []
+        for axis, length in enumerate(x.shape):
+            per_row = x.size // length
+            if length < 2 or per_row > limit:
+                continue
+            count = math.ceil(length / (limit // per_row))
+            plans.append((count, axis))
+        if not plans:
+            return refuse(f"no axis of {list(x.shape)} cuts it into pieces of at most {limit}")
+        count, axis = min(plans)
+        sizes = _pieces(x.shape[axis], count)
+        j = perm.index(axis)
+        for size in sorted(set(sizes)):
+            piece = tuple(size if i == axis else d for i, d in enumerate(x.shape))
+            moved = tuple(piece[i] for i in perm)
+            why = _refusal_of("TRANSPOSE", [Tensor("p", piece, x.dtype)], moved,
+                              consts=[np.array(perm, np.int32)])  # fmt: skip
+            if why:
+                return refuse(f"a piece would stay on the CPU: {why}")
+        moved = [Tensor("m", tuple(s if i == j else d for i, d in enumerate(out.shape)), x.dtype)
+                 for s in sorted(set(sizes))]  # fmt: skip
+        why = _refusal_of("CONCATENATION", moved, out.shape, {"axis": j})
+        if why:
+            return refuse(f"the transposed tensor itself stays on the CPU: {why}")
+        return axis, sizes
 
-    position = {op: i for i, op in enumerate(graph.ops)}
-    indegree = {op: 0 for op in graph.ops}
-    users: dict[Op, list[Op]] = {op: [] for op in graph.ops}
-    for op in graph.ops:
-        for t in {i for i in op.inputs if i is not None}:
-            p = t.producer
-            if p is not None and p in indegree and p is not op:
-                indegree[op] += 1
-                users[p].append(op)
-    ready = [(late[op], position[op], op) for op, d in indegree.items() if d == 0]
-    heapq.heapify(ready)
-    order: list[Op] = []
-    while ready:
-        *_, op = heapq.heappop(ready)
-        order.append(op)
-        for u in users[op]:
-            indegree[u] -= 1
-            if indegree[u] == 0:
-                heapq.heappush(ready, (late[u], position[u], u))
-    return order if len(order) == len(graph.ops) else list(graph.ops)
+    def check(self, m: Match) -> Refusal | None:
+        plan = self._plan(m)
+        return plan if isinstance(plan, Refusal) else None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        axis, sizes = self._plan(m)
+        perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
+        out = op.output
+        j = perm.index(axis)
+        at = _take_out(g, op)
+        pieces, start = [], 0
+        for i, size in enumerate(sizes):
+            begin = [start if k == axis else 0 for k in range(len(x.shape))]
+            shape = [size if k == axis else d for k, d in enumerate(x.shape)]
+            name = f"{out.name}/piece{i}"
+            part = _slice(g, x, begin, shape, name, x.quantization, at)
+            moved = g.add_tensor(f"{name}/moved", tuple(shape[k] for k in perm), x.dtype)
+            moved.quantization = out.quantization
+            order = g.add_constant(f"{name}/perm", np.array(perm, np.int32), "INT32")
+            g.add_op("TRANSPOSE", [part, order], [moved], before=at)
+            pieces.append(moved)
+            start += size
+        options = {"axis": j, "fused_activation_function": "NONE"}
+        g.add_op("CONCATENATION", pieces, [out], options, before=at)
 
 
 # -- fusions the compiler would refuse -------------------------------------------------------------
@@ -720,14 +824,13 @@ EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
     SplitOversizedResize(),
     DropHalfPixelCentersFromNearestResize(),
     ConcatFlattenedMapsInNHWC(),
-    DeferUnmappableOps(),
+    SplitOversizedTranspose(),
 )
 
 
 def legalize_quantized(model: Model, disabled: Sequence[str] = ()) -> PassResult:
     """Legalize an int8/uint8 model for the Edge TPU in place; what `convert` runs on the
-    quantized fused model (the float pipeline cannot: nothing maps before quantization, so
-    `DeferUnmappableOps` and the int8 forms of the rules only act here).
+    quantized fused model (the int8 forms of the rules only act here).
 
     The same passes as `tflfuse.rules.pipeline(2, "edgetpu", quantized=True)`.
     """
