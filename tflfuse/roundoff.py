@@ -119,7 +119,7 @@ def _float_constants(graph: Graph) -> dict[Any, float]:
     return rho
 
 
-def _widen_float16_weights(graph: Graph) -> None:
+def widen_float16_weights(graph: Graph) -> None:
     """DEQUANTIZE(float16 constant) -> the float32 constant it computes (exactly), so the weights
     stored as float16 are perturbed like any other."""
     for op in list(graph.ops):
@@ -139,7 +139,7 @@ def perturbed(reference: bytes, seed: int) -> bytes:
     model = flatbuffer.from_bytes(reference, "round-off copy")
     rng = np.random.default_rng(seed)
     for graph in model.subgraphs:
-        _widen_float16_weights(graph)
+        widen_float16_weights(graph)
         for t, rho in _float_constants(graph).items():
             w = np.asarray(t.data, np.float32)
             eps = rng.choice(np.array([-1.0, 1.0]), size=w.shape)
