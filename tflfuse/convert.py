@@ -340,7 +340,13 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     model = flatbuffer.from_bytes(q.data, "quantized")
     result = PassManager(rules, disabled=ctx.options.disabled).run(model)
     data = flatbuffer.to_bytes(model)
-    summary = {"ran": True, "rules": sorted({p.name for p in rules}), **result.to_dict()}
+    off = set(ctx.options.disabled)
+    summary = {
+        "ran": True,
+        "rules": sorted({p.name for p in rules} - off),
+        "disabled": sorted({p.name for p in rules} & off),
+        **result.to_dict(),
+    }
     before, after = (
         [op.type for op in flatbuffer.from_bytes(q.data).main.ops],
         [op.type for op in model.main.ops],
