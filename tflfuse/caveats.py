@@ -87,8 +87,8 @@ def calibration_warnings(calib: Sequence[np.ndarray] | None, names: Sequence[str
             levels = 255.0 * (c_hi - c_lo) / (hi - lo)
             warnings.append(
                 f"calibration input {name!r}: its range [{lo:.3g}, {hi:.3g}] is dominated by"
-                f" outliers ({CENTRAL:.1%} of the values lie in [{c_lo:.3g}, {c_hi:.3g}]), so int8"
-                f" keeps {levels:.2g} of its 255 steps for them (remove the outliers)"
+                f" outliers ({CENTRAL:.1%} of the values lie in [{c_lo:.2g}, {c_hi:.2g}]), so the"
+                f" int8 scale leaves them {levels:.2g} of its 255 steps (remove the outliers)"
             )
     return warnings
 
