@@ -134,3 +134,29 @@ def test_all_zero_calibration_is_a_warning(tmp_path: Path) -> None:
     warnings = res.report["warnings"]
     assert any("is all zeros" in w for w in warnings), warnings
     assert any("does not vary" in w for w in warnings), warnings
+
+
+def test_an_int8_legalization_that_fails_its_check_is_a_warning(tmp_path, monkeypatch) -> None:
+    """The fused model stays as quantized, and the reason is a warning, not a silent drop."""
+    pytest.importorskip("ai_edge_quantizer")
+    from tflfuse import convert as convert_mod
+    from tflfuse.rewrite import Pass
+
+    class ShiftBias(Pass):
+        """A broken int8 'rewrite': the last layer's int32 bias moved by many steps."""
+
+        def run(self, graph) -> int:
+            if graph.extra.get("shifted"):
+                return 0
+            fc = [op for op in graph.ops if op.type == "FULLY_CONNECTED"][-1]
+            fc.inputs[2].data = fc.inputs[2].data + np.int32(5000)
+            graph.extra["shifted"] = True
+            return 1
+
+    monkeypatch.setattr(convert_mod, "int8_rules", lambda rec, pending: (ShiftBias(),))
+    data = RNG.uniform(-1, 1, (32, 64)).astype(np.float32)
+    res = convert(_fc_model((64, 16, 10)), "xnnpack-int8", data, tmp_path / "o", progress=False)
+    leg = res.report["legalization"]
+    assert leg["ran"] and not leg["kept"] and "verification failed" in leg["reason"]
+    (warning,) = res.report["warnings"]
+    assert warning.startswith("the int8 legalization was not kept: verification failed: output")

@@ -128,10 +128,14 @@ def warnings(ctx: Any, reference: list[np.ndarray], classifier: list[bool], agre
     from tflfuse import caveats
 
     names = list(ctx.source.output_names)
+    leg = ctx.legalization or {}
+    kept = not leg.get("ran") or leg.get("kept", True)
+    dropped = [] if kept else [f"the int8 legalization was not kept: {leg.get('reason')}"]
     return [
         *caveats.calibration_warnings(ctx.calib, list(ctx.source.input_names)),
         *caveats.reference_warnings(reference, names, classifier),
         *caveats.error_warnings(agree, names),
+        *dropped,
     ]
 
 
