@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from tflfuse import flatbuffer
+from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op
 
 U = 2.0**-24  # unit round-off of float32
@@ -145,7 +146,10 @@ def perturbed(reference: bytes, seed: int) -> bytes:
             eps = rng.choice(np.array([-1.0, 1.0]), size=w.shape)
             moved = (w.astype(np.float64) * (1.0 + rho * eps)).astype(np.float32)
             t.data = np.where(np.isfinite(moved), moved, w)
-    return flatbuffer.to_bytes(model)
+    try:
+        return flatbuffer.to_bytes(model)
+    except ValueError as exc:  # an IRError: the copy is the model's own graph, so a bug
+        raise TflfuseError(f"the perturbed copy of the model could not be written: {exc}") from None
 
 
 def depths(model: Model) -> dict[str, int]:

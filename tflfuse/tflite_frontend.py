@@ -11,8 +11,10 @@ decided here, once, with a one-line error for what it cannot:
                                        beyond the rules, the quantizer and the Edge TPU)
   ops the interpreter lacks            refused: convert runs the model to calibrate and verify
 A batch left dynamic only in `shape_signature` (-1 at axis 0, stored shape static) is taken at
-the stored size, with a notice. The baselines: `unfused` is the input defused (rules.defuse) and
-verified; `stock` is ai-edge-quantizer's static int8 recipe on the input as given.
+the stored size, with a notice. The baselines: `unfused` is the input defused (rules.defuse),
+checked bit-identical on the reference kernels; `stock` is ai-edge-quantizer's default static
+int8 recipe on the input as given, in the op order the quantizer writes, with only its I/O given
+the recipe's types in place (what a user gets without tflfuse).
 """
 
 from __future__ import annotations
