@@ -34,7 +34,7 @@ def test_tanh_gelu_for_the_edgetpu_is_exact() -> None:
     result = optimize_bytes(fc_gelu(approximate=True), target="edgetpu")
     assert result.result.approximations() == {}
     v = result.verification
-    assert v["ok"] and v["max_abs"] <= v["outputs"]["y"]["roundoff"]["bound_max"]
+    assert v["ok"] and (v["identical"] or v["outputs"]["y"]["ratio"] <= 1.0)
     assert v["tolerance"]["atol"] == 0.0  # no approximation allowance: round-off alone
 
 
