@@ -79,8 +79,8 @@ _SUMMED_AXES = {
     ("FULLY_CONNECTED", 1): (1,),
     ("TRANSPOSE_CONV", 1): (1, 2, 3),
 }
-# float constants whose value decides a shape or an index: never perturbed
-_SHAPE_OPS = frozenset({"RANGE", "RESHAPE", "BROADCAST_TO", "FILL", "ONE_HOT", "EMBEDDING_LOOKUP"})
+# ops whose float inputs decide a shape (RANGE's start, limit and delta): never perturbed
+_SHAPE_OPS = frozenset({"RANGE"})
 
 
 @dataclass
