@@ -105,10 +105,13 @@ def cases(data: bytes) -> dict[str, Any]:
 def sources(args: argparse.Namespace) -> list[tuple[str, bytes]]:
     found: list[tuple[str, bytes]] = []
     if not args.no_zoo:
+        import keras
+
         from tflfuse import zoo
 
         for name in ZOO:
             log(f"zoo {name}: build")
+            keras.utils.set_random_seed(1)  # the same weights every run
             found.append((f"keras {name}", zoo.to_tflite(zoo.build(name))))
     for name in ("mobilenet_v2", "encoder", "yolov8n"):
         path = PYTORCH / f"{name}.tflite"

@@ -161,7 +161,7 @@ def _worst_ratio(agreement: verify.Agreement) -> float:
 def _assert_separated(ratios: dict) -> None:
     off = ratios.pop("one channel off by 1e-3")
     assert max(ratios.values()) <= 0.5, ratios  # round-off: well inside the bound
-    assert off > 2.0, off  # a real error: well outside it
+    assert off > 1.0, off  # a real error: refused (3.6 to 115 times its bound in ROUNDOFF.md)
 
 
 def test_keras_applications_round_off_passes_one_channel_off_fails(keras_tflite) -> None:

@@ -46,7 +46,7 @@ every amplification on the way included. The bound is
 Measured (benchmarks/ROUNDOFF.md: Keras applications, litert-torch exports, MediaPipe landmark
 models): exact rewrites and defused models, on the plain kernels and on XNNPACK, stay below a
 fifth of this bound (the MediaPipe pose model's defused 9.3 on an output of scale 1600 included),
-while the largest output channel off by 1e-3 relative stands 3.6 to 125 times above it. A
+while the largest output channel off by 1e-3 relative stands 3.6 to 115 times above it. A
 channel whose own round-off noise is above 1e-4 of its magnitude cannot be told from round-off
 by any sound rule, and is not. Integer tensors are not perturbed: an int8 model's float outputs
 get the floor only.
