@@ -36,18 +36,20 @@ def test_calibration_data_that_cannot_be_trusted() -> None:
 
 
 @pytest.mark.parametrize(
-    ("shape", "producer", "inputs", "expect"),
+    ("shape", "producer", "inputs", "only", "expect"),
     [
-        ((1, 1000), "FULLY_CONNECTED", [150528], True),  # logits (PyTorch heads)
-        ((4, 10), "SOFTMAX", [784], True),  # probabilities (Keras heads)
-        ((1, 640), "FULLY_CONNECTED", [640], False),  # an autoencoder's reconstruction
-        ((1, 63), "CONV_2D", [150528], False),  # landmarks written by a conv
-        ((1, 84, 1344), "CONCATENATION", [196608], False),  # detections
-        ((1, 1), "FULLY_CONNECTED", [100], False),  # one score
+        ((1, 1000), "FULLY_CONNECTED", [150528], True, True),  # logits (PyTorch heads)
+        ((4, 10), "SOFTMAX", [784], True, True),  # probabilities (Keras heads)
+        ((4, 10), "SOFTMAX", [784], False, True),  # beside other outputs too
+        ((1, 640), "FULLY_CONNECTED", [640], True, False),  # an autoencoder's reconstruction
+        ((1, 63), "FULLY_CONNECTED", [150528], False, False),  # hand landmarks beside flags
+        ((1, 63), "CONV_2D", [150528], True, False),  # landmarks written by a conv
+        ((1, 84, 1344), "CONCATENATION", [196608], True, False),  # detections
+        ((1, 1), "FULLY_CONNECTED", [100], True, False),  # one score
     ],
 )
-def test_what_a_class_score_output_is(shape, producer, inputs, expect) -> None:
-    assert caveats.class_scores(shape, producer, inputs) is expect
+def test_what_a_class_score_output_is(shape, producer, inputs, only, expect) -> None:
+    assert caveats.class_scores(shape, producer, inputs, only) is expect
 
 
 def test_checks_that_say_nothing_are_named() -> None:
@@ -69,7 +71,8 @@ def test_an_error_beyond_the_outputs_range_is_named() -> None:
         "stock": {"verified": True, "outputs": [{"max_abs": 2.4e18, "reference_range": 2.0}]},
     }
     (w,) = caveats.error_warnings(agreement, ["y"])
-    assert w.startswith("stock model: output 'y' is off by 2.4e+18, more than its whole range 2")
+    assert w.startswith("output 'y' moves by 2 over the check inputs, less than the error of")
+    assert "the stock model(s) (2.4e+18)" in w
 
 
 # -- through convert -------------------------------------------------------------------------------

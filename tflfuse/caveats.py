@@ -8,7 +8,8 @@ A conversion is judged by comparing each model's outputs with the source model's
 - the source gives the same class for every check input: top-1 agreement is then 1.000 for any
   model that keeps that class, however wrong its scores;
 - the output is not class scores at all: top-1 of an autoencoder's 640-value reconstruction or of
-  21 hand landmarks is a number without meaning, so it is not computed (see `class_scores`).
+  21 hand landmarks (x, y, z) is a number without meaning, so it is not computed
+  (see `class_scores`).
 And the int8 models are only as good as the calibration data:
 - all-zero or constant data gives every activation a range made of biases alone;
 - a range dominated by outliers (one 1e20 among values in [-1, 1]) leaves the real values a
@@ -29,8 +30,10 @@ import numpy as np
 CENTRAL = 0.998
 OUTLIER_RATIO = 100.0
 SUBSAMPLE = 1_000_000
-# ops whose output, shaped (batch, classes), is class scores: probabilities or logits
-CLASS_SCORE_OPS = frozenset({"SOFTMAX", "LOG_SOFTMAX", "FULLY_CONNECTED", "BATCH_MATMUL"})
+# ops whose output, shaped (batch, classes), is class scores: probabilities, and logits (when
+# the model has no other output)
+PROBABILITY_OPS = frozenset({"SOFTMAX", "LOG_SOFTMAX"})
+LOGIT_OPS = frozenset({"FULLY_CONNECTED", "BATCH_MATMUL"})
 _LOOK_THROUGH = frozenset({"RESHAPE", "SQUEEZE", "DEQUANTIZE", "QUANTIZE"})
 
 
@@ -38,14 +41,19 @@ def _name(names: Sequence[str], k: int) -> str:
     return names[k] if k < len(names) else f"output {k}"
 
 
-def class_scores(shape: Sequence[int], producer: str | None, input_sizes: Sequence[int]) -> bool:
+def class_scores(
+    shape: Sequence[int], producer: str | None, input_sizes: Sequence[int], only_output: bool
+) -> bool:
     """Whether an output is class scores, which top-1 agreement is defined for: shaped (batch, C)
-    with C >= 2, written by SOFTMAX / LOG_SOFTMAX (probabilities) or a FULLY_CONNECTED /
-    BATCH_MATMUL head (logits), looked through RESHAPE, SQUEEZE and (de)quantization, and not
-    the size of a model input (then it is a reconstruction, e.g. an autoencoder's)."""
-    if len(shape) != 2 or shape[1] < 2 or producer not in CLASS_SCORE_OPS:
+    with C >= 2, not the size of a model input (then it is a reconstruction, e.g. an
+    autoencoder's), and written by SOFTMAX / LOG_SOFTMAX (probabilities), or by a
+    FULLY_CONNECTED / BATCH_MATMUL head (logits) when it is the model's only output: a
+    classifier has one head, where landmark and detection models write their coordinates with
+    the same ops beside other outputs. Producers are looked up through RESHAPE, SQUEEZE and
+    (de)quantization."""
+    if len(shape) != 2 or shape[1] < 2 or int(shape[1]) in set(input_sizes):
         return False
-    return int(shape[1]) not in set(input_sizes)
+    return producer in PROBABILITY_OPS or (producer in LOGIT_OPS and only_output)
 
 
 def output_producers(model: Any) -> list[str | None]:
@@ -119,15 +127,20 @@ def reference_warnings(
 
 
 def error_warnings(agreement: dict[str, dict[str, Any]], names: Sequence[str]) -> list[str]:
-    """Models whose error on an output exceeds that output's whole range over the check inputs."""
-    warnings: list[str] = []
+    """Outputs on which a model's error exceeds the output's whole range over the check inputs
+    (one line per output, naming the models)."""
+    worst: dict[int, list[tuple[str, float]]] = {}
+    spans: dict[int, float] = {}
     for model, a in agreement.items():
         for k, row in enumerate(a.get("outputs", []) if a.get("verified") else []):
             span = row.get("reference_range", 0.0)
             if span > 0 and row["max_abs"] > span:
-                warnings.append(
-                    f"{model} model: output {_name(names, k)!r} is off by {row['max_abs']:.3g},"
-                    f" more than its whole range {span:.3g} over the check inputs: its values"
-                    " carry nothing of the source's"
-                )
-    return warnings
+                worst.setdefault(k, []).append((model, row["max_abs"]))
+                spans[k] = span
+    return [
+        f"output {_name(names, k)!r} moves by {spans[k]:.3g} over the check inputs, less than"
+        f" the error of the {', '.join(m for m, _ in bad)} model(s)"
+        f" ({', '.join(f'{e:.3g}' for _, e in bad)}): they do not follow the source's output"
+        " from one input to the next"
+        for k, bad in worst.items()
+    ]

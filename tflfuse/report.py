@@ -117,8 +117,9 @@ def _classifier_outputs(ctx: Any, reference: list[np.ndarray]) -> list[bool]:
 
     producers = caveats.output_producers(flatbuffer.from_bytes(ctx.float_data))
     sizes = [int(np.prod(s)) for s in ctx.source.input_shapes]
+    only = len(reference) == 1
     return [
-        caveats.class_scores(ref.shape, producers[k] if k < len(producers) else None, sizes)
+        caveats.class_scores(ref.shape, producers[k] if k < len(producers) else None, sizes, only)
         for k, ref in enumerate(reference)
     ]
 
@@ -344,9 +345,10 @@ def markdown(r: dict[str, Any]) -> str:
     if scores is not None:
         lines += [
             "",
-            "Top-1 is computed for class-score outputs only: shaped (batch, C >= 2), written by"
-            " SOFTMAX, LOG_SOFTMAX or a FULLY_CONNECTED / BATCH_MATMUL head, and not the size of"
-            f" an input (a reconstruction). Here: {', '.join(scores) or 'none'}.",
+            "Top-1 is computed for class-score outputs only: shaped (batch, C >= 2), not the size"
+            " of an input (a reconstruction), and written by SOFTMAX / LOG_SOFTMAX, or by a"
+            " FULLY_CONNECTED / BATCH_MATMUL head that is the model's only output. Here:"
+            f" {', '.join(scores) or 'none'}.",
         ]
     lines += _grappler_lines(r.get("grappler") or {})
     rules = r["rules"]
