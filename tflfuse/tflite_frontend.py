@@ -127,6 +127,7 @@ class TfliteSource:
         self.name = name
         self.notices = notices
         self.layout: LayoutChange | None = None
+        self.baseline_check: dict[str, Any] | None = None  # the defused baseline's, once made
         g = model.main
         sig = model.signatures[0]
         self.quantized = quantization_summary(g)["kind"] in INT_KINDS
@@ -180,7 +181,8 @@ class TfliteSource:
         route = "the input defused (rules.defuse: fused activations and float biases split off)"
         if not verify:
             return data, f"{route}, not checked (--no-verify)"
-        return data, f"{route}, {check_defused(start, data, self.name, 'defused baseline')}"
+        how, self.baseline_check = check_defused(start, data, self.name, "defused baseline")
+        return data, f"{route}, {how}"
 
     def converter_ptq(self, which: str, rec: Recipe, calib: Any, progress: bool) -> bytes | None:
         return None  # no TF function behind a .tflite: ai-edge-quantizer is the only route
@@ -260,12 +262,12 @@ def _io_route(input_type: str, output_type: str) -> str:
     return f"; I/O {input_type} -> {output_type} for the recipe: " + ", ".join(parts)
 
 
-def check_defused(reference: bytes, defused: bytes, name: str, what: str) -> str:
-    """How `defused` (`reference` through rules.defuse) was checked against it, or a one-line
-    TflfuseError naming the check and what it measured. On the reference kernels (BUILTIN_REF)
-    a split-off activation or bias rounds exactly as the fused epilogue did, so the two are
-    expected bit-identical; float outputs are held to the round-off bound (tflfuse.roundoff)
-    and int8 ones to 0 steps."""
+def check_defused(reference: bytes, defused: bytes, name: str, what: str) -> tuple[str, dict]:
+    """How `defused` (`reference` through rules.defuse) was checked against it (a clause for
+    the route, and the agreement), or a one-line TflfuseError naming the check and what it
+    measured. On the reference kernels (BUILTIN_REF) a split-off activation or bias rounds
+    exactly as the fused epilogue did, so the two are expected bit-identical; float outputs are
+    held to the round-off bound (tflfuse.roundoff) and int8 ones to 0 steps."""
     from tflfuse.optimize import describe_failure
     from tflfuse.verify import compare
 
@@ -277,12 +279,13 @@ def check_defused(reference: bytes, defused: bytes, name: str, what: str) -> str
             f"{name}: the {what} check (the input against its defused copy, reference kernels)"
             f" failed: {describe_failure(check)}; nothing written (--no-verify skips the check)"
         )
+    record = {"against": "the input, on the reference kernels", **check.to_dict()}
     if check.identical:
-        return "verified bit-identical to it on the reference kernels"
+        return "verified bit-identical to it on the reference kernels", record
     return (
         f"verified against it on the reference kernels (max abs {check.max_abs:.3g}, within"
         " float32 round-off)"
-    )
+    ), record
 
 
 def load(model: bytes | str | Path) -> TfliteSource:
