@@ -422,7 +422,7 @@ def test_a_wrong_int8_rewrite_that_the_old_budget_passed_now_fails(monkeypatch) 
     with pytest.raises(optimize.VerificationError) as info:
         optimize.optimize_bytes(before)
     message = str(info.value)
-    assert "output 'sum0' differs by 2 (allowed 1)" in message
+    assert "output 'sum0' differs by 2 quantization steps (allowed 1)" in message
     assert "rule NudgesInt8Add" in message and message.endswith("nothing written")
 
 

@@ -61,6 +61,8 @@ def convert(
     allow_lambda: bool = False,
     channels_last: bool = False,
     progress: bool = True,
+    verify: bool = True,
+    disabled: Sequence[str] = (),
     **overrides: Any,
 ) -> ConversionResult:
     """Convert a Keras model (object, .keras/.h5 file), a SavedModel folder, a tf.function or a
@@ -75,6 +77,7 @@ def convert(
     a .npy/.npz file, a folder of images or a callable returning samples. An existing non-empty
     `output_dir` is refused unless `force` (then only the files of an earlier result go).
     `channels_last` gives a .tflite with NCHW inputs NHWC inputs instead (an interface change).
+    `disabled` turns rules off (as `optimize`'s); `verify=False` skips the numeric checks.
     Returns a `ConversionResult`: the three model paths and the report as a dict."""
     from tflfuse import recipe as recipe_mod
     from tflfuse.convert import convert as convert_any
@@ -98,6 +101,8 @@ def convert(
         quiet=not progress,
         force=force,
         channels_last=channels_last,
+        verify=verify,
+        disabled=tuple(disabled),
     )
 
 

@@ -505,7 +505,15 @@ def _add_convert(sub: Any) -> None:
     p.add_argument(
         "--no-verify",
         action="store_true",
-        help="write the fused model without the numeric check (models this host cannot run)",
+        help="skip the numeric checks (the fused model, the baselines, --channels-last) for"
+        " models this host cannot run; the report says what was not checked",
+    )
+    p.add_argument(
+        "--disable",
+        action="append",
+        default=[],
+        metavar="RULE",
+        help="turn one rule off, float and int8 alike (repeatable)",
     )
     p.add_argument("--quant", choices=("int8", "float16", "dynamic", "none"), help="override mode")
     p.add_argument("--input-type", choices=("float32", "int8", "uint8"), help="override I/O type")
@@ -570,6 +578,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         batch=args.batch,
         allow_lambda=args.allow_lambda,
         verify=not args.no_verify,
+        disabled=tuple(args.disable),
         progress=not args.json,
         quiet=False,
         force=args.force,

@@ -4,10 +4,13 @@ Verification runs the input and the output in the interpreter on the same seeded
 can fail three ways, each an error that writes nothing:
 - the output does not run while the input does (a rewrite broke it): the rule is named, found
   by re-running the pipeline without each fired rule in turn;
-- an output differs by more than its tolerance: float outputs by ATOL + RTOL |x| (plus the
-  declared bounds of approximations), int8 outputs by the sum of the `int8_error_steps` of the
-  rewrites on the paths to that output (`tflfuse.rewrite.int8_error_bounds`), so an output no
-  int8 rewrite reached must match exactly;
+- an output differs by more than its tolerance: a float output element by the float32 round-off
+  that re-associating the arithmetic behind it can cause (`tflfuse.roundoff`: it follows the
+  output's magnitude and the gain of every path to it, measured on the input model), plus
+  PROPAGATION times the declared bounds of approximations; int8 outputs by the sum of the
+  `int8_error_steps` of the rewrites on the paths to that output
+  (`tflfuse.rewrite.int8_error_bounds`), so an output no int8 rewrite reached must match
+  exactly;
 - the input itself does not run on this host (custom ops the interpreter lacks): nothing can be
   compared, and the model is written only when the caller asks for no verification
   (`--no-verify`), which the report then says.
@@ -28,7 +31,6 @@ from tflfuse.rules import pipeline
 from tflfuse.runtimes import Runtime
 from tflfuse.summary import activation_bytes
 
-ATOL = RTOL = 1e-5  # float outputs: |fused - input| <= ATOL + RTOL * |input|
 PROPAGATION = 10.0  # allowance for an approximation's error growing through later layers
 NOT_VERIFIED = "--no-verify: written without the numeric check"
 
@@ -156,16 +158,17 @@ def optimize_bytes(
 
 
 def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, Any]]:
-    """(float atol for every output, {output name: OutputTolerance}) for a pipeline's result.
+    """(float atol for every output, {output name: OutputTolerance}) for a pipeline's result, on
+    top of the round-off bound `compare` measures.
 
     An approximation's error can grow through the layers after it: PROPAGATION times the summed
-    per-op bounds on top of ATOL (0 when every rewrite is exact). Int8 outputs get the bound of
+    per-op bounds (0 when every rewrite is exact). Int8 outputs get the bound of
     `int8_error_bounds` in steps; a float output of an int8 graph (after DEQUANTIZE) gets its
     real-valued bound on top of the atol.
     """
     from tflfuse.verify import OutputTolerance
 
-    atol = ATOL + PROPAGATION * sum(e.error for e in result.events)
+    atol = PROPAGATION * sum(e.error for e in result.events)
     bounds = int8_error_bounds(model, result)
     per_output = {}
     for t in model.main.outputs:
@@ -189,7 +192,9 @@ def verify_rewrite(
 
     atol, per_output = tolerances(model, result)
     try:
-        agreement = compare(reference, candidate, atol=atol, rtol=RTOL, per_output=per_output)
+        agreement = compare(
+            reference, candidate, atol=atol, rtol=0.0, per_output=per_output, roundoff=True
+        )
     except UnverifiableError as exc:
         raise TflfuseError(
             f"cannot verify the result on this host ({exc}); pass --no-verify to write it"
@@ -199,19 +204,37 @@ def verify_rewrite(
         return f"verification failed: the optimized model does not run ({exc})", {}
     tolerance = {
         "atol": atol,
-        "rtol": RTOL,
+        "roundoff": "float32 round-off bound per element (tflfuse.roundoff)",
         "int8_steps": {name: tol.int_steps for name, tol in per_output.items()},
     }
     record = {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
     if agreement.ok:
         return None, record
+    return f"verification failed: {describe_failure(agreement)}", record
+
+
+def describe_failure(agreement: Any) -> str:
+    """One clause saying which output failed and what was measured against what was allowed."""
     bad = agreement.failed_outputs() or list(agreement.outputs)[:1] or ["?"]
     detail = agreement.outputs.get(bad[0], {})
-    allowed = detail.get("allowed_steps", detail.get("allowed_atol", atol))
-    worst = detail.get("max_abs", float("inf"))
+    if "allowed_steps" in detail:
+        return (
+            f"output {bad[0]!r} differs by {detail.get('max_abs', float('inf')):.3g} quantization"
+            f" steps (allowed {detail['allowed_steps']})"
+        )
+    if "allowed_atol" not in detail:
+        return "the outputs differ in number or shape"
+    where = ""
+    roundoff = detail.get("roundoff")
+    if roundoff:
+        where = (
+            f"; float32 round-off there, measured: {roundoff['noise_max']:.3g} at most on an"
+            f" output of scale {roundoff['output_scale']:.3g}, {roundoff['depth']} ops deep"
+        )
     return (
-        f"verification failed: output {bad[0]!r} differs by {worst:.3g} (allowed {allowed:.3g})",
-        record,
+        f"output {bad[0]!r} differs by {detail['diff_there']:.3g} where"
+        f" {detail['allowed_atol']:.3g} is allowed ({detail['ratio']:.3g}x its bound; worst"
+        f" difference {detail.get('max_abs', 0.0):.3g}{where})"
     )
 
 

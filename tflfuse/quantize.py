@@ -261,7 +261,8 @@ def _float_boundary(t: Any, side: str) -> Any:
 
 
 def _retype(graph: Any, tensors: list, io_type: str, side: str, renamed: dict) -> list:
-    """The model's inputs (or outputs) with `io_type`; `renamed` maps old tensors to new."""
+    """The model's inputs (or outputs) with `io_type`; `renamed` maps old tensors to new. Every
+    boundary op keeps its place in the op order (nothing is appended and re-sorted)."""
     out = []
     for t in tensors:
         boundary = _float_boundary(t, side)
@@ -270,35 +271,48 @@ def _retype(graph: Any, tensors: list, io_type: str, side: str, renamed: dict) -
             if io_type == "float32":
                 out.append(t)
                 continue
+            place = _neighbour(graph, boundary)
             graph.remove_op(boundary)
         elif t.dtype == "INT8":
-            core = t
+            core, place = t, None
         else:
             out.append(t)
             continue
-        new = core if io_type == "int8" else _boundary(graph, core, io_type, side)
+        new = core if io_type == "int8" else _boundary(graph, core, io_type, side, place)
         renamed[t] = new
         out.append(new)
     return out
+
+
+def _neighbour(graph: Graph, op: Any) -> tuple[str, Any] | None:
+    """Where a replacement of `op` goes to take its place: before the op after it, or after
+    the op before it."""
+    i = graph.ops.index(op)
+    if i + 1 < len(graph.ops):
+        return ("before", graph.ops[i + 1])
+    return ("after", graph.ops[i - 1]) if i > 0 else None
 
 
 def set_io_types(model: Model, input_type: str, output_type: str) -> None:
     """Give a quantized model the requested I/O types. Its int8 core tensors are found whether
     the quantizer left float boundaries (QUANTIZE after an input, DEQUANTIZE before an output) or
     int8 I/O; uint8 I/O adds a QUANTIZE between uint8 and int8 (zero point + 128, same scale) and
-    float32 I/O a QUANTIZE / DEQUANTIZE. The signature follows the new tensors."""
+    float32 I/O a QUANTIZE / DEQUANTIZE. The signature follows the new tensors. A boundary op
+    replaced takes the place of the one it replaces, a new one goes right before the first
+    reader (or after the producer) of its int8 tensor: no other op moves, so the model keeps
+    the op order its quantizer wrote."""
     graph = model.main
     renamed: dict[Any, Any] = {}
     graph.inputs = _retype(graph, graph.inputs, input_type, "input", renamed)
     graph.outputs = _retype(graph, graph.outputs, output_type, "output", renamed)
     model.retarget_signatures(renamed)
     DeadCodeElimination().run(graph)
-    graph.toposort()
     model.validate()
 
 
-def _boundary(graph: Graph, core: Any, io_type: str, side: str) -> Any:
-    """A new uint8 or float32 I/O tensor joined to the int8 `core` by QUANTIZE / DEQUANTIZE."""
+def _boundary(graph: Graph, core: Any, io_type: str, side: str, place: Any = None) -> Any:
+    """A new uint8 or float32 I/O tensor joined to the int8 `core` by QUANTIZE / DEQUANTIZE,
+    placed at `place` (("before" | "after", op)), else next to the ops of `core`."""
     qp = core.quantization
     if io_type == "uint8":
         quant = Quantization(
@@ -310,8 +324,15 @@ def _boundary(graph: Graph, core: Any, io_type: str, side: str) -> Any:
     else:
         new = graph.add_tensor(f"{core.name}_float", core.shape, "FLOAT32")
         op_type = "QUANTIZE" if side == "input" else "DEQUANTIZE"
+    if place is None:
+        readers = [op for op in graph.ops if core in op.inputs]
+        if side == "input" and readers:
+            place = ("before", readers[0])
+        elif side == "output" and core.producer is not None:
+            place = ("after", core.producer)
+    where = {place[0]: place[1]} if place is not None else {}
     if side == "input":
-        graph.add_op(op_type, [new], [core])
+        graph.add_op(op_type, [new], [core], **where)
     else:
-        graph.add_op(op_type, [core], [new])
+        graph.add_op(op_type, [core], [new], **where)
     return new

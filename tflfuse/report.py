@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,12 @@ def agreement(
     inputs: list[np.ndarray],
     reference: list[np.ndarray],
     interface: Any = None,
+    classifier: Sequence[bool] | None = None,
 ) -> dict[str, Any]:
-    """Max and mean absolute error against the reference, in output units; top-1 agreement when
-    an output looks like class scores (batch, classes). `interface` (a layout.LayoutChange) lays
-    the source-layout inputs out for the model and its outputs back, when the two differ."""
+    """Max and mean absolute error against the reference, in output units; top-1 agreement for
+    the outputs `classifier` marks as class scores (`tflfuse.caveats.class_scores`; when it is
+    not given, every (batch, classes) output). `interface` (a layout.LayoutChange) lays the
+    source-layout inputs out for the model and its outputs back, when the two differ."""
     try:
         if interface is None:
             got = run_float(data, inputs)
@@ -86,7 +89,7 @@ def agreement(
     except TflfuseError as exc:
         return {"verified": False, "reason": str(exc)}
     out: dict[str, Any] = {"verified": True, "samples": len(inputs[0]), "outputs": []}
-    for ref, cand in zip(reference, got):
+    for k, (ref, cand) in enumerate(zip(reference, got)):
         ref = ref.astype(np.float64)
         diff = np.abs(ref - cand.reshape(ref.shape))
         row: dict[str, Any] = {
@@ -95,13 +98,46 @@ def agreement(
             "reference_range": float(ref.max() - ref.min()) if ref.size else 0.0,
             "varies": bool(len(ref) > 1 and not np.allclose(ref, ref[:1])),
         }
-        if ref.ndim == 2 and ref.shape[1] > 1:
-            row["top1_agreement"] = float(
-                np.mean(ref.argmax(1) == cand.reshape(ref.shape).argmax(1))
-            )
+        scores = classifier[k] if classifier is not None and k < len(classifier) else None
+        if scores is None:
+            scores = ref.ndim == 2 and ref.shape[1] > 1
+        if scores:
+            ref_class = ref.argmax(1)
+            row["top1_agreement"] = float(np.mean(ref_class == cand.reshape(ref.shape).argmax(1)))
+            row["reference_classes"] = int(np.unique(ref_class).size)
         out["outputs"].append(row)
     out["max_abs"] = max((r["max_abs"] for r in out["outputs"]), default=0.0)
     return out
+
+
+def _classifier_outputs(ctx: Any, reference: list[np.ndarray]) -> list[bool]:
+    """Which outputs of the source are class scores (tflfuse.caveats.class_scores), judged on
+    the float model the rules started from."""
+    from tflfuse import caveats
+
+    producers = caveats.output_producers(flatbuffer.from_bytes(ctx.float_data))
+    sizes = [int(np.prod(s)) for s in ctx.source.input_shapes]
+    only = len(reference) == 1
+    return [
+        caveats.class_scores(ref.shape, producers[k] if k < len(producers) else None, sizes, only)
+        for k, ref in enumerate(reference)
+    ]
+
+
+def warnings(ctx: Any, reference: list[np.ndarray], classifier: list[bool], agree: dict) -> list:
+    """Every caveat of this conversion, one line each (tflfuse.caveats)."""
+    from tflfuse import caveats
+
+    names = list(ctx.source.output_names)
+    leg = ctx.legalization or {}
+    kept = not leg.get("ran") or leg.get("kept", True)
+    dropped = [] if kept else [f"the int8 legalization was not kept: {leg.get('reason')}"]
+    return [
+        *caveats.calibration_warnings(ctx.calib, list(ctx.source.input_names)),
+        *caveats.reference_warnings(reference, names, classifier),
+        *caveats.error_warnings(agree, names),
+        *dropped,
+    ]
 
 
 def delegate_check(data: bytes, delegate: str) -> dict[str, Any]:
@@ -184,9 +220,12 @@ def assemble(rec: Any, ctx: Any) -> dict[str, Any]:
     reference = src.reference(eval_inputs)
     models = ctx.models
     floats = {"fused": ctx.fused.data, "unfused": ctx.unfused_float}
-    agree = {k: agreement(v, eval_inputs, reference, ctx.interface(k)) for k, v in models.items()}
+    scores = _classifier_outputs(ctx, reference)
+    agree = {
+        k: agreement(v, eval_inputs, reference, ctx.interface(k), scores) for k, v in models.items()
+    }
     float_agree = {
-        k: agreement(v, eval_inputs, reference, ctx.interface(k)) for k, v in floats.items()
+        k: agreement(v, eval_inputs, reference, ctx.interface(k), scores) for k, v in floats.items()
     }
     q = {k: ctx.quantized[k] for k in ("fused", "unfused")}
     from tflfuse.quantize import float_compute_ops
@@ -228,6 +267,8 @@ def assemble(rec: Any, ctx: Any) -> dict[str, Any]:
         "agreement": agree,
         "float_agreement": float_agree,
         "baseline_check": ctx.baseline_check,
+        "class_score_outputs": [n for n, c in zip(src.output_names, scores) if c],
+        "warnings": warnings(ctx, reference, scores, agree),
         "delegate_check": delegate_check(models["fused"], rec.delegate),
         "files": {
             "fused": "model.tflite",
@@ -272,6 +313,8 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(f"Source: a .tflite, entered at the {kind.get('entered_at')} stage.")
     for notice in r.get("notices", []):
         lines.append(f"- notice: {notice}")
+    if r.get("warnings"):
+        lines += ["", "## Warnings", "", *(f"- {w}" for w in r["warnings"])]
     iface = r.get("interface", {})
     if iface.get("interface_change"):
         lines += ["", "**Interface change** (--channels-last): " + "; ".join(iface["details"])]
@@ -301,8 +344,16 @@ def markdown(r: dict[str, Any]) -> str:
                 lines.append(f"| {label} | not run: {a.get('reason')} | | |")
                 continue
             o = a["outputs"][0]
-            top1 = f"{o['top1_agreement']:.3f}" if "top1_agreement" in o else "-"
-            lines.append(f"| {label} | {a['max_abs']:.3g} | {o['mean_abs']:.3g} | {top1} |")
+            lines.append(f"| {label} | {a['max_abs']:.3g} | {o['mean_abs']:.3g} | {_top1(o)} |")
+    scores = r.get("class_score_outputs")
+    if scores is not None:
+        lines += [
+            "",
+            "Top-1 is computed for class-score outputs only: shaped (batch, C >= 2), not the size"
+            " of an input (a reconstruction), and written by SOFTMAX / LOG_SOFTMAX, or by a"
+            " FULLY_CONNECTED / BATCH_MATMUL head that is the model's only output. Here:"
+            f" {', '.join(scores) or 'none'}.",
+        ]
     lines += _grappler_lines(r.get("grappler") or {})
     rules = r["rules"]
     lines += ["", "## Rules", ""]
@@ -343,8 +394,17 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(f"{d['delegate']}: {d['mapped']} ops mapped, {d['cpu']} on the CPU.")
     else:
         lines.append(f"{d['delegate']}: not checked ({d.get('reason')}).")
-    lines += ["", f"Unfused baseline: {r['unfused_route']}.", ""]
+    lines += ["", f"Unfused baseline: {r['unfused_route']}."]
+    lines += ["", f"Stock baseline: {q['stock_route']}.", ""]
     return "\n".join(lines) + "\n"
+
+
+def _top1(row: dict[str, Any]) -> str:
+    if "top1_agreement" not in row:
+        return "-"
+    if row.get("reference_classes") == 1:
+        return f"{row['top1_agreement']:.3f} (one class: says nothing)"
+    return f"{row['top1_agreement']:.3f}"
 
 
 def _grappler_lines(g: dict[str, Any]) -> list[str]:

@@ -334,8 +334,11 @@ class KerasSource:
         return flatbuffer.to_bytes(model)
 
     # -- baselines -----------------------------------------------------------------------------
-    def unfused_float(self, rec: Recipe, fused_float: bytes) -> tuple[bytes, str]:
-        """The output-blocked graph converted and trimmed back to the real outputs."""
+    def unfused_float(
+        self, rec: Recipe, fused_float: bytes, verify: bool = True
+    ) -> tuple[bytes, str]:
+        """The output-blocked graph converted and trimmed back to the real outputs (checked by
+        convert's unfused stage, unless `verify` is off)."""
         fn, keep, wanted, extra = unfused_function(self.front, self._optimizers)
         self._unfused = (fn, keep, wanted)
         data = tflite_convert(fn, keep, select_tf_ops=rec.select_tf_ops, target=rec.target)
@@ -366,7 +369,19 @@ class KerasSource:
     def stock(
         self, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
     ) -> tuple[bytes, str]:
-        route = "TFLite converter PTQ" if rec.quant_mode != "none" else "TFLite converter (float)"
+        """What the user gets without tflfuse: the plain converter on the original function with
+        its own quantization (int8: its own PTQ and calibration on the same data, with the
+        recipe's I/O types through inference_input_type / inference_output_type), as written."""
+        if rec.quant_mode == "none":
+            route = "the TFLite converter (float), as it writes the model"
+        else:
+            route = f"the TFLite converter's own {rec.quant_mode} quantization"
+            if rec.quant_mode == "int8":
+                route += (
+                    " (its PTQ, calibrated on the same data; inference_input_type"
+                    f" {rec.input_type}, inference_output_type {rec.output_type})"
+                )
+            route += " on the original function, ops as the converter wrote them"
         return stock_model(self.front, rec, calib, progress), route
 
     # -- the function all three models are measured against ------------------------------------

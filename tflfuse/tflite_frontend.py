@@ -15,10 +15,11 @@ decided here, once, with a one-line error for what it cannot:
                                        beyond the rules, the quantizer and the Edge TPU)
   ops the interpreter lacks            refused: convert runs the model to calibrate and verify
 A batch left dynamic only in `shape_signature` (-1 at axis 0, stored shape static) is taken at
-the stored size, with a notice. The baselines: `unfused` is the input defused (rules.defuse) and
-verified; `stock` is ai-edge-quantizer's static int8 recipe on the input as given (for float16
-weights, which it cannot quantize through their DEQUANTIZE, on the widened input, and the route says
-so).
+the stored size, with a notice. The baselines: `unfused` is the input defused (rules.defuse),
+checked bit-identical on the reference kernels; `stock` is ai-edge-quantizer's default static
+int8 recipe on the input as given, in the op order the quantizer writes, with only its I/O given
+the recipe's types in place (what a user gets without tflfuse; for float16 weights, which it
+cannot quantize through their DEQUANTIZE, on the widened input, and the route says so).
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ class TfliteSource:
         self.name = name
         self.notices = notices
         self.layout: LayoutChange | None = None
+        self.baseline_check: dict[str, Any] | None = None  # the defused baseline's, once made
         g = model.main
         sig = model.signatures[0]
         self.quantized = quantization_summary(g)["kind"] in INT_KINDS
@@ -158,11 +160,15 @@ class TfliteSource:
         """The model the rules start from: as given, or channels-last when asked for."""
         return self.layout.data if self.layout is not None else self._data
 
-    def use_channels_last(self, seed: int) -> LayoutChange:
-        """Switch to the NHWC interface (layout.channels_last), verified against the input."""
+    def use_channels_last(self, seed: int, verify: bool = True) -> LayoutChange:
+        """Switch to the NHWC interface (layout.channels_last), verified against the input
+        (unless `verify` is off: --no-verify)."""
         from tflfuse import layout
 
         change = layout.channels_last(self._data, self.name)
+        if not verify:
+            self.layout = change
+            return change
         inputs = self.eval_inputs(None, seed)
         worst = layout.verify(self._data, change, inputs)
         if not worst <= 1e-6:
@@ -173,25 +179,25 @@ class TfliteSource:
         return change
 
     # -- baselines -------------------------------------------------------------------------------
-    def unfused_float(self, rec: Recipe, fused_float: bytes) -> tuple[bytes, str]:
-        """The input (in the interface convert gives the fused model) defused and verified."""
+    def unfused_float(
+        self, rec: Recipe, fused_float: bytes, verify: bool = True
+    ) -> tuple[bytes, str]:
+        """The input (in the interface convert gives the fused model) defused, and checked on the
+        reference kernels, where splitting an epilogue off changes no rounding: the defused model
+        is expected bit-identical there, and is held to the float32 round-off bound otherwise
+        (`verify=False`, --no-verify: not checked, and the route says so)."""
         from tflfuse.rewrite import PassManager, TopologicalSort
         from tflfuse.rules.defuse import Defuse
-        from tflfuse.verify import compare
 
         start = self.float_tflite(rec)
         model = flatbuffer.from_bytes(start, self.name)
         PassManager((Defuse(), TopologicalSort())).run(model)
         data = flatbuffer.to_bytes(model)
-        atol = 1e-5 if not self.quantized else 0.0
-        check = compare(start, data, atol=atol, rtol=1e-5, int_atol=1)
-        if not check.ok:
-            raise TflfuseError(
-                f"{self.name}: the defused baseline differs from the input by {check.max_abs:.3g};"
-                " nothing written"
-            )
-        route = "the input defused (rules.defuse: fused activations and float biases split off),"
-        return data, f"{route} verified against it (max abs {check.max_abs:.3g})"
+        route = "the input defused (rules.defuse: fused activations and float biases split off)"
+        if not verify:
+            return data, f"{route}, not checked (--no-verify)"
+        how, self.baseline_check = check_defused(start, data, self.name, "defused baseline")
+        return data, f"{route}, {how}"
 
     def converter_ptq(self, which: str, rec: Recipe, calib: Any, progress: bool) -> bytes | None:
         return None  # no TF function behind a .tflite: ai-edge-quantizer is the only route
@@ -199,10 +205,12 @@ class TfliteSource:
     def stock(
         self, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
     ) -> tuple[bytes, str]:
-        """What the user gets without tflfuse: the quantizer's recipe on the input as given."""
+        """What the user gets without tflfuse: ai-edge-quantizer's default recipe for the mode on
+        the input as given, in the op order the quantizer writes. Only the I/O types are set to
+        the recipe's, in place (quantize.set_io_types moves no op); the route says how."""
         if self.quantized or rec.quant_mode == "none":
             kind = "already quantized" if self.quantized else "float"
-            return self.given, f"the input as given ({kind})"
+            return self.given, f"the input as given ({kind}, its own I/O types)"
         from tflfuse.quantize import quantize
 
         def stock_of(data: bytes) -> Any:
@@ -216,13 +224,19 @@ class TfliteSource:
                 progress=progress,
             )
 
-        same = "the same calibration data and range rule as the fused model"
+        recipe = {"int8": "static_wi8_ai8", "dynamic": "dynamic_wi8_afp32"}.get(rec.quant_mode)
+        calibrated = (
+            ", calibrated on the same data with the same range rule as the fused model (the"
+            " global min/max of every tensor)"
+            if rec.quant_mode == "int8"
+            else ""
+        )
+        io = _io_route(rec.input_type, rec.output_type) if rec.quant_mode == "int8" else ""
+        how = f"no tflfuse rule{calibrated}; ops in the order the quantizer wrote them{io}"
+        default = f"with its default recipe{f' ({recipe})' if recipe else ''}"
         if self.widened is None:
             q = stock_of(self.given)
-            return q.data, (
-                f"{q.route} with its default recipe on the input as given (no tflfuse rules),"
-                f" {same}"
-            )
+            return q.data, f"{q.route} {default} on the input as given, {how}"
         from tflfuse.runtime import make_interpreter
 
         # ai-edge-quantizer 0.10 fails on weights behind DEQUANTIZE, or quantizes them as
@@ -234,14 +248,11 @@ class TfliteSource:
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             q = stock_of(self._data)
             return q.data, (
-                f"{q.route} with its default recipe on the input with its float16 weights widened"
-                f" to float32 (on the input as given it fails: {type(exc).__name__}"
-                f"{': ' + why if why else ''}), no tflfuse rules, {same}"
+                f"{q.route} {default} on the input with its float16 weights widened to float32"
+                f" (on the input as given it fails: {type(exc).__name__}"
+                f"{': ' + why if why else ''}), {how}"
             )
-        return q.data, (
-            f"{q.route} with its default recipe on the input as given (float16 weights), no"
-            f" tflfuse rules, {same}"
-        )
+        return q.data, f"{q.route} {default} on the input as given (float16 weights), {how}"
 
     # -- the function all three models are measured against -------------------------------------
     def eval_inputs(self, calib: list[np.ndarray] | None, seed: int) -> list[np.ndarray]:
@@ -270,6 +281,49 @@ class TfliteSource:
             w = self.widened
             out["float16_weights"] = {"constants": w.constants, "sparse": w.sparse}
         return out
+
+
+def _io_route(input_type: str, output_type: str) -> str:
+    """What giving the quantizer's float-I/O model the recipe's I/O types changed (nothing moves:
+    quantize.set_io_types)."""
+    if input_type == output_type == "float32":
+        return "; float I/O as the quantizer leaves it"
+    parts = []
+    for side, io, op in (("input", input_type, "QUANTIZE"), ("output", output_type, "DEQUANTIZE")):
+        if io == "int8":
+            parts.append(f"its {side} {op} removed ({side} int8)")
+        elif io == "uint8":
+            parts.append(
+                f"its {side} {op} replaced in place by a QUANTIZE between uint8 and int8 (same"
+                " scale, zero point + 128)"
+            )
+    return f"; I/O {input_type} -> {output_type} for the recipe: " + ", ".join(parts)
+
+
+def check_defused(reference: bytes, defused: bytes, name: str, what: str) -> tuple[str, dict]:
+    """How `defused` (`reference` through rules.defuse) was checked against it (a clause for
+    the route, and the agreement), or a one-line TflfuseError naming the check and what it
+    measured. On the reference kernels (BUILTIN_REF) a split-off activation or bias rounds
+    exactly as the fused epilogue did, so the two are expected bit-identical; float outputs are
+    held to the round-off bound (tflfuse.roundoff) and int8 ones to 0 steps."""
+    from tflfuse.optimize import describe_failure
+    from tflfuse.verify import compare
+
+    check = compare(  # two input sets: the reference kernels are slow, and identity is expected
+        reference, defused, runs=2, delegate="ref", atol=0.0, rtol=0.0, int_atol=0, roundoff=True
+    )
+    if not check.ok:
+        raise TflfuseError(
+            f"{name}: the {what} check (the input against its defused copy, reference kernels)"
+            f" failed: {describe_failure(check)}; nothing written (--no-verify skips the check)"
+        )
+    record = {"against": "the input, on the reference kernels", **check.to_dict()}
+    if check.identical:
+        return "verified bit-identical to it on the reference kernels", record
+    return (
+        f"verified against it on the reference kernels (max abs {check.max_abs:.3g}, within"
+        " float32 round-off)"
+    ), record
 
 
 def load(model: bytes | str | Path) -> TfliteSource:

@@ -96,6 +96,15 @@ def _as_real(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) if x.dtype.kind in "fiub" else np.abs(x).astype(np.float64)
 
 
+def _abs_diff(r: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """|r - c| in float64; 0 where both hold the same infinity or both are NaN (a model whose
+    output saturates to inf agrees with a candidate that does too)."""
+    a, b = _as_real(r), _as_real(c)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):
+        return np.where(same, 0.0, np.abs(a - b))
+
+
 def compare(
     reference: bytes,
     candidate: bytes,
@@ -107,13 +116,17 @@ def compare(
     rtol: float = 1e-5,
     int_atol: int = 1,
     per_output: Mapping[str, OutputTolerance] | None = None,
+    roundoff: bool = False,
 ) -> Agreement:
     """Run both models on the same `runs` seeded input sets and measure the worst difference.
 
-    Float outputs must satisfy |c - r| <= atol + rtol * |r|; integer (quantized) outputs may
-    differ by `int_atol` quantization steps. `per_output` (by output tensor name) replaces
-    `int_atol` and adds to `atol` for the outputs it names. Raises `UnverifiableError` when the
-    reference does not run here, `CandidateFailedError` when only the candidate fails.
+    Float outputs must satisfy |c - r| <= atol + rtol * |r| elementwise, plus, with `roundoff`,
+    the float32 round-off bound of each element (`tflfuse.roundoff`: what re-associating the
+    arithmetic between the input and that element can do, measured on the reference); integer
+    (quantized) outputs may differ by `int_atol` quantization steps. `per_output` (by output
+    tensor name) replaces `int_atol` and adds to `atol` for the outputs it names. Raises
+    `UnverifiableError` when the reference does not run here, `CandidateFailedError` when only
+    the candidate fails.
     """
     try:
         ref_interp = make_interpreter(reference, delegate=delegate)
@@ -126,6 +139,22 @@ def compare(
     except TflfuseError as exc:
         raise CandidateFailedError(str(exc)) from None
     names = [d["name"] for d in ref_interp.get_output_details()]
+    bounds: dict[str, np.ndarray] = {}
+    noise: dict[str, Any] = {}
+    same = all(
+        r.dtype == c.dtype and r.tobytes() == c.tobytes()
+        for r_set, c_set in zip(ref, cand)
+        for r, c in zip(r_set, c_set)
+    )
+    floats = any(r.dtype.kind == "f" for r in ref[0]) if ref else False
+    if roundoff and floats and not same:  # (bit-identical or integer outputs need no bound)
+        from tflfuse.roundoff import estimate
+
+        try:
+            estimated = estimate(reference, inputs, ref, names=names, delegate=delegate, seed=seed)
+        except TflfuseError as exc:
+            raise UnverifiableError(f"the round-off estimate failed: {exc}") from None
+        bounds, noise = estimated.bounds, estimated.summary
     tolerances = [(per_output or {}).get(name, OutputTolerance(int_atol, 0.0)) for name in names]
     max_abs = max_rel = 0.0
     identical = ok = True
@@ -141,23 +170,47 @@ def compare(
             name = names[k] if k < len(names) else f"output_{k}"
             entry = outputs.setdefault(name, {"max_abs": 0.0, "ok": True})
             identical &= r.dtype == c.dtype and r.tobytes() == c.tobytes()
-            diff = np.abs(_as_real(r) - _as_real(c))
-            if diff.size:
-                worst = float(diff.max())
-                max_abs = max(max_abs, worst)
-                entry["max_abs"] = max(entry["max_abs"], worst)
-                scale = np.maximum(np.abs(_as_real(r)), 1e-6)
-                max_rel = max(max_rel, float((diff / scale).max()))
-                if r.dtype.kind == "f":
-                    bound = atol + tol.atol
-                    good = bool(np.all(diff <= bound + rtol * np.abs(_as_real(r))))
-                    entry["allowed_atol"] = bound
-                else:
-                    good = worst <= tol.int_steps
-                    entry["allowed_steps"] = tol.int_steps
-                entry["ok"] &= good
-                ok &= good
+            diff = _abs_diff(r, c)
+            if not diff.size:
+                continue
+            worst = float(diff.max())
+            max_abs = max(max_abs, worst)
+            entry["max_abs"] = max(entry["max_abs"], worst)
+            scale = np.maximum(np.abs(_as_real(r)), 1e-6)
+            with np.errstate(invalid="ignore"):
+                max_rel = max(max_rel, float(np.nanmax(diff / scale)))
+            if r.dtype.kind == "f":
+                allowed = atol + tol.atol + rtol * np.abs(_as_real(r))
+                if name in bounds:
+                    allowed = allowed + bounds[name]
+                    entry["roundoff"] = noise[name]
+                good = _record_float(entry, diff, allowed)
+            else:
+                good = worst <= tol.int_steps
+                entry["allowed_steps"] = tol.int_steps
+            entry["ok"] &= good
+            ok &= good
     varies = runs > 1 and any(
         not np.array_equal(ref[0][k], ref[i][k]) for i in range(1, runs) for k in range(len(ref[0]))
     )
     return Agreement(max_abs, max_rel, identical, varies, runs, ok, outputs)
+
+
+def _record_float(entry: dict[str, Any], diff: np.ndarray, allowed: np.ndarray) -> bool:
+    """Whether every element is within its allowance; records the allowance at the element
+    closest to (or furthest past) its bound: `allowed_atol` is what that element was allowed,
+    `diff_there` what it differed by and `ratio` the two's quotient (above 1: refused)."""
+    allowed = np.broadcast_to(allowed, diff.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(diff > 0, diff / np.where(allowed > 0, allowed, 0.0), 0.0)
+    ratio = np.nan_to_num(ratio, nan=np.inf)
+    at = int(np.argmax(ratio))
+    worst = float(ratio.flat[at])
+    if worst >= entry.get("ratio", -1.0):
+        entry.update(
+            ratio=worst,
+            allowed_atol=float(allowed.flat[at]),
+            diff_there=float(diff.flat[at]),
+            allowed_max=float(allowed.max()),
+        )
+    return bool(worst <= 1.0)
