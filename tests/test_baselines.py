@@ -188,13 +188,13 @@ def test_convert_disable_refuses_an_unknown_rule_first(tiny_tflite, tmp_path, ca
 
 
 def test_convert_disable_reaches_the_int8_rules(tmp_path: Path) -> None:
-    """A pass of the int8 legalization is turned off too (one --disable for both)."""
+    """A rule of the int8 legalization is turned off too (one --disable for both)."""
     data = with_constant_branch()
     on = convert(data, "edgetpu", calib(), tmp_path / "on", progress=False)
-    assert "DeferUnmappableOps" in on.report["legalization"]["rules"]
+    assert "SplitOversizedTranspose" in on.report["legalization"]["rules"]
     off = convert(
-        data, "edgetpu", calib(), tmp_path / "off", progress=False, disabled=("DeferUnmappableOps",)
+        data, "edgetpu", calib(), tmp_path / "off", progress=False, disabled=("SplitOversizedTranspose",)
     )
     leg = off.report["legalization"]
-    assert leg["ran"] and leg["disabled"] == ["DeferUnmappableOps"]
-    assert "DeferUnmappableOps" not in leg["rules"]
+    assert leg["ran"] and leg["disabled"] == ["SplitOversizedTranspose"]
+    assert "SplitOversizedTranspose" not in leg["rules"]
