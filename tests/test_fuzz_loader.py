@@ -191,7 +191,8 @@ LAXER = re.compile(
             r"codec can't decode",  # a name that is not UTF-8 (the loader keeps its bytes)
             r"failed to prepare|failed to invoke",  # a kernel or a delegate
             r"XNNPACK|XNNPack",
-            r"lacks data",  # a tensor nothing writes
+            r"lacks data|Tensor data is null",  # a tensor nothing writes, read or output
+            r"No buffers in the model",  # no buffer table: loads when no tensor names a buffer
         )
     )
 )

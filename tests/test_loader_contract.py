@@ -99,6 +99,15 @@ def test_an_omitted_optional_input_loads() -> None:
     np.testing.assert_allclose(run(data)[1], XS[1])
 
 
+def test_a_buffer_index_out_of_range_is_refused_as_the_builder_refuses_it() -> None:
+    m = schema_objects(neg_graph())
+    m.subgraphs[0].tensors[0].buffer = 5
+    data = packed(m)
+    assert "tensor 'x' names buffer 5, and the model has 1 buffers" in refusal(data)
+    with pytest.raises(ValueError, match="Tensor 0 specifies out of range buffer 5"):
+        Interpreter(model_content=data)
+
+
 def test_a_signature_naming_a_missing_tensor_is_refused_as_its_runner_refuses_it() -> None:
     g = neg_graph()
     x, y = g.tensors
@@ -135,6 +144,16 @@ def test_a_dangling_intermediate_elsewhere_is_dropped_as_no_kernel_reads_it() ->
     for a, b in zip(run(data), run(again)):  # the interpreter ran both alike
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(run(again)[2], -XS[2])
+
+
+def test_buffer_0_means_no_data_whatever_it_holds() -> None:
+    """The builder gives a tensor naming buffer 0 no data (ParseTensors), so a model that put
+    bytes there still has x as its input, not a constant."""
+    m = schema_objects(neg_graph())
+    m.buffers[0].data = np.frombuffer(np.ones(16, np.float32).tobytes(), np.uint8)
+    data = packed(m)
+    assert flatbuffer.from_bytes(data).main.inputs[0].data is None
+    np.testing.assert_array_equal(run(data)[1], -XS[1])  # the interpreter reads x as fed
 
 
 def test_a_metadata_entry_without_its_buffer_reads_as_empty() -> None:

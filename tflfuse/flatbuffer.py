@@ -189,21 +189,24 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
     2. Everything else tflfuse refuses, the interpreter refuses too, and the message says what it
        says: bytes the flatbuffer parser cannot read, an unknown op or tensor type code, an opcode
        or buffer index out of range (it fails to build); a tensor index out of range among an op's
-       or a subgraph's inputs or outputs (-1 is an omitted optional op input; the builder reports
-       "Invalid tensor index", marks the subgraph inconsistent and refuses to allocate or run it;
-       tflfuse refuses the file even when nothing runs that subgraph); a signature naming a
-       subgraph or tensor that does not exist (its signature runner refuses); an intermediate index
-       out of range on an LSTM op, whose kernels read intermediates.
-    3. Where the interpreter never looks, neither does tflfuse: an intermediate index out of range
-       on any other op is dropped (the builder does not check intermediates and no other kernel
-       reads them); a metadata entry whose buffer does not exist reads as empty (the builder skips
-       it).
+       or a subgraph's inputs or outputs (the builder reports "Invalid tensor index", marks the
+       subgraph inconsistent and refuses to allocate or run it; tflfuse refuses the file even when
+       nothing runs that subgraph). -1 is an omitted optional op input; the builder lets it pass
+       among a subgraph's inputs and outputs and an op's outputs too, but no kernel writes and no
+       API feeds or reads it there, so tflfuse refuses it. A signature naming a subgraph or tensor
+       that does not exist is refused as its signature runner refuses it; an intermediate index
+       out of range on an LSTM op, as its kernels read intermediates.
+    3. Where the interpreter never looks, neither does tflfuse: a tensor naming buffer 0 has no
+       data, whatever that buffer holds; an intermediate index out of range on any op but an LSTM
+       is dropped (the builder does not check intermediates and no other kernel reads them); a
+       metadata entry whose buffer does not exist reads as empty (the builder skips it).
     4. tflfuse is laxer where a check belongs to running a model rather than reading it: kernel
        and delegate preparation (shapes, operand counts, quantization a kernel cannot take), a
        tensor nothing writes ("lacks data" at invoke), and the builder's checks of values the IR
        carries through untouched (the flatbuffer verifier, the schema version, a constant buffer
-       shorter than its shape, scale and zero-point counts, a variable with a buffer, an
-       unresolved custom op). convert and optimize run the interpreter on what they load.
+       shorter than its shape, scale and zero-point counts, a variable with a buffer, a model
+       without a buffer table, an op version or custom op this interpreter lacks). convert and
+       optimize run the interpreter on what they load.
 
     tests/test_fuzz_loader.py checks points 1, 2 and 4 against the installed interpreter on mutated
     real models, under random seeds.
@@ -505,7 +508,14 @@ def _tensor_from_object(t: Any, buffers: list, shared: dict) -> Tensor:
     if dtype is None:
         raise _CorruptError(f"unknown tensor type {t.type}")
     shape = tuple(int(d) for d in _seq(t.shape))
-    buf = _at(buffers, t.buffer, "buffer") if buffers else None
+    buf = None
+    if t.buffer != 0:  # buffer 0 means "no data", whatever it holds (ParseTensors)
+        if not t.buffer < len(buffers):
+            raise _CorruptError(
+                f"tensor {_text(t.name)!r} names buffer {t.buffer}, and the model has"
+                f" {len(buffers)} buffers (the interpreter refuses to build it)"
+            )
+        buf = buffers[t.buffer]
     data = None
     if buf is not None and buf.data is not None and len(buf.data) > 0:
         key = (t.buffer, dtype, shape)
