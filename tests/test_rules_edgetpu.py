@@ -233,7 +233,7 @@ def test_unmappable_side_op_is_moved_after_the_mappable_ones() -> None:
 @pytest.fixture(scope="session")
 def yolo() -> dict[str, bytes]:
     pytest.importorskip("tensorflow")
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse import zoo
     from tflfuse.quantize import quantize
 
