@@ -19,8 +19,7 @@ $tflfuse example mobilenet_v3_small -o out/mobilenet_v3_small.keras --calib out/
 $tflfuse convert out/mobilenet_v3_small.keras --recipe edgetpu --calib out/calib.npy \
   -o out/edgetpu --force
 echo
-$tflfuse compare out/edgetpu --runs 300 --plot out/edgetpu/latency.png \
-  --json out/edgetpu/compare.json
+$tflfuse compare out/edgetpu --runs 300 --plot out/latency.png --json out/compare.json
 echo
-echo "Done. Report: out/edgetpu/report.md; the table as JSON: out/edgetpu/compare.json."
+echo "Done. Report: out/edgetpu/report.md; the table as JSON: out/compare.json."
 echo "More: tflfuse check out/edgetpu/model_stock.tflite --target edgetpu (where stock is cut)."
