@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import struct
 import subprocess
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 STAGES = ("construct", "allocate", "invoke", "signature")
 # "feed": numpy zeros could not be set into an input (a resource or variant tensor, or one whose
 # size its producer changed); the interpreter was not asked to run, so this is no answer.
+FEED_ERRORS = re.compile(r"Cannot set tensor|numpy array had \d+ bytes")
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,10 @@ def _ask(data: bytes) -> tuple[str, str]:
             stage = "signature"
             runner(**zeros)
     except Exception as exc:
-        return stage, " | ".join(str(exc).split("\n"))
+        message = " | ".join(str(exc).split("\n"))
+        if FEED_ERRORS.search(message):  # a signature runner sets its inputs itself
+            stage = "feed"
+        return stage, message
     return "ok", ""
 
 
