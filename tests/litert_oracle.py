@@ -120,6 +120,7 @@ def _ask(data: bytes) -> tuple[str, str]:
         for key in interpreter.get_signature_list():
             runner = interpreter.get_signature_runner(key)
             feeds = runner.get_input_details()
+            runner.get_output_details()  # names a tensor that does not exist: a refusal
             zeros = {name: np.zeros(d["shape"], d["dtype"]) for name, d in feeds.items()}
             stage = "signature"
             runner(**zeros)
