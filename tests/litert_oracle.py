@@ -23,14 +23,15 @@ import sys
 from dataclasses import dataclass
 
 STAGES = ("construct", "allocate", "invoke", "signature")
-# "feed": numpy zeros could not be set into an input (a resource or variant tensor, or one whose
-# size its producer changed); the interpreter was not asked to run, so this is no answer.
-FEED_ERRORS = re.compile(r"Cannot set tensor|numpy array had \d+ bytes")
+# "io": the Python API could not put numpy zeros into an input or take an output out (a resource
+# or variant tensor, a string tensor's bytes, a tensor whose size its producer changed): the
+# interpreter gave no verdict on the model, so this is no answer.
+IO_ERRORS = re.compile(r"Cannot set tensor|numpy array had \d+ bytes|Could not create PyBytes")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """`stage` is "ok", the stage that failed (STAGES), "feed", "crashed" or "hung"."""
+    """`stage` is "ok", the stage that failed (STAGES), "io", "crashed" or "hung"."""
 
     stage: str
     message: str = ""
@@ -98,7 +99,9 @@ class Litert:
 
 
 def _ask(data: bytes) -> tuple[str, str]:
-    """In the child: the first stage at which the interpreter refuses `data`."""
+    """In the child: the first stage at which the interpreter refuses `data`. What the API says
+    about the graph's and the signatures' tensors is asked before anything is fed, so that a
+    structural refusal is not hidden behind an input numpy cannot fill."""
     import numpy as np
     from ai_edge_litert.interpreter import Interpreter
 
@@ -108,27 +111,28 @@ def _ask(data: bytes) -> tuple[str, str]:
         stage = "allocate"
         interpreter.allocate_tensors()
         stage = "invoke"
-        inputs = interpreter.get_input_details()
-        stage = "feed"
+        inputs, outputs = interpreter.get_input_details(), interpreter.get_output_details()
+        stage = "signature"
+        keys = list(interpreter.get_signature_list())
+        for key in keys:  # a runner holds the interpreter: none may live across invoke()
+            runner = interpreter.get_signature_runner(key)
+            runner.get_input_details(), runner.get_output_details()
+            del runner
+        stage = "invoke"
         for d in inputs:
             interpreter.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
-        stage = "invoke"
         interpreter.invoke()
-        for d in interpreter.get_output_details():
+        for d in outputs:
             interpreter.get_tensor(d["index"])
         stage = "signature"
-        for key in interpreter.get_signature_list():
+        for key in keys:
             runner = interpreter.get_signature_runner(key)
             feeds = runner.get_input_details()
-            runner.get_output_details()  # names a tensor that does not exist: a refusal
-            zeros = {name: np.zeros(d["shape"], d["dtype"]) for name, d in feeds.items()}
-            stage = "signature"
-            runner(**zeros)
+            runner(**{name: np.zeros(d["shape"], d["dtype"]) for name, d in feeds.items()})
+            del runner
     except Exception as exc:
         message = " | ".join(str(exc).split("\n"))
-        if FEED_ERRORS.search(message):  # a signature runner sets its inputs itself
-            stage = "feed"
-        return stage, message
+        return ("io" if IO_ERRORS.search(message) else stage), message
     return "ok", ""
 
 
