@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import ORACLE
 
 from tflfuse import flatbuffer
 from tflfuse.errors import ModelError
@@ -109,6 +110,8 @@ def test_a_buffer_index_out_of_range_is_refused_as_the_builder_refuses_it() -> N
 
 
 def test_a_signature_naming_a_missing_tensor_is_refused_as_its_runner_refuses_it() -> None:
+    """(Past the file's tensors the runner may instead reach a kernel's scratch tensor: an LSTM
+    adds six at run time. Either way the signature has no defined meaning.)"""
     g = neg_graph()
     x, y = g.tensors
     m = schema_objects(g, [Signature("serving_default", 0, {"x": x}, {"y": y})])
@@ -121,6 +124,25 @@ def test_a_signature_naming_a_missing_tensor_is_refused_as_its_runner_refuses_it
     runner = interpreter.get_signature_runner("serving_default")
     with pytest.raises(ValueError, match="Invalid tensor index 9"):  # ... its signature does not
         runner(x=XS[0])
+
+
+def test_past_the_files_tensors_a_signature_may_reach_a_kernels_scratch_tensor() -> None:
+    """The LSTM kernel adds six scratch tensors at run time, so a signature naming tensor 29 of a
+    29-tensor subgraph runs: it feeds the kernel's scratch memory. tflfuse refuses it."""
+    path = ORACLE / "keras_lstm_mnist_ptq.tflite"
+    if not path.is_file():
+        pytest.skip("../shared/oracle is absent")
+    m = flatbuffer.flatbuffer_utils.convert_bytearray_to_object(bytearray(path.read_bytes()))
+    assert len(m.subgraphs[0].tensors) == 29
+    m.signatureDefs[0].inputs[0].tensorIndex = 29
+    data = packed(m)
+    assert "names tensor 29, and subgraph 0 has 29 tensors" in refusal(data)
+    interpreter = Interpreter(model_content=data)
+    interpreter.allocate_tensors()
+    assert len(interpreter.get_tensor_details()) == 35  # 29 in the file, 6 the kernel added
+    runner = interpreter.get_signature_runner()
+    (name, detail), *_ = runner.get_input_details().items()
+    runner(**{name: np.zeros(detail["shape"], detail["dtype"])})  # runs, on scratch memory
 
 
 def test_a_dangling_intermediate_on_an_lstm_is_refused() -> None:

@@ -174,8 +174,8 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
     point are tflite/core/interpreter_builder.cc, tflite/core/subgraph.cc and
     tflite/arena_planner.cc, the same at v2.2.0 and at f6745779):
 
-    1. Every model the interpreter builds, allocates and runs loads, except one whose file order
-       gives it no defined result. The interpreter runs ops in file order ("Invocations are always
+    1. Every model the interpreter builds, allocates and runs loads, except where what it runs
+       has no defined result. The interpreter runs ops in file order ("Invocations are always
        done in node order"; it never sorts them) and plans one arena lifetime per tensor, from its
        first writer to its last reader. So tflfuse refuses, naming the ops,
        - an op that reads a tensor a later op writes (unless it is a graph input or a variable):
@@ -185,7 +185,9 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
          parameters ("Tensor i is both input and output") and runs any other in place, where the
          result depends on the order its kernel reads and writes;
        - a tensor written twice (by two ops, or twice by one): after the tensor's last read its
-         memory belongs to another tensor, which a second write overwrites.
+         memory belongs to another tensor, which a second write overwrites;
+       - a signature naming a tensor the file does not have: its runner refuses it, unless the
+         index reaches a scratch tensor a kernel added at run time (an LSTM adds six).
     2. Everything else tflfuse refuses, the interpreter refuses too, and the message says what it
        says: bytes the flatbuffer parser cannot read, an unknown op or tensor type code, an opcode
        or buffer index out of range (it fails to build); a tensor index out of range among an op's
@@ -193,9 +195,9 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
        subgraph inconsistent and refuses to allocate or run it; tflfuse refuses the file even when
        nothing runs that subgraph). -1 is an omitted optional op input; the builder lets it pass
        among a subgraph's inputs and outputs and an op's outputs too, but no kernel writes and no
-       API feeds or reads it there, so tflfuse refuses it. A signature naming a subgraph or tensor
-       that does not exist is refused as its signature runner refuses it; an intermediate index
-       out of range on an LSTM op, as its kernels read intermediates.
+       API feeds or reads it there, so tflfuse refuses it. A signature naming a subgraph the model
+       does not have is refused as its runner refuses it; an intermediate index out of range on
+       an LSTM op, as its kernels read intermediates.
     3. Where the interpreter never looks, neither does tflfuse: a tensor naming buffer 0 has no
        data, whatever that buffer holds; an intermediate index out of range on any op but an LSTM
        is dropped (the builder does not check intermediates and no other kernel reads them); a
@@ -336,8 +338,10 @@ def _model_from_object(m: Any) -> Model:
 
 
 def _signature_from_object(sig: Any, subgraphs: list[Graph]) -> Signature:
-    """A SignatureDef; one naming a subgraph or tensor that does not exist is refused, as the
-    interpreter's signature runner refuses it ("Invalid subgraph index", "Invalid tensor index")."""
+    """A SignatureDef. One naming a subgraph the model does not have is refused as its runner
+    refuses it ("Invalid subgraph index"). One naming a tensor the file does not have is refused
+    too: the runner refuses it ("Invalid tensor index") unless kernels have added scratch tensors
+    that far at run time (an LSTM adds six), and then it feeds or reads that scratch memory."""
     key = _text(sig.signatureKey)
     if not 0 <= sig.subgraphIndex < len(subgraphs):
         raise _CorruptError(
@@ -352,8 +356,9 @@ def _signature_from_object(sig: Any, subgraphs: list[Graph]) -> Signature:
             if not 0 <= t.tensorIndex < len(tensors):
                 raise _CorruptError(
                     f"signature {key!r} {kind} {_text(t.name)!r} names tensor {t.tensorIndex},"
-                    f" and subgraph {sig.subgraphIndex} has {len(tensors)} tensors (the"
-                    " interpreter's signature runner refuses it)"
+                    f" and subgraph {sig.subgraphIndex} has {len(tensors)} tensors: the"
+                    " interpreter's signature runner refuses it, or reaches a kernel's scratch"
+                    " tensor, which has no defined result"
                 )
             out[_text(t.name)] = tensors[t.tensorIndex]
         return out
