@@ -211,7 +211,8 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
        optimize run the interpreter on what they load.
 
     tests/test_fuzz_loader.py checks points 1, 2 and 4 against the installed interpreter on mutated
-    real models, under random seeds.
+    real models, under random seeds; tests/test_loader_contract.py shows every point on a tiny
+    model, with what the interpreter does.
     """
     if len(data) == 0:
         raise ModelError(source, "file is empty")
