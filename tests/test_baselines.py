@@ -25,7 +25,7 @@ from tflfuse.ir import Graph, Model, Quantization, Signature
 from tflfuse.quantize import set_io_types
 from tflfuse.rules.defuse import Defuse as _Defuse
 
-pytest.importorskip("ai_edge_quantizer")
+pytest.importorskip("litert_quantizer")
 
 
 def _ops(data: bytes) -> list[str]:
@@ -193,7 +193,12 @@ def test_convert_disable_reaches_the_int8_rules(tmp_path: Path) -> None:
     on = convert(data, "edgetpu", calib(), tmp_path / "on", progress=False)
     assert "SplitOversizedTranspose" in on.report["legalization"]["rules"]
     off = convert(
-        data, "edgetpu", calib(), tmp_path / "off", progress=False, disabled=("SplitOversizedTranspose",)
+        data,
+        "edgetpu",
+        calib(),
+        tmp_path / "off",
+        progress=False,
+        disabled=("SplitOversizedTranspose",),
     )
     leg = off.report["legalization"]
     assert leg["ran"] and leg["disabled"] == ["SplitOversizedTranspose"]

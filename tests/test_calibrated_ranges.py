@@ -178,7 +178,7 @@ def _error_and_variation(float_data: bytes, q_data: bytes, x: np.ndarray) -> tup
 
 @pytest.mark.parametrize("pad_value", [-np.inf, -FLT_MAX])
 def test_padv2_of_the_lowest_value_quantizes_exactly(pad_value: float) -> None:
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse.quantize import quantize
 
     data = _signed(_padded_pool(pad_value))
@@ -198,7 +198,7 @@ def test_padv2_of_the_lowest_value_quantizes_exactly(pad_value: float) -> None:
 def test_huge_finite_calibration_data_give_finite_scales() -> None:
     """Inputs of 1e20: every scale finite and positive, the model runs, and it is as close to the
     float model, relative to the output's size, as for ordinary data."""
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse.quantize import quantize
 
     data = _signed(_padded_pool(-np.inf))
@@ -210,7 +210,7 @@ def test_huge_finite_calibration_data_give_finite_scales() -> None:
 
 
 def test_calibration_data_that_overflow_are_refused_in_one_line() -> None:
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse.quantize import quantize
 
     data = _signed(_padded_pool(-np.inf))
@@ -225,7 +225,7 @@ def test_calibration_data_that_overflow_are_refused_in_one_line() -> None:
 def test_all_equal_calibration_data_give_usable_scales(value: float) -> None:
     """Every sample the same: all zeros (widened to [-1, 1]) or all 0.5 (the quantizer's range
     takes in 0: [0, 0.5], nothing to correct)."""
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse.quantize import quantize
 
     data = _signed(_padded_pool(-np.inf, relu=True))

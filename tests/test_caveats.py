@@ -121,7 +121,7 @@ def test_one_reference_class_is_a_warning_everywhere(tmp_path: Path, capsys) -> 
 
 
 def test_an_outlier_in_the_calibration_data_is_a_warning(tmp_path: Path, capsys) -> None:
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     data = RNG.uniform(-1, 1, (32, 64)).astype(np.float32)
     data[5, 7] = 1e20
     res = convert(_fc_model((64, 16, 10)), "xnnpack-int8", data, tmp_path / "o", progress=False)
@@ -131,7 +131,7 @@ def test_an_outlier_in_the_calibration_data_is_a_warning(tmp_path: Path, capsys)
 
 
 def test_all_zero_calibration_is_a_warning(tmp_path: Path) -> None:
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     data = np.zeros((16, 64), np.float32)
     res = convert(_fc_model((64, 16, 10)), "xnnpack-int8", data, tmp_path / "o", progress=False)
     warnings = res.report["warnings"]
@@ -141,7 +141,7 @@ def test_all_zero_calibration_is_a_warning(tmp_path: Path) -> None:
 
 def test_an_int8_legalization_that_fails_its_check_is_a_warning(tmp_path, monkeypatch) -> None:
     """The fused model stays as quantized, and the reason is a warning, not a silent drop."""
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse import convert as convert_mod
     from tflfuse.rewrite import Pass
 

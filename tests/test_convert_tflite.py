@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("tensorflow")
-pytest.importorskip("ai_edge_quantizer")
+pytest.importorskip("litert_quantizer")
 
 from tflfuse import calibration, flatbuffer
 from tflfuse.cli import main

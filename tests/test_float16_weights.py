@@ -127,7 +127,7 @@ def test_wheel_float16_models_load_as_float_models() -> None:
 
 @needs_face
 def test_convert_takes_a_float16_model_to_the_edge_tpu(tmp_path: Path) -> None:
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse.convert import convert
 
     calib = np.random.default_rng(0).uniform(-1, 1, (16, 128, 128, 3)).astype(np.float32)

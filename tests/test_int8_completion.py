@@ -139,7 +139,7 @@ def test_depth_to_space_island_becomes_int8_exactly() -> None:
 def test_the_quantizer_fallback_knows_what_tflfuse_completes() -> None:
     """convert takes the converter's PTQ (where there is a TF graph) only for ops that stay float:
     PRELU and RELU_0_TO_1 no longer count, RELU6 still does."""
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse.quantize import aeq_unsupported
 
     g = Graph("main")
@@ -177,7 +177,7 @@ def _keras_prelu_tflite() -> bytes:
 
 
 def test_prelu_model_comes_out_fully_int8_and_mapped(tmp_path: Path) -> None:
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse.convert import convert
 
     data = _keras_prelu_tflite()
@@ -256,7 +256,7 @@ def _onnx_mobilenet_v3_block(path: Path) -> None:
 
 
 def test_onnx2tf_hardsigmoid_and_prelu_come_out_int8_and_mapped(tmp_path: Path) -> None:
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     onnx2tf = pytest.importorskip("onnx2tf")
     from tflfuse.convert import convert
 

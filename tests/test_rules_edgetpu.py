@@ -241,7 +241,7 @@ def test_execution_order_does_not_move_the_cut() -> None:
 @pytest.fixture(scope="session")
 def yolo() -> dict[str, bytes]:
     pytest.importorskip("tensorflow")
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse import zoo
     from tflfuse.quantize import quantize
 

@@ -666,6 +666,62 @@ def _run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- compare -------------------------------------------------------------------------------------
+def _add_compare(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="a conversion's unfused / stock / fused: ops, latency here, Edge TPU mapping, error",
+    )
+    p.add_argument("folder", help="the -o folder of tflfuse convert")
+    p.add_argument(
+        "--delegate", default="xnnpack", help="what times them: xnnpack (default), none, ref, ..."
+    )
+    p.add_argument("--runs", type=int, default=300, help="timed rounds (default 300)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed rounds first (default 10)")
+    p.add_argument("--threads", type=int, default=None, help="interpreter threads")
+    _add_json_option(p, "OUT", "comparison")
+    p.add_argument("--plot", metavar="OUT.png", help="plot the three latency distributions")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from tflfuse.bench import check_arguments, plot_latencies
+    from tflfuse.compare import compare, format_table, read_conversion
+    from tflfuse.runtime import check_delegate_name
+
+    # everything that could fail after the benchmark is checked before it
+    check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")
+    check_delegate_name(args.delegate)
+    _, paths = read_conversion(args.folder)
+    for flag, out in (("--json", args.json), ("--plot", args.plot)):
+        if out and out != "-":
+            if any(same_file(p, Path(out)) for p in paths.values()):
+                raise UsageError(f"{out}: output would overwrite a model")
+            check_destination(Path(out), f"{flag} output")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'tflfuse[plot]'")
+    result = compare(
+        args.folder,
+        delegate=args.delegate,
+        runs=args.runs,
+        warmup=args.warmup,
+        threads=args.threads,
+        progress=not args.no_progress,
+    )
+    if args.plot:
+        plot_latencies(result["benchmark"], args.plot)
+    if args.json == "-":
+        _emit_json(result, "-")
+        return 0
+    if args.json:
+        _emit_json(result, args.json)
+    print(format_table(result))
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
 # -- compile -------------------------------------------------------------------------------------
 def _add_compile(sub: Any) -> None:
     p = sub.add_parser("compile", help="run edgetpu_compiler and compare with the prediction")
@@ -739,8 +795,11 @@ def _run_example(args: argparse.Namespace) -> int:
         acc = digits.accuracy(model.predict(split.x_test, verbose=0), split.y_test)
         print(f"trained on sklearn digits: test accuracy {acc:.3f}; held-out set in {test_npz}")
     else:
+        import keras
+
         from tflfuse import zoo
 
+        keras.utils.set_random_seed(0)  # weights=None: the same example on every run
         sized = args.name not in ("transformer_encoder", "ds_cnn")
         model = zoo.build(args.name, **({"input_size": args.size} if sized else {}))
         calib = zoo.sample_inputs(tuple(model.input_shape[1:]), n=64, seed=3)
@@ -759,6 +818,7 @@ _COMMANDS = (
     _add_check,
     _add_convert,
     _add_bench,
+    _add_compare,
     _add_compile,
     _add_example,
 )

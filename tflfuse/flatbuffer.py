@@ -12,7 +12,8 @@ type code that points nowhere, becomes a `ModelError` naming the file: a corrupt
 input, not a bug, and must never surface as a traceback. Turning the unpacked objects into the IR is
 tflfuse's own code: an unexpected exception there is a tflfuse bug and surfaces as `LoaderBugError`
 (naming the step and the exception), never as "corrupt file", so a bug cannot hide behind the user's
-file.
+file. Which files load is a contract with the interpreter, written out in `from_bytes`: what it
+runs loads, except a graph whose file order gives it no defined result.
 """
 
 from __future__ import annotations
@@ -170,6 +171,50 @@ def from_bytes(data: bytes | bytearray, source: str | Path = "<bytes>") -> Model
 
     Corrupt or foreign bytes raise ModelError; a failure inside tflfuse's own conversion of a
     well-formed file raises LoaderBugError (a bug to report, not a problem with the file).
+
+    What loads is what the interpreter runs (ai-edge-litert 2.3; the LiteRT sources behind each
+    point are tflite/core/interpreter_builder.cc, tflite/core/subgraph.cc and
+    tflite/arena_planner.cc, the same at v2.2.0 and at f6745779):
+
+    1. Every model the interpreter builds, allocates and runs loads, except where what it runs
+       has no defined result. The interpreter runs ops in file order ("Invocations are always
+       done in node order"; it never sorts them) and plans one arena lifetime per tensor, from its
+       first writer to its last reader. So tflfuse refuses, naming the ops,
+       - an op that reads a tensor a later op writes (unless it is a graph input or a variable):
+         the built-in kernels read the previous invoke's value or uninitialized memory there,
+         and XNNPACK, which orders by data flow, computes another;
+       - an op that reads the tensor it writes: the builder refuses that for an op with
+         parameters ("Tensor i is both input and output") and runs any other in place, where the
+         result depends on the order its kernel reads and writes;
+       - a tensor written twice (by two ops, or twice by one): after the tensor's last read its
+         memory belongs to another tensor, which a second write overwrites;
+       - a signature naming a tensor the file does not have: its runner refuses it, unless the
+         index reaches a scratch tensor a kernel added at run time (an LSTM adds six).
+    2. Everything else tflfuse refuses, the interpreter refuses too, and the message says what it
+       says: bytes the flatbuffer parser cannot read, an unknown op or tensor type code, an opcode
+       or buffer index out of range (it fails to build); a tensor index out of range among an op's
+       or a subgraph's inputs or outputs (the builder reports "Invalid tensor index", marks the
+       subgraph inconsistent and refuses to allocate or run it; tflfuse refuses the file even when
+       nothing runs that subgraph). -1 is an omitted optional op input; the builder lets it pass
+       among a subgraph's inputs and outputs and an op's outputs too, but no kernel writes and no
+       API feeds or reads it there, so tflfuse refuses it. A signature naming a subgraph the model
+       does not have is refused as its runner refuses it; an intermediate index out of range on
+       an LSTM op, as its kernels read intermediates.
+    3. Where the interpreter never looks, neither does tflfuse: a tensor naming buffer 0 has no
+       data, whatever that buffer holds; an intermediate index out of range on any op but an LSTM
+       is dropped (the builder does not check intermediates and no other kernel reads them); a
+       metadata entry whose buffer does not exist reads as empty (the builder skips it).
+    4. tflfuse is laxer where a check belongs to running a model rather than reading it: kernel
+       and delegate preparation (shapes, operand counts, quantization a kernel cannot take), a
+       tensor nothing writes ("lacks data" at invoke), and the builder's checks of values the IR
+       carries through untouched (the flatbuffer verifier, the schema version, a constant buffer
+       shorter than its shape, scale and zero-point counts, a variable with a buffer, a model
+       without a buffer table, an op version or custom op this interpreter lacks). convert and
+       optimize run the interpreter on what they load.
+
+    tests/test_fuzz_loader.py checks points 1, 2 and 4 against the installed interpreter on mutated
+    real models, under random seeds; tests/test_loader_contract.py shows every point on a tiny
+    model, with what the interpreter does.
     """
     if len(data) == 0:
         raise ModelError(source, "file is empty")
@@ -279,25 +324,11 @@ def _model_from_object(m: Any) -> Model:
     ]
     metadata = {}
     for entry in _seq(m.metadata):
-        buf = _at(buffers, entry.buffer, "metadata buffer")
-        metadata[_text(entry.name)] = bytes(buf.data) if buf.data is not None else b""
-    signatures = []
-    for sig in _seq(m.signatureDefs):
-        graph = _at(subgraphs, sig.subgraphIndex, "signature subgraph")
-        signatures.append(
-            Signature(
-                key=_text(sig.signatureKey),
-                subgraph=sig.subgraphIndex,
-                inputs={
-                    _text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor")
-                    for t in _seq(sig.inputs)
-                },
-                outputs={
-                    _text(t.name): _at(graph.tensors, t.tensorIndex, "signature tensor")
-                    for t in _seq(sig.outputs)
-                },
-            )
-        )
+        # the interpreter skips an entry whose buffer does not exist (ReadAllMetadata): empty here
+        buf = buffers[entry.buffer] if 0 <= entry.buffer < len(buffers) else None
+        data = buf.data if buf is not None else None
+        metadata[_text(entry.name)] = bytes(data) if data is not None else b""
+    signatures = [_signature_from_object(sig, subgraphs) for sig in _seq(m.signatureDefs)]
     extra = {
         k: v
         for k, v in (
@@ -309,13 +340,85 @@ def _model_from_object(m: Any) -> Model:
     return Model(subgraphs, _text(m.description), m.version, metadata, signatures, extra)
 
 
+def _signature_from_object(sig: Any, subgraphs: list[Graph]) -> Signature:
+    """A SignatureDef. One naming a subgraph the model does not have is refused as its runner
+    refuses it ("Invalid subgraph index"). One naming a tensor the file does not have is refused
+    too: the runner refuses it ("Invalid tensor index") unless kernels have added scratch tensors
+    that far at run time (an LSTM adds six), and then it feeds or reads that scratch memory."""
+    key = _text(sig.signatureKey)
+    if not 0 <= sig.subgraphIndex < len(subgraphs):
+        raise _CorruptError(
+            f"signature {key!r} names subgraph {sig.subgraphIndex}, and the model has"
+            f" {len(subgraphs)} (the interpreter's signature runner refuses it)"
+        )
+    tensors = subgraphs[sig.subgraphIndex].tensors
+
+    def named(maps: Any, kind: str) -> dict[str, Tensor]:
+        out = {}
+        for t in _seq(maps):
+            if not 0 <= t.tensorIndex < len(tensors):
+                raise _CorruptError(
+                    f"signature {key!r} {kind} {_text(t.name)!r} names tensor {t.tensorIndex},"
+                    f" and subgraph {sig.subgraphIndex} has {len(tensors)} tensors: the"
+                    " interpreter's signature runner refuses it, or reaches a kernel's scratch"
+                    " tensor, which has no defined result"
+                )
+            out[_text(t.name)] = tensors[t.tensorIndex]
+        return out
+
+    return Signature(
+        key=key,
+        subgraph=sig.subgraphIndex,
+        inputs=named(sig.inputs, "input"),
+        outputs=named(sig.outputs, "output"),
+    )
+
+
+# Ops whose kernels read `intermediates` (tflite/kernels/lstm.cc, unidirectional_sequence_lstm.cc);
+# every other kernel ignores them, and the interpreter never checks them when it builds a node.
+_READS_INTERMEDIATES = frozenset({"LSTM", "UNIDIRECTIONAL_SEQUENCE_LSTM"})
+
+
+def _tensor_indices(values: Any, count: int, where: str, *, optional: bool = False) -> list[int]:
+    """Tensor indices of one list, checked as the interpreter checks them (CheckTensorIndices):
+    -1 is an omitted optional input; any other index outside the subgraph's tensors is refused."""
+    out = [int(i) for i in _seq(values)]
+    for i in out:
+        if optional and i == -1:
+            continue
+        if not 0 <= i < count:
+            raise _CorruptError(
+                f"invalid tensor index {i} in {where}: the subgraph has {count} tensors (the"
+                " interpreter refuses to allocate it)"
+            )
+    return out
+
+
 def _graph_from_object(sg: Any, index: int, codes: list, buffers: list, shared: dict) -> Graph:
-    tensors = [_tensor_from_object(t, buffers, shared) for t in _seq(sg.tensors)]
+    tensor_objects = _seq(sg.tensors)
+    count = len(tensor_objects)
+    here = f"subgraph {index}"
+    # the interpreter's order: the subgraph's inputs and outputs, its tensors, then each node
+    input_indices = _tensor_indices(sg.inputs, count, f"the inputs of {here}")
+    output_indices = _tensor_indices(sg.outputs, count, f"the outputs of {here}")
+    tensors = [_tensor_from_object(t, buffers, shared) for t in tensor_objects]
+    wiring = []
+    for k, o in enumerate(_seq(sg.operators)):
+        op_type = _at(codes, o.opcodeIndex, "operator code")[0]
+        what = f"op {k} ({op_type}) of {here}"
+        ins = _tensor_indices(o.inputs, count, f"the inputs of {what}", optional=True)
+        outs = _tensor_indices(o.outputs, count, f"the outputs of {what}")
+        inter = [int(i) for i in _seq(o.intermediates)]
+        if any(not 0 <= i < count for i in inter):
+            if op_type in _READS_INTERMEDIATES:
+                _tensor_indices(inter, count, f"the intermediates of {what}, which it reads")
+            inter = [i for i in inter if 0 <= i < count]  # nothing reads them: dropped
+        wiring.append((ins, outs, inter))
+    _check_execution_order(sg, index, codes, wiring, set(input_indices))
+
     ops = []
-    for o in _seq(sg.operators):
-        op_type, custom_code, version = _at(codes, o.opcodeIndex, "operator code")
-        ins = [None if i == -1 else _at(tensors, i, "tensor") for i in _seq(o.inputs)]
-        outs = [_at(tensors, i, "tensor") for i in _seq(o.outputs)]
+    for o, (ins, outs, inter) in zip(_seq(sg.operators), wiring):
+        op_type, custom_code, version = codes[o.opcodeIndex]
         options_type = _OPTIONS_NAMES.get(o.builtinOptionsType) if o.builtinOptionsType else None
         options = _options_to_dict(o.builtinOptions) if o.builtinOptions is not None else {}
         extra: dict[str, Any] = {}
@@ -331,30 +434,81 @@ def _graph_from_object(sg: Any, index: int, codes: list, buffers: list, shared: 
             if o.customOptions is not None
             else None
         )
-        try:
-            op = Op(
+        ops.append(
+            Op(
                 op_type,
-                ins,
-                outs,
+                [None if i == -1 else tensors[i] for i in ins],
+                [tensors[i] for i in outs],
                 options,
                 version=version,
                 custom_code=custom_code,
                 custom_options=custom,
                 options_type=options_type,
-                intermediates=[_at(tensors, i, "tensor") for i in _seq(o.intermediates)],
+                intermediates=[tensors[i] for i in inter],
                 extra=extra,
             )
-        except IRError as exc:
-            raise _CorruptError(str(exc)) from None
-        ops.append(op)
+        )
     return Graph(
         name=_text(sg.name) or ("main" if index == 0 else f"subgraph_{index}"),
         ops=ops,
         tensors=tensors,
-        inputs=[_at(tensors, i, "tensor") for i in _seq(sg.inputs)],
-        outputs=[_at(tensors, i, "tensor") for i in _seq(sg.outputs)],
+        inputs=[tensors[i] for i in input_indices],
+        outputs=[tensors[i] for i in output_indices],
         extra={"had_name": bool(sg.name), "debug_metadata_index": sg.debugMetadataIndex},
     )
+
+
+def _check_execution_order(
+    sg: Any, index: int, codes: list, wiring: list, graph_inputs: set[int]
+) -> None:
+    """Refuse a graph whose file order gives it no defined result.
+
+    The interpreter runs ops in file order ("Invocations are always done in node order",
+    subgraph.cc) and its arena planner gives each tensor one lifetime, from its first writer to its
+    last reader (arena_planner.cc). A read before the write therefore sees the previous invoke's
+    value or uninitialized memory (and XNNPACK, which orders by data flow, computes something
+    else); a second write can land, after the tensor's last read, in memory another tensor owns.
+    Graph inputs (allocated for the whole run) and variables (persistent state) may be read first.
+    An op may not read the tensor it writes: the builder refuses that for ops with parameters
+    (CheckInputAndOutputForOverlap) and runs the others in place, which only some kernels survive.
+    """
+    names = [_text(t.name) for t in _seq(sg.tensors)]
+    variables = {i for i, t in enumerate(_seq(sg.tensors)) if t.isVariable}
+
+    def op(k: int) -> str:
+        return f"op {k} ({codes[_seq(sg.operators)[k].opcodeIndex][0]})"
+
+    for k, (ins, outs, _) in enumerate(wiring):
+        both = sorted(set(ins) & set(outs))
+        if both:
+            i = both[0]
+            raise _CorruptError(
+                f"{op(k)} of subgraph {index} reads and writes tensor {i} {names[i]!r}: the"
+                f' interpreter refuses that for an op with parameters ("Tensor {i} is both input'
+                ' and output") and runs any other in place, where the result depends on the'
+                " order its kernel reads and writes"
+            )
+    writer: dict[int, int] = {}
+    for k, (_, outs, _) in enumerate(wiring):
+        for i in outs:
+            if i in writer:
+                again = "twice" if writer[i] == k else f"and again by {op(k)}"
+                raise _CorruptError(
+                    f"tensor {i} {names[i]!r} of subgraph {index} is written by {op(writer[i])}"
+                    f" {again}: the interpreter plans one lifetime per tensor, from its first"
+                    " writer to its last reader, so a second write can land in another tensor's"
+                    " memory"
+                )
+            writer[i] = k
+    for k, (ins, _, _) in enumerate(wiring):
+        for i in ins:
+            j = writer.get(i)
+            if j is not None and j > k and i not in graph_inputs and i not in variables:
+                raise _CorruptError(
+                    f"{op(k)} of subgraph {index} reads tensor {i} {names[i]!r} before {op(j)}"
+                    " writes it: the interpreter runs ops in file order, so that read sees stale"
+                    " or uninitialized memory and the model has no defined result"
+                )
 
 
 def _tensor_from_object(t: Any, buffers: list, shared: dict) -> Tensor:
@@ -362,7 +516,14 @@ def _tensor_from_object(t: Any, buffers: list, shared: dict) -> Tensor:
     if dtype is None:
         raise _CorruptError(f"unknown tensor type {t.type}")
     shape = tuple(int(d) for d in _seq(t.shape))
-    buf = _at(buffers, t.buffer, "buffer") if buffers else None
+    buf = None
+    if t.buffer != 0:  # buffer 0 means "no data", whatever it holds (ParseTensors)
+        if not t.buffer < len(buffers):
+            raise _CorruptError(
+                f"tensor {_text(t.name)!r} names buffer {t.buffer}, and the model has"
+                f" {len(buffers)} buffers (the interpreter refuses to build it)"
+            )
+        buf = buffers[t.buffer]
     data = None
     if buf is not None and buf.data is not None and len(buf.data) > 0:
         key = (t.buffer, dtype, shape)

@@ -59,7 +59,7 @@ def _progress(samples: Iterable[Any], total: int, desc: str, enabled: bool) -> I
 
 
 def _aeq_recipe(mode: str) -> Any:
-    from ai_edge_quantizer import qtyping, recipe, recipe_manager
+    from litert_quantizer import qtyping, recipe, recipe_manager
 
     if mode == "int8":
         return recipe.static_wi8_ai8()
@@ -101,7 +101,7 @@ def quantize(
         return Quantized(float_model, "none (float32)")
     import logging
 
-    from ai_edge_quantizer import quantizer
+    from litert_quantizer import quantizer
 
     logging.getLogger("absl").setLevel(logging.ERROR)
     model = flatbuffer.from_bytes(float_model)
@@ -162,7 +162,7 @@ def _calibrate(q: Any, float_model: bytes, dataset: dict[str, list[dict[str, np.
     converter's PTQ). The profiler-based mode records the same ranges as keeping every tensor
     alive (identical up to float32 rounding on MobileNetV2) about 7x faster.
     """
-    from ai_edge_quantizer import calibrator
+    from litert_quantizer import calibrator
 
     modes = [
         getattr(calibrator.CalibrationMode, "CALIBRATION_PROFILER_BASED", None),
@@ -196,7 +196,7 @@ def _global_min_max(qsv: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 def _layer_error(q: Any, key: str, samples: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
     """Per-tensor error of the quantized model against the float one (ai-edge-quantizer's
     validator: mean squared error and signal-to-noise ratio), worst first."""
-    from ai_edge_quantizer.utils import validation_utils
+    from litert_quantizer.utils import validation_utils
 
     metrics = [validation_utils.ValidationErrorMetric.MSE]
     snr = getattr(validation_utils.ValidationErrorMetric, "SNR", None)
@@ -241,7 +241,7 @@ def aeq_unsupported(float_model: bytes) -> list[str]:
     """Op types of the main graph that ai-edge-quantizer has no int8 config for (e.g. RELU6)
     and `int8_completion` does not make int8 after it: with them the result is not fully int8,
     so the caller takes the converter's PTQ instead (where there is a TF graph)."""
-    from ai_edge_quantizer import qtyping
+    from litert_quantizer import qtyping
 
     known = set(qtyping.TFLOperationName.__members__) | COMPLETED_OPS
     graph = flatbuffer.from_bytes(float_model).main

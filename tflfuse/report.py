@@ -239,7 +239,7 @@ def assemble(rec: Any, ctx: Any) -> dict[str, Any]:
         "recipe": rec.to_dict(),
         "versions": {
             "tensorflow": _version("tensorflow"),
-            "ai_edge_quantizer": _version("ai-edge-quantizer"),
+            "litert_quantizer": _version("litert-quantizer"),
             "tflfuse": _version("tflfuse"),
         },
         "inputs": [
@@ -300,8 +300,8 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         f"Recipe **{rec['name']}** ({rec['description']}); target `{rec['target']}`, delegate"
         f" `{rec['delegate']}`; quantization `{q['mode']}`, I/O {rec['input_type']} ->"
-        f" {rec['output_type']}. TensorFlow {r['versions']['tensorflow']}, ai-edge-quantizer"
-        f" {r['versions']['ai_edge_quantizer']}.",
+        f" {rec['output_type']}. TensorFlow {r['versions']['tensorflow']}, litert-quantizer"
+        f" {r['versions']['litert_quantizer']}.",
         "",
     ]
     made_for = r.get("runtime")
