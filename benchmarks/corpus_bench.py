@@ -70,7 +70,8 @@ def tflfuse_command(path: Path) -> tuple[list[str], Path | None]:
 
 
 def checkout_id(checkout: Path | None, exe: list[str]) -> str:
-    """The commit and a hash of the uncommitted diff of the tflfuse package in `checkout`."""
+    """A hash of the committed tflfuse package and its data folders in `checkout`, and of their
+    uncommitted diff."""
     if checkout is None:
         return hashlib.sha1(Path(exe[0]).read_bytes()).hexdigest()[:12]
 
@@ -79,7 +80,9 @@ def checkout_id(checkout: Path | None, exe: list[str]) -> str:
             ["git", "-C", str(checkout), *args], capture_output=True, text=True, check=False
         ).stdout
 
-    head = git("rev-parse", "--short=12", "HEAD").strip()
+    # the trees of what decides a conversion, not the commit: a commit elsewhere keeps the cache
+    trees = git("rev-parse", "HEAD:tflfuse", "HEAD:delegates", "HEAD:converters").split()
+    head = hashlib.sha1(" ".join(trees).encode()).hexdigest()[:12]
     diff = git("diff", "HEAD", "--", "tflfuse", "delegates", "converters")
     return head + ("+" + hashlib.sha1(diff.encode()).hexdigest()[:8] if diff else "")
 
@@ -118,6 +121,7 @@ def run_limited(cmd: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
         "timed_out": timed_out.is_set(),
         "seconds": time.perf_counter() - t0,
         "peak_rss_mib": usage.ru_maxrss / 1024,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
         "stdout": out_path.read_text(errors="replace"),
         "stderr": err_path.read_text(errors="replace"),
     }
@@ -191,9 +195,14 @@ def summarize_report(rep: dict[str, Any]) -> dict[str, Any]:
         "ops": {k: (models.get(k) or {}).get("op_count") for k in ("unfused", "stock", "fused")},
         "error": {k: agreement(k) for k in ("stock", "fused")},
         "edgetpu": {
-            k: {"mapped": v.get("mapped"), "ops": v.get("ops")}
+            k: {
+                "mapped": v.get("mapped"),
+                "ops": v.get("ops"),
+                "cut": v.get("cut"),
+                "cpu_ops": v.get("cpu_ops"),
+            }
             for k, v in edgetpu.items()
-            if isinstance(v, dict)
+            if isinstance(v, dict) and "mapped" in v
         },
         "float_ops_left": quant.get("float_ops_left"),
         "fired": (rep.get("rules") or {}).get("fired"),
@@ -251,6 +260,7 @@ def run_cell(model: Path, recipe: str, exe: list[str], args: argparse.Namespace)
             "stderr_tail": printed_lines(run["stderr"])[-15:],
             "seconds": round(run["seconds"], 2),
             "peak_rss_mib": round(run["peak_rss_mib"], 1),
+            "cpu_s": round(run["cpu_s"], 2),
         }
         report = folder / "out" / "report.json"
         if status == "converted" and not report.exists():
@@ -386,6 +396,23 @@ def _cause(why: str) -> str:
     return text[:160]
 
 
+def _group(cell: dict[str, Any]) -> str:
+    """The cause a failed cell is listed under: for a crash, where it happened (the innermost
+    tflfuse functions on the stack); otherwise its error line with paths and numbers taken out
+    (a refusal printed with extra lines joins its one-line twins, marked with the line count)."""
+    if cell["status"] == "crash":
+        signal_name = cell["why"].split(",")[0]
+        frames = [re.sub(r":\d+ ", " ", f) for f in (cell.get("crash_in_tflfuse") or [])[:2]]
+        where = " ← ".join(frames) if frames else "(no Python stack)"
+        return f"crash: {signal_name}, no message, in {where}"
+    why = cell["why"]
+    if cell["status"] == "failed":
+        why = re.sub(r"^exit \d+, \d+ lines: ", "", why)
+    return (
+        f"{'refused' if cell['status'] in ('refused', 'failed') else cell['status']}: {_cause(why)}"
+    )
+
+
 def write_markdown(cells: list[dict[str, Any]], meta: dict[str, Any], path: Path) -> None:
     by_status = Counter(c["status"] for c in cells)
     lines = [
@@ -397,7 +424,8 @@ def write_markdown(cells: list[dict[str, Any]], meta: dict[str, Any], path: Path
         " `NAME.calib.npy` (32 varied samples in the model's layout; weights are random,"
         " BatchNorm statistics calibrated, outputs checked to vary with the input).",
         "",
-        f"tflfuse: `{meta['tflfuse']}` at `{meta['tflfuse_id']}`; {meta['when']}; corpus"
+        f"tflfuse: `{meta['tflfuse']}`, commit `{meta['tflfuse_commit']}` (package tree"
+        f" `{meta['tflfuse_id']}`); {meta['when']}; corpus"
         f" `{meta['corpus']}` ({meta['models']} models); export versions:"
         f" {', '.join(f'{k} {v}' for k, v in meta['export_versions'].items())}.",
         "",
@@ -420,14 +448,26 @@ def write_markdown(cells: list[dict[str, Any]], meta: dict[str, Any], path: Path
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for c in cells:
         if c["status"] != "converted":
-            groups[f"{c['status']}: {_cause(c['why'])}"].append(c)
+            groups[_group(c)].append(c)
     if not groups:
         lines.append("None.")
     for cause, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         lines.append(f"- **{len(members)}×** {cause}")
-        names = ", ".join(f"{c['model'].removesuffix('.tflite')} {c['recipe']}" for c in members)
+        names = ", ".join(
+            f"{c['model'].removesuffix('.tflite')} {c['recipe']}"
+            + (f" ({c['lines_printed']} lines)" if c["status"] == "failed" else "")
+            for c in members
+        )
         lines.append(f"  - {names}")
         lines.append(f"  - e.g. `{members[0]['why']}`")
+        stack = next((c["crash_in_tflfuse"] for c in members if c.get("crash_in_tflfuse")), None)
+        if stack:
+            lines.append(f"  - where (innermost first): {' ← '.join(stack)}")
+        left = sum(1 for c in members if c.get("left_behind"))
+        if left:
+            lines.append(
+                f"  - {left} of these left files behind (e.g. `{members[0]['left_behind']}`)"
+            )
     lines += [
         "",
         "## Every cell",
@@ -442,6 +482,31 @@ def write_markdown(cells: list[dict[str, Any]], meta: dict[str, Any], path: Path
             f"| {c['model'].removesuffix('.tflite')} | {c['recipe']} | {result} | {_ops(c)} |"
             f" {_err(c)} | {_tpu(c)} | {_lat(c)} | {c['seconds']:.0f} | {c['peak_rss_mib']:.0f} |"
         )
+    big = [
+        c
+        for c in cells
+        if (meta["sidecars"].get(c["model"].removesuffix(".tflite")) or {}).get("ops", 0) >= 250
+    ]
+    if big:
+        lines += [
+            "",
+            "## Speed and memory on the large exports (goal: under 30 s and 4 GiB)",
+            "",
+            "Wall time depends on the load of this shared machine; CPU time (user + system of the"
+            " conversion and its children) much less.",
+            "",
+            "| model | source ops | recipe | result | wall s | CPU s | peak RSS MiB | in goal |",
+            "|---|---:|---|---|---:|---:|---:|---|",
+        ]
+        for c in big:
+            ops = meta["sidecars"][c["model"].removesuffix(".tflite")].get("ops")
+            cpu = c.get("cpu_s")
+            ok = (cpu if cpu is not None else c["seconds"]) < 30 and c["peak_rss_mib"] < 4096
+            lines.append(
+                f"| {c['model'].removesuffix('.tflite')} | {ops} | {c['recipe']} | {c['status']} |"
+                f" {c['seconds']:.0f} | {_g(cpu, '.0f')} | {c['peak_rss_mib']:.0f} |"
+                f" {'yes' if ok else '**no**'} |"
+            )
     lines += [
         "",
         "## The models",
@@ -536,8 +601,17 @@ def main() -> int:
     index = args.corpus / "index.json"
     export_versions = (json.loads(index.read_text()) if index.exists() else {}).get("versions", {})
     keep = ("torch", "torchvision", "litert-torch", "onnx", "onnx2tf", "onnxsim", "ultralytics")
+    commit = "?"
+    if checkout is not None:
+        commit = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
     meta = {
         "tflfuse": str(exe[0]),
+        "tflfuse_commit": commit,
         "tflfuse_id": tool,
         "when": time.strftime("%Y-%m-%d"),
         "corpus": str(args.corpus),
