@@ -456,7 +456,8 @@ def write_markdown(cells: list[dict[str, Any]], meta: dict[str, Any], path: Path
         f"**{len(cells)} cells: {by_status.get('converted', 0)} converted,"
         f" {by_status.get('refused', 0)} refused in one line (exit 2),"
         f" {by_status.get('crash', 0)} crashed (a signal or a traceback),"
-        f" {by_status.get('failed', 0)} failed otherwise,"
+        f" {by_status.get('failed', 0)} failed otherwise (a refusal printed in more than one"
+        " line, or another exit code),"
         f" {by_status.get('timeout', 0)} timed out.**"
         f" Cells that left files behind: {sum(1 for c in cells if c.get('left_behind'))}.",
         "",
