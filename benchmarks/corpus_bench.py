@@ -19,7 +19,7 @@ the rules that fired, the stage timings; the conversion's wall time and peak RSS
 its descendants, from wait4). A converted cell is then timed with a short interleaved
 `tflfuse bench STOCK FUSED` (XNNPACK, one thread, runs alternating) for p50 fused/stock.
 
-Cells are cached in benchmarks/out/corpus/cells/ (keyed by the model file, the recipe and the
+Cells are cached in benchmarks/out/corpus/cells/TREE/ (keyed by the model file, the recipe and the
 tflfuse checkout's commit and diff): a rerun only does what changed; `--rerun` redoes the
 selection. The converted models are deleted after measuring (report.json is kept). Writes
 benchmarks/CORPUS.md and benchmarks/out/corpus.json. Latency depends on the machine (shared
@@ -47,8 +47,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CORPUS = Path(os.environ.get("TFLFUSE_CORPUS", "/work/corpus/models"))
+# Per tflfuse package tree: cells/TREE/MODEL__RECIPE.json, and the stock and fused models of
+# converted cells in models/TREE/MODEL__RECIPE/ (for --retime).
 CACHE = HERE / "out" / "corpus" / "cells"
-KEPT = HERE / "out" / "corpus" / "models"  # stock and fused of converted cells, for --retime
+KEPT = HERE / "out" / "corpus" / "models"
 RECIPES = ("edgetpu", "xnnpack-int8", "edgetpu+cl", "xnnpack-int8+cl")  # +cl: --channels-last
 SCHEMA = 3  # bump when a cell's record changes shape
 
@@ -275,7 +277,7 @@ def run_cell(model: Path, recipe: str, exe: list[str], args: argparse.Namespace)
             cell.update(summarize_report(json.loads(report.read_text())))
             if not args.no_latency:
                 cell["latency"] = bench_pair(exe, folder, args.runs, args.timeout)
-            kept = KEPT / cell_key(model, recipe)
+            kept = KEPT / args.tool / cell_key(model, recipe)
             kept.mkdir(parents=True, exist_ok=True)
             for name in ("model.tflite", "model_stock.tflite"):
                 shutil.copyfile(folder / "out" / name, kept / name)
@@ -334,12 +336,12 @@ def sidecar(model: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def cell_key(model: Path, recipe: str, tool: str = "") -> str:
+def cell_key(model: Path, recipe: str) -> str:
     return f"{model.stem}__{recipe}"
 
 
 def load_cell(model: Path, recipe: str, tool: str) -> dict[str, Any] | None:
-    path = CACHE / f"{cell_key(model, recipe, tool)}.json"
+    path = CACHE / tool / f"{cell_key(model, recipe)}.json"
     if not path.exists():
         return None
     cell = json.loads(path.read_text())
@@ -349,9 +351,9 @@ def load_cell(model: Path, recipe: str, tool: str) -> dict[str, Any] | None:
 
 
 def save_cell(cell: dict[str, Any], model: Path, recipe: str, tool: str) -> None:
-    CACHE.mkdir(parents=True, exist_ok=True)
+    (CACHE / tool).mkdir(parents=True, exist_ok=True)
     cell.update(schema=SCHEMA, tflfuse_id=tool, model_id=file_id(model))
-    (CACHE / f"{cell_key(model, recipe, tool)}.json").write_text(json.dumps(cell, indent=1))
+    (CACHE / tool / f"{cell_key(model, recipe)}.json").write_text(json.dumps(cell, indent=1))
 
 
 # ---------------------------------------------------------------- the tables
@@ -580,10 +582,10 @@ def retime(
         (key, cell)
         for key, cell in results.items()
         if cell["status"] == "converted"
-        and (KEPT / cell_key(by_name[key[0]], key[1]) / "model.tflite").exists()
+        and (KEPT / tool / cell_key(by_name[key[0]], key[1]) / "model.tflite").exists()
     ]
     for (name, recipe), cell in tqdm(todo, unit="cell", desc="retime"):
-        folder = KEPT / cell_key(by_name[name], recipe)
+        folder = KEPT / tool / cell_key(by_name[name], recipe)
         cell["latency"] = bench_pair(exe, folder.parent, args.runs, args.timeout, folder.name)
         save_cell(cell, by_name[name], recipe, tool)
 
@@ -617,7 +619,7 @@ def main() -> int:
     args = ap.parse_args()
 
     exe, checkout = tflfuse_command(args.tflfuse)
-    tool = checkout_id(checkout, exe)
+    tool = args.tool = checkout_id(checkout, exe)
     models = corpus(args.corpus, args.only)
     if not models:
         print(f"corpus_bench: no models in {args.corpus} (build them: benchmarks/corpus_build.py)")
