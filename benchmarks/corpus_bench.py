@@ -19,9 +19,10 @@ the rules that fired, the stage timings; the conversion's wall time and peak RSS
 its descendants, from wait4). A converted cell is then timed with a short interleaved
 `tflfuse bench STOCK FUSED` (XNNPACK, one thread, runs alternating) for p50 fused/stock.
 
-Cells are cached in benchmarks/out/corpus/cells/TREE/ (keyed by the model file, the recipe and the
-tflfuse checkout's commit and diff): a rerun only does what changed; `--rerun` redoes the
-selection. The converted models are deleted after measuring (report.json is kept). Writes
+Cells are cached in benchmarks/out/corpus/cells/TREE/ (keyed by the model file and the recipe, per
+tree of the tflfuse package and its diff): a rerun only does what changed; `--rerun` redoes the
+selection. Of a converted cell, the stock and fused models are kept (models/TREE/, for `--retime`,
+which times them again without converting); the rest of its folder is deleted. Writes
 benchmarks/CORPUS.md and benchmarks/out/corpus.json. Latency depends on the machine (shared
 here): the ratio between models timed in one run is the number to read.
 """
