@@ -3,6 +3,7 @@
 
     python benchmarks/cost_table.py                 # writes delegates/cost_table.json (~2 min)
     python benchmarks/cost_table.py --runs 50 --out /tmp/t.json
+    python benchmarks/cost_table.py --kinds PRELU QUANTIZE ...   # merge a few kinds into the table
 
 For every op kind x shape class (small / medium / large work) x dtype (float32, int8) this
 builds a one-op .tflite on the IR (no TensorFlow), and times it interleaved with an empty model
@@ -13,8 +14,10 @@ or multiply-adds for heavy kernels) between the shape classes measured here.
 
 Variants that behave differently get their own kind: `ADD@bcast` (one operand broadcast along
 the last axis), `MEAN@squeeze` (keep_dims=False), `MEAN@last` (over the last axis), `MEAN@rows`
-(the same written as a pool, rows as the batch). int8 tensors use per-tensor scales (weights
-per channel), as the converter and ai-edge-quantizer write them.
+(the same written as a pool, rows as the batch). DEQUANTIZE, QUANTIZE, PRELU, RELU_0_TO_1, RELU
+and DEPTH_TO_SPACE price the float island litert-quantizer leaves against the int8 op
+`tflfuse.int8_completion` writes (`cost.int8_completion_refusal`). int8 tensors use per-tensor
+scales (weights per channel), as the converter and litert-quantizer write them.
 """
 
 from __future__ import annotations
@@ -192,6 +195,45 @@ def _softmax(b: Builder, rows: int) -> Model:
     return b.op("SOFTMAX", [x], b.act((1, rows, CHANNELS), 1 / 256, -128), beta=1.0)
 
 
+def _island_part(kind: str) -> Callable[[Builder, int], Model]:
+    """DEQUANTIZE (int8 in, float out: measured as float32) or QUANTIZE (float in, int8 out:
+    measured as int8): the two ends of the float island litert-quantizer leaves around an op
+    it has no int8 config for (`tflfuse.int8_completion`)."""
+
+    def build(b: Builder, rows: int) -> Model:
+        q = Quantization(np.array([0.05], np.float32), np.array([0], np.int64))
+        shape = (1, rows, CHANNELS)
+        x = b.g.add_tensor("input", shape, "INT8" if kind == "DEQUANTIZE" else "FLOAT32",
+                           quantization=q if kind == "DEQUANTIZE" else None)  # fmt: skip
+        b.g.inputs.append(x)
+        out = b.g.add_tensor("y", shape, "FLOAT32" if kind == "DEQUANTIZE" else "INT8",
+                             quantization=None if kind == "DEQUANTIZE" else q)  # fmt: skip
+        return b.op(kind, [x], out)
+
+    return build
+
+
+def _prelu(b: Builder, rows: int) -> Model:
+    """PRELU with one alpha per channel (1, 1, C), as MediaPipe's models have it; int8 alpha
+    with one symmetric scale, as `int8_completion.QuantizePrelu` writes it."""
+    x = b.input((1, rows, CHANNELS))
+    alpha = b.rng.uniform(0.05, 0.5, (1, 1, CHANNELS)).astype(np.float32)
+    if b.int8:
+        scale = float(alpha.max()) / 127
+        q = Quantization(np.array([scale], np.float32), np.array([0], np.int64))
+        a = b.g.add_constant("alpha", np.round(alpha / scale).astype(np.int8), "INT8", q)
+    else:
+        a = b.g.add_constant("alpha", alpha, "FLOAT32")
+    return b.op("PRELU", [x, a], b.act((1, rows, CHANNELS), 0.04, -30))
+
+
+def _depth_to_space(b: Builder, rows: int) -> Model:
+    side = max(int(np.sqrt(rows)), 1)
+    x = b.input((1, side, rows // side, CHANNELS))
+    out = b.act((1, 2 * side, 2 * (rows // side), CHANNELS // 4))
+    return b.op("DEPTH_TO_SPACE", [x], out, block_size=2)
+
+
 def _batch_matmul(b: Builder, rows: int) -> Model:
     seq = max(int(np.sqrt(rows * 2)), 2)
     x = b.input((1, 2, seq, 16))
@@ -227,10 +269,20 @@ KINDS: dict[str, tuple[Callable[[Builder, int], Model], tuple[str, ...]]] = {
     "BATCH_MATMUL": (_batch_matmul, DTYPES),
     "TRANSPOSE": (_transpose, DTYPES),
     "RESHAPE": (_reshape, DTYPES),
+    # int8 completion (tflfuse.cost.int8_completion_refusal): the island's parts and the int8 ops
+    "DEQUANTIZE": (_island_part("DEQUANTIZE"), ("float32",)),
+    "QUANTIZE": (_island_part("QUANTIZE"), ("int8",)),
+    "PRELU": (_prelu, DTYPES),
+    "RELU_0_TO_1": (_unary("RELU_0_TO_1"), ("float32",)),
+    "RELU": (_unary("RELU", (1 / 255, -128)), ("int8",)),  # requantizing, as the completion's
+    "DEPTH_TO_SPACE": (_depth_to_space, DTYPES),
 }
 
 
-def measure(runs: int, warmup: int, folder: Path, log: Callable[[str], None]) -> list[dict]:
+def measure(
+    runs: int, warmup: int, folder: Path, log: Callable[[str], None], kinds: set[str] | None = None
+) -> list[dict]:
+    """Entries for every kind (or only `kinds`), each dtype, shape class and runtime."""
     entries = []
     for dtype in DTYPES:
         for shape_class, rows in ROWS.items():
@@ -241,7 +293,7 @@ def measure(runs: int, warmup: int, folder: Path, log: Callable[[str], None]) ->
             paths.append(path)
             names.append("(empty)")
             for kind, (build, dtypes) in KINDS.items():
-                if dtype not in dtypes:
+                if dtype not in dtypes or (kinds is not None and kind not in kinds):
                     continue
                 model = build(Builder(dtype), rows)
                 op = model.main.ops[0]
@@ -272,24 +324,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=500)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--out", default=str(HERE.parent / "delegates" / "cost_table.json"))
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=sorted(KINDS),
+        help="measure only these kinds and merge them into --out (its other entries are kept;"
+        " a decision compares kinds measured in one run)",
+    )
     args = p.parse_args(argv)
 
     def log(message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
     started = time.perf_counter()
+    kinds = set(args.kinds) if args.kinds else None
     with tempfile.TemporaryDirectory() as tmp:
-        entries = measure(args.runs, args.warmup, Path(tmp), log)
+        entries = measure(args.runs, args.warmup, Path(tmp), log, kinds)
+    merged_from = None
+    if kinds is not None and Path(args.out).is_file():
+        old = json.loads(Path(args.out).read_text())
+        entries = [e for e in old["entries"] if e["kind"] not in kinds] + entries
+        merged_from = {k: old[k] for k in ("command", "runs", "minutes") if k in old}
     table = {
         "about": "Per-op latency added to a model (median invoke minus an empty model's), by op"
         " kind, dtype, runtime and work (elements written, or multiply-adds). Written by"
         " benchmarks/cost_table.py; read by tflfuse.cost.",
-        "command": "python benchmarks/cost_table.py",
+        "command": "python benchmarks/cost_table.py"
+        + (f" --kinds {' '.join(sorted(kinds))}" if kinds else ""),
         "machine": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "interpreter": interpreter_package(),
         "runs": args.runs,
         "minutes": round((time.perf_counter() - started) / 60, 1),
+        **({"other_kinds_from": merged_from} if merged_from else {}),
         "entries": entries,
     }
     Path(args.out).write_text(json.dumps(table, indent=1) + "\n")
