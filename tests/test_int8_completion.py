@@ -1,5 +1,5 @@
 """No op left float by the quantizer (issue 16): PRELU, RELU_0_TO_1 and DEPTH_TO_SPACE, which
-ai-edge-quantizer has no int8 config for, come out int8, and the Edge TPU maps PRELU and RELU.
+litert-quantizer has no int8 config for, come out int8, and the Edge TPU maps PRELU and RELU.
 
 The rules are checked exhaustively on int8 islands built inline (every int8 input value, against
 the DEQUANTIZE -> float op -> QUANTIZE the quantizer leaves); the whole route on a Keras model with
@@ -34,7 +34,7 @@ def _q(scale: float, zero: int) -> Quantization:
 
 def _island(op_type: str, channels: int, out_q: Quantization, alpha: np.ndarray | None = None):
     """x (int8, every value along axis 1) -> DEQUANTIZE -> op (float) -> QUANTIZE -> y (int8):
-    what ai-edge-quantizer leaves around an op it has no int8 config for."""
+    what litert-quantizer leaves around an op it has no int8 config for."""
     g = Graph("main")
     x = g.add_tensor("x", (1, 256, channels), "INT8", quantization=_q(0.04, -20))
     xf = g.add_tensor("x_dequant", x.shape)
@@ -273,10 +273,143 @@ def test_onnx2tf_hardsigmoid_and_prelu_come_out_int8_and_mapped(tmp_path: Path) 
     res = convert(source, "edgetpu", calib, tmp_path / "o", progress=False)
     r = res.report
     assert r["quantization"]["float_ops_left"] == []
-    fused = [op.type for op in flatbuffer.load(res.fused).main.ops]
-    assert "RELU_0_TO_1" not in fused and "PRELU" in fused and "RELU" in fused
+    fused_ops = flatbuffer.load(res.fused).main.ops
+    fused = [op.type for op in fused_ops]
+    assert "RELU_0_TO_1" not in fused and "PRELU" in fused
+    # the HardSigmoid's clamp became its producer's fused RELU (or an int8 RELU)
+    assert "RELU" in fused or any(op.fused_activation == "RELU" for op in fused_ops)
     tpu = r["edgetpu"]
     assert tpu["fused"]["mapped"] == tpu["fused"]["ops"] > tpu["stock"]["mapped"]
     a = r["agreement"]["fused"]
     assert a["verified"] and a["outputs"][0]["varies"]
     assert a["max_abs"] <= 2 * r["agreement"]["stock"]["max_abs"] + 1e-3
+
+
+# -- per target: a runtime only gets what it has kernels for ------------------------------------
+def test_the_measured_table_says_the_island_is_faster_where_xnnpack_has_no_int8_op() -> None:
+    """The facts the decision stands on (delegates/cost_table.json, benchmarks/cost_table.py;
+    benchmarks/INT8_COMPLETION.md in context): an int8 PRELU or RELU costs several times its
+    island on XNNPACK and on the plain kernels; an int8 DEPTH_TO_SPACE costs less."""
+    from tflfuse import cost
+
+    for target in ("xnnpack", "cpu"):
+        for op in ("PRELU", "RELU_0_TO_1"):
+            island, int8 = cost.int8_completion_us(target, op, 65536)
+            assert int8 > 5 * island, (target, op, island, int8)
+        island, int8 = cost.int8_completion_us(target, "DEPTH_TO_SPACE", 65536)
+        assert int8 < island, (target, island, int8)
+    assert cost.int8_completion_refusal("edgetpu", "PRELU", 65536) is None  # maps: always
+    assert cost.int8_completion_us("gpu", "PRELU", 65536) is None  # unmeasured: the default
+
+
+def test_xnnpack_takes_the_island_but_not_an_int8_prelu() -> None:
+    """Checked on the interpreter (ai-edge-litert's XNNPACK): every op of the island is
+    delegated, the int8 PRELU is not (its TFLite delegate checks for float tensors)."""
+    from tflfuse.delegate_probe import xnnpack_delegated_ops
+
+    alpha = np.array([[[0.25, -0.1, 0.02, 0.7]]])
+    island = _island("PRELU", 4, _q(0.03, -60), alpha)
+    completed, _, _ = apply(island, QuantizePrelu())
+    assert xnnpack_delegated_ops(island) == {0, 1, 2}
+    assert xnnpack_delegated_ops(completed) == set()
+
+
+@pytest.mark.parametrize("target", ["xnnpack", "cpu"])
+def test_a_prelu_island_stays_float_on_the_cpu_targets_and_says_why(target: str) -> None:
+    before = _island("PRELU", 4, _q(0.03, -60), np.array([[[0.25, -0.1, 0.02, 0.7]]]))
+    _, model, result = apply(before, QuantizePrelu(target))
+    assert ops(model) == ["DEQUANTIZE", "PRELU", "QUANTIZE"] and not result.events
+    (reason,) = refusals(result, "QuantizePrelu")
+    runtime = {"xnnpack": "XNNPACK kernels", "cpu": "the plain built-in kernels"}[target]
+    assert f"with {runtime} the float island is faster" in reason
+    assert reason.startswith("XNNPACK takes no int8 PRELU, and ") == (target == "xnnpack")
+    _, model, _ = apply(before, QuantizePrelu("edgetpu"))
+    assert ops(model) == ["PRELU"]  # the Edge TPU maps it: completed there
+
+
+def test_depth_to_space_is_completed_on_every_target() -> None:
+    before = _depth_to_space_island(_q(0.04, -20))
+    for target in ("xnnpack", "cpu", "edgetpu", None):
+        _, model, _ = apply(before, QuantizeDepthToSpace(target))
+        assert ops(model) == ["DEPTH_TO_SPACE"], target
+
+
+def _conv_relu_0_to_1_island(read_elsewhere: bool = False) -> tuple[bytes, np.ndarray]:
+    """int8 x -> CONV_2D 1x1 (int8, per-channel weights) -> DEQUANTIZE -> RELU_0_TO_1 ->
+    QUANTIZE -> y: onnx2tf's HardSigmoid after its convolution, as the quantizer leaves it.
+    Also the float weights the int8 ones stand for (to compute the float reference)."""
+    rng = np.random.default_rng(3)
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 16, 16, 8), "INT8", quantization=_q(0.05, 3))
+    w_float = rng.uniform(-0.6, 0.6, (4, 1, 1, 8))
+    w_scale = np.abs(w_float).reshape(4, -1).max(1) / 127
+    w_int = np.round(w_float / w_scale[:, None, None, None]).astype(np.int8)
+    wq = Quantization(w_scale.astype(np.float32), np.zeros(4, np.int64), axis=0)
+    w = g.add_constant("w", w_int, "INT8", wq)
+    bq = Quantization((0.05 * w_scale).astype(np.float32), np.zeros(4, np.int64))
+    b = g.add_constant("b", np.round(0.5 / (0.05 * w_scale)).astype(np.int32), "INT32", bq)
+    h = g.add_tensor("conv", (1, 16, 16, 4), "INT8", quantization=_q(0.03, -20))
+    options = {"padding": "VALID", "stride_h": 1, "stride_w": 1, "dilation_h_factor": 1,
+               "dilation_w_factor": 1, "fused_activation_function": "NONE"}  # fmt: skip
+    g.add_op("CONV_2D", [x, w, b], [h], options, version=3)
+    hf, yf = g.add_tensor("h_dequant", h.shape), g.add_tensor("y_float", h.shape)
+    g.add_op("DEQUANTIZE", [h], [hf])
+    g.add_op("RELU_0_TO_1", [hf], [yf])
+    y = g.add_tensor("y", h.shape, "INT8", quantization=_q(1 / 255, -128))
+    g.add_op("QUANTIZE", [yf], [y])
+    g.inputs, g.outputs = [x], [y]
+    if read_elsewhere:
+        other = g.add_tensor("other", h.shape, "INT8", quantization=h.quantization)
+        g.add_op("RELU", [h], [other], version=2)
+        g.outputs.append(other)
+    model = Model([g])
+    model.validate()
+    return flatbuffer.to_bytes(model), w_int * w_scale[:, None, None, None]
+
+
+@pytest.mark.parametrize("target", ["xnnpack", "cpu", "edgetpu"])
+def test_a_hardsigmoid_clamp_becomes_its_convolutions_fused_relu(target: str) -> None:
+    """On every target the island disappears into the convolution (fused RELU writing the
+    island's output): no op XNNPACK lacks, one op fewer on the Edge TPU, and one rounding from
+    the accumulator instead of the island's two."""
+    from tflfuse.delegate_probe import xnnpack_delegated_ops
+
+    before, w = _conv_relu_0_to_1_island()
+    after, model, result = apply(before, QuantizeRelu0To1(target))
+    assert ops(model) == ["CONV_2D"] and model.main.ops[0].fused_activation == "RELU"
+    assert model.main.ops[0].outputs[0].name == "y"
+    x = np.random.default_rng(0).integers(-128, 128, (1, 16, 16, 8)).astype(np.int8)
+    ref = verify.run(before, [[x]])[0][0].astype(np.int32)
+    got = verify.run(after, [[x]])[0][0].astype(np.int32)
+    assert ref.min() == -128 and ref.max() == 127  # both clamps are reached
+    assert int(np.abs(ref - got).max()) <= result.events[0].int8_steps
+    # against the float function: the fused form is within a step, the island is not always
+    real = 0.05 * (x.astype(np.float64) - 3)
+    z = np.clip(np.einsum("nhwc,oc->nhwo", real, w[:, 0, 0, :]) + 0.5, 0.0, 1.0)
+    step = 1 / 255
+    assert np.abs((got + 128) * step - z).max() <= step * 1.01
+    assert np.abs((ref + 128) * step - z).max() > step
+    assert len(xnnpack_delegated_ops(after)) == 1
+
+
+def test_a_clamp_whose_input_is_read_elsewhere_keeps_the_target_decision() -> None:
+    before, _ = _conv_relu_0_to_1_island(read_elsewhere=True)
+    _, model, _ = apply(before, QuantizeRelu0To1("edgetpu"))
+    assert "RELU_0_TO_1" not in ops(model) and model.main.ops[0].fused_activation == "NONE"
+    _, model, result = apply(before, QuantizeRelu0To1("xnnpack"))
+    assert "RELU_0_TO_1" in ops(model)  # an int8 RELU would run on the plain kernels
+    (reason,) = refusals(result, "QuantizeRelu0To1")
+    assert reason.startswith("XNNPACK takes no int8 RELU, and with XNNPACK kernels the float")
+
+
+def test_complete_reports_what_it_kept_float_per_target() -> None:
+    from tflfuse.int8_completion import complete
+
+    before = _island("PRELU", 4, _q(0.03, -60), np.array([[[0.25, -0.1, 0.02, 0.7]]]))
+    kept = complete(before, target="xnnpack")
+    assert kept.data == before and kept.completed == {}
+    assert list(kept.kept_float) == ["PRELU"] and kept.kept_float["PRELU"][0] == 1
+    assert kept.to_dict()["kept_float"]["PRELU"]["reason"].startswith("XNNPACK takes no int8")
+    done = complete(before, target="edgetpu")
+    assert done.completed == {"PRELU": 1} and done.kept_float == {}
+    assert done.verification["verified"]

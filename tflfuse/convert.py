@@ -301,6 +301,7 @@ def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
         layer_error=which == "fused",
         complete_int8=True,  # PRELU, RELU_0_TO_1 int8 too (int8_completion), fused and unfused
         verify=ctx.options.verify,
+        target=rec.target,  # where the int8 op pays (an int8 PRELU on XNNPACK does not)
     )
 
 

@@ -333,3 +333,55 @@ def spelled_hard_swish_pays(target: str, elements: int) -> bool:
         return False
     hswish, add, mul, mul_c = (a + b * elements for a, b in entries)
     return add + mul + mul_c < 0.8 * hswish
+
+
+# -- int8 completion (tflfuse.int8_completion) ---------------------------------------------------
+# The float ops litert-quantizer leaves between a DEQUANTIZE and a QUANTIZE (the "island"), and
+# the int8 op the completion writes instead (RELU_0_TO_1 becomes an int8 RELU).
+INT8_COMPLETION_OP: dict[str, str] = {
+    "PRELU": "PRELU",
+    "RELU_0_TO_1": "RELU",
+    "DEPTH_TO_SPACE": "DEPTH_TO_SPACE",
+}
+
+
+def int8_completion_us(target: str, float_op: str, elements: int) -> tuple[float, float] | None:
+    """(island, int8 op): predicted microseconds of DEQUANTIZE -> float op -> QUANTIZE and of the
+    int8 op that replaces them, over `elements` values on the target's runtime (measured table);
+    None when the table lacks one of them or the target has no measured runtime."""
+    table = cost_table()
+    runtime = RUNTIME_OF_TARGET.get(target)
+    parts = [
+        table.get(("DEQUANTIZE", "float32", runtime)),
+        table.get((float_op, "float32", runtime)),
+        table.get(("QUANTIZE", "int8", runtime)),
+    ]
+    int8 = table.get((INT8_COMPLETION_OP.get(float_op, float_op), "int8", runtime))
+    if runtime is None or int8 is None or any(p is None for p in parts):
+        return None
+    island = sum(a + b * elements for a, b in parts)
+    return island, int8[0] + int8[1] * elements
+
+
+def int8_completion_refusal(target: str, float_op: str, elements: int) -> str | None:
+    """Why the float island around `float_op` should stay on `target`, or None when the int8 op
+    is the better spelling there.
+
+    The Edge TPU: always None (a float op cuts its graph; the compiler maps the int8 op). A CPU
+    target: the int8 op must not be slower than the island on its runtime at this size
+    (measured: an int8 PRELU or RELU runs on the plain kernels, XNNPACK takes neither, and costs
+    ~20x the island; an int8 DEPTH_TO_SPACE is faster than the island on both runtimes). A
+    target with no measured runtime keeps the fully-int8 default."""
+    if target == "edgetpu":
+        return None
+    times = int8_completion_us(target, float_op, elements)
+    if times is None:
+        return None
+    island, int8 = times
+    if int8 <= island:
+        return None
+    op = INT8_COMPLETION_OP.get(float_op, float_op)
+    return (
+        f"with {runtime_label(target)} the float island is faster: {island:.3g} us against"
+        f" {int8:.3g} us for an int8 {op} of {elements} values (delegates/cost_table.json)"
+    )

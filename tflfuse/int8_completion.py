@@ -1,7 +1,7 @@
-"""Ops ai-edge-quantizer leaves in float, made int8 between the scales it chose: PRELU,
+"""Ops litert-quantizer leaves in float, made int8 between the scales it chose: PRELU,
 RELU_0_TO_1, DEPTH_TO_SPACE.
 
-ai-edge-quantizer has no int8 config for PRELU (MediaPipe's iris, face, hand and palm models),
+litert-quantizer has no int8 config for PRELU (MediaPipe's iris, face, hand and palm models),
 RELU_0_TO_1 (onnx2tf's HardSigmoid) or DEPTH_TO_SPACE (MediaPipe's pose detector). It leaves each
 one in float, between a DEQUANTIZE of its int8 input and a QUANTIZE of its output, so the model is
 not fully int8 and on the Edge TPU the first one cuts the graph (iris landmark: 2 of 278 ops
@@ -27,6 +27,23 @@ requantize). PRELU and RELU round once where the island rounded once (its QUANTI
 real value: one step apart at most, plus, for PRELU, alpha's rounding times the largest negative
 input (`QuantizePrelu.int8_error`). `complete` runs the rules and verifies the result against the
 model as the quantizer left it, with those declared bounds.
+
+A runtime only gets what it has kernels for, so completion is decided per target
+(`complete(..., target=...)`, `cost.int8_completion_refusal`):
+- the Edge TPU: always (a float op cuts its graph; the compiler maps int8 PRELU, RELU and
+  DEPTH_TO_SPACE);
+- the CPU targets (XNNPACK, the plain kernels): only where the int8 op is not slower than the
+  island, measured (delegates/cost_table.json, benchmarks/INT8_COMPLETION.md). XNNPACK has no
+  int8 PRELU or RELU (its TFLite delegate checks for float tensors; XNNPACK's PRELU is defined
+  for real types only), so those int8 ops run on the plain kernels, split the delegate's
+  partition and cost about 20x the island: PRELU keeps its island there. int8 DEPTH_TO_SPACE is
+  faster than its island on both runtimes.
+- RELU_0_TO_1 has a spelling every runtime takes: when the island's input comes from an op
+  with a fused-activation field (a convolution, ADD, ...) that only the island reads, that op
+  writes the island's output with fused RELU, and the island is gone (onnx2tf's HardSigmoid
+  follows a CONV_2D). The kernel clamps at the zero point and saturates where the clamp at 1
+  does, and rounds once from its accumulator where the island rounded twice.
+- A target with no measured runtime (gpu) keeps the fully-int8 default; `target=None` too.
 """
 
 from __future__ import annotations
@@ -37,8 +54,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tflfuse import flatbuffer
-from tflfuse.ir import Quantization, Tensor
+from tflfuse import cost, flatbuffer
+from tflfuse.ir import Op, Quantization, Tensor
 from tflfuse.rewrite import (
     DeadCodeElimination,
     Match,
@@ -88,12 +105,42 @@ def _alpha_int8(alpha: np.ndarray) -> tuple[np.ndarray, float]:
     return values, scale
 
 
+def _elements(t: Tensor) -> int:
+    return int(np.prod(t.shape, dtype=np.int64)) if t.shape else 1
+
+
+def _xnnpack_takes_int8(op_type: str) -> bool:
+    """delegates/xnnpack.toml lists INT8 among the types XNNPACK takes for `op_type`."""
+    from tflfuse.targets import capability
+
+    row = capability("xnnpack").get("ops", {}).get(op_type, {})
+    return "INT8" in row.get("types", [])
+
+
 class _Completion(Rule):
-    """A rule that makes one float op type int8 (`completes`)."""
+    """A rule that makes one float op type int8 (`completes`), on `target` only where the int8
+    op pays there (module docstring); `target=None` completes everywhere."""
 
     completes: ClassVar[str] = ""
     quantized_ok = True
     inner_ops_may_be_shared = True  # the float op stays for any other reader
+
+    def __init__(self, target: str | None = None) -> None:
+        self.target = target
+
+    def target_refusal(self, m: Match) -> Refusal | None:
+        """The island stays on a target whose runtime runs it faster than the int8 op."""
+        if self.target is None:
+            return None
+        reason = cost.int8_completion_refusal(self.target, self.completes, _elements(m.root.output))
+        if reason is None:
+            return None
+        int8_op = cost.INT8_COMPLETION_OP.get(self.completes, self.completes)
+        if cost.RUNTIME_OF_TARGET.get(self.target) == "xnnpack" and not _xnnpack_takes_int8(
+            int8_op
+        ):
+            reason = f"XNNPACK takes no int8 {int8_op}, and {reason}"
+        return refuse(reason)
 
 
 class QuantizePrelu(_Completion):
@@ -115,7 +162,7 @@ class QuantizePrelu(_Completion):
             return refuse(f"alpha {alpha.name!r} is {alpha.dtype}, not a float32 constant")
         if not np.all(np.isfinite(alpha.data)):
             return refuse(f"alpha {alpha.name!r} is not finite")
-        return _island_check(m)
+        return _island_check(m) or self.target_refusal(m)
 
     def int8_error(self, m: Match) -> int:
         values, scale = _alpha_int8(np.asarray(m.alpha.data, np.float64))
@@ -133,10 +180,14 @@ class QuantizePrelu(_Completion):
 
 
 class QuantizeRelu0To1(_Completion):
-    """QUANTIZE(RELU_0_TO_1(DEQUANTIZE(x)))  =>  RELU(x)   (int8, output range top <= 1).
+    """QUANTIZE(RELU_0_TO_1(DEQUANTIZE(x)))  =>  RELU(x)   (int8, output range top <= 1)
+    or, when x's producer P takes a fused activation and only the island reads x,
+    =>  P(..., fused_activation=RELU) writing the island's output.
 
     clamp(x, 0, 1) quantized to an output whose largest value (127 - z) s is at most 1 (to half a
-    step) equals max(x, 0) requantized to that output: both saturate at 127 for x >= 1.
+    step) equals max(x, 0) requantized to that output: both saturate at 127 for x >= 1. The fused
+    form requantizes P's accumulator straight to that output (one rounding instead of the
+    island's two), so it may differ from the island by x's half step in output steps, plus one.
     """
 
     completes = "RELU_0_TO_1"
@@ -155,10 +206,36 @@ class QuantizeRelu0To1(_Completion):
             return refuse(
                 f"the output's range reaches {top:.4g} > 1, so saturation is not the clamp at 1"
             )
-        return None
+        m.fuse_into = self._fusable_producer(m)  # the plan, carried to rewrite
+        return None if m.fuse_into is not None else self.target_refusal(m)
+
+    def _fusable_producer(self, m: Match) -> Op | None:
+        """x's producer, when it can take the clamp as its fused RELU (FuseActivationIntoProducer's
+        check) and nothing but the island reads x."""
+        from tflfuse.rules.epilogue import activation_fusion_refusal
+
+        producer = m.x.producer
+        if producer is None or len(m.x.consumers) != 1 or m.x in m.graph.outputs:
+            return None
+        target = self.target or "xnnpack"
+        refusal = activation_fusion_refusal(producer, m.x, "RELU", m.root.output, target)
+        return producer if refusal is None else None
+
+    def int8_error(self, m: Match) -> int:
+        if getattr(m, "fuse_into", None) is None:
+            return self.int8_error_steps
+        ratio = _scale_zp(m.x)[0] / _scale_zp(m.root.output)[0]
+        return max(1, math.floor(ratio / 2 + 1))
 
     def rewrite(self, m: Match) -> None:
-        _replace(m, "RELU", [m.x], version=2)  # TFLite's op version of an int8 RELU
+        producer = getattr(m, "fuse_into", None)
+        if producer is None:
+            _replace(m, "RELU", [m.x], version=2)  # TFLite's op version of an int8 RELU
+            return
+        out = m.root.output
+        m.graph.remove_op(m.root)  # the DEQUANTIZE and RELU_0_TO_1 go with dead-code elimination
+        producer.outputs = [out]
+        producer.fused_activation = "RELU"
 
 
 class QuantizeDepthToSpace(_Completion):
@@ -180,7 +257,7 @@ class QuantizeDepthToSpace(_Completion):
             return refusal
         if _scale_zp(m.x) != _scale_zp(m.root.output):
             return refuse("the output has other quantization parameters than the input")
-        return None
+        return self.target_refusal(m)
 
     def rewrite(self, m: Match) -> None:
         options = dict(m.float_out.producer.options)  # the block size
@@ -191,6 +268,11 @@ RULES = (QuantizePrelu(), QuantizeRelu0To1(), QuantizeDepthToSpace())
 COMPLETED_OPS = frozenset(rule.completes for rule in RULES)  # float ops these rules make int8
 
 
+def rules_for(target: str | None) -> tuple[_Completion, ...]:
+    """The completion rules deciding for `target` (None: complete wherever the rules apply)."""
+    return tuple(type(rule)(target) for rule in RULES)
+
+
 @dataclass
 class Completion:
     """The model after completion, which islands were completed, and the verification record."""
@@ -198,6 +280,7 @@ class Completion:
     data: bytes
     completed: dict[str, int] = field(default_factory=dict)  # op type -> how many made int8
     refusals: list[str] = field(default_factory=list)  # islands left in float, and why
+    kept_float: dict[str, tuple[int, str]] = field(default_factory=dict)  # op -> (n, why)
     verification: dict[str, Any] = field(default_factory=dict)
     kept: bool = True  # False: the completed model failed verification; `data` is the input
 
@@ -206,29 +289,47 @@ class Completion:
             "completed": dict(self.completed),
             "kept": self.kept,
             "refusals": list(self.refusals),
+            "kept_float": {
+                op: {"count": n, "reason": why} for op, (n, why) in self.kept_float.items()
+            },
             "verification": self.verification,
         }
 
 
-def complete(data: bytes, *, verify: bool = True) -> Completion:
-    """The quantized model `data` with its PRELU / RELU_0_TO_1 float islands made int8, checked
-    against `data` within the declared int8 error (see the module docstring). A result outside
-    it is not kept: `data` is returned with the reason."""
+def complete(data: bytes, *, verify: bool = True, target: str | None = None) -> Completion:
+    """The quantized model `data` with its PRELU / RELU_0_TO_1 / DEPTH_TO_SPACE float islands
+    made int8 where that pays on `target` (module docstring), checked against `data` within the
+    declared int8 error. A result outside it is not kept: `data` is returned with the reason."""
     from tflfuse.optimize import NOT_VERIFIED, verify_rewrite
 
     model = flatbuffer.from_bytes(data, "quantized")
     if not any(op.type in COMPLETED_OPS for op in model.main.ops):
         return Completion(data)
-    result = PassManager((*RULES, DeadCodeElimination(), TopologicalSort())).run(model)
+    rules = rules_for(target)
+    result = PassManager((*rules, DeadCodeElimination(), TopologicalSort())).run(model)
     refusals = [f"{r.rule} at {r.where!r}: {r.reason}" for r in result.refusals]
+    kept_float = _kept_float(rules, result.refusals)
     if not result.events:
-        return Completion(data, refusals=refusals)
+        return Completion(data, refusals=refusals, kept_float=kept_float)
     out = flatbuffer.to_bytes(model)
-    made = {r.completes: n for r in RULES for name, n in result.fired().items() if name == r.name}
+    made = {r.completes: n for r in rules for name, n in result.fired().items() if name == r.name}
     if verify:
         failure, record = verify_rewrite(data, out, model, result)
     else:
         failure, record = None, {"verified": False, "reason": NOT_VERIFIED}
     if failure is not None:
-        return Completion(data, made, refusals, {**record, "failure": failure}, False)
-    return Completion(out, made, refusals, record)
+        return Completion(data, made, refusals, kept_float, {**record, "failure": failure}, False)
+    return Completion(out, made, refusals, kept_float, record)
+
+
+def _kept_float(rules: tuple[_Completion, ...], refusals: list[Any]) -> dict[str, tuple[int, str]]:
+    """Per float op type: how many islands stayed float, and the first reason given."""
+    by_rule = {r.name: r.completes for r in rules}
+    kept: dict[str, tuple[int, str]] = {}
+    for r in refusals:
+        op = by_rule.get(r.rule)
+        if op is None:
+            continue
+        n, why = kept.get(op, (0, r.reason))
+        kept[op] = (n + 1, why)
+    return kept

@@ -90,11 +90,13 @@ def quantize(
     layer_error: bool = False,
     complete_int8: bool = False,
     verify: bool = True,
+    target: str | None = None,
 ) -> Quantized:
     """The quantized model (bytes) and how it was made; `mode` 'none' returns the input.
 
     `complete_int8` makes the ops ai-edge-quantizer leaves in float int8 (`int8_completion`),
-    checked against its output unless `verify` is False; without it the result is the
+    checked against its output unless `verify` is False, where that pays on `target` (an
+    int8 PRELU on XNNPACK does not: `int8_completion`); without it the result is the
     quantizer's own (the stock baseline). Raises TflfuseError (one line naming the tensor) for
     calibration statistics no scale can represent and for unusable quantization parameters."""
     if mode == "none":
@@ -135,7 +137,7 @@ def quantize(
     if layer_error and samples:
         out.layer_error = _layer_error(q, signature.key, samples[:4])
     if mode == "int8" and complete_int8:
-        done = complete(data, verify=verify)
+        done = complete(data, verify=verify, target=target)
         out.completion = done.to_dict()
         made = ", ".join(f"{n} {op}" for op, n in sorted(done.completed.items()))
         if done.kept and done.completed:
@@ -144,6 +146,8 @@ def quantize(
         elif not done.kept:
             failure = done.verification.get("failure", "")
             out.route += f"; {made} left in float: their int8 form was not kept ({failure})"
+        for op, (n, why) in sorted(done.kept_float.items()):
+            out.route += f"; {n} {op} kept in float ({why})"
     qmodel = flatbuffer.from_bytes(data)
     if mode == "int8":
         out.float_ops = float_compute_ops(qmodel.main)

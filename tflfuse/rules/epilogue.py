@@ -73,26 +73,7 @@ class FuseActivationIntoProducer(Rule):
         self.target = target
 
     def check(self, m: Match) -> Refusal | None:
-        producer, act = m.y.op, m.root
-        if act.type not in _CLAMPS:
-            return refuse(f"{producer.type} kernels do not apply a fused {act.type}")
-        if self.target == "edgetpu":
-            refusal = fused_activation_refusal(producer.type, act.type)
-            if refusal is not None:
-                return refusal
-        if producer.fused_activation != "NONE":
-            return refuse(
-                f"{producer.type} already has fused activation {producer.fused_activation}"
-            )
-        if m.y.dtype != act.output.dtype:
-            return refuse("activation changes the tensor type")
-        if (
-            producer.type in _SAME_SCALE_ONLY
-            and m.y.is_quantized
-            and not m.y.quantization.same_as(act.output.quantization)
-        ):
-            return refuse(f"int8 {producer.type} needs the same scale on input and output")
-        return _saturation_refusal(producer.type, m.y, act)
+        return activation_fusion_refusal(m.y.op, m.y, m.root.type, m.root.output, self.target)
 
     def rewrite(self, m: Match) -> None:
         producer, act = m.y.op, m.root
@@ -114,11 +95,37 @@ def _real_range(t: Tensor) -> tuple[float, float]:
     return scale * (info.min - zero), scale * (info.max - zero)
 
 
-def _saturation_refusal(producer: str, y: Tensor, act: Op) -> Refusal | None:
+def activation_fusion_refusal(
+    producer: Op, y: Tensor, activation: str, out: Tensor, target: str
+) -> Refusal | None:
+    """Why `producer` (writing y) cannot take over an `activation` that reads y and writes `out`
+    as its fused activation on `target`; None when it can (the check of
+    FuseActivationIntoProducer, also asked by `int8_completion` before it writes a fused RELU)."""
+    if producer.type not in _PRODUCERS:
+        return refuse(f"{producer.type} takes no fused activation")
+    if activation not in _CLAMPS:
+        return refuse(f"{producer.type} kernels do not apply a fused {activation}")
+    if target == "edgetpu":
+        refusal = fused_activation_refusal(producer.type, activation)
+        if refusal is not None:
+            return refusal
+    if producer.fused_activation != "NONE":
+        return refuse(f"{producer.type} already has fused activation {producer.fused_activation}")
+    if y.dtype != out.dtype:
+        return refuse("activation changes the tensor type")
+    if (
+        producer.type in _SAME_SCALE_ONLY
+        and y.is_quantized
+        and not y.quantization.same_as(out.quantization)
+    ):
+        return refuse(f"int8 {producer.type} needs the same scale on input and output")
+    return _saturation_refusal(producer.type, y, activation, out)
+
+
+def _saturation_refusal(producer: str, y: Tensor, activation: str, z: Tensor) -> Refusal | None:
     """Quantized: unfused, y saturates at its own range before the activation clamps; fused, the
     kernel clamps in the activation's output range. Equal (to one step) only if y's range covers
     every value the activation can output."""
-    z = act.output
     if not (y.is_quantized and z.is_quantized):
         return None
     qy, qz = y.quantization, z.quantization
@@ -131,12 +138,12 @@ def _saturation_refusal(producer: str, y: Tensor, act: Op) -> Refusal | None:
         return scale * (info.min - zero), scale * (info.max - zero)
 
     (y_lo, y_hi), (z_lo, z_hi) = real_range(qy), real_range(qz)
-    lo, hi = _CLAMP_RANGE[act.type]
+    lo, hi = _CLAMP_RANGE[activation]
     need_lo, need_hi, step = max(lo, z_lo), min(hi, z_hi), float(qz.scale[0])
     if y_lo > need_lo + step or y_hi < need_hi - step:
         return refuse(
             f"int8 {producer} output saturates at [{y_lo:.3g}, {y_hi:.3g}], inside the "
-            f"{act.type} output range [{need_lo:.3g}, {need_hi:.3g}]: fusing would change results"
+            f"{activation} output range [{need_lo:.3g}, {need_hi:.3g}]: fusing would change results"
         )
     return None
 
