@@ -36,7 +36,7 @@ def test_unequal_siblings_use_split_v_where_the_target_delegates_it() -> None:
     x = g.input((1, 6, 6, 8))
     outs = [g.conv(x, n) for n in (4, 6, 2)]
     data = g.bytes(*[g.unary("RELU", o) for o in outs])
-    fused, model, _ = apply(data, MergeSiblingOps("edgetpu"))
+    fused, model, _ = apply(data, MergeSiblingOps("gpu"))
     assert ops(model)[:2] == ["CONV_2D", "SPLIT_V"]
     assert_same_function(data, fused)
     _, model, result = apply(data, MergeSiblingOps("xnnpack"))
@@ -44,6 +44,28 @@ def test_unequal_siblings_use_split_v_where_the_target_delegates_it() -> None:
     assert set(refusals(result, "MergeSiblingOps")) == {
         "xnnpack does not delegate SPLIT_V, which unequal parts would need"
     }
+
+
+@pytest.mark.parametrize("sizes", [(4, 6, 2), (4, 4, 4)], ids=["split_v", "split"])
+def test_the_edgetpu_keeps_siblings_whose_outputs_have_their_own_scales(sizes) -> None:
+    """The Edge TPU runs int8 only: a merged output would carry one scale for every sibling
+    (MediaPipe's hand landmark heads: ranges 220 and 0.2), and litert-quantizer has no int8
+    SPLIT_V (the float split cut the graph: 68/68 mapped in stock, 59/71 fused)."""
+    g = G()
+    x = g.input((1, 6, 6, 8))
+    data = g.bytes(*[g.unary("RELU", g.conv(x, n)) for n in sizes])
+    _, model, result = apply(data, MergeSiblingOps("edgetpu"))
+    assert ops(model).count("CONV_2D") == 3 and "SPLIT_V" not in ops(model)
+    (reason,) = set(refusals(result, "MergeSiblingOps"))
+    assert reason.startswith("the edgetpu computes in int8 with one scale per tensor")
+    # a concatenation that joined them had one scale already: that merge still pays there
+    g = G()
+    x = g.input((1, 6, 6, 8))
+    cat = g.op("CONCATENATION", [g.conv(x, n) for n in sizes], (1, 6, 6, sum(sizes)), axis=3)
+    data = g.bytes(cat)
+    fused, model, _ = apply(data, MergeSiblingOps("edgetpu"))
+    assert ops(model) == ["CONV_2D"]
+    assert_same_function(data, fused)
 
 
 def test_two_siblings_without_concat_are_not_worth_a_split() -> None:

@@ -37,6 +37,11 @@ ON_CHIP_BYTES: dict[str, int] = {
 SPLIT_V_DELEGATED: dict[str, bool] = {"edgetpu": True, "xnnpack": False, "cpu": True, "gpu": True}
 SPLIT_MAX_PARTS: dict[str, int] = {"xnnpack": 4}
 
+# Targets that compute in int8 only, with one scale per activation tensor (the Edge TPU). A
+# merged op writes one tensor, so its siblings' outputs would share one scale: on MediaPipe's
+# hand landmark heads (ranges 220 and 0.2) the narrow output lost all its precision.
+INT8_ONLY_TARGETS = frozenset({"edgetpu"})
+
 # Most dimensions larger than 1 a target maps in one tensor (delegates/edgetpu.toml: the
 # Edge TPU compiler maps tensors with at most 3 non-trivial dimensions).
 MAX_NONTRIVIAL_DIMS: dict[str, int] = {"edgetpu": 3}
@@ -142,12 +147,20 @@ def horizontal_pays(
 ) -> str | None:
     """None when merging `siblings` ops into one pays on `target`, else the reason it does not.
 
-    Kernels after: 1 merged op, plus a split unless the outputs fed one concatenation.
+    Kernels after: 1 merged op, plus a split unless the outputs fed one concatenation. On an
+    int8-only target a split is refused: the parts would lose their own scales
+    (`INT8_ONLY_TARGETS`); absorbing a concatenation keeps the one scale its output had.
     """
     if not fits_on_chip(target, weight_bytes):
         return (
             f"merged weights ({weight_bytes / MIB:.1f} MiB) exceed the {target} on-chip budget "
             f"({ON_CHIP_BYTES.get(target, ON_CHIP_BYTES['cpu']) / MIB:.0f} MiB)"
+        )
+    if not absorbs_concat and target in INT8_ONLY_TARGETS:
+        return (
+            f"the {target} computes in int8 with one scale per tensor: the siblings' outputs would"
+            " share the merged output's scale (their ranges may differ by orders of magnitude),"
+            " and litert-quantizer leaves a SPLIT_V in float, which cuts the graph"
         )
     if not absorbs_concat and not equal_parts and not SPLIT_V_DELEGATED.get(target, True):
         return f"{target} does not delegate SPLIT_V, which unequal parts would need"
