@@ -28,7 +28,7 @@ RNG = np.random.default_rng(7)
 
 def _nchw_tflite(channels_out_nchw: bool = True) -> bytes:
     """What litert-torch gives for a small conv net: NCHW input read through a TRANSPOSE, two
-    convolutions (the first with RELU6, which ai-edge-quantizer has no int8 config for once
+    convolutions (the first with RELU6, which litert-quantizer has no int8 config for once
     defused), and (optionally) an NCHW output written through a TRANSPOSE."""
     import tensorflow as tf
 
@@ -98,7 +98,7 @@ def test_channels_last_drops_the_layout_transposes(nchw: Path, tmp_path: Path) -
     assert r["interface"]["interface_change"] and r["interface"]["removed_transposes"] == 2
     assert "interface change" in (tmp_path / "o" / "report.md").read_text().lower()
     assert "TRANSPOSE removed" in r["edgetpu"]["channels_last"]
-    # the unfused baseline (RELU6 split off: ai-edge-quantizer route unavailable) has the new
+    # the unfused baseline (RELU6 split off: litert-quantizer route unavailable) has the new
     # interface too, and is fully int8
     unfused = flatbuffer.load(res.unfused).main
     assert unfused.inputs[0].shape == (1, 16, 16, 3) and "RELU6" in _ops(res.unfused)
@@ -231,6 +231,46 @@ def _custom_op() -> bytes:
     return flatbuffer.to_bytes(Model([g]))
 
 
+def _xnnpack_only_custom_op() -> bytes:
+    """MediaPipe's Convolution2DTransposeBias (selfie segmentation): XNNPACK has a kernel for it
+    (float), the built-in kernels have none. Options: TfLiteTransposeConvParams (VALID,
+    stride 2, 2)."""
+    g = Graph("main")
+    x, y = g.add_tensor("x", (1, 4, 4, 8)), g.add_tensor("y", (1, 8, 8, 4))
+    w = g.add_constant("w", np.random.default_rng(0).normal(size=(4, 2, 2, 8)).astype(np.float32))
+    b = g.add_constant("b", np.zeros(4, np.float32))
+    options = np.array([2, 2, 2], np.int32).tobytes()
+    g.add_op("CUSTOM", [x, w, b], [y], custom_code="Convolution2DTransposeBias",
+             custom_options=options)  # fmt: skip
+    g.inputs, g.outputs = [x], [y]
+    return flatbuffer.to_bytes(Model([g]))
+
+
+def test_a_custom_op_only_xnnpack_runs_is_refused_saying_so(tmp_path, capsys) -> None:
+    """The default interpreter runs the model (XNNPACK takes the op); the built-in kernels, on
+    which convert checks everything it writes, do not: one line that says both."""
+    from tflfuse.runtime import make_interpreter
+
+    data = _xnnpack_only_custom_op()
+    interp = make_interpreter(data, delegate="xnnpack")  # runs, and computes something
+    interp.set_tensor(interp.get_input_details()[0]["index"], np.ones((1, 4, 4, 8), np.float32))
+    interp.invoke()
+    assert np.ptp(interp.get_tensor(interp.get_output_details()[0]["index"])) > 0
+    with pytest.raises(Exception, match="unresolved custom op"):
+        make_interpreter(data, delegate="none")
+    path = tmp_path / "selfie_like.tflite"
+    path.write_bytes(data)
+    rc = main(["convert", str(path), "--recipe", "xnnpack-int8", "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0] == (
+        f"tflfuse: error: {path}: cannot convert it: custom op Convolution2DTransposeBias has a"
+        " kernel only in XNNPACK (the default interpreter runs the model; the built-in and"
+        " reference kernels cannot), and tflfuse checks every model it writes on those kernels"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def _float16(nchw_bytes: bytes) -> bytes:
     """The model with float16 conv weights read through DEQUANTIZE, as the converter's float16
     quantization writes them."""
@@ -254,7 +294,7 @@ def _float16(nchw_bytes: bytes) -> bytes:
     [
         ("subgraphs", "has 2 subgraphs"),
         ("dynamic", "dynamic dimensions"),
-        ("custom", "custom ops NotARealOp the interpreter lacks"),
+        ("custom", "custom op NotARealOp without a kernel in ai-edge-litert"),
         ("corrupt", "not a valid TFLite model"),
     ],
 )
@@ -284,7 +324,7 @@ def test_float16_weights_make_a_float_model(nchw: Path, tmp_path: Path) -> None:
     assert r["source_kind"]["float16_weights"] == {"constants": 2, "sparse": 0}
     assert any("stores its weights as float16" in n for n in r["notices"])
     assert r["quantization"]["float_ops_left"] == []
-    # ai-edge-quantizer on the float16 form writes conv weights with zero points the interpreter
+    # litert-quantizer on the float16 form writes conv weights with zero points the interpreter
     # refuses: stock is its recipe on the widened input, and says why
     assert "float16 weights widened to float32" in r["quantization"]["stock_route"]
     assert "FLOAT16" not in flatbuffer.load(res.fused).main.op_counts()

@@ -13,10 +13,11 @@ decided here, once, with a one-line error for what it cannot:
                                        them would quantize rounded weights (give the float model)
   several subgraphs, dynamic shapes    refused (control flow and shape-polymorphic models are
                                        beyond the rules, the quantizer and the Edge TPU)
-  ops the interpreter lacks            refused: convert runs the model to calibrate and verify
+  ops the built-in kernels lack        refused: convert runs the model to calibrate and verify
+                                       (the refusal says which kernels have them, if any)
 A batch left dynamic only in `shape_signature` (-1 at axis 0, stored shape static) is taken at
 the stored size, with a notice. The baselines: `unfused` is the input defused (rules.defuse),
-checked bit-identical on the reference kernels; `stock` is ai-edge-quantizer's default static
+checked bit-identical on the reference kernels; `stock` is litert-quantizer's default static
 int8 recipe on the input as given, in the op order the quantizer writes, with only its I/O given
 the recipe's types in place (what a user gets without tflfuse; for float16 weights, which it
 cannot quantize through their DEQUANTIZE, on the widened input, and the route says so).
@@ -85,7 +86,7 @@ def _static(model: Model, where: str, notices: list[str]) -> None:
 
 
 def _signed(model: Model, notices: list[str]) -> None:
-    """Give a model without a signature one (ai-edge-quantizer needs it), and order a signature's
+    """Give a model without a signature one (litert-quantizer needs it), and order a signature's
     inputs and outputs as the graph's: calibration arrays follow the signature (the quantizer)
     and the interpreter follows the graph, so the two orders must be one."""
     g = model.main
@@ -109,17 +110,56 @@ def _signed(model: Model, notices: list[str]) -> None:
 
 
 def _runnable(data: bytes, model: Model, where: str) -> None:
-    """The interpreter must run the model: convert calibrates and verifies by running it."""
+    """The built-in kernels must run the model: convert calibrates and verifies by running it."""
     from tflfuse.runtime import make_interpreter
 
     try:
         make_interpreter(data, delegate="none")
     except TflfuseError as exc:
         custom = sorted({op.custom_code or "?" for op in model.main.ops if op.type == "CUSTOM"})
-        what = f"custom ops {', '.join(custom)} the interpreter lacks" if custom else str(exc)
-        raise ModelError(
-            where, f"cannot run it here ({what}); tflfuse runs the model to calibrate and verify"
-        ) from None
+        if not custom:
+            raise ModelError(
+                where, f"cannot run it here ({exc}); tflfuse runs the model to calibrate and verify"
+            ) from None
+        raise ModelError(where, _missing_kernels(data, custom)) from None
+
+
+def _missing_kernels(data: bytes, custom: list[str]) -> str:
+    """Which kernels the model's custom ops have, in one clause, and why convert needs more.
+
+    XNNPACK (applied by the default interpreter) takes some of MediaPipe's custom ops
+    (Convolution2DTransposeBias, MaxPoolingWithArgmax2D, MaxUnpooling2D) for float tensors; the
+    built-in and reference kernels have none of them. Calibration alone could run there
+    (litert-quantizer's calibrator does: with every tensor kept, XNNPACK takes the ops one by
+    one), but convert checks everything it writes on the built-in and reference kernels: every
+    rewrite, the defused baseline (bit-identical on the reference kernels) and the error of the
+    three models. Moved to XNNPACK, those checks would compare XNNPACK's kernel for the op with
+    itself, and the int8 models would still compute that op in float (the Edge TPU cuts there).
+    So such a model is refused, with the truth about where it runs (`bench` and `check` take it
+    as given).
+    """
+    from tflfuse.runtime import make_interpreter
+
+    several = len(custom) > 1
+    ops = f"custom op{'s' if several else ''} {', '.join(custom)}"
+    if all(c.startswith("Flex") for c in custom):
+        return (
+            f"cannot run it here ({ops}: {'TensorFlow ops' if several else 'a TensorFlow op'},"
+            " which no ai-edge-litert kernel runs);"
+            " tflfuse runs the model to calibrate and verify (export it with TFLite builtin ops)"
+        )
+    try:
+        make_interpreter(data, delegate="xnnpack")
+    except TflfuseError:
+        return (
+            f"cannot run it here ({ops} without a kernel in ai-edge-litert, built-in or"
+            " XNNPACK); tflfuse runs the model to calibrate and verify"
+        )
+    return (
+        f"cannot convert it: {ops} {'have' if several else 'has'} a kernel only in XNNPACK"
+        " (the default interpreter runs the model; the built-in and reference kernels cannot),"
+        " and tflfuse checks every model it writes on those kernels"
+    )
 
 
 class TfliteSource:
@@ -200,12 +240,12 @@ class TfliteSource:
         return data, f"{route}, {how}"
 
     def converter_ptq(self, which: str, rec: Recipe, calib: Any, progress: bool) -> bytes | None:
-        return None  # no TF function behind a .tflite: ai-edge-quantizer is the only route
+        return None  # no TF function behind a .tflite: litert-quantizer is the only route
 
     def stock(
         self, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
     ) -> tuple[bytes, str]:
-        """What the user gets without tflfuse: ai-edge-quantizer's default recipe for the mode on
+        """What the user gets without tflfuse: litert-quantizer's default recipe for the mode on
         the input as given, in the op order the quantizer writes. Only the I/O types are set to
         the recipe's, in place (quantize.set_io_types moves no op); the route says how."""
         if self.quantized or rec.quant_mode == "none":
@@ -239,7 +279,7 @@ class TfliteSource:
             return q.data, f"{q.route} {default} on the input as given, {how}"
         from tflfuse.runtime import make_interpreter
 
-        # ai-edge-quantizer 0.10 fails on weights behind DEQUANTIZE, or quantizes them as
+        # litert-quantizer 0.11 fails on weights behind DEQUANTIZE, or quantizes them as
         # activations into a model the interpreter refuses; a later one may read them
         try:
             q = stock_of(self.given)
