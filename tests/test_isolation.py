@@ -131,6 +131,25 @@ def test_a_real_interpreter_abort_in_bench_is_one_line(
     assert _leftovers(tmp_path) == []
 
 
+def test_a_real_interpreter_abort_in_compare_is_one_line(
+    tmp_path: Path, inf_scale_model: Path
+) -> None:
+    """`compare` times the three models of a convert folder with the interpreter: a model the
+    interpreter aborts on (here all three) ends in one line, like bench, and writes nothing
+    (it died with exit 134 and no message before compare ran in the isolated child)."""
+    folder = tmp_path / "conversion"
+    folder.mkdir()
+    for name in ("model.tflite", "model_unfused.tflite", "model_stock.tflite"):
+        (folder / name).write_bytes(inf_scale_model.read_bytes())
+    (folder / "report.json").write_text("{}")
+    before = sorted(p.name for p in folder.iterdir())
+    out = tmp_path / "comparison.json"
+    proc = _cli("compare", str(folder), "--delegate", "none", "--runs", "2", "--json", str(out))
+    _one_line(proc, f"{folder}: the compare command", "crashed in native code (SIGABRT, abort)")
+    assert not out.exists() and sorted(p.name for p in folder.iterdir()) == before
+    assert _leftovers(tmp_path) == []
+
+
 # -- injected crashes in named stages ------------------------------------------------------------
 _CRASHING_STAGE = """
     import ctypes, os, sys

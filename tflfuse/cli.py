@@ -854,6 +854,7 @@ def build_parser() -> argparse.ArgumentParser:
 _ISOLATED = {
     "optimize": "the optimize command (the interpreter, verifying)",
     "bench": "the bench command (the interpreter)",
+    "compare": "the compare command (the interpreter)",
     "check": "the check command",
 }
 BROKEN_PIPE = 128 + int(getattr(signal, "SIGPIPE", 13))  # what a shell shows for `... | head -1`
@@ -887,7 +888,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         isolation.stage(what)
         return _run_command(args)
 
-    subject = getattr(args, "model", None) or ", ".join(getattr(args, "models", []))
+    subject = (
+        getattr(args, "model", None)
+        or getattr(args, "folder", None)
+        or ", ".join(getattr(args, "models", []))
+    )
     try:
         return isolation.run(work, what=subject)
     except BrokenPipeError:  # the child's output, written here, found the reader gone
