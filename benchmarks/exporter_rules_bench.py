@@ -5,7 +5,7 @@ Two parts:
           interleaved (before, after, before, ...) under XNNPACK and under the plain kernels
           (`--delegate none`); medians and after/before ratios.
   models  the litert-torch exports in ../shared/models/pytorch: ops of the input, of the level-2
-          pipeline without the exporter rules and with them; for int8 (ai-edge-quantizer's
+          pipeline without the exporter rules and with them; for int8 (litert-quantizer's
           default static recipe, the same random calibration for every variant): stock (the input
           quantized as given) against fused, p50 on XNNPACK and plain kernels, error against the
           float input, and the predicted Edge TPU mapping (uint8 I/O) stock vs fused.
@@ -104,7 +104,7 @@ class _G:
         )
 
     def bytes(self, *outs) -> bytes:
-        """The model, with a signature (ai-edge-quantizer needs one)."""
+        """The model, with a signature (litert-quantizer needs one)."""
         self.g.outputs = list(outs)
         signature = Signature(
             "serving_default",
@@ -336,7 +336,7 @@ def micro(runs: int, work: Path) -> list[dict[str, Any]]:
             "varies": agreement.varies,
             "timing": _time(paths, ["before", "after"], runs),
         }
-        # the same two graphs after ai-edge-quantizer (the int8 recipes rewrite in float first)
+        # the same two graphs after litert-quantizer (the int8 recipes rewrite in float first)
         calib = _calibration(before, 16)
         q_paths = [work / f"micro{i}_before_int8.tflite", work / f"micro{i}_after_int8.tflite"]
         for p, d in zip(q_paths, (before, after)):

@@ -6,7 +6,7 @@ mapping, int8 latency on XNNPACK and on the plain kernels, error against the flo
     .venv/bin/python benchmarks/pytorch_bench.py --models encoder --runs 30
 
 For each litert-torch export in ../shared/models/pytorch and each recipe (edgetpu, xnnpack-int8):
-`tflfuse.convert.convert` gives fused, unfused and stock (ai-edge-quantizer's static int8 recipe
+`tflfuse.convert.convert` gives fused, unfused and stock (litert-quantizer's static int8 recipe
 on the input as given, the same calibration data and range rule). Calibration and evaluation data
 are seeded noise in each model's input shape (uniform [-1, 1]; the exports carry no data set), so
 errors are against the float input on that noise, not task accuracy. Stock and fused are timed
@@ -195,7 +195,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         " sane BatchNorm statistics; not copied here). **Calibration and evaluation data are"
         f" seeded uniform [-1, 1] noise** ({meta['samples']} samples) in each model's NCHW input"
         " shape: the errors are against the float input on that noise, not task accuracy."
-        " Stock: what a PyTorch user gets without tflfuse, ai-edge-quantizer's default static"
+        " Stock: what a PyTorch user gets without tflfuse, litert-quantizer's default static"
         " int8 recipe on the input as given, with the same calibration data and range rule as"
         " the fused model, ops in the order the quantizer writes them; only its I/O is given"
         " the recipe's types, in place (uint8 for `edgetpu`: the quantizer's input QUANTIZE"

@@ -78,7 +78,7 @@ CORRECTIONS = {
     ("STABLEHLO_CBRT", 1): ("", "tensorflow 2.21.0 refuses it; no register.cc here registers it"),
 }
 # Versions a model needs by its first input's type whatever its `version` field says:
-# ai-edge-quantizer writes version 1 for every op, and an int8 GELU labelled v1 passes the
+# litert-quantizer writes version 1 for every op, and an int8 GELU labelled v1 passes the
 # opcode lookup of a release whose GELU kernel is float-only, then fails when tensors are
 # allocated (measured: tflite-runtime 2.8.0). Transcribed from GetBuiltinOperatorVersion in
 # op_version.cc (the first-input rules of these ops only).
@@ -265,7 +265,7 @@ def generate(repo: Path) -> str:
     lines += [
         "",
         "# The version an op needs by its first input's type, over its `version` field (which",
-        "# ai-edge-quantizer leaves at 1): sources.op_version.",
+        "# litert-quantizer leaves at 1): sources.op_version.",
         "[implied]",
     ]
     for op, by_type in IMPLIED.items():

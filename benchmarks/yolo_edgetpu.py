@@ -12,7 +12,7 @@ sidecar (route, versions) and `NAME.calib.npy` (32 samples in the model's own la
   ultralytics-int8  Ultralytics' own int8 export (`export(format='litert', quantize=8)`): the
                     user's file is stock; tflfuse is `tflfuse convert FILE --recipe edgetpu`
                     (an int8 input goes to the Edge TPU legalization only, verified).
-  litert            litert-torch's float export; stock is ai-edge-quantizer's static int8 recipe
+  litert            litert-torch's float export; stock is litert-quantizer's static int8 recipe
                     on it (what a user quantizing it themselves gets), tflfuse is
                     `tflfuse convert FILE --recipe edgetpu --calib NAME.calib.npy`.
   ultralytics       Ultralytics' float export, the same two.
@@ -157,7 +157,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "QUANTIZE and output DEQUANTIZE stay on the CPU). The rewrites are verified bit-identical",
         "(SplitOversizedTranspose moves data only); the error column against the source model",
         "differs from 0 for tflfuse on the int8 route only through that uint8 interface. On the",
-        "float routes the user's model is ai-edge-quantizer's int8 with the same uint8 interface:",
+        "float routes the user's model is litert-quantizer's int8 with the same uint8 interface:",
         "its first QUANTIZE maps, so the refused input TRANSPOSE after it cuts everything that",
         "follows (one segment cannot resume). yolo11n: its attention multiplies two activations",
         "(BATCH_MATMUL), which no Edge TPU op does exactly; every op that depends on it stays on",

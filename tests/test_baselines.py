@@ -1,6 +1,6 @@
 """Baselines that do not flatter, and checks the user can steer (issue 16).
 
-- `stock` of a .tflite is ai-edge-quantizer's own output in the op order it writes: the recipe's
+- `stock` of a .tflite is litert-quantizer's own output in the op order it writes: the recipe's
   I/O types are set in place, nothing is appended and re-sorted (a re-sort once moved an
   input-independent op to position 0 and made the stock YOLO map 0 ops on the Edge TPU);
 - the defused baseline is checked on the reference kernels, where it is bit-identical;
@@ -105,7 +105,7 @@ def test_stock_is_the_quantizers_model_in_its_own_order(tmp_path: Path) -> None:
     route = res.report["quantization"]["stock_route"]
     assert "static_wi8_ai8" in route and "in the order the quantizer wrote them" in route
     assert "replaced in place" in route
-    assert "Stock baseline: ai-edge-quantizer" in (tmp_path / "o" / "report.md").read_text()
+    assert "Stock baseline: litert-quantizer" in (tmp_path / "o" / "report.md").read_text()
 
 
 # -- the defused baseline: bit-identical on the reference kernels ------------------------------

@@ -3,7 +3,7 @@ all-zero calibration data, and the check of quantization parameters before any i
 
 The range rules (`tflfuse.calibrated_ranges`) are tested on statistics directly (no TensorFlow);
 the quantizer tests build a torch-style padded max pool (PADV2 with -inf, and onnx2tf's -3.4e38)
-in the IR and quantize it with ai-edge-quantizer.
+in the IR and quantize it with litert-quantizer.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def test_the_interpreter_is_never_given_an_unusable_scale() -> None:
         make_interpreter(data)
 
 
-# -- through ai-edge-quantizer ------------------------------------------------------------------
+# -- through litert-quantizer ------------------------------------------------------------------
 def _signed(g: G) -> bytes:
     from tflfuse import tflite_frontend
 

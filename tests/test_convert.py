@@ -404,7 +404,7 @@ def test_batch_flag_pins_another_size(cnn, digits, tmp_path) -> None:
 
 
 def test_int8_fused_error_is_no_worse_than_stock_ptq(int8_run) -> None:
-    """Calibration keeps the data's whole range (TFLite's rule); ai-edge-quantizer's default
+    """Calibration keeps the data's whole range (TFLite's rule); litert-quantizer's default
     moving average clipped outputs and made the fused model ~15x worse than stock here."""
     agreement = int8_run.report["agreement"]
     fused, stock = agreement["fused"]["max_abs"], agreement["stock"]["max_abs"]

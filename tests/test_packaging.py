@@ -120,3 +120,21 @@ def test_installed_wheel_works_outside_the_checkout(site: Path, tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     result = json.loads((work / "bundle" / "results" / "r.json").read_text())
     assert [m["name"] for m in result["models"]] == ["opt.tflite"]
+
+
+def test_the_quantizer_is_named_by_its_package() -> None:
+    """The quantizer is litert-quantizer (formerly ai-edge-quantizer, the same API): everything a
+    user reads (messages and routes in the package, its data, the README) names it so; the README
+    mentions the old name once, so that users who know it find it."""
+    readable = [
+        *(REPO / "tflfuse").rglob("*.py"),
+        *(p for folder in FOLDERS for p in (REPO / folder).rglob("*") if p.is_file()),
+    ]
+    old = [
+        str(p.relative_to(REPO))
+        for p in readable
+        if "ai-edge-quantizer" in p.read_text(errors="ignore")
+    ]
+    assert old == []
+    readme = (REPO / "README.md").read_text()
+    assert readme.count("ai-edge-quantizer") == 1 and "formerly\nai-edge-quantizer" in readme

@@ -621,7 +621,7 @@ def _flatten_nchw(g, x: Tensor, q8: bool) -> Tensor:
 def yolo_head(q8: bool, requantize: bool = False) -> bytes:
     """Three NHWC scales flattened channels-first and joined, then a class-score LOGISTIC.
     int8: the join needs one scale on every input (TFLite's kernel); with `requantize` the
-    middle scale comes at another one and a QUANTIZE brings it there, as ai-edge-quantizer does."""
+    middle scale comes at another one and a QUANTIZE brings it there, as litert-quantizer does."""
     g = Q8() if q8 else G()
     x = g.input((1, 8, 8, 6), 0.05, 0) if q8 else g.input((1, 8, 8, 6))
     if q8:

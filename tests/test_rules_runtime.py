@@ -156,7 +156,7 @@ def test_optimize_runtime_names_an_unknown_runtime() -> None:
 
 
 def test_before_int8_the_erf_gelu_takes_the_quantizable_tanh_form() -> None:
-    """ai-edge-quantizer has no int8 ABS or EXP: before quantizing, the tanh form (MUL, ADD,
+    """litert-quantizer has no int8 ABS or EXP: before quantizing, the tanh form (MUL, ADD,
     TANH), declared 4.74e-4 from the erf GELU."""
     from litert_quantizer import qtyping
 

@@ -220,7 +220,7 @@ def test_verdicts_cover_every_runtime() -> None:
 
 
 def test_an_int8_op_labelled_v1_needs_the_version_its_type_does() -> None:
-    """ai-edge-quantizer writes version 1 for an int8 GELU; op_version.cc gives it v2 (2.9).
+    """litert-quantizer writes version 1 for an int8 GELU; op_version.cc gives it v2 (2.9).
     tflite-runtime 2.8 resolves v1 and fails when the op runs (benchmarks/RUNTIMES.md)."""
     from test_rules_edgetpu import Q8
 

@@ -89,7 +89,7 @@ def conv_net() -> bytes:
 
 
 def int8_gelu_v1() -> bytes:
-    """An int8 GELU whose version field says 1, as ai-edge-quantizer writes it: int8 GELU came
+    """An int8 GELU whose version field says 1, as litert-quantizer writes it: int8 GELU came
     with v2 (TFLite 2.9); 2.8 resolves v1 and fails when the op runs."""
     g = Q8()
     x = g.input((1, 16))

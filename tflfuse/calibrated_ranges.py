@@ -1,6 +1,6 @@
 """Calibration statistics -> ranges int8 quantization can use: every scale finite and positive.
 
-ai-edge-quantizer turns the calibrated [min, max] of each activation into a scale and a zero point
+litert-quantizer turns the calibrated [min, max] of each activation into a scale and a zero point
 ((max - min) / 255, with 0 inside the range). Three kinds of statistics give an unusable scale;
 each has one rule, applied to the statistics before they are quantized (the statistics themselves
 are left as they were measured, so one calibration can serve several quantizations):
@@ -199,7 +199,7 @@ class _Ranges:
 
 def usable_ranges(graph: Graph, stats: Stats) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """(corrected statistics, {tensor: what changed}) for `graph`'s calibration `stats`
-    (ai-edge-quantizer's per-tensor {"min", "max"}), by the rules of the module docstring.
+    (litert-quantizer's per-tensor {"min", "max"}), by the rules of the module docstring.
     Raises RangeError (one line naming the tensor) for a range no scale can represent. The
     given statistics are not modified."""
     ranges = _Ranges(stats)

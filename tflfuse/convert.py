@@ -10,11 +10,11 @@ graph by Grappler, float .tflite by the converter) or a .tflite from anywhere
 (`tflfuse.tflite_frontend.TfliteSource`), which enters at the float stage; an int8 .tflite skips
 quantization. Models:
   fused    the recipe's rules on the float graph (exact float arithmetic), quantized with
-           ai-edge-quantizer, then the int8 legalization of the target (Edge TPU: the rules that
+           litert-quantizer, then the int8 legalization of the target (Edge TPU: the rules that
            need int8 tensors, e.g. SplitOversizedTranspose); every step is verified
   unfused  the network as written (output-blocked conversion, or the input defused), verified
   stock    what the user gets without tflfuse: the converter's own PTQ (TF route) or
-           ai-edge-quantizer's recipe on the .tflite as given
+           litert-quantizer's recipe on the .tflite as given
 Everything is written to a temporary folder and published at the end (`tflfuse.files`), so a
 failed or interrupted conversion leaves nothing half-written. TensorFlow is imported lazily.
 """
@@ -251,7 +251,7 @@ def unfused(rec: Recipe, ctx: Context) -> None:
 
 
 def quantize(rec: Recipe, ctx: Context) -> None:
-    """Fused and unfused quantized with ai-edge-quantizer (the recipe's mode). A model with ops
+    """Fused and unfused quantized with litert-quantizer (the recipe's mode). A model with ops
     it has no int8 config for takes the converter's PTQ where there is a TF graph (so it is fully
     int8); without one (a .tflite) the unfused baseline is the stock model defused."""
     from tflfuse.quantize import Quantized
@@ -283,7 +283,7 @@ def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
             then = ", then the target's rules on the int8 graph" if which == "fused" else ""
             return Quantized(
                 fallback,
-                f"TFLite converter PTQ{then} (ai-edge-quantizer has no int8 config for"
+                f"TFLite converter PTQ{then} (litert-quantizer has no int8 config for"
                 f" {', '.join(left)})",
             )
         if which == "unfused":
@@ -438,7 +438,7 @@ def baselines(rec: Recipe, ctx: Context) -> None:
             what = "the input (channels-last) quantized as stock is"
         ctx.quantized["unfused"] = Quantized(
             _defused(base, ctx.source.name, ctx.options.verify),
-            f"{what}, then defused (ai-edge-quantizer has no int8 config for {left} once they"
+            f"{what}, then defused (litert-quantizer has no int8 config for {left} once they"
             " are split off)",
         )
     ctx.models = {
@@ -485,7 +485,7 @@ _NATIVE_WORK = {
     "float_tflite": "the TFLite converter",
     "fuse": "the interpreter, verifying the fused model",
     "unfused": "the TFLite converter and the interpreter, for the unfused baseline",
-    "quantize": "ai-edge-quantizer or the converter's quantization",
+    "quantize": "litert-quantizer or the converter's quantization",
     "legalize": "the interpreter, verifying the int8 rules",
     "baselines": "the stock baseline's quantization",
     "report": "the interpreter, measuring the three models",

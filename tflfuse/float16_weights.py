@@ -10,7 +10,7 @@ bit for bit:
   DEQUANTIZE(DENSIFY(w: sparse FLOAT16))     =>  w densified, as a FLOAT32 constant
 
 After that the model is the float model it always was, and the rules and the quantizer see plain
-float32 weights (ai-edge-quantizer 0.10 fails on weights behind DEQUANTIZE). `widen` returns what it
+float32 weights (litert-quantizer 0.11 fails on weights behind DEQUANTIZE). `widen` returns what it
 did; `tflite_frontend` checks the widened model against the original on the interpreter.
 
 Sparse constants use TFLite's format (schema `SparsityParameters`): dimensions visited in

@@ -1,6 +1,6 @@
 """Native code in a child process: a crash there is one line, not the end of tflfuse.
 
-The TFLite converter, ai-edge-quantizer's calibration and the interpreter's allocate/invoke are
+The TFLite converter, litert-quantizer's calibration and the interpreter's allocate/invoke are
 native code that can abort or segfault on odd input (seen: a 3e38 calibration value, a scale of
 inf), which would end the Python process on the spot: exit 134/139, no message, a temp folder
 left behind. `run(work, what=...)` runs `work` in a forked child and hands back its result
@@ -102,7 +102,7 @@ _where = {"stage": "", "detail": ""}
 
 
 def stage(text: str) -> None:
-    """The step now running (e.g. "the quantize stage (ai-edge-quantizer)"), for crash messages;
+    """The step now running (e.g. "the quantize stage (litert-quantizer)"), for crash messages;
     clears the detail."""
     _where.update(stage=text, detail="")
     _tell()

@@ -1,4 +1,4 @@
-"""Quantize a float .tflite with ai-edge-quantizer, then give it the recipe's I/O types.
+"""Quantize a float .tflite with litert-quantizer, then give it the recipe's I/O types.
 
 Quantizing after fusion keeps the rewrites in exact float arithmetic. Modes:
   int8     static int8 weights and activations (`static_wi8_ai8`), calibrated on the given data
@@ -10,13 +10,13 @@ several quantizations):
   ranges      statistics no scale can represent corrected or refused (`calibrated_ranges`:
               sentinel pad values such as PADV2's -inf never enter a range, an overflow is one
               line naming the tensor, a range of only zeros is widened)
-  quantize    ai-edge-quantizer's `static_wi8_ai8` with those ranges
+  quantize    litert-quantizer's `static_wi8_ai8` with those ranges
   complete    (`complete_int8=True`) the ops it leaves in float made int8 between the scales it
               chose (`int8_completion`: PRELU, RELU_0_TO_1, DEPTH_TO_SPACE), verified within
               their declared error
   check       every scale finite and > 0, every zero point in range (`qparams`), before any
               interpreter sees the model
-ai-edge-quantizer leaves float I/O with a QUANTIZE after each input and a DEQUANTIZE before each
+litert-quantizer leaves float I/O with a QUANTIZE after each input and a DEQUANTIZE before each
 output. For int8 I/O those boundary ops are removed; for uint8 I/O they are replaced by a
 QUANTIZE between uint8 and int8 (same scale, zero point + 128), the form the Edge TPU compiler
 maps. The quantizer imports TensorFlow, so this module is only used by `convert`.
@@ -75,7 +75,7 @@ def _aeq_recipe(mode: str) -> Any:
                 algorithm_key="float_casting",
             )
         return manager.get_quantization_recipe()
-    raise TflfuseError(f"quantization mode {mode!r} has no ai-edge-quantizer recipe")
+    raise TflfuseError(f"quantization mode {mode!r} has no litert-quantizer recipe")
 
 
 def quantize(
@@ -94,7 +94,7 @@ def quantize(
 ) -> Quantized:
     """The quantized model (bytes) and how it was made; `mode` 'none' returns the input.
 
-    `complete_int8` makes the ops ai-edge-quantizer leaves in float int8 (`int8_completion`),
+    `complete_int8` makes the ops litert-quantizer leaves in float int8 (`int8_completion`),
     checked against its output unless `verify` is False, where that pays on `target` (an
     int8 PRELU on XNNPACK does not: `int8_completion`); without it the result is the
     quantizer's own (the stock baseline). Raises TflfuseError (one line naming the tensor) for
@@ -108,7 +108,7 @@ def quantize(
     logging.getLogger("absl").setLevel(logging.ERROR)
     model = flatbuffer.from_bytes(float_model)
     if not model.signatures:
-        raise TflfuseError("the float model has no signature; ai-edge-quantizer needs one")
+        raise TflfuseError("the float model has no signature; litert-quantizer needs one")
     signature = model.signatures[0]
     q = quantizer.Quantizer(bytearray(float_model), _aeq_recipe(mode))
     calibration_result = None
@@ -125,15 +125,15 @@ def quantize(
             for i in range(len(calibration[0]) // b)
         ]
         feed = _progress(samples, len(samples), desc, progress)
-        isolation.detail(f"ai-edge-quantizer {desc}")
+        isolation.detail(f"litert-quantizer {desc}")
         stats = _calibrate(q, float_model, {signature.key: list(feed)})
         calibration_result, adjusted = usable_ranges(model.main, stats)
-    isolation.detail(f"ai-edge-quantizer quantizing ({desc})")
+    isolation.detail(f"litert-quantizer quantizing ({desc})")
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
     which = desc.removeprefix("calibrating ")
-    qparams.check(flatbuffer.from_bytes(data), f"ai-edge-quantizer's output ({which})")
-    out = Quantized(data, f"ai-edge-quantizer {mode}", ranges_adjusted=adjusted)
+    qparams.check(flatbuffer.from_bytes(data), f"litert-quantizer's output ({which})")
+    out = Quantized(data, f"litert-quantizer {mode}", ranges_adjusted=adjusted)
     if layer_error and samples:
         out.layer_error = _layer_error(q, signature.key, samples[:4])
     if mode == "int8" and complete_int8:
@@ -160,7 +160,7 @@ def quantize(
 def _calibrate(q: Any, float_model: bytes, dataset: dict[str, list[dict[str, np.ndarray]]]) -> Any:
     """Min/max of every tensor over the whole dataset, as TFLite's own calibrator keeps them.
 
-    ai-edge-quantizer's default update is a moving average (smoothing 0.95) of per-sample
+    litert-quantizer's default update is a moving average (smoothing 0.95) of per-sample
     ranges: with a few hundred samples the range it keeps is far narrower than the data's, and
     outputs clip (measured on MobileNetV2 int8: max error 0.335 against 0.118 for the
     converter's PTQ). The profiler-based mode records the same ranges as keeping every tensor
@@ -184,7 +184,7 @@ def _calibrate(q: Any, float_model: bytes, dataset: dict[str, list[dict[str, np.
             return calib.get_model_qsvs()
         except (ValueError, RuntimeError):
             continue
-    raise TflfuseError("ai-edge-quantizer could not calibrate this model")
+    raise TflfuseError("litert-quantizer could not calibrate this model")
 
 
 def _global_min_max(qsv: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -198,7 +198,7 @@ def _global_min_max(qsv: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 
 def _layer_error(q: Any, key: str, samples: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
-    """Per-tensor error of the quantized model against the float one (ai-edge-quantizer's
+    """Per-tensor error of the quantized model against the float one (litert-quantizer's
     validator: mean squared error and signal-to-noise ratio), worst first."""
     from litert_quantizer.utils import validation_utils
 
@@ -242,7 +242,7 @@ def float_compute_ops(graph: Graph) -> list[str]:
 
 
 def aeq_unsupported(float_model: bytes) -> list[str]:
-    """Op types of the main graph that ai-edge-quantizer has no int8 config for (e.g. RELU6)
+    """Op types of the main graph that litert-quantizer has no int8 config for (e.g. RELU6)
     and `int8_completion` does not make int8 after it: with them the result is not fully int8,
     so the caller takes the converter's PTQ instead (where there is a TF graph)."""
     from litert_quantizer import qtyping

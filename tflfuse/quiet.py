@@ -1,10 +1,10 @@
 """Quiet output: only tflfuse's own lines and progress bars reach the terminal.
 
-TensorFlow, the TFLite converter, the interpreter and ai-edge-quantizer talk a lot, at two levels:
+TensorFlow, the TFLite converter, the interpreter and litert-quantizer talk a lot, at two levels:
 C++ code writes straight to file descriptors 1 and 2 (absl and cudart_stub lines, "Created
 TensorFlow Lite XNNPACK delegate", the MLIR "error: failed while converting" block of a
 conversion that then succeeds, `fully_quantize: 0, ...`), and Python code writes to sys.stdout
-and sys.stderr (warnings, logging, ai-edge-quantizer's own tqdm bars). `TF_CPP_MIN_LOG_LEVEL`
+and sys.stderr (warnings, logging, litert-quantizer's own tqdm bars). `TF_CPP_MIN_LOG_LEVEL`
 silences only part of it.
 
 `captured()` takes both: fds 1 and 2 point at a temp file for the duration, and sys.stdout and

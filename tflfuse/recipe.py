@@ -54,7 +54,7 @@ DEFAULT_GRAPPLER = (
 )
 
 # TF (Flex) ops: the converter can keep them, but no model with them can be verified here (the
-# interpreter tflfuse checks with has no Flex kernels), quantized by ai-edge-quantizer, run by
+# interpreter tflfuse checks with has no Flex kernels), quantized by litert-quantizer, run by
 # XNNPACK, the Edge TPU or the GPU delegate, or by tflite_runtime on a device. So a recipe may
 # only say `select_tf_ops = false`; the field stays so existing recipe files keep loading.
 _NO_FLEX = (

@@ -374,7 +374,7 @@ def markdown(r: dict[str, Any]) -> str:
     if q["layer_error"]:
         lines += [
             "",
-            "Worst per-tensor quantization error (ai-edge-quantizer validator):",
+            "Worst per-tensor quantization error (litert-quantizer validator):",
             "",
             "| tensor | kind | metrics |",
             "|---|---|---|",

@@ -217,7 +217,7 @@ class Need:
 def needs(model: Model) -> list[Need]:
     """The operator codes the model's ops use, in order of first use (every subgraph): the
     version field the converter wrote, raised where the op's input type needs more (the table's
-    [implied] rules of op_version.cc: ai-edge-quantizer writes version 1 for an int8 GELU)."""
+    [implied] rules of op_version.cc: litert-quantizer writes version 1 for an int8 GELU)."""
     from tflfuse.flatbuffer import OP_CODES
 
     implied = table().implied

@@ -6,7 +6,7 @@ Baselines, with the same inputs and outputs:
   unfused  the same graph converted with every Keras layer output (or, without Keras layers, every
            TF op output) as an extra model output, which stops the converter fusing anything; the
            extra outputs are then trimmed on the IR (outputs and signature set back, dead code
-           removed). When ai-edge-quantizer has no int8 config for one of its ops (RELU6 in
+           removed). When litert-quantizer has no int8 config for one of its ops (RELU6 in
            unfused MobileNets), it takes the converter's PTQ instead, so it is fully int8.
   stock    the plain TFLite converter on the original function with its own PTQ.
 `KerasSource` wraps a loaded `Frontend` with these steps; `convert` calls them stage by stage.
@@ -353,7 +353,7 @@ class KerasSource:
         self, which: str, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
     ) -> bytes:
         """`which` ("fused" or "unfused") quantized with the converter's own PTQ, without rules:
-        the route for a model ai-edge-quantizer cannot make fully int8."""
+        the route for a model litert-quantizer cannot make fully int8."""
         configure = ptq_configure(
             rec, calib, progress, f"calibrating {which} (converter)", self.batch
         )

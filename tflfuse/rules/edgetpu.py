@@ -117,7 +117,7 @@ class LegalizeLeakyRelu(Rule):
 
     x > 0: a x + (1 - a) x = x;  x <= 0: a x + 0 = a x. Built from plainly supported ops (the
     MAXIMUM(x, a x) form hit internal compiler errors, google-coral/edgetpu#165, #185) and ones
-    ai-edge-quantizer can quantize (it has no PRELU), so the float model is legalized this way
+    litert-quantizer can quantize (it has no PRELU), so the float model is legalized this way
     before quantizing. On an int8 graph PRELU computes the same two requantizations as the
     LEAKY_RELU kernel (alpha stored as 127 x a/127), but its multipliers round differently, so
     the result may move by one step (measured by the int8 property test), where the four-op form
@@ -563,7 +563,7 @@ _NCHW_FROM_NHWC = [0, 3, 1, 2]
 def _flattened_nchw(graph: Graph, t: Tensor | None) -> tuple[Tensor, Quantization | None] | None:
     """(x, q) when `t` = [QUANTIZE to q](RESHAPE(TRANSPOSE(x [1, H, W, C], [0, 3, 1, 2]),
     [1, C, H*W])), each step read only there and the layout steps keeping x's quantization
-    (ai-edge-quantizer puts a requantizing QUANTIZE before a join); else None."""
+    (litert-quantizer puts a requantizing QUANTIZE before a join); else None."""
     requant = None
     op = t.producer if t is not None else None
     if op is not None and op.type == "QUANTIZE" and single_reader(graph, t):

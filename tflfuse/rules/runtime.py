@@ -97,7 +97,7 @@ class SpellOutGelu(_RuntimeRule):
     P(t) = t (a1 + t (a2 + t (a3 + t (a4 + t a5)))): within 2.2e-7 of the erf GELU (the tanh
     form is 4.7e-4 away). Every op is version 1 of TFLite 1.x. Float only: an int8 GELU is
     refused (spell it out before quantizing: `convert --runtime` does). Before int8
-    quantization (`tanh_form=True`) the erf GELU takes the tanh form too: ai-edge-quantizer has
+    quantization (`tanh_form=True`) the erf GELU takes the tanh form too: litert-quantizer has
     no int8 ABS or EXP, and 4.7e-4 is far below an int8 step.
     """
 
@@ -206,7 +206,7 @@ def _transpose_conv_version(op: Op) -> int:
 
 def runtime_legalization(runtime: Runtime, *, before_int8: bool = False) -> tuple[Rule | Pass, ...]:
     """The rules that lower a model to `runtime`'s op versions, then cleanup. `before_int8`:
-    the model is quantized next (GELU in ops ai-edge-quantizer takes)."""
+    the model is quantized next (GELU in ops litert-quantizer takes)."""
     return (
         SpellOutGelu(runtime, tanh_form=before_int8),
         SplitTransposeConvActivation(runtime),
