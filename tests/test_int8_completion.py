@@ -413,3 +413,20 @@ def test_complete_reports_what_it_kept_float_per_target() -> None:
     done = complete(before, target="edgetpu")
     assert done.completed == {"PRELU": 1} and done.kept_float == {}
     assert done.verification["verified"]
+
+
+def test_a_clamp_whose_float_tensors_are_read_elsewhere_is_not_fused() -> None:
+    """The fused form removes the island; if its float output is also a model output, the
+    island must stay for that reader, and the producer keeps writing x for its DEQUANTIZE."""
+    before, _ = _conv_relu_0_to_1_island()
+    model = flatbuffer.from_bytes(before)
+    g = model.main
+    g.outputs.append(next(t for t in g.tensors if t.name == "y_float"))
+    data = flatbuffer.to_bytes(model)
+    after, model, result = apply(data, QuantizeRelu0To1("edgetpu"))
+    assert ops(model) == ["CONV_2D", "DEQUANTIZE", "RELU_0_TO_1", "RELU"]
+    assert model.main.ops[0].fused_activation == "NONE"
+    x = np.random.default_rng(1).integers(-128, 128, (1, 16, 16, 8)).astype(np.int8)
+    (ref_y, ref_float), (got_y, got_float) = verify.run(data, [[x]])[0], verify.run(after, [[x]])[0]
+    assert np.array_equal(ref_float, got_float) and np.ptp(ref_float) > 0.5
+    assert np.abs(ref_y.astype(int) - got_y.astype(int)).max() <= result.events[0].int8_steps

@@ -211,11 +211,14 @@ class QuantizeRelu0To1(_Completion):
 
     def _fusable_producer(self, m: Match) -> Op | None:
         """x's producer, when it can take the clamp as its fused RELU (FuseActivationIntoProducer's
-        check) and nothing but the island reads x."""
+        check) and nothing outside the island reads x or the island's float tensors (they go)."""
         from tflfuse.rules.epilogue import activation_fusion_refusal
 
-        producer = m.x.producer
-        if producer is None or len(m.x.consumers) != 1 or m.x in m.graph.outputs:
+        producer, relu = m.x.producer, m.float_out.producer
+        chain = [(m.x, relu.inputs[0].producer), (relu.inputs[0], relu), (m.float_out, m.root)]
+        if producer is None or any(
+            t in m.graph.outputs or t.consumers != [reader] for t, reader in chain
+        ):
             return None
         target = self.target or "xnnpack"
         refusal = activation_fusion_refusal(producer, m.x, "RELU", m.root.output, target)
