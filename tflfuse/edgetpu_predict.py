@@ -21,7 +21,9 @@ import numpy as np
 
 from tflfuse.ir import Graph, Model, Op, Tensor
 from tflfuse.targets import (
+    FLOAT_TYPES,
     OpPrediction,
+    OtherReading,
     Prediction,
     _activations,
     _axes,
@@ -324,7 +326,11 @@ def edgetpu_statuses(model: Model, compiler_version: str | None = None) -> list[
 
 
 def _single_segment(
-    graph: Graph, statuses: list[tuple[str, str]]
+    graph: Graph,
+    statuses: list[tuple[str, str]],
+    *,
+    left_ahead: frozenset[int] = frozenset(),
+    front_cuts: frozenset[int] = frozenset(),
 ) -> tuple[list[bool], dict[int, int], dict[int, int]]:
     """The default compiler (one Edge TPU subgraph). The segment may read what the CPU computes
     before it (a float -> int8 QUANTIZE of an input, a CAST before it) but not what the CPU
@@ -333,6 +339,11 @@ def _single_segment(
     segment; an op left on the CPU after the segment cuts every op that depends on it, and ops
     that do not depend on it still map (the data flow decides, not the execution order: see the
     semantics block of edgetpu.toml).
+
+    The two keyword sets place ops the other way round for the reading of the compiler that the
+    evidence leaves open (`_other_readings`): `left_ahead` are mappable ops kept on the CPU ahead
+    of the segment, `front_cuts` are refused ops ahead of the segment that cut what depends on
+    them.
 
     Returns (mapped per op, {index of a mappable op left on the CPU: index of the op that cut it,
     the earliest one it depends on}, {id of a tensor the CPU computes after the segment: index of
@@ -344,12 +355,14 @@ def _single_segment(
     for index, (op, (key, _)) in enumerate(zip(graph.ops, statuses)):
         reads = [t for t in op.inputs if t is not None]
         roots = [after[id(t)] for t in reads if id(t) in after]
-        if key == "mapped" and not roots:
+        if key == "mapped" and not roots and index not in left_ahead:
             mapped[index] = True
             segment.update(id(t) for t in op.outputs if t is not None)
             continue
         if roots:
             cut_by[index] = min(roots)
+        elif index in front_cuts:
+            pass  # the other reading: a refused op ahead of the segment cuts its dependents
         elif not any(id(t) in segment for t in reads) or _boundary_cpu(op, graph, key):
             continue  # computed before the segment (or a float output): cuts nothing
         origin = cut_by.get(index, index)
@@ -357,6 +370,113 @@ def _single_segment(
             if t is not None:
                 after[id(t)] = origin
     return mapped, cut_by, after
+
+
+def _io_conversion(op: Op, key: str) -> bool:
+    """An op the compiler leaves on the CPU for its data type: it reads or writes a type that is
+    not int8/uint8 (CAST, DEQUANTIZE, int32 shape arithmetic), or it is a float -> int8 QUANTIZE.
+    Hundreds of compiled models keep such ops ahead of their segment without a cut."""
+    if key == "data_type":
+        return True
+    x = op.inputs[0] if op.inputs else None
+    return op.type == "QUANTIZE" and x is not None and x.dtype in FLOAT_TYPES
+
+
+def _input_requantization(op: Op, graph: Graph) -> bool:
+    """A QUANTIZE that reads a model input (uint8 -> int8, the edgetpu interface)."""
+    x = op.inputs[0] if op.inputs else None
+    return op.type == "QUANTIZE" and x is not None and any(x is t for t in graph.inputs)
+
+
+def _front_refusals(
+    graph: Graph, statuses: list[tuple[str, str]], mapped: list[bool]
+) -> list[tuple[int, list[int]]]:
+    """Ops the compiler refuses for a reason other than their data type that come ahead of
+    every op of the segment they depend on, except input requantizations: (index of the
+    refused op, indices of the mapped input requantizations it reads through). What the compiler
+    does with them is the question the evidence leaves open (header of edgetpu.toml); only ops
+    with something mappable depending on them are listed, since only there does it matter."""
+    index = {id(op): i for i, op in enumerate(graph.ops)}
+
+    def producers(i: int) -> list[int]:
+        found = (index.get(id(t.producer)) for t in graph.ops[i].inputs if t is not None)
+        return [j for j in found if j is not None]
+
+    consumers: dict[int, list[int]] = {}
+    for i in range(len(graph.ops)):
+        for j in producers(i):
+            consumers.setdefault(j, []).append(i)
+    found = []
+    for i, (op, (key, _)) in enumerate(zip(graph.ops, statuses)):
+        if key == "mapped" or _io_conversion(op, key):
+            continue
+        ancestors, stack = set(), producers(i)
+        while stack:
+            j = stack.pop()
+            if j not in ancestors:
+                ancestors.add(j)
+                stack.extend(producers(j))
+        ahead = sorted(j for j in ancestors if mapped[j])
+        if any(not _input_requantization(graph.ops[j], graph) for j in ahead):
+            continue  # it reads the segment's work: the cut the compiled models show
+        if any(
+            k in ancestors
+            for k, (kk, _) in enumerate(statuses)
+            if kk != "mapped" and not _io_conversion(graph.ops[k], kk)
+        ):
+            continue  # another refused op comes first: that one is the question
+        stack, below = list(consumers.get(i, [])), set()
+        while stack:
+            j = stack.pop()
+            if j not in below:
+                below.add(j)
+                stack.extend(consumers.get(j, []))
+        if any(statuses[j][0] == "mapped" for j in below):
+            found.append((i, ahead))
+    return found
+
+
+def _other_readings(
+    graph: Graph, statuses: list[tuple[str, str]], mapped: list[bool]
+) -> list[OtherReading]:
+    """For each front refusal (`_front_refusals`), the mapped count under the reading tflfuse
+    does not predict, and a sentence saying which is which.
+
+    tflfuse predicts what the compiled models show everywhere else: the segment starts at the
+    first op the compiler maps. So a refused op after an input requantization cuts (the
+    requantization maps, alone); the other reading leaves the requantization on the CPU too and
+    starts the segment after the refused op. A refused op with nothing mapped before it stays
+    ahead of the segment, as a leading float QUANTIZE or CAST does; the other reading is
+    Coral's documented rule, under which it cuts everything that depends on it."""
+    readings = []
+    n = len(graph.ops)
+    for i, ahead in _front_refusals(graph, statuses, mapped):
+        op, reason = graph.ops[i], statuses[i][1]
+        if ahead:
+            other = _single_segment(graph, statuses, left_ahead=frozenset(ahead))[0]
+            quantize = ", ".join(f"op {j} QUANTIZE" for j in ahead)
+            sentence = (
+                f"op {i} {op_label(op)} is refused ({reason}) right after the input's"
+                f" requantization ({quantize}): predicted as the compiled models show a refusal"
+                f" after the first op the compiler maps, a cut ({sum(mapped)}/{n} mapped); if"
+                f" the compiler instead left {quantize} on the CPU too and started its segment"
+                f" after op {i}, {sum(other)}/{n} would map. No compiled model shows a refusal"
+                " this close to the input: undecided by the evidence (delegates/edgetpu.toml)"
+            )
+        else:
+            other = _single_segment(graph, statuses, front_cuts=frozenset({i}))[0]
+            sentence = (
+                f"op {i} {op_label(op)} is refused ({reason}) ahead of every op the compiler"
+                f" maps: predicted on the CPU ahead of the segment, cutting nothing, as a"
+                f" leading float QUANTIZE or CAST does ({sum(mapped)}/{n} mapped); if it cut"
+                f" everything that depends on it, as Coral's documentation says of an"
+                f" unsupported op, {sum(other)}/{n} would map. No compiled model shows an op"
+                " refused there for a reason other than its data type: undecided by the"
+                " evidence (delegates/edgetpu.toml)"
+            )
+        if sum(other) != sum(mapped):
+            readings.append(OtherReading(i, sum(other), sentence))
+    return readings
 
 
 def computed_after_the_segment(graph: Graph, compiler_version: str | None = None) -> set[int]:
@@ -406,11 +526,13 @@ def predict_edgetpu(
     graph = model.main
     version = compiler_version or default_compiler_version(table)
     statuses = edgetpu_statuses(model, version)
+    readings: list[OtherReading] = []
     if multiple_subgraphs:
         mapped = [key == "mapped" for key, _ in statuses]
         cut_by: dict[int, int] = {}
     else:
         mapped, cut_by, _ = _single_segment(graph, statuses)
+        readings = _other_readings(graph, statuses, mapped)
     ops: list[OpPrediction] = []
     for index, (op, (key, reason)) in enumerate(zip(graph.ops, statuses)):
         label = op_label(op)
@@ -435,7 +557,9 @@ def predict_edgetpu(
         segments=_segments(graph, mapped) if multiple_subgraphs else int(any(mapped)),
         compiler_version=version,
         mode="multiple subgraphs (-a)" if multiple_subgraphs else "one Edge TPU subgraph",
+        other_readings=readings,
     )
+    prediction.notes += [r.reading for r in readings]
     if not mapped_ops and any(key == "data_type" for key, _ in statuses):
         prediction.notes.append(
             "the model computes in float: the Edge TPU needs full int8 (convert with the edgetpu"

@@ -186,6 +186,8 @@ def edgetpu_cut(data: bytes) -> dict[str, Any]:
     if cut is not None:
         out["cut"] = {"index": cut.index, "op": cut.op, "status": cut.status, "reason": cut.reason}
     out["cpu_ops"] = sorted({o.op for o in prediction.ops if o.target == "cpu"})
+    if prediction.other_readings:  # where the evidence cannot decide the compiler's placement
+        out["other_readings"] = [r.to_dict() for r in prediction.other_readings]
     out["_prediction"] = prediction
     return out
 
@@ -450,10 +452,18 @@ def _edgetpu_lines(section: dict[str, Any] | None) -> list[str]:
         cut = p.get("cut")
         where = f"op {cut['index']} {cut['op']}" if cut else "no cut"
         why = f"{cut['status']}: {cut['reason']}" if cut else "every op mapped"
-        lines.append(f"| {name} | {p['mapped']}/{p['ops']} | {where} | {why} |")
+        mapped = f"{p['mapped']}/{p['ops']}" + "".join(
+            f" (or {r['mapped']}/{p['ops']} on the other reading of op {r['op']}: undecided by"
+            " the evidence)"
+            for r in p.get("other_readings", [])
+        )
+        lines.append(f"| {name} | {mapped} | {where} | {why} |")
     cpu = section["fused"].get("cpu_ops")
     if cpu:
         lines += ["", f"Op types left on the CPU in the fused model: {', '.join(cpu)}."]
     if section.get("channels_last"):
         lines += ["", f"Channels-last: {section['channels_last']}."]
+    for name in ("fused", "stock"):
+        for reading in section[name].get("other_readings", []):
+            lines += ["", f"{name}: {reading['reading']}."]
     return lines

@@ -73,6 +73,20 @@ class OpPrediction:
 
 
 @dataclass
+class OtherReading:
+    """What the Edge TPU compiler would map under the reading of its behaviour that the evidence
+    leaves open (see "Not decided" in the header of `delegates/edgetpu.toml`): the refused op
+    `op` near the input, `mapped` ops under the other reading, and the sentence that says so."""
+
+    op: int
+    mapped: int
+    reading: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "mapped": self.mapped, "reading": self.reading}
+
+
+@dataclass
 class Prediction:
     """Per-op placement for one target, totals, and (Edge TPU) parameter memory."""
 
@@ -83,6 +97,8 @@ class Prediction:
     segments: int | None = None  # Edge TPU: number of compiled segments (edgetpu-custom-ops)
     compiler_version: str | None = None  # Edge TPU: the edgetpu_compiler this prediction is for
     mode: str | None = None  # Edge TPU: one Edge TPU subgraph (default) or several (-a)
+    # Edge TPU: where the evidence cannot decide the compiler's placement, the other reading
+    other_readings: list[OtherReading] = field(default_factory=list)
 
     @property
     def mapped(self) -> int:
@@ -123,6 +139,8 @@ class Prediction:
             out["memory"] = dict(self.memory)
         if self.notes:
             out["notes"] = list(self.notes)
+        if self.other_readings:
+            out["other_readings"] = [r.to_dict() for r in self.other_readings]
         return out
 
 
