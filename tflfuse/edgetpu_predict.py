@@ -479,13 +479,40 @@ def _other_readings(
     return readings
 
 
-def computed_after_the_segment(graph: Graph, compiler_version: str | None = None) -> set[int]:
-    """ids of the tensors a one-segment compile computes on the CPU from the segment's outputs:
-    an op reading one can never map, whatever is done to the op itself (a legalization there
-    only adds CPU work)."""
+def statuses_once_quantized(
+    graph: Graph, compiler_version: str | None = None
+) -> list[tuple[str, str]]:
+    """Each op's own status (`edgetpu_op_status`), and on a float graph the status it will have
+    once quantized: the `edgetpu` recipe legalizes in float and quantizes afterwards, which keeps
+    every shape, so a float op is judged on its type, shapes and constants
+    (`edgetpu_shape_refusal`); ops on types quantization keeps (int32 shape arithmetic, bool)
+    keep their data-type status."""
     table = capability("edgetpu")
-    statuses = [edgetpu_op_status(op, table, compiler_version) for op in graph.ops]
-    return set(_single_segment(graph, statuses)[2])
+    acts = [t for op in graph.ops for t in (*op.inputs, *op.outputs) if t and not t.is_constant]
+    quantized = any(t.dtype in ("INT8", "UINT8") for t in acts)
+    statuses = []
+    for op in graph.ops:
+        types = {t.dtype for t in (*op.inputs, *op.outputs) if t and not t.is_constant}
+        if quantized or not types & FLOAT_TYPES or types - FLOAT_TYPES - {"INT8", "UINT8"}:
+            statuses.append(edgetpu_op_status(op, table, compiler_version))
+            continue
+        refusal = edgetpu_shape_refusal(op, table)
+        statuses.append(("mapped", "") if refusal is None else ("limitation", refusal))
+    return statuses
+
+
+def cut_origins(graph: Graph, compiler_version: str | None = None) -> dict[int, int]:
+    """{id of a tensor a one-segment compile computes on the CPU from the segment's outputs:
+    index of the refused op that cut it}, on the graph as it is (a float graph judged as it
+    will be once quantized). An op reading such a tensor can never map, whatever is done to the
+    op itself: a legalization there only adds CPU work (`tflfuse.rules.edgetpu`)."""
+    return _single_segment(graph, statuses_once_quantized(graph, compiler_version))[2]
+
+
+def computed_after_the_segment(graph: Graph, compiler_version: str | None = None) -> set[int]:
+    """ids of the tensors a one-segment compile computes on the CPU from the segment's outputs
+    (the keys of `cut_origins`)."""
+    return set(cut_origins(graph, compiler_version))
 
 
 def _segments(graph: Graph, mapped: list[bool]) -> int:
