@@ -94,12 +94,9 @@ def counted_cpu(row: dict[str, Any]) -> str:
     user, ours = row["stock"], row["tflfuse"]
     fewest = user["total"] - max(readings(user))
     most = ours["total"] - min(readings(ours))
+    predicted = f"{user['total'] - user['mapped']} -> {ours['total'] - ours['mapped']}"
     text = f"{fewest} -> {most}"
-    if len(readings(user)) > 1 or len(readings(ours)) > 1:
-        text += (
-            f" (predicted: {user['total'] - user['mapped']} -> {ours['total'] - ours['mapped']})"
-        )
-    return text
+    return text if predicted == text else f"{text} (predicted: {predicted})"
 
 
 def run_one(model: str, route: str, out: Path, src: Path | None = None) -> dict[str, Any]:
