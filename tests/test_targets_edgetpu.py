@@ -11,7 +11,13 @@ from conftest import ORACLE, needs_oracle, oracle_models
 
 from tflfuse import flatbuffer
 from tflfuse.ir import Graph, Model, Quantization, Tensor
-from tflfuse.targets import capability, edgetpu_op_status, predict, predict_edgetpu
+from tflfuse.targets import (
+    capability,
+    edgetpu_op_status,
+    format_prediction,
+    predict,
+    predict_edgetpu,
+)
 
 STATUS = capability("edgetpu")["status"]
 
@@ -504,6 +510,8 @@ def test_a_refusal_right_after_the_input_requantization_cuts_and_names_the_other
     assert "undecided by the evidence" in other.reading and "op 0 QUANTIZE" in other.reading
     assert other.reading in p.notes
     assert p.to_dict()["other_readings"] == [other.to_dict()]
+    text = format_prediction(p, "m.tflite")
+    assert "will run on Edge TPU: 1 (or 3 on the other reading of op 1: undecided" in text
 
 
 def test_a_refusal_ahead_of_every_mapped_op_stays_ahead_and_names_the_other_reading() -> None:

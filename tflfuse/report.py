@@ -435,7 +435,7 @@ def _legalization_lines(leg: dict[str, Any]) -> list[str]:
     fired = leg.get("fired", {})
     done = ", ".join(f"{k} x{v}" for k, v in fired.items()) or "nothing fired"
     if leg.get("reordered"):
-        done += "; ops reordered (unmappable ops moved late)"
+        done += "; ops reordered (topological order)"
     kept = "kept (verified)" if leg.get("kept") else f"not kept: {leg.get('reason')}"
     mapped = leg.get("edgetpu_mapped")
     tpu = f" Edge TPU mapped ops {mapped[0]} -> {mapped[1]}." if mapped else ""

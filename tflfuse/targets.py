@@ -285,7 +285,12 @@ def format_prediction(prediction: Prediction, model_name: str) -> str:
         lines.append(f"Number of Edge TPU subgraphs: {prediction.segments}")
     lines += [
         f"Total number of operations: {len(prediction.ops)}",
-        f"Number of operations that will run on {accel}: {prediction.mapped}",
+        f"Number of operations that will run on {accel}: {prediction.mapped}"
+        + "".join(
+            f" (or {r.mapped} on the other reading of op {r.op}: undecided by the evidence,"
+            " see the note)"
+            for r in prediction.other_readings
+        ),
         f"Number of operations that will run on CPU: {prediction.cpu}",
         "",
         *format_table(prediction.table()),
