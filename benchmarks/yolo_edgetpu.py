@@ -214,9 +214,9 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "refused TRANSPOSE follows only the CPU's float QUANTIZE: predicted ahead of the segment,",
         "or, on Coral's documented rule, cutting everything). yolo11n: its attention multiplies",
         "two activations (BATCH_MATMUL), which no Edge TPU op does exactly; every op that depends",
-        "on it stays on the CPU, and the rows marked 'not measured' failed in `convert` itself",
-        "(its defused",
-        "baseline check), not in the Edge TPU rules.",
+        "on it stays on the CPU, so the legalizations behind it are refused (their ops would run",
+        "on the CPU in more ops: `rules.edgetpu.after_the_cut`). A row marked 'not measured'",
+        "failed in `convert` itself, not in the Edge TPU rules.",
         "",
     ]
     return "\n".join(lines)

@@ -85,7 +85,7 @@ def test_an_undecided_edgetpu_mapping_is_marked_and_explained(folder: Path) -> N
     result = compare.compare(folder, runs=3, warmup=1, progress=False)
     stock = next(r for r in result["rows"] if r["model"] == "stock")
     assert stock["edgetpu_other_readings"] == []  # float models: nothing undecided
-    stock["edgetpu_other_readings"] = [{"op": 1, "mapped": 2, "reading": "op 1 ... undecided"}]
+    stock["edgetpu_other_readings"] = [{"ops": [1], "mapped": 2, "reading": "op 1 ... undecided"}]
     table = compare.format_table(result)
     assert "0 / 2*" in table and "*: the evidence cannot decide:" in table
     assert "stock: or 2 / 2: op 1 ... undecided." in table

@@ -436,11 +436,21 @@ def _front_refusals(
     return found
 
 
+def _refused(graph: Graph, indices: list[int], statuses: list[tuple[str, str]]) -> str:
+    """`op 1 TRANSPOSE (why) is refused`, or the first with `and 5 more ops like it are refused`
+    (the sentence stays short when an export computes its anchor grids with a dozen)."""
+    first, more = indices[0], len(indices) - 1
+    text = f"op {first} {op_label(graph.ops[first])} ({statuses[first][1]})"
+    return text + (f" and {more} more op{'s' * (more > 1)} are refused" if more else " is refused")
+
+
 def _other_readings(
     graph: Graph, statuses: list[tuple[str, str]], mapped: list[bool]
 ) -> list[OtherReading]:
-    """For each front refusal (`_front_refusals`), the mapped count under the reading tflfuse
-    does not predict, and a sentence saying which is which.
+    """The front refusals (`_front_refusals`) under the reading tflfuse does not predict: the
+    mapped count, and a sentence saying which reading is which. At most two readings: one for
+    the refusals right after an input requantization, one for those ahead of every mapped op
+    (each applied to all refusals of its kind at once; they move the count opposite ways).
 
     tflfuse predicts what the compiled models show everywhere else: the segment starts at the
     first op the compiler maps. So a refused op after an input requantization cuts (the
@@ -448,35 +458,37 @@ def _other_readings(
     starts the segment after the refused op. A refused op with nothing mapped before it stays
     ahead of the segment, as a leading float QUANTIZE or CAST does; the other reading is
     Coral's documented rule, under which it cuts everything that depends on it."""
+    found = _front_refusals(graph, statuses, mapped)
+    n, now = len(graph.ops), sum(mapped)
     readings = []
-    n = len(graph.ops)
-    for i, ahead in _front_refusals(graph, statuses, mapped):
-        op, reason = graph.ops[i], statuses[i][1]
-        if ahead:
-            other = _single_segment(graph, statuses, left_ahead=frozenset(ahead))[0]
-            quantize = ", ".join(f"op {j} QUANTIZE" for j in ahead)
-            sentence = (
-                f"op {i} {op_label(op)} is refused ({reason}) right after the input's"
-                f" requantization ({quantize}): predicted as the compiled models show a refusal"
-                f" after the first op the compiler maps, a cut ({sum(mapped)}/{n} mapped); if"
-                f" the compiler instead left {quantize} on the CPU too and started its segment"
-                f" after op {i}, {sum(other)}/{n} would map. No compiled model shows a refusal"
-                " this close to the input: undecided by the evidence (delegates/edgetpu.toml)"
-            )
-        else:
-            other = _single_segment(graph, statuses, front_cuts=frozenset({i}))[0]
-            sentence = (
-                f"op {i} {op_label(op)} is refused ({reason}) ahead of every op the compiler"
-                f" maps: predicted on the CPU ahead of the segment, cutting nothing, as a"
-                f" leading float QUANTIZE or CAST does ({sum(mapped)}/{n} mapped); if it cut"
-                f" everything that depends on it, as Coral's documentation says of an"
-                f" unsupported op, {sum(other)}/{n} would map. No compiled model shows an op"
-                " refused there for a reason other than its data type: undecided by the"
-                " evidence (delegates/edgetpu.toml)"
-            )
-        if sum(other) != sum(mapped):
-            readings.append(OtherReading(i, sum(other), sentence))
-    return readings
+    after = [(i, ahead) for i, ahead in found if ahead]
+    if after:
+        ahead = sorted({j for _, js in after for j in js})
+        other = sum(_single_segment(graph, statuses, left_ahead=frozenset(ahead))[0])
+        quantize = ", ".join(f"op {j} QUANTIZE" for j in ahead)
+        refused = _refused(graph, [i for i, _ in after], statuses)
+        readings.append((other, [i for i, _ in after], (
+            f"{refused} right after the input's requantization ({quantize}):"
+            f" predicted as the compiled models show a refusal after the first op the compiler"
+            f" maps, a cut ({now}/{n} mapped); if the compiler instead left {quantize} on the"
+            f" CPU too and started its segment after the refused op, {other}/{n} would map. No"
+            " compiled model shows a refusal this close to the input: undecided by the"
+            " evidence (delegates/edgetpu.toml)"
+        )))  # fmt: skip
+    first = [i for i, ahead in found if not ahead]
+    if first:
+        other = sum(_single_segment(graph, statuses, front_cuts=frozenset(first))[0])
+        readings.append((other, first, (
+            f"{_refused(graph, first, statuses)} with nothing mapped ahead (reading only inputs,"
+            f" constants or CPU ops ahead of the segment): predicted on the CPU ahead of the"
+            f" segment, cutting nothing, as a leading float"
+            f" QUANTIZE or CAST does ({now}/{n} mapped); if such an op cut everything that"
+            f" depends on it, as Coral's documentation says of an unsupported op, {other}/{n}"
+            " would map."
+            " No compiled model shows an op refused there for a reason other than its data"
+            " type: undecided by the evidence (delegates/edgetpu.toml)"
+        )))  # fmt: skip
+    return [OtherReading(ops, other, text) for other, ops, text in readings if other != now]
 
 
 def statuses_once_quantized(

@@ -187,7 +187,9 @@ def edgetpu_cut(data: bytes) -> dict[str, Any]:
         out["cut"] = {"index": cut.index, "op": cut.op, "status": cut.status, "reason": cut.reason}
     out["cpu_ops"] = sorted({o.op for o in prediction.ops if o.target == "cpu"})
     if prediction.other_readings:  # where the evidence cannot decide the compiler's placement
-        out["other_readings"] = [r.to_dict() for r in prediction.other_readings]
+        out["other_readings"] = [
+            {**r.to_dict(), "where": r.where} for r in prediction.other_readings
+        ]
     out["_prediction"] = prediction
     return out
 
@@ -453,7 +455,7 @@ def _edgetpu_lines(section: dict[str, Any] | None) -> list[str]:
         where = f"op {cut['index']} {cut['op']}" if cut else "no cut"
         why = f"{cut['status']}: {cut['reason']}" if cut else "every op mapped"
         mapped = f"{p['mapped']}/{p['ops']}" + "".join(
-            f" (or {r['mapped']}/{p['ops']} on the other reading of op {r['op']}: undecided by"
+            f" (or {r['mapped']}/{p['ops']} on the other reading of {r['where']}: undecided by"
             " the evidence)"
             for r in p.get("other_readings", [])
         )

@@ -75,15 +75,23 @@ class OpPrediction:
 @dataclass
 class OtherReading:
     """What the Edge TPU compiler would map under the reading of its behaviour that the evidence
-    leaves open (see "Not decided" in the header of `delegates/edgetpu.toml`): the refused op
-    `op` near the input, `mapped` ops under the other reading, and the sentence that says so."""
+    leaves open (see "Not decided" in the header of `delegates/edgetpu.toml`): the refused ops
+    near the input it concerns, `mapped` ops under the other reading, and the sentence that
+    says so."""
 
-    op: int
+    ops: list[int]
     mapped: int
     reading: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"op": self.op, "mapped": self.mapped, "reading": self.reading}
+        return {"ops": list(self.ops), "mapped": self.mapped, "reading": self.reading}
+
+    @property
+    def where(self) -> str:
+        """`op 1`, or `ops 263, 264, ...` (what the tables name)."""
+        if len(self.ops) == 1:
+            return f"op {self.ops[0]}"
+        return "ops " + ", ".join(map(str, self.ops[:3])) + (", ..." if len(self.ops) > 3 else "")
 
 
 @dataclass
@@ -287,7 +295,7 @@ def format_prediction(prediction: Prediction, model_name: str) -> str:
         f"Total number of operations: {len(prediction.ops)}",
         f"Number of operations that will run on {accel}: {prediction.mapped}"
         + "".join(
-            f" (or {r.mapped} on the other reading of op {r.op}: undecided by the evidence,"
+            f" (or {r.mapped} on the other reading of {r.where}: undecided by the evidence,"
             " see the note)"
             for r in prediction.other_readings
         ),
