@@ -406,10 +406,13 @@ def _front_refusals(
     for i in range(len(graph.ops)):
         for j in producers(i):
             consumers.setdefault(j, []).append(i)
+    refused = {
+        i
+        for i, (op, (key, _)) in enumerate(zip(graph.ops, statuses))
+        if key != "mapped" and not _io_conversion(op, key)
+    }
     found = []
-    for i, (op, (key, _)) in enumerate(zip(graph.ops, statuses)):
-        if key == "mapped" or _io_conversion(op, key):
-            continue
+    for i in sorted(refused):
         ancestors, stack = set(), producers(i)
         while stack:
             j = stack.pop()
@@ -419,11 +422,7 @@ def _front_refusals(
         ahead = sorted(j for j in ancestors if mapped[j])
         if any(not _input_requantization(graph.ops[j], graph) for j in ahead):
             continue  # it reads the segment's work: the cut the compiled models show
-        if any(
-            k in ancestors
-            for k, (kk, _) in enumerate(statuses)
-            if kk != "mapped" and not _io_conversion(graph.ops[k], kk)
-        ):
+        if ancestors & refused:
             continue  # another refused op comes first: that one is the question
         stack, below = list(consumers.get(i, [])), set()
         while stack:
@@ -460,35 +459,35 @@ def _other_readings(
     Coral's documented rule, under which it cuts everything that depends on it."""
     found = _front_refusals(graph, statuses, mapped)
     n, now = len(graph.ops), sum(mapped)
+    undecided = "undecided by the evidence (delegates/edgetpu.toml)"
     readings = []
-    after = [(i, ahead) for i, ahead in found if ahead]
+    after = [i for i, ahead in found if ahead]
     if after:
-        ahead = sorted({j for _, js in after for j in js})
+        ahead = sorted({j for _, js in found for j in js})
         other = sum(_single_segment(graph, statuses, left_ahead=frozenset(ahead))[0])
         quantize = ", ".join(f"op {j} QUANTIZE" for j in ahead)
-        refused = _refused(graph, [i for i, _ in after], statuses)
-        readings.append((other, [i for i, _ in after], (
-            f"{refused} right after the input's requantization ({quantize}):"
-            f" predicted as the compiled models show a refusal after the first op the compiler"
-            f" maps, a cut ({now}/{n} mapped); if the compiler instead left {quantize} on the"
-            f" CPU too and started its segment after the refused op, {other}/{n} would map. No"
-            " compiled model shows a refusal this close to the input: undecided by the"
-            " evidence (delegates/edgetpu.toml)"
-        )))  # fmt: skip
+        text = (
+            f"{_refused(graph, after, statuses)} right after the input's requantization"
+            f" ({quantize}): predicted as the compiled models show a refusal after the first op"
+            f" the compiler maps, a cut ({now}/{n} mapped); if the compiler instead left"
+            f" {quantize} on the CPU too and started its segment after the refused op,"
+            f" {other}/{n} would map. No compiled model shows a refusal this close to the"
+            f" input: {undecided}"
+        )
+        readings.append(OtherReading(after, other, text))
     first = [i for i, ahead in found if not ahead]
     if first:
         other = sum(_single_segment(graph, statuses, front_cuts=frozenset(first))[0])
-        readings.append((other, first, (
-            f"{_refused(graph, first, statuses)} with nothing mapped ahead (reading only inputs,"
-            f" constants or CPU ops ahead of the segment): predicted on the CPU ahead of the"
-            f" segment, cutting nothing, as a leading float"
-            f" QUANTIZE or CAST does ({now}/{n} mapped); if such an op cut everything that"
-            f" depends on it, as Coral's documentation says of an unsupported op, {other}/{n}"
-            " would map."
-            " No compiled model shows an op refused there for a reason other than its data"
-            " type: undecided by the evidence (delegates/edgetpu.toml)"
-        )))  # fmt: skip
-    return [OtherReading(ops, other, text) for other, ops, text in readings if other != now]
+        text = (
+            f"{_refused(graph, first, statuses)} with nothing mapped ahead (reading only"
+            " inputs, constants or CPU ops ahead of the segment): predicted on the CPU ahead"
+            f" of the segment, cutting nothing, as a leading float QUANTIZE or CAST does"
+            f" ({now}/{n} mapped); if such an op cut everything that depends on it, as Coral's"
+            f" documentation says of an unsupported op, {other}/{n} would map. No compiled"
+            f" model shows an op refused there for a reason other than its data type: {undecided}"
+        )
+        readings.append(OtherReading(first, other, text))
+    return [r for r in readings if r.mapped != now]
 
 
 def statuses_once_quantized(
