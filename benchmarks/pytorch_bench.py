@@ -59,13 +59,33 @@ def calibration(path: Path, n: int, seed: int) -> np.ndarray:
 
 
 def mapped(path: Path) -> dict[str, Any]:
+    """Predicted Edge TPU mapping, the first op that cuts, and (where the evidence cannot decide
+    the compiler's placement: a refused op near the input) the other reading's count."""
     p = predict_edgetpu(flatbuffer.load(path))
     cut = next((o for o in p.ops if o.target == "cpu" and not o.reason.startswith("after")), None)
     return {
         "mapped": p.mapped,
         "total": len(p.ops),
         "cut": None if cut is None else f"op {cut.index} {cut.op}: {cut.reason}",
+        "other_readings": [r.to_dict() for r in p.other_readings],
     }
+
+
+def _mapped_cell(m: dict[str, Any]) -> str:
+    """`1/315`, or `1/315 (or 291/315)` where the evidence cannot decide."""
+    others = "".join(f" (or {r['mapped']}/{m['total']})" for r in m.get("other_readings", []))
+    return f"{m['mapped']}/{m['total']}{others}"
+
+
+def cpu_any_reading(row: dict[str, Any]) -> tuple[int, int]:
+    """Ops on the CPU, stock and fused, each under the reading less favourable to tflfuse
+    (stock's fewest, fused's most): the gain no reading of the compiler can take away."""
+    counts = {
+        k: [m["mapped"], *(r["mapped"] for r in m.get("other_readings", []))]
+        for k, m in row["edgetpu"].items()
+    }
+    stock, fused = row["edgetpu"]["stock"], row["edgetpu"]["fused"]
+    return stock["total"] - max(counts["stock"]), fused["total"] - min(counts["fused"])
 
 
 def bench_one(name: str, recipe: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -164,8 +184,9 @@ def findings(rows: list[dict[str, Any]]) -> list[str]:
         if r["latency_ms"][d]["ratio"] >= 1.05
     ]
     mapped = [
-        f"{r['model']} / {r['recipe']} ({r['edgetpu']['stock']['mapped']} ->"
-        f" {r['edgetpu']['fused']['mapped']})"
+        f"{r['model']} / {r['recipe']} ({_mapped_cell(r['edgetpu']['stock'])} ->"
+        f" {_mapped_cell(r['edgetpu']['fused'])}; ops on the CPU under the reading less"
+        " favourable to tflfuse: {} -> {})".format(*cpu_any_reading(r))
         for r in done
         if r["recipe"].startswith("edgetpu")
         and r["edgetpu"]["fused"]["mapped"] != r["edgetpu"]["stock"]["mapped"]
@@ -222,19 +243,22 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         )
         lines.append(
             f"| {r['model']} | {r['recipe']} | {o['input']} / {o['stock']} / {o['fused']}"
-            f" | {t['stock']['mapped']}/{t['stock']['total']} ->"
-            f" {t['fused']['mapped']}/{t['fused']['total']}"
+            f" | {_mapped_cell(t['stock'])} -> {_mapped_cell(t['fused'])}"
             f" | {lat['xnnpack']['ratio']:.2f} | {lat['none']['ratio']:.2f}"
             f" | {_g(e['stock']['max_abs'])} / {_g(e['fused']['max_abs'])}"
             f" ({_g(e['fused']['range'])}){'' if e['fused']['varies'] else ' [1]'} | {top1} |"
         )
     lines += [
         "",
-        "Until issue 16 the stock model was re-sorted after its I/O types were set (a uint8"
-        " QUANTIZE appended, then a topological sort that moved input-independent BROADCAST_TO"
-        " chains to the front): the yolov8n stock model then started with an op the Edge TPU"
-        " does not map and read 0/315 mapped, a gain that was tflfuse's own doing. The table"
-        " above is the honest baseline.",
+        "Edge TPU: predicted by `delegates/edgetpu.toml` (compiler 16, one segment). `(or N)`:"
+        " the count under the other reading of a refused op near the input, which no compiled"
+        " model decides (the table's header): a PyTorch export's stock int8 model reads its"
+        " NCHW input through a TRANSPOSE the compiler refuses once it is over 69696 elements;"
+        " the prediction lets it cut everything after the input's QUANTIZE, the other reading"
+        " starts the segment after it. A gain is claimed only against the reading less"
+        " favourable to tflfuse (Against the goal, below). Until issue 16 the stock model was"
+        " also re-sorted (its yolov8n then read 0/315): no longer; stock is the quantizer's"
+        " own op order.",
     ]
     if any("error_text" not in r and not r["error"]["fused"]["varies"] for r in rows):
         lines += [

@@ -61,7 +61,9 @@ def log(message: str) -> None:
 
 
 def placement(path: Path) -> dict[str, Any]:
-    """Predicted mapped ops, the CPU ops by type, and the first op that cuts (its own refusal)."""
+    """Predicted mapped ops, the CPU ops by type, the first op that cuts (its own refusal), and
+    where the evidence cannot decide the compiler's placement (a refused op near the input),
+    the other reading's mapped count and the sentence saying which is which."""
     p = predict_edgetpu(flatbuffer.load(path))
     cpu = [o for o in p.ops if o.target == "cpu"]
     roots = [o for o in cpu if not o.reason.startswith("after the cut")]
@@ -70,7 +72,31 @@ def placement(path: Path) -> dict[str, Any]:
         "total": len(p.ops),
         "cpu_types": dict(Counter(o.op for o in cpu)),
         "refused": [f"op {o.index} {o.op}: {o.reason}" for o in roots],
+        "other_readings": [r.to_dict() for r in p.other_readings],
     }
+
+
+def readings(place: dict[str, Any]) -> list[int]:
+    """The mapped counts under every reading the evidence leaves open (the prediction first)."""
+    return [place["mapped"], *(r["mapped"] for r in place.get("other_readings", []))]
+
+
+def mapped_cell(place: dict[str, Any]) -> str:
+    """`1/284`, or `1/284 (or 261/284)` where the evidence cannot decide."""
+    others = "".join(f" (or {r['mapped']}/{place['total']})" for r in place["other_readings"])
+    return f"{place['mapped']}/{place['total']}{others}"
+
+
+def counted_cpu(row: dict[str, Any]) -> str:
+    """Ops left on the CPU, the user's model -> tflfuse's, each under the reading less favourable
+    to tflfuse (the user's fewest, tflfuse's most): the gain no reading of the compiler can take
+    away. Counted on the CPU rather than mapped, since splitting a TRANSPOSE adds mapped ops."""
+    user, ours = row["stock"], row["tflfuse"]
+    fewest = user["total"] - max(readings(user))
+    most = ours["total"] - min(readings(ours))
+    predicted = f"{user['total'] - user['mapped']} -> {ours['total'] - ours['mapped']}"
+    text = f"{fewest} -> {most}"
+    return text if predicted == text else f"{text} (predicted: {predicted})"
 
 
 def run_one(model: str, route: str, out: Path, src: Path | None = None) -> dict[str, Any]:
@@ -111,9 +137,10 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         " not run on a compiler or a device. Models: helper h16d's corpus exports (256 x 256,"
         " NCHW input, untrained weights), not copied here; routes in this script's docstring.",
         "",
-        "| model | route | mapped: user's model | mapped: tflfuse | left on the CPU by tflfuse |"
-        " rules that fired | rewrites verified | max abs error vs the source: user's / tflfuse |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | route | mapped: user's model | mapped: tflfuse | ops on the CPU, user's ->"
+        " tflfuse, any reading | left on the CPU by tflfuse | rules that fired |"
+        " rewrites verified | max abs error vs the source: user's / tflfuse |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
@@ -127,8 +154,8 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             verified += " (bit-identical)"
         err = " / ".join("-" if e is None else f"{e:.3g}" for e in r["max_abs"].values())
         lines.append(
-            f"| {r['model']} | {r['route']} | {s['mapped']}/{s['total']} |"
-            f" {f['mapped']}/{f['total']} | {left} | {rules} | {verified} | {err} |"
+            f"| {r['model']} | {r['route']} | {mapped_cell(s)} | {mapped_cell(f)} |"
+            f" {counted_cpu(r)} | {left} | {rules} | {verified} | {err} |"
         )
     pair = next((r for r in rows if "compiler" in r), None)
     if pair is not None:
@@ -140,6 +167,27 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             " the compiler's two-innermost-dimensions limit whatever is split: tflfuse moves the"
             " refused feature-map transposes onto the Edge TPU and the rest of the head stays on"
             " the CPU (an NHWC-only head would be needed, not built).",
+        ]
+    undecided = [
+        f"- {r['model']} / {r['route']}, {who}: {o['reading']}."
+        for r in rows
+        if "error" not in r
+        for who, key in (("user's model", "stock"), ("tflfuse", "tflfuse"))
+        for o in r[key]["other_readings"]
+    ]
+    if undecided:
+        lines += [
+            "",
+            "## Where the evidence cannot decide",
+            "",
+            "`(or N)`: what the compiler would map under the other reading of a refused op"
+            " near the input (`delegates/edgetpu.toml`, header: no compiled model among 318"
+            " pairs, 3200 twins and 365 logs shows one). The CPU column counts the user's model"
+            " under its most favourable reading and tflfuse's under its least: that is the"
+            " gain claimed; in parentheses, the predicted reading alone, which is not claimed"
+            " where the two differ.",
+            "",
+            *undecided,
         ]
     lines += ["", "## Where each model is cut (tflfuse's model)", ""]
     for r in rows:
@@ -158,11 +206,17 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "(SplitOversizedTranspose moves data only); the error column against the source model",
         "differs from 0 for tflfuse on the int8 route only through that uint8 interface. On the",
         "float routes the user's model is litert-quantizer's int8 with the same uint8 interface:",
-        "its first QUANTIZE maps, so the refused input TRANSPOSE after it cuts everything that",
-        "follows (one segment cannot resume). yolo11n: its attention multiplies two activations",
-        "(BATCH_MATMUL), which no Edge TPU op does exactly; every op that depends on it stays on",
-        "the CPU, and the rows marked 'not measured' failed in `convert` itself (its defused",
-        "baseline check), not in the Edge TPU rules.",
+        "its first QUANTIZE maps, and the predictor lets the refused [1, 3, 256, 256] input",
+        "TRANSPOSE after it cut everything that follows, as the compiled models show for a refusal",
+        "after the first op the compiler maps; whether the compiler would rather leave that",
+        "QUANTIZE on the CPU and start after the TRANSPOSE is not shown by any compiled model,",
+        "hence the two readings. On the Ultralytics int8 route it is the other way round (the",
+        "refused TRANSPOSE follows only the CPU's float QUANTIZE: predicted ahead of the segment,",
+        "or, on Coral's documented rule, cutting everything). yolo11n: its attention multiplies",
+        "two activations (BATCH_MATMUL), which no Edge TPU op does exactly; every op that depends",
+        "on it stays on the CPU, so the legalizations behind it are refused (their ops would run",
+        "on the CPU in more ops: `rules.edgetpu.after_the_cut`). A row marked 'not measured'",
+        "failed in `convert` itself, not in the Edge TPU rules.",
         "",
     ]
     return "\n".join(lines)

@@ -79,6 +79,18 @@ def test_compare_reads_the_models_and_times_them_together(folder: Path) -> None:
     assert "(its outputs span 2.5)" in table
 
 
+def test_an_undecided_edgetpu_mapping_is_marked_and_explained(folder: Path) -> None:
+    """Where the evidence cannot decide the compiler's placement (a refused op near the input),
+    the table marks the count and gives the other reading's under it."""
+    result = compare.compare(folder, runs=3, warmup=1, progress=False)
+    stock = next(r for r in result["rows"] if r["model"] == "stock")
+    assert stock["edgetpu_other_readings"] == []  # float models: nothing undecided
+    stock["edgetpu_other_readings"] = [{"ops": [1], "mapped": 2, "reading": "op 1 ... undecided"}]
+    table = compare.format_table(result)
+    assert "0 / 2*" in table and "*: the evidence cannot decide:" in table
+    assert "stock: or 2 / 2: op 1 ... undecided." in table
+
+
 def test_a_folder_that_is_not_a_conversion_is_one_line(tmp_path: Path, folder: Path) -> None:
     with pytest.raises(TflfuseError, match="no such folder"):
         compare.read_conversion(tmp_path / "nowhere")

@@ -111,6 +111,19 @@ def test_predicted_status_strings_agree_with_the_compilers_logs() -> None:
     assert agree >= GOAL * listed
 
 
+def test_no_pair_holds_a_refusal_near_the_input() -> None:
+    """What the compiler does with an op it refuses near the input (ahead of every op it maps,
+    or right after the input's requantization) is undecided: no pair we hold has one, so the
+    predictor gives its reading and the other one (`Prediction.other_readings`). A pair that
+    ever has one decides the question: this test then fails and names it, so that the table's
+    header and the prediction are revised from it."""
+    scores = [s for name, root in _sets().items() if root.is_dir() for s in _score(name, root)]
+    if not scores:
+        pytest.skip("no pair set present")
+    deciding = [s.pair.key for s in scores if s.prediction and s.prediction.other_readings]
+    assert deciding == [], f"these pairs decide the reading of a refusal near the input: {deciding}"
+
+
 def test_status_agreement_counts_per_op_type_and_status() -> None:
     """The agreement measure itself, on a hand-written log: a wrong status is not counted."""
     from tflfuse.targets import OpPrediction, Prediction

@@ -11,7 +11,13 @@ from conftest import ORACLE, needs_oracle, oracle_models
 
 from tflfuse import flatbuffer
 from tflfuse.ir import Graph, Model, Quantization, Tensor
-from tflfuse.targets import capability, edgetpu_op_status, predict, predict_edgetpu
+from tflfuse.targets import (
+    capability,
+    edgetpu_op_status,
+    format_prediction,
+    predict,
+    predict_edgetpu,
+)
 
 STATUS = capability("edgetpu")["status"]
 
@@ -471,3 +477,82 @@ def test_check_says_which_compiler_it_predicts_for(tmp_path: Path, capsys) -> No
     assert main(["check", str(path), "--target", "edgetpu", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["compiler_version"].startswith("16.0") and out["mapped"] == 1
+
+
+# -- a refused op near the input: the reading the evidence leaves open ----------------------------
+def _nchw_front(input_dtype: str) -> Model:
+    """A PyTorch-style export: input -> QUANTIZE -> TRANSPOSE [1, 3, 160, 160] (76800 elements,
+    over the limit) -> conv -> conv -> QUANTIZE to the output type."""
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 3, 160, 160), input_dtype, quantization=None)
+    if input_dtype == "UINT8":
+        x.quantization = Q
+    xq = act(g, "xq", x.shape)
+    g.add_op("QUANTIZE", [x], [xq])
+    nhwc = act(g, "nhwc", (1, 160, 160, 3))
+    g.add_op("TRANSPOSE", [xq, g.add_constant("perm", np.array([0, 2, 3, 1], np.int32))], [nhwc])
+    y = conv(g, conv(g, nhwc, 8, name="c1"), 8, name="c2")
+    out = act(g, "out", y.shape, "UINT8")
+    g.add_op("QUANTIZE", [y], [out])
+    return model_of(g, [x], [out])
+
+
+def test_a_refusal_right_after_the_input_requantization_cuts_and_names_the_other_reading() -> None:
+    """The litert-torch stock case: the uint8 input's QUANTIZE maps, the refused input TRANSPOSE
+    cuts the rest (the segment starts at the first op the compiler maps); the other reading,
+    which no compiled model decides against, leaves the QUANTIZE on the CPU too and maps the
+    rest."""
+    p = predict(_nchw_front("UINT8"), "edgetpu")
+    assert [o.target for o in p.ops] == ["edgetpu", "cpu", "cpu", "cpu", "cpu"]
+    assert p.ops[1].status == STATUS["limitation"]
+    (other,) = p.other_readings
+    assert (other.ops, other.mapped) == ([1], 3)  # c1, c2 and the output QUANTIZE
+    assert "undecided by the evidence" in other.reading and "op 0 QUANTIZE" in other.reading
+    assert other.reading in p.notes
+    assert p.to_dict()["other_readings"] == [other.to_dict()]
+    text = format_prediction(p, "m.tflite")
+    assert "will run on Edge TPU: 1 (or 3 on the other reading of op 1: undecided" in text
+
+
+def test_a_refusal_ahead_of_every_mapped_op_stays_ahead_and_names_the_other_reading() -> None:
+    """The Ultralytics int8 case: float input, its QUANTIZE on the CPU, then the refused
+    TRANSPOSE: predicted ahead of the segment (the convolutions map), and the documented rule's
+    reading (it cuts everything after it) is given beside it."""
+    p = predict(_nchw_front("FLOAT32"), "edgetpu")
+    assert [o.target for o in p.ops] == ["cpu", "cpu", "edgetpu", "edgetpu", "edgetpu"]
+    (other,) = p.other_readings
+    assert (other.ops, other.mapped) == ([1], 0)
+    assert "documentation" in other.reading
+
+
+def test_no_other_reading_where_the_compiled_models_decide() -> None:
+    """A refusal after a convolution (the segment's own work) is the cut the compiled models
+    show, and a model with no refusal near the input has nothing undecided."""
+    g = Graph("main")
+    x = act(g, "x", (1, 8, 8, 4))
+    y = conv(g, x, 8, name="c1")
+    z = act(g, "leaky", y.shape)
+    g.add_op("LEAKY_RELU", [y], [z], {"alpha": 0.1})
+    out = conv(g, z, 4, name="c2")
+    assert predict(model_of(g, [x], [out]), "edgetpu").other_readings == []
+    assert predict(_two_islands(), "edgetpu").other_readings == []
+    assert predict(_nchw_front("UINT8"), "edgetpu", multiple_subgraphs=True).other_readings == []
+
+
+def test_the_report_gives_the_other_reading_beside_the_mapped_count() -> None:
+    """The convert report's Edge TPU table: stock 1/5 (or 4/5 ...: undecided by the evidence),
+    and the sentence that says which reading is which."""
+    from tflfuse import report
+
+    section = {
+        "stock": report.edgetpu_cut(flatbuffer.to_bytes(_nchw_front("UINT8"))),
+        "fused": report.edgetpu_cut(flatbuffer.to_bytes(_nchw_front("FLOAT32"))),
+    }
+    for v in section.values():
+        v.pop("_prediction")
+    assert section["stock"]["other_readings"][0]["mapped"] == 3
+    text = "\n".join(report._edgetpu_lines(section))
+    other = "on the other reading of op 1: undecided by the evidence"
+    assert f"| stock | 1/5 (or 3/5 {other}) |" in text
+    assert f"| fused | 3/5 (or 0/5 {other}) |" in text
+    assert "stock: op 1 TRANSPOSE (transposes [1, 3, 160, 160]" in text

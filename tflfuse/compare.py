@@ -86,6 +86,7 @@ def compare(
             "ops": len(model.main.ops),
             "edgetpu_mapped": edgetpu.mapped,
             "edgetpu_ops": len(edgetpu.ops),
+            "edgetpu_other_readings": [r.to_dict() for r in edgetpu.other_readings],
             **_error(report, k),
         }
     bench = run_benchmark(
@@ -138,8 +139,14 @@ def format_table(result: dict[str, Any]) -> str:
         f"{'model':<8} {'ops':>5} {'p50 ms':>8} {'vs stock':>9} {'Edge TPU mapped':>16}"
         f" {'max |error|':>12} {'mean |error|':>13}",
     ]
+    undecided = []
     for r in rows:
         mapped = f"{r['edgetpu_mapped']} / {r['edgetpu_ops']}"
+        for other in r.get("edgetpu_other_readings", []):
+            undecided.append(
+                f"     {r['model']}: or {other['mapped']} / {r['edgetpu_ops']}: {other['reading']}."
+            )
+            mapped += "*"
         ratio = _num(r["p50_vs_stock"], ".2f") + "x"
         lines.append(
             f"{r['model']:<8} {r['ops']:>5} {r['p50_ms']:>8.3f} {ratio:>9} {mapped:>16}"
@@ -156,7 +163,8 @@ def format_table(result: dict[str, Any]) -> str:
         f" {env['interpreter']}, delegate {protocol['delegate']}),",
         f"     {protocol['runs']} runs after {protocol['warmup']} warm-up, the three interleaved.",
         "Edge TPU mapped: ops edgetpu_compiler would put on the Edge TPU, predicted by tflfuse;",
-        "     the rest run on the CPU.",
+        "     the rest run on the CPU." + (" *: the evidence cannot decide:" if undecided else ""),
+        *undecided,
         f"error: against {against}.",
     ]
     return "\n".join(lines)

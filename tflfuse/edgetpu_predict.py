@@ -21,7 +21,9 @@ import numpy as np
 
 from tflfuse.ir import Graph, Model, Op, Tensor
 from tflfuse.targets import (
+    FLOAT_TYPES,
     OpPrediction,
+    OtherReading,
     Prediction,
     _activations,
     _axes,
@@ -324,7 +326,11 @@ def edgetpu_statuses(model: Model, compiler_version: str | None = None) -> list[
 
 
 def _single_segment(
-    graph: Graph, statuses: list[tuple[str, str]]
+    graph: Graph,
+    statuses: list[tuple[str, str]],
+    *,
+    left_ahead: frozenset[int] = frozenset(),
+    front_cuts: frozenset[int] = frozenset(),
 ) -> tuple[list[bool], dict[int, int], dict[int, int]]:
     """The default compiler (one Edge TPU subgraph). The segment may read what the CPU computes
     before it (a float -> int8 QUANTIZE of an input, a CAST before it) but not what the CPU
@@ -333,6 +339,11 @@ def _single_segment(
     segment; an op left on the CPU after the segment cuts every op that depends on it, and ops
     that do not depend on it still map (the data flow decides, not the execution order: see the
     semantics block of edgetpu.toml).
+
+    The two keyword sets place ops the other way round for the reading of the compiler that the
+    evidence leaves open (`_other_readings`): `left_ahead` are mappable ops kept on the CPU ahead
+    of the segment, `front_cuts` are refused ops ahead of the segment that cut what depends on
+    them.
 
     Returns (mapped per op, {index of a mappable op left on the CPU: index of the op that cut it,
     the earliest one it depends on}, {id of a tensor the CPU computes after the segment: index of
@@ -344,12 +355,14 @@ def _single_segment(
     for index, (op, (key, _)) in enumerate(zip(graph.ops, statuses)):
         reads = [t for t in op.inputs if t is not None]
         roots = [after[id(t)] for t in reads if id(t) in after]
-        if key == "mapped" and not roots:
+        if key == "mapped" and not roots and index not in left_ahead:
             mapped[index] = True
             segment.update(id(t) for t in op.outputs if t is not None)
             continue
         if roots:
             cut_by[index] = min(roots)
+        elif index in front_cuts:
+            pass  # the other reading: a refused op ahead of the segment cuts its dependents
         elif not any(id(t) in segment for t in reads) or _boundary_cpu(op, graph, key):
             continue  # computed before the segment (or a float output): cuts nothing
         origin = cut_by.get(index, index)
@@ -359,13 +372,158 @@ def _single_segment(
     return mapped, cut_by, after
 
 
-def computed_after_the_segment(graph: Graph, compiler_version: str | None = None) -> set[int]:
-    """ids of the tensors a one-segment compile computes on the CPU from the segment's outputs:
-    an op reading one can never map, whatever is done to the op itself (a legalization there
-    only adds CPU work)."""
+def _io_conversion(op: Op, key: str) -> bool:
+    """An op the compiler leaves on the CPU for its data type: it reads or writes a type that is
+    not int8/uint8 (CAST, DEQUANTIZE, int32 shape arithmetic), or it is a float -> int8 QUANTIZE.
+    Hundreds of compiled models keep such ops ahead of their segment without a cut."""
+    if key == "data_type":
+        return True
+    x = op.inputs[0] if op.inputs else None
+    return op.type == "QUANTIZE" and x is not None and x.dtype in FLOAT_TYPES
+
+
+def _input_requantization(op: Op, graph: Graph) -> bool:
+    """A QUANTIZE that reads a model input (uint8 -> int8, the edgetpu interface)."""
+    x = op.inputs[0] if op.inputs else None
+    return op.type == "QUANTIZE" and x is not None and any(x is t for t in graph.inputs)
+
+
+def _front_refusals(
+    graph: Graph, statuses: list[tuple[str, str]], mapped: list[bool]
+) -> list[tuple[int, list[int]]]:
+    """Ops the compiler refuses for a reason other than their data type that come ahead of
+    every op of the segment they depend on, except input requantizations: (index of the
+    refused op, indices of the mapped input requantizations it reads through). What the compiler
+    does with them is the question the evidence leaves open (header of edgetpu.toml); only ops
+    with something mappable depending on them are listed, since only there does it matter."""
+    index = {id(op): i for i, op in enumerate(graph.ops)}
+
+    def producers(i: int) -> list[int]:
+        found = (index.get(id(t.producer)) for t in graph.ops[i].inputs if t is not None)
+        return [j for j in found if j is not None]
+
+    consumers: dict[int, list[int]] = {}
+    for i in range(len(graph.ops)):
+        for j in producers(i):
+            consumers.setdefault(j, []).append(i)
+    refused = {
+        i
+        for i, (op, (key, _)) in enumerate(zip(graph.ops, statuses))
+        if key != "mapped" and not _io_conversion(op, key)
+    }
+    found = []
+    for i in sorted(refused):
+        ancestors, stack = set(), producers(i)
+        while stack:
+            j = stack.pop()
+            if j not in ancestors:
+                ancestors.add(j)
+                stack.extend(producers(j))
+        ahead = sorted(j for j in ancestors if mapped[j])
+        if any(not _input_requantization(graph.ops[j], graph) for j in ahead):
+            continue  # it reads the segment's work: the cut the compiled models show
+        if ancestors & refused:
+            continue  # another refused op comes first: that one is the question
+        stack, below = list(consumers.get(i, [])), set()
+        while stack:
+            j = stack.pop()
+            if j not in below:
+                below.add(j)
+                stack.extend(consumers.get(j, []))
+        if any(statuses[j][0] == "mapped" for j in below):
+            found.append((i, ahead))
+    return found
+
+
+def _refused(graph: Graph, indices: list[int], statuses: list[tuple[str, str]]) -> str:
+    """`op 1 TRANSPOSE (why) is refused`, or the first with `and 5 more ops like it are refused`
+    (the sentence stays short when an export computes its anchor grids with a dozen)."""
+    first, more = indices[0], len(indices) - 1
+    text = f"op {first} {op_label(graph.ops[first])} ({statuses[first][1]})"
+    return text + (f" and {more} more op{'s' * (more > 1)} are refused" if more else " is refused")
+
+
+def _other_readings(
+    graph: Graph, statuses: list[tuple[str, str]], mapped: list[bool]
+) -> list[OtherReading]:
+    """The front refusals (`_front_refusals`) under the reading tflfuse does not predict: the
+    mapped count, and a sentence saying which reading is which. At most two readings: one for
+    the refusals right after an input requantization, one for those ahead of every mapped op
+    (each applied to all refusals of its kind at once; they move the count opposite ways).
+
+    tflfuse predicts what the compiled models show everywhere else: the segment starts at the
+    first op the compiler maps. So a refused op after an input requantization cuts (the
+    requantization maps, alone); the other reading leaves the requantization on the CPU too and
+    starts the segment after the refused op. A refused op with nothing mapped before it stays
+    ahead of the segment, as a leading float QUANTIZE or CAST does; the other reading is
+    Coral's documented rule, under which it cuts everything that depends on it."""
+    found = _front_refusals(graph, statuses, mapped)
+    n, now = len(graph.ops), sum(mapped)
+    undecided = "undecided by the evidence (delegates/edgetpu.toml)"
+    readings = []
+    after = [i for i, ahead in found if ahead]
+    if after:
+        ahead = sorted({j for _, js in found for j in js})
+        other = sum(_single_segment(graph, statuses, left_ahead=frozenset(ahead))[0])
+        quantize = ", ".join(f"op {j} QUANTIZE" for j in ahead)
+        text = (
+            f"{_refused(graph, after, statuses)} right after the input's requantization"
+            f" ({quantize}): predicted as the compiled models show a refusal after the first op"
+            f" the compiler maps, a cut ({now}/{n} mapped); if the compiler instead left"
+            f" {quantize} on the CPU too and started its segment after the refused op,"
+            f" {other}/{n} would map. No compiled model shows a refusal this close to the"
+            f" input: {undecided}"
+        )
+        readings.append(OtherReading(after, other, text))
+    first = [i for i, ahead in found if not ahead]
+    if first:
+        other = sum(_single_segment(graph, statuses, front_cuts=frozenset(first))[0])
+        text = (
+            f"{_refused(graph, first, statuses)} with nothing mapped ahead (reading only"
+            " inputs, constants or CPU ops ahead of the segment): predicted on the CPU ahead"
+            f" of the segment, cutting nothing, as a leading float QUANTIZE or CAST does"
+            f" ({now}/{n} mapped); if such an op cut everything that depends on it, as Coral's"
+            f" documentation says of an unsupported op, {other}/{n} would map. No compiled"
+            f" model shows an op refused there for a reason other than its data type: {undecided}"
+        )
+        readings.append(OtherReading(first, other, text))
+    return [r for r in readings if r.mapped != now]
+
+
+def statuses_once_quantized(
+    graph: Graph, compiler_version: str | None = None
+) -> list[tuple[str, str]]:
+    """Each op's own status (`edgetpu_op_status`), and on a float graph the status it will have
+    once quantized: the `edgetpu` recipe legalizes in float and quantizes afterwards, which keeps
+    every shape, so a float op is judged on its type, shapes and constants
+    (`edgetpu_shape_refusal`); ops on types quantization keeps (int32 shape arithmetic, bool)
+    keep their data-type status."""
     table = capability("edgetpu")
-    statuses = [edgetpu_op_status(op, table, compiler_version) for op in graph.ops]
-    return set(_single_segment(graph, statuses)[2])
+    acts = [t for op in graph.ops for t in (*op.inputs, *op.outputs) if t and not t.is_constant]
+    quantized = any(t.dtype in ("INT8", "UINT8") for t in acts)
+    statuses = []
+    for op in graph.ops:
+        types = {t.dtype for t in (*op.inputs, *op.outputs) if t and not t.is_constant}
+        if quantized or not types & FLOAT_TYPES or types - FLOAT_TYPES - {"INT8", "UINT8"}:
+            statuses.append(edgetpu_op_status(op, table, compiler_version))
+            continue
+        refusal = edgetpu_shape_refusal(op, table)
+        statuses.append(("mapped", "") if refusal is None else ("limitation", refusal))
+    return statuses
+
+
+def cut_origins(graph: Graph, compiler_version: str | None = None) -> dict[int, int]:
+    """{id of a tensor a one-segment compile computes on the CPU from the segment's outputs:
+    index of the refused op that cut it}, on the graph as it is (a float graph judged as it
+    will be once quantized). An op reading such a tensor can never map, whatever is done to the
+    op itself: a legalization there only adds CPU work (`tflfuse.rules.edgetpu`)."""
+    return _single_segment(graph, statuses_once_quantized(graph, compiler_version))[2]
+
+
+def computed_after_the_segment(graph: Graph, compiler_version: str | None = None) -> set[int]:
+    """ids of the tensors a one-segment compile computes on the CPU from the segment's outputs
+    (the keys of `cut_origins`)."""
+    return set(cut_origins(graph, compiler_version))
 
 
 def _segments(graph: Graph, mapped: list[bool]) -> int:
@@ -406,11 +564,13 @@ def predict_edgetpu(
     graph = model.main
     version = compiler_version or default_compiler_version(table)
     statuses = edgetpu_statuses(model, version)
+    readings: list[OtherReading] = []
     if multiple_subgraphs:
         mapped = [key == "mapped" for key, _ in statuses]
         cut_by: dict[int, int] = {}
     else:
         mapped, cut_by, _ = _single_segment(graph, statuses)
+        readings = _other_readings(graph, statuses, mapped)
     ops: list[OpPrediction] = []
     for index, (op, (key, reason)) in enumerate(zip(graph.ops, statuses)):
         label = op_label(op)
@@ -435,7 +595,9 @@ def predict_edgetpu(
         segments=_segments(graph, mapped) if multiple_subgraphs else int(any(mapped)),
         compiler_version=version,
         mode="multiple subgraphs (-a)" if multiple_subgraphs else "one Edge TPU subgraph",
+        other_readings=readings,
     )
+    prediction.notes += [r.reading for r in readings]
     if not mapped_ops and any(key == "data_type" for key, _ in statuses):
         prediction.notes.append(
             "the model computes in float: the Edge TPU needs full int8 (convert with the edgetpu"

@@ -186,6 +186,10 @@ def edgetpu_cut(data: bytes) -> dict[str, Any]:
     if cut is not None:
         out["cut"] = {"index": cut.index, "op": cut.op, "status": cut.status, "reason": cut.reason}
     out["cpu_ops"] = sorted({o.op for o in prediction.ops if o.target == "cpu"})
+    if prediction.other_readings:  # where the evidence cannot decide the compiler's placement
+        out["other_readings"] = [
+            {**r.to_dict(), "where": r.where} for r in prediction.other_readings
+        ]
     out["_prediction"] = prediction
     return out
 
@@ -433,7 +437,7 @@ def _legalization_lines(leg: dict[str, Any]) -> list[str]:
     fired = leg.get("fired", {})
     done = ", ".join(f"{k} x{v}" for k, v in fired.items()) or "nothing fired"
     if leg.get("reordered"):
-        done += "; ops reordered (unmappable ops moved late)"
+        done += "; ops reordered (topological order)"
     kept = "kept (verified)" if leg.get("kept") else f"not kept: {leg.get('reason')}"
     mapped = leg.get("edgetpu_mapped")
     tpu = f" Edge TPU mapped ops {mapped[0]} -> {mapped[1]}." if mapped else ""
@@ -450,10 +454,18 @@ def _edgetpu_lines(section: dict[str, Any] | None) -> list[str]:
         cut = p.get("cut")
         where = f"op {cut['index']} {cut['op']}" if cut else "no cut"
         why = f"{cut['status']}: {cut['reason']}" if cut else "every op mapped"
-        lines.append(f"| {name} | {p['mapped']}/{p['ops']} | {where} | {why} |")
+        mapped = f"{p['mapped']}/{p['ops']}" + "".join(
+            f" (or {r['mapped']}/{p['ops']} on the other reading of {r['where']}: undecided by"
+            " the evidence)"
+            for r in p.get("other_readings", [])
+        )
+        lines.append(f"| {name} | {mapped} | {where} | {why} |")
     cpu = section["fused"].get("cpu_ops")
     if cpu:
         lines += ["", f"Op types left on the CPU in the fused model: {', '.join(cpu)}."]
     if section.get("channels_last"):
         lines += ["", f"Channels-last: {section['channels_last']}."]
+    for name in ("fused", "stock"):
+        for reading in section[name].get("other_readings", []):
+            lines += ["", f"{name}: {reading['reading']}."]
     return lines

@@ -73,6 +73,28 @@ class OpPrediction:
 
 
 @dataclass
+class OtherReading:
+    """What the Edge TPU compiler would map under the reading of its behaviour that the evidence
+    leaves open (see "Not decided" in the header of `delegates/edgetpu.toml`): the refused ops
+    near the input it concerns, `mapped` ops under the other reading, and the sentence that
+    says so."""
+
+    ops: list[int]
+    mapped: int
+    reading: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ops": list(self.ops), "mapped": self.mapped, "reading": self.reading}
+
+    @property
+    def where(self) -> str:
+        """`op 1`, or `ops 263, 264, ...` (what the tables name)."""
+        if len(self.ops) == 1:
+            return f"op {self.ops[0]}"
+        return "ops " + ", ".join(map(str, self.ops[:3])) + (", ..." if len(self.ops) > 3 else "")
+
+
+@dataclass
 class Prediction:
     """Per-op placement for one target, totals, and (Edge TPU) parameter memory."""
 
@@ -83,6 +105,8 @@ class Prediction:
     segments: int | None = None  # Edge TPU: number of compiled segments (edgetpu-custom-ops)
     compiler_version: str | None = None  # Edge TPU: the edgetpu_compiler this prediction is for
     mode: str | None = None  # Edge TPU: one Edge TPU subgraph (default) or several (-a)
+    # Edge TPU: where the evidence cannot decide the compiler's placement, the other reading
+    other_readings: list[OtherReading] = field(default_factory=list)
 
     @property
     def mapped(self) -> int:
@@ -123,6 +147,8 @@ class Prediction:
             out["memory"] = dict(self.memory)
         if self.notes:
             out["notes"] = list(self.notes)
+        if self.other_readings:
+            out["other_readings"] = [r.to_dict() for r in self.other_readings]
         return out
 
 
@@ -267,7 +293,12 @@ def format_prediction(prediction: Prediction, model_name: str) -> str:
         lines.append(f"Number of Edge TPU subgraphs: {prediction.segments}")
     lines += [
         f"Total number of operations: {len(prediction.ops)}",
-        f"Number of operations that will run on {accel}: {prediction.mapped}",
+        f"Number of operations that will run on {accel}: {prediction.mapped}"
+        + "".join(
+            f" (or {r.mapped} on the other reading of {r.where}: undecided by the evidence,"
+            " see the note)"
+            for r in prediction.other_readings
+        ),
         f"Number of operations that will run on CPU: {prediction.cpu}",
         "",
         *format_table(prediction.table()),

@@ -7,6 +7,11 @@ replaces such an op by the same function spelled in ops the Edge TPU table maps
 writes new ops asks the table first (`edgetpu_shape_refusal`) so that it never trades a refused op
 for another. They run first in the `edgetpu` pipeline.
 
+Every legalization is also refused when an op it would rewrite reads what the compiler computes
+on the CPU after its one segment (`after_the_cut`): the cut follows the data flow, so such an op
+never maps whatever it becomes, and spelling it out only adds CPU work (the encoder's GELU after
+attention's BATCH_MATMUL of two activations stays one op instead of nine: benchmarks/PYTORCH.md).
+
 Most rules work on float graphs (the `edgetpu` recipe fuses and legalizes in float, then
 quantizes) and on int8/uint8 graphs (a stock-converted `.tflite` given to `optimize`): there the
 new tensors get quantization parameters derived from the tensors they replace, so every step is
@@ -16,11 +21,11 @@ one requantization and the result stays within a step or two of the original. GE
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tflfuse.edgetpu_predict import computed_after_the_segment
+from tflfuse.edgetpu_predict import cut_origins, statuses_once_quantized
 from tflfuse.ir import Graph, Model, Op, Quantization, Tensor
 from tflfuse.rewrite import (
     Match,
@@ -37,6 +42,38 @@ from tflfuse.rules.common import NotApplicable, is_float, single_reader
 from tflfuse.targets import capability, edgetpu_shape_refusal
 
 _INT_TYPES = ("INT8", "UINT8")
+
+
+# -- the gate every legalization passes ------------------------------------------------------------
+def after_the_cut(m: Match) -> Refusal | None:
+    """Refusal when an op of the match reads what a one-segment compile computes on the CPU
+    after the Edge TPU segment (`tflfuse.edgetpu_predict.cut_origins`). The cut follows the
+    data flow, so such an op never maps, whatever it is rewritten into: the legalization would
+    only spell it out in more ops on the CPU (a GELU after attention's BATCH_MATMUL of two
+    activations: 9 ops instead of 1). The graph is judged as it stands; the pass manager runs
+    round after round, so once a rule lifts the refusal upstream, the legalization follows."""
+    inside = {id(t) for op in m.ops for t in op.outputs}
+    reads = [t for op in m.ops for t in op.inputs if t is not None and id(t) not in inside]
+    origins = cut_origins(m.graph)
+    cut = min((origins[id(t)] for t in reads if id(t) in origins), default=None)
+    if cut is None:
+        return None
+    op = m.graph.ops[cut]
+    why = statuses_once_quantized(m.graph)[cut][1]
+    return refuse(
+        f"its input is computed on the CPU after the Edge TPU segment (cut at op {cut}"
+        f" {op.type}: {why}): legalized, it would still run on the CPU, in more ops"
+    )
+
+
+def _gated(check: Callable[..., Refusal | None]) -> Callable[..., Refusal | None]:
+    """A legalization's `check`, then `after_the_cut` (last: it reads the whole graph)."""
+
+    def gated(self: Rule, m: Match) -> Refusal | None:
+        return check(self, m) or after_the_cut(m)
+
+    gated.__doc__ = check.__doc__
+    return gated
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -130,6 +167,7 @@ class LegalizeLeakyRelu(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.LEAKY_RELU(p.x)
 
+    @_gated
     def check(self, m: Match) -> Refusal | None:
         kind = _kind(m.x)
         if kind is None or _kind(m.root.output) != kind:
@@ -179,6 +217,7 @@ class LegalizeHardSwish(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.HARD_SWISH(p.x)
 
+    @_gated
     def check(self, m: Match) -> Refusal | None:
         kind = _kind(m.x)
         if kind is None or _kind(m.root.output) != kind:
@@ -227,6 +266,7 @@ class LegalizeGelu(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.GELU(p.x)
 
+    @_gated
     def check(self, m: Match) -> Refusal | None:
         if _kind(m.x) != "float":
             return refuse("GELU is legalized on the float model, before quantization")
@@ -344,6 +384,7 @@ class MeanToAveragePool(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MEAN(p.x, p.const("axes"))
 
+    @_gated
     def check(self, m: Match) -> Refusal | None:
         x = m.x
         if len(x.shape) != 4 or x.shape[0] != 1:
@@ -401,6 +442,7 @@ class SplitOversizedAveragePool(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.AVERAGE_POOL_2D(p.x)
 
+    @_gated
     def check(self, m: Match) -> Refusal | None:
         op, x = m.root, m.x
         fh, fw = int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
@@ -476,6 +518,7 @@ class SplitOversizedResize(Rule):
             return refuse(f"a tile would stay on the CPU: {why}")
         return fh, rows, extra
 
+    @_gated
     def check(self, m: Match) -> Refusal | None:
         plan = self._plan(m)
         return plan if isinstance(plan, Refusal) else None
@@ -538,6 +581,7 @@ class DropHalfPixelCentersFromNearestResize(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.RESIZE_NEAREST_NEIGHBOR(p.x, p.const("size"))
 
+    @_gated
     def check(self, m: Match) -> Refusal | None:
         op, x = m.root, m.x
         if not op.options.get("half_pixel_centers"):
@@ -653,6 +697,7 @@ class ConcatFlattenedMapsInNHWC(Rule):
                           consts=[np.array([0, 2, 1], np.int32)])  # fmt: skip
         return f"its one TRANSPOSE would stay on the CPU: {why}" if why else None
 
+    @_gated
     def check(self, m: Match) -> Refusal | None:
         maps = self._maps(m)
         return maps if isinstance(maps, Refusal) else None
@@ -738,8 +783,6 @@ class SplitOversizedTranspose(Rule):
             return refuse(f"TRANSPOSE on {x.dtype} with per-channel or no quantization")
         if not (out.is_quantized and out.quantization.same_as(x.quantization)):
             return refuse("the transpose requantizes")
-        if id(x) in computed_after_the_segment(m.graph):
-            return refuse("its input is computed on the CPU after the Edge TPU segment")
         plans = []
         for axis, length in enumerate(x.shape):
             per_row = x.size // length
@@ -766,6 +809,7 @@ class SplitOversizedTranspose(Rule):
             return refuse(f"the transposed tensor itself stays on the CPU: {why}")
         return axis, sizes
 
+    @_gated
     def check(self, m: Match) -> Refusal | None:
         plan = self._plan(m)
         return plan if isinstance(plan, Refusal) else None
