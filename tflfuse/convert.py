@@ -275,7 +275,8 @@ def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
     from tflfuse.quantize import Quantized, aeq_unsupported, quantize
 
     calib = ctx.inputs_for(which, ctx.calib)
-    left = aeq_unsupported(data) if rec.quant_mode == "int8" else []
+    parsed = flatbuffer.from_bytes(data)  # (only read, by both)
+    left = aeq_unsupported(data, parsed) if rec.quant_mode == "int8" else []
     if left:
         fallback = ctx.source.converter_ptq(which, rec, calib, ctx.options.progress)
         if fallback is not None:
@@ -302,6 +303,7 @@ def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
         complete_int8=True,  # PRELU, RELU_0_TO_1 int8 too (int8_completion), fused and unfused
         verify=ctx.options.verify,
         target=rec.target,  # where the int8 op pays (an int8 PRELU on XNNPACK does not)
+        parsed=parsed,
     )
 
 
@@ -329,10 +331,11 @@ def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
     return pipeline(rec.level, "edgetpu", quantized=True)
 
 
-def _mapped(data: bytes) -> int:
+def _mapped(data: bytes, model: Any = None) -> int:
+    """Ops of `data` (or of `model`, its parse, only read) predicted on the Edge TPU."""
     from tflfuse.targets import predict_edgetpu
 
-    return predict_edgetpu(flatbuffer.from_bytes(data)).mapped
+    return predict_edgetpu(model if model is not None else flatbuffer.from_bytes(data)).mapped
 
 
 def legalize(rec: Recipe, ctx: Context) -> None:
@@ -349,6 +352,8 @@ def legalize(rec: Recipe, ctx: Context) -> None:
         ctx.legalization = {"ran": False, "reason": "no int8 rules for this recipe"}
         return
     model = flatbuffer.from_bytes(q.data, "quantized")
+    before = [op.type for op in model.main.ops]  # (what the passes start from)
+    mapped_before = _mapped(q.data, model) if rec.target == "edgetpu" else 0
     result = PassManager(rules, disabled=ctx.options.disabled).run(model)
     data = flatbuffer.to_bytes(model)
     off = set(ctx.options.disabled)
@@ -358,15 +363,12 @@ def legalize(rec: Recipe, ctx: Context) -> None:
         "disabled": sorted({p.name for p in rules} & off),
         **result.to_dict(),
     }
-    before, after = (
-        [op.type for op in flatbuffer.from_bytes(q.data).main.ops],
-        [op.type for op in model.main.ops],
-    )
+    after = [op.type for op in model.main.ops]
     # passes leave no rewrite events: say what they changed (op counts, order)
     summary["ops_before"], summary["ops_after"] = len(before), len(after)
     summary["reordered"] = before != after and sorted(before) == sorted(after)
     if rec.target == "edgetpu":
-        summary["edgetpu_mapped"] = [_mapped(q.data), _mapped(data)]
+        summary["edgetpu_mapped"] = [mapped_before, _mapped(data)]
     if ctx.options.verify:
         failure, summary["verification"] = verify_rewrite(q.data, data, model, result)
     else:
@@ -467,13 +469,14 @@ def report(rec: Recipe, ctx: Context) -> None:
 
     for name, data in zip((FUSED, UNFUSED, STOCK), (ctx.models[m] for m in MODELS)):
         (ctx.folder / name).write_bytes(data)
-    ctx.report = report_mod.assemble(rec, ctx)
+    parse = report_mod.ParseOnce()
+    ctx.report = report_mod.assemble(rec, ctx, parse)
     if ctx.runtime:
         from tflfuse import runtimes
 
         section = dict(ctx.runtime)
         for name in MODELS:  # which of the three the runtime runs (only fused is required to)
-            check = runtimes.check(flatbuffer.from_bytes(ctx.models[name]), rec.runtime)
+            check = runtimes.check(parse(ctx.models[name]), rec.runtime)
             section[name] = {"runtime_ok": check.runtime_ok, "refusal": check.refusal() or None}
         ctx.report["runtime"] = section
 

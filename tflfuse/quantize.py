@@ -24,13 +24,14 @@ maps. The quantizer imports TensorFlow, so this module is only used by `convert`
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tflfuse import flatbuffer, isolation, qparams
+from tflfuse import flatbuffer, isolation, qparams, run_memo
 from tflfuse.calibrated_ranges import usable_ranges
 from tflfuse.errors import TflfuseError
 from tflfuse.int8_completion import COMPLETED_OPS, complete
@@ -91,14 +92,16 @@ def quantize(
     complete_int8: bool = False,
     verify: bool = True,
     target: str | None = None,
+    parsed: Model | None = None,
 ) -> Quantized:
     """The quantized model (bytes) and how it was made; `mode` 'none' returns the input.
 
     `complete_int8` makes the ops litert-quantizer leaves in float int8 (`int8_completion`),
     checked against its output unless `verify` is False, where that pays on `target` (an
     int8 PRELU on XNNPACK does not: `int8_completion`); without it the result is the
-    quantizer's own (the stock baseline). Raises TflfuseError (one line naming the tensor) for
-    calibration statistics no scale can represent and for unusable quantization parameters."""
+    quantizer's own (the stock baseline). `parsed`: `float_model` already parsed (only read).
+    Raises TflfuseError (one line naming the tensor) for calibration statistics no scale can
+    represent and for unusable quantization parameters."""
     if mode == "none":
         return Quantized(float_model, "none (float32)")
     import logging
@@ -106,7 +109,7 @@ def quantize(
     from litert_quantizer import quantizer
 
     logging.getLogger("absl").setLevel(logging.ERROR)
-    model = flatbuffer.from_bytes(float_model)
+    model = parsed if parsed is not None else flatbuffer.from_bytes(float_model)
     if not model.signatures:
         raise TflfuseError("the float model has no signature; litert-quantizer needs one")
     signature = model.signatures[0]
@@ -124,15 +127,15 @@ def quantize(
             {name: arr[i * b : (i + 1) * b] for name, arr in zip(names, calibration)}
             for i in range(len(calibration[0]) // b)
         ]
-        feed = _progress(samples, len(samples), desc, progress)
         isolation.detail(f"litert-quantizer {desc}")
-        stats = _calibrate(q, float_model, {signature.key: list(feed)})
+        stats = _statistics(q, float_model, mode, signature.key, samples, desc, progress)
         calibration_result, adjusted = usable_ranges(model.main, stats)
     isolation.detail(f"litert-quantizer quantizing ({desc})")
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
     which = desc.removeprefix("calibrating ")
-    qparams.check(flatbuffer.from_bytes(data), f"litert-quantizer's output ({which})")
+    qmodel = flatbuffer.from_bytes(data)  # (parsed once: read here, and below unless completed)
+    qparams.check(qmodel, f"litert-quantizer's output ({which})")
     out = Quantized(data, f"litert-quantizer {mode}", ranges_adjusted=adjusted)
     if layer_error and samples:
         out.layer_error = _layer_error(q, signature.key, samples[:4])
@@ -142,19 +145,44 @@ def quantize(
         made = ", ".join(f"{n} {op}" for op, n in sorted(done.completed.items()))
         if done.kept and done.completed:
             data = done.data
+            qmodel = flatbuffer.from_bytes(data)
             out.route += f"; {made} it left in float made int8 by tflfuse (int8_completion)"
         elif not done.kept:
             failure = done.verification.get("failure", "")
             out.route += f"; {made} left in float: their int8 form was not kept ({failure})"
         for op, (n, why) in sorted(done.kept_float.items()):
             out.route += f"; {n} {op} kept in float ({why})"
-    qmodel = flatbuffer.from_bytes(data)
     if mode == "int8":
         out.float_ops = float_compute_ops(qmodel.main)
         set_io_types(qmodel, input_type, output_type)
         data = flatbuffer.to_bytes(qmodel)
     out.data = data
     return out
+
+
+def _statistics(
+    q: Any,
+    float_model: bytes,
+    mode: str,
+    key: str,
+    samples: list[dict[str, np.ndarray]],
+    desc: str,
+    progress: bool,
+) -> Any:
+    """The calibration statistics of `float_model` on `samples`, calibrated once per model and
+    data: the same bytes calibrated on the same arrays by the same calibrator give the same
+    statistics (a .tflite whose rules changed nothing is both the stock baseline's input and
+    the fused model), so a repeat is answered from `tflfuse.run_memo`. A copy is handed out."""
+    names = tuple(sorted(samples[0])) if samples else ()
+    digest = run_memo.digest(float_model, (sample[n] for sample in samples for n in names))
+
+    def calibrate() -> Any:
+        feed = list(_progress(samples, len(samples), desc, progress))
+        return _calibrate(q, float_model, {key: feed})
+
+    return copy.deepcopy(
+        run_memo.remembered("quantize.statistics", (digest, mode, key, names), calibrate)
+    )
 
 
 def _calibrate(q: Any, float_model: bytes, dataset: dict[str, list[dict[str, np.ndarray]]]) -> Any:
@@ -241,14 +269,14 @@ def float_compute_ops(graph: Graph) -> list[str]:
     return out
 
 
-def aeq_unsupported(float_model: bytes) -> list[str]:
+def aeq_unsupported(float_model: bytes, parsed: Model | None = None) -> list[str]:
     """Op types of the main graph that litert-quantizer has no int8 config for (e.g. RELU6)
     and `int8_completion` does not make int8 after it: with them the result is not fully int8,
     so the caller takes the converter's PTQ instead (where there is a TF graph)."""
     from litert_quantizer import qtyping
 
     known = set(qtyping.TFLOperationName.__members__) | COMPLETED_OPS
-    graph = flatbuffer.from_bytes(float_model).main
+    graph = (parsed if parsed is not None else flatbuffer.from_bytes(float_model)).main
     return sorted({op.type for op in graph.ops if op.type not in known | BOUNDARY_OPS})
 
 

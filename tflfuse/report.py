@@ -16,15 +16,30 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse import flatbuffer
+from tflfuse import flatbuffer, run_memo
 from tflfuse.errors import TflfuseError
+from tflfuse.ir import Model
 from tflfuse.runtime import make_interpreter
 from tflfuse.summary import activation_bytes, parameter_bytes, quantization_summary
 
 
-def model_facts(data: bytes) -> dict[str, Any]:
-    """Op count and table, activation and parameter bytes, quantization kind, file size."""
-    model = flatbuffer.from_bytes(data)
+class ParseOnce:
+    """Each distinct model parsed once for the report: every use here only reads it."""
+
+    def __init__(self) -> None:
+        self._models: dict[bytes, Model] = {}
+
+    def __call__(self, data: bytes) -> Model:
+        model = self._models.get(data)
+        if model is None:
+            model = self._models[data] = flatbuffer.from_bytes(data)
+        return model
+
+
+def model_facts(data: bytes, model: Model | None = None) -> dict[str, Any]:
+    """Op count and table, activation and parameter bytes, quantization kind, file size (`model`:
+    `data` already parsed)."""
+    model = model if model is not None else flatbuffer.from_bytes(data)
     g = model.main
     return {
         "op_count": sum(len(sg.ops) for sg in model.subgraphs),
@@ -56,7 +71,14 @@ def _from_model(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
 
 
 def run_float(data: bytes, inputs: list[np.ndarray], delegate: str = "none") -> list[np.ndarray]:
-    """Outputs in float (dequantized) for each sample of `inputs` (arrays with a sample axis)."""
+    """Outputs in float (dequantized) for each sample of `inputs` (arrays with a sample axis);
+    remembered for the same bytes and inputs (`tflfuse.run_memo`: a .tflite whose rules changed
+    nothing is both the reference and the fused float model)."""
+    key = (run_memo.digest(data, inputs), delegate)
+    return run_memo.remembered("report.run_float", key, lambda: _run_float(data, inputs, delegate))
+
+
+def _run_float(data: bytes, inputs: list[np.ndarray], delegate: str) -> list[np.ndarray]:
     interp = make_interpreter(data, delegate=delegate)
     ins, outs = interp.get_input_details(), interp.get_output_details()
     results: list[list[np.ndarray]] = [[] for _ in outs]
@@ -110,12 +132,12 @@ def agreement(
     return out
 
 
-def _classifier_outputs(ctx: Any, reference: list[np.ndarray]) -> list[bool]:
+def _classifier_outputs(ctx: Any, reference: list[np.ndarray], parse: ParseOnce) -> list[bool]:
     """Which outputs of the source are class scores (tflfuse.caveats.class_scores), judged on
     the float model the rules started from."""
     from tflfuse import caveats
 
-    producers = caveats.output_producers(flatbuffer.from_bytes(ctx.float_data))
+    producers = caveats.output_producers(parse(ctx.float_data))
     sizes = [int(np.prod(s)) for s in ctx.source.input_shapes]
     only = len(reference) == 1
     return [
@@ -140,14 +162,16 @@ def warnings(ctx: Any, reference: list[np.ndarray], classifier: list[bool], agre
     ]
 
 
-def delegate_check(data: bytes, delegate: str) -> dict[str, Any]:
-    """Where the fused model's ops run on the recipe's delegate (tflfuse.targets, when present)."""
+def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> dict[str, Any]:
+    """Where the fused model's ops run on the recipe's delegate (tflfuse.targets, when present;
+    `model`: `data` already parsed)."""
     try:
         from tflfuse import targets
     except ImportError:
         return {"delegate": delegate, "checked": False, "reason": "tflfuse.targets not available"}
     try:
-        prediction = targets.predict(flatbuffer.from_bytes(data), delegate)
+        model = model if model is not None else flatbuffer.from_bytes(data)
+        prediction = targets.predict(model, delegate)
     except (TflfuseError, AttributeError, KeyError, ValueError) as exc:
         return {"delegate": delegate, "checked": False, "reason": str(exc)}
     return {
@@ -168,11 +192,14 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def edgetpu_cut(data: bytes) -> dict[str, Any]:
-    """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why."""
+def edgetpu_cut(data: bytes, model: Model | None = None) -> dict[str, Any]:
+    """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why
+    (`model`: `data` already parsed)."""
     from tflfuse import targets
 
-    prediction = targets.predict_edgetpu(flatbuffer.from_bytes(data))
+    prediction = targets.predict_edgetpu(
+        model if model is not None else flatbuffer.from_bytes(data)
+    )
     out: dict[str, Any] = {
         "mapped": prediction.mapped,
         "ops": len(prediction.ops),
@@ -194,17 +221,17 @@ def edgetpu_cut(data: bytes) -> dict[str, Any]:
     return out
 
 
-def _edgetpu_section(ctx: Any) -> dict[str, Any]:
+def _edgetpu_section(ctx: Any, parse: ParseOnce) -> dict[str, Any]:
     """Stock against fused on the Edge TPU: mapped ops, the cut and its reason, and what the
     channels-last interface changed for the mapping."""
     from tflfuse import layout
 
-    per = {k: edgetpu_cut(ctx.models[k]) for k in ("fused", "stock")}
+    per = {k: edgetpu_cut(ctx.models[k], parse(ctx.models[k])) for k in ("fused", "stock")}
     change = getattr(ctx.source, "layout", None)
     section: dict[str, Any] = {}
     if change is not None:
         section["channels_last"] = layout.edgetpu_effect(
-            flatbuffer.from_bytes(ctx.models["stock"]),
+            parse(ctx.models["stock"]),
             per["stock"]["_prediction"],
             per["fused"]["_prediction"],
             change,
@@ -215,16 +242,18 @@ def _edgetpu_section(ctx: Any) -> dict[str, Any]:
     return section
 
 
-def assemble(rec: Any, ctx: Any) -> dict[str, Any]:
+def assemble(rec: Any, ctx: Any, parse: ParseOnce | None = None) -> dict[str, Any]:
     """The report of one conversion from the recipe and the conversion context (convert.Context):
     sources and routes, each model's facts, agreement with the source, rules, quantization, the
-    int8 legalization and the delegate check."""
+    int8 legalization and the delegate check. `parse` parses each model once (the caller may
+    share it)."""
+    parse = parse if parse is not None else ParseOnce()
     src = ctx.source
     eval_inputs = src.eval_inputs(ctx.calib, ctx.options.seed)
     reference = src.reference(eval_inputs)
     models = ctx.models
     floats = {"fused": ctx.fused.data, "unfused": ctx.unfused_float}
-    scores = _classifier_outputs(ctx, reference)
+    scores = _classifier_outputs(ctx, reference, parse)
     agree = {
         k: agreement(v, eval_inputs, reference, ctx.interface(k), scores) for k, v in models.items()
     }
@@ -234,7 +263,7 @@ def assemble(rec: Any, ctx: Any) -> dict[str, Any]:
     q = {k: ctx.quantized[k] for k in ("fused", "unfused")}
     from tflfuse.quantize import float_compute_ops
 
-    float_ops = float_compute_ops(flatbuffer.from_bytes(models["fused"]).main)
+    float_ops = float_compute_ops(parse(models["fused"]).main)
     int8 = rec.quant_mode == "int8" or src.quantized
     change = getattr(src, "layout", None)
     out: dict[str, Any] = {
@@ -266,14 +295,14 @@ def assemble(rec: Any, ctx: Any) -> dict[str, Any]:
             "layer_error": q["fused"].layer_error[:20],
         },
         "legalization": ctx.legalization,
-        "models": {k: model_facts(v) for k, v in models.items()},
-        "float_models": {k: model_facts(v) for k, v in floats.items()},
+        "models": {k: model_facts(v, parse(v)) for k, v in models.items()},
+        "float_models": {k: model_facts(v, parse(v)) for k, v in floats.items()},
         "agreement": agree,
         "float_agreement": float_agree,
         "baseline_check": ctx.baseline_check,
         "class_score_outputs": [n for n, c in zip(src.output_names, scores) if c],
         "warnings": warnings(ctx, reference, scores, agree),
-        "delegate_check": delegate_check(models["fused"], rec.delegate),
+        "delegate_check": delegate_check(models["fused"], rec.delegate, parse(models["fused"])),
         "files": {
             "fused": "model.tflite",
             "unfused": "model_unfused.tflite",
@@ -282,7 +311,7 @@ def assemble(rec: Any, ctx: Any) -> dict[str, Any]:
         "notices": list(src.notices),
     }
     if rec.target == "edgetpu" or rec.delegate == "edgetpu":
-        out["edgetpu"] = _edgetpu_section(ctx)
+        out["edgetpu"] = _edgetpu_section(ctx, parse)
     return out
 
 

@@ -140,19 +140,33 @@ def widen_float16_weights(graph: Graph) -> None:
 def perturbed(reference: bytes, seed: int) -> bytes:
     """`reference` with every float32 constant w an op computes with replaced by
     w (1 + rho eps), eps = +-1 drawn from `seed` (see the module docstring)."""
-    model = flatbuffer.from_bytes(reference, "round-off copy")
-    rng = np.random.default_rng(seed)
-    for graph in model.subgraphs:
-        widen_float16_weights(graph)
-        for t, rho in _float_constants(graph).items():
-            w = np.asarray(t.data, np.float32)
+    return _Copies(flatbuffer.from_bytes(reference, "round-off copy")).perturbed(seed)
+
+
+class _Copies:
+    """Perturbed copies of one parsed model (parsed once for all copies): its float16 weights
+    widened, its float32 constants and their rho found once; each copy draws its own signs."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.constants: list[tuple[Any, float, np.ndarray]] = []
+        for graph in model.subgraphs:
+            widen_float16_weights(graph)
+            for t, rho in _float_constants(graph).items():
+                self.constants.append((t, rho, np.asarray(t.data, np.float32)))
+
+    def perturbed(self, seed: int) -> bytes:
+        rng = np.random.default_rng(seed)
+        for t, rho, w in self.constants:
             eps = rng.choice(np.array([-1.0, 1.0]), size=w.shape)
             moved = (w.astype(np.float64) * (1.0 + rho * eps)).astype(np.float32)
             t.data = np.where(np.isfinite(moved), moved, w)
-    try:
-        return flatbuffer.to_bytes(model)
-    except ValueError as exc:  # an IRError: the copy is the model's own graph, so a bug
-        raise TflfuseError(f"the perturbed copy of the model could not be written: {exc}") from None
+        try:
+            return flatbuffer.to_bytes(self.model)
+        except ValueError as exc:  # an IRError: the copy is the model's own graph, so a bug
+            raise TflfuseError(
+                f"the perturbed copy of the model could not be written: {exc}"
+            ) from None
 
 
 def depths(model: Model) -> dict[str, int]:
@@ -216,9 +230,11 @@ def estimate(
     if _last and _last[0] == key:  # a check re-run on the same reference (blaming rules)
         return _last[1]
     model = flatbuffer.from_bytes(reference, "reference")
-    depth = depths(model)
+    depth = depths(model)  # (before the copies widen float16 weights in the same parse)
+    made = _Copies(model)
     runs = [
-        run(perturbed(reference, seed + 7919 * (c + 1)), inputs, delegate) for c in range(copies)
+        run(made.perturbed(seed + 7919 * (c + 1)), inputs, delegate, remember=False)
+        for c in range(copies)
     ]
     noise = _noise(reference_outputs, runs)
     result = RoundOff()

@@ -109,8 +109,11 @@ def tflite_convert(
     converter.target_spec.supported_ops = ops
     if configure is not None:
         configure(converter)
+    from tflfuse.converter_calibration import statistics_by_interpreter
+
     try:
-        return bytes(converter.convert())
+        with statistics_by_interpreter():  # (its PTQ calibration, the same statistics faster)
+            return bytes(converter.convert())
     except Exception as exc:  # ConverterError and friends
         text = str(exc)
         names = _flex_ops(text)

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse import run_memo
 from tflfuse.bench import seeded_input_values
 from tflfuse.errors import TflfuseError
 from tflfuse.runtime import make_interpreter
@@ -67,11 +68,25 @@ def seeded_inputs(interp: Any, seed: int, runs: int) -> list[list[np.ndarray]]:
 
 
 def run(
-    model: bytes, inputs: list[list[np.ndarray]], delegate: str = "none"
+    model: bytes,
+    inputs: list[list[np.ndarray]],
+    delegate: str = "none",
+    interp: Any = None,
+    *,
+    remember: bool = True,
 ) -> list[list[np.ndarray]]:
     """Outputs of `model` for each input set, in output-detail order (TflfuseError when the
-    interpreter refuses the model or fails to invoke it)."""
-    interp = make_interpreter(model, delegate=delegate)
+    interpreter refuses the model or fails to invoke it). Run on a fresh interpreter (`interp`:
+    one made for `model` and `delegate` and not invoked yet), or, with `remember`, remembered
+    from an earlier run of the same bytes on the same inputs (`tflfuse.run_memo`)."""
+    if not remember:
+        return _invoke(model, inputs, delegate, interp)
+    key = (run_memo.digest(model, (a for one in inputs for a in one)), delegate)
+    return run_memo.remembered("verify.run", key, lambda: _invoke(model, inputs, delegate, interp))
+
+
+def _invoke(model: bytes, inputs: list[list[np.ndarray]], delegate: str, interp: Any) -> list:
+    interp = interp if interp is not None else make_interpreter(model, delegate=delegate)
     in_details = interp.get_input_details()
     out_details = interp.get_output_details()
     results = []
@@ -85,6 +100,21 @@ def run(
             raise TflfuseError(f"the interpreter failed to run the model: {first}") from None
         results.append([interp.get_tensor(d["index"]).copy() for d in out_details])
     return results
+
+
+def _details(model: bytes, delegate: str) -> tuple[list[dict], list[str], Any]:
+    """(input details, output names, a fresh interpreter or None) of `model`: the interpreter
+    is made only when the model's details are not remembered (then it also runs the model)."""
+    made: list[Any] = []
+
+    def read() -> tuple[list[dict], list[str]]:
+        made.append(make_interpreter(model, delegate=delegate))
+        names = [d["name"] for d in made[0].get_output_details()]
+        return made[0].get_input_details(), names
+
+    key = (run_memo.digest(model), delegate)
+    in_details, names = run_memo.remembered("verify.details", key, read)
+    return in_details, names, made[0] if made else None
 
 
 def output_names(model: bytes) -> list[str]:
@@ -129,16 +159,15 @@ def compare(
     the candidate fails.
     """
     try:
-        ref_interp = make_interpreter(reference, delegate=delegate)
-        inputs = seeded_inputs(ref_interp, seed, runs)
-        ref = run(reference, inputs, delegate)
+        in_details, names, ref_interp = _details(reference, delegate)
+        inputs = [seeded_input_values(in_details, seed + i) for i in range(runs)]
+        ref = run(reference, inputs, delegate, ref_interp)
     except TflfuseError as exc:
         raise UnverifiableError(str(exc)) from None
     try:
         cand = run(candidate, inputs, delegate)
     except TflfuseError as exc:
         raise CandidateFailedError(str(exc)) from None
-    names = [d["name"] for d in ref_interp.get_output_details()]
     bounds: dict[str, np.ndarray] = {}
     noise: dict[str, Any] = {}
     same = all(

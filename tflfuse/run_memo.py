@@ -1,0 +1,72 @@
+"""Outputs of a model on given inputs, remembered, so one conversion runs each model once.
+
+A conversion checks models in pairs and then measures them: the fused float model is the
+candidate of one check (against the input) and the reference of the next (against the unfused
+baseline), on the same seeded inputs; a .tflite whose rules changed nothing is the reference
+the report measures against and its fused float model, on the same samples, and it is
+calibrated for the fused model and again as the stock baseline's input. The interpreter is
+deterministic (the same model bytes, inputs, kernels and thread count give the same outputs, and
+every run starts from a fresh interpreter, so a stateful model sees the same sequence), so such a
+repeat is answered from here (calibration statistics too: litert-quantizer's calibrator runs
+the interpreter). The key is what decides the outputs: a digest of the model bytes, of every
+input array (dtype, shape and bytes), the kind of run and its settings. The most recent
+results are kept, up to `BUDGET` bytes of arrays; the arrays handed out are the stored ones,
+which callers only read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+BUDGET = 256 << 20  # bytes of stored arrays
+
+_store: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
+hits = 0  # how many answers came from here (tests, benchmarks)
+
+
+def digest(model: bytes, arrays: Iterable[np.ndarray] = ()) -> str:
+    """sha256 of the model bytes and of each array's dtype, shape and contents."""
+    h = hashlib.sha256(model)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def remembered(kind: str, key: tuple, compute: Callable[[], T]) -> T:
+    """`compute()`'s result for (kind, *key): computed once, then remembered while it is among
+    the most recent results that fit in BUDGET."""
+    global hits
+    full = (kind, *key)
+    if full in _store:
+        _store.move_to_end(full)
+        hits += 1
+        return _store[full][0]
+    value = compute()
+    size = _nbytes(value)
+    if size <= BUDGET:
+        _store[full] = (value, size)
+        while sum(n for _, n in _store.values()) > BUDGET:
+            _store.popitem(last=False)
+    return value
+
+
+def clear() -> None:
+    global hits
+    _store.clear()
+    hits = 0
