@@ -91,7 +91,7 @@ def test_the_budget_bounds_what_is_kept(monkeypatch) -> None:
 
 
 def test_a_model_calibrated_twice_on_the_same_data_is_calibrated_once() -> None:
-    pytest.importorskip("ai_edge_quantizer")
+    pytest.importorskip("litert_quantizer")
     from tflfuse.quantize import quantize
 
     data = _model()
