@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ai_edge_litert.tools import flatbuffer_utils
 
-from tflfuse import flatbuffer
+from tflfuse.ir import flatbuffer
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -55,7 +55,7 @@ def measure(data: bytes, runs: int) -> dict[str, float]:
 def models(size: int) -> dict[str, bytes]:
     from conftest import oracle_models, wheel_models
 
-    from tflfuse import zoo
+    from tflfuse.examples import zoo
 
     out = {
         f"mobilenet_v2_{size}_float": zoo.to_tflite(

@@ -39,7 +39,7 @@ import os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np
 import keras
-from tflfuse import zoo
+from tflfuse.examples import zoo
 model = keras.saving.load_model(sys.argv[1], compile=False)
 calib = np.load(sys.argv[2])
 data = zoo.to_tflite(model, int8=True, calibration=calib, io_type="int8")
@@ -94,7 +94,7 @@ def main() -> int:
 
     import numpy as np
 
-    from tflfuse import zoo
+    from tflfuse.examples import zoo
 
     python = sys.executable
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Measure what one kernel costs on this host's runtimes; write the table `tflfuse.cost` reads.
+"""Measure what one kernel costs on this host's runtimes; write the table `tflfuse.targets.cost`
+reads.
 
     python benchmarks/cost_table.py                 # writes delegates/cost_table.json (~2 min)
     python benchmarks/cost_table.py --runs 50 --out /tmp/t.json
@@ -9,15 +10,15 @@ For every op kind x shape class (small / medium / large work) x dtype (float32, 
 builds a one-op .tflite on the IR (no TensorFlow), and times it interleaved with an empty model
 (one RESHAPE) under each runtime: XNNPACK ("xnnpack") and the plain built-in kernels ("none").
 The entry is the median invoke time minus the empty model's median: what the op adds to a
-model's latency. `tflfuse.cost.predict_latency_us` interpolates in `work` (elements written,
+model's latency. `tflfuse.targets.cost.predict_latency_us` interpolates in `work` (elements written,
 or multiply-adds for heavy kernels) between the shape classes measured here.
 
 Variants that behave differently get their own kind: `ADD@bcast` (one operand broadcast along
 the last axis), `MEAN@squeeze` (keep_dims=False), `MEAN@last` (over the last axis), `MEAN@rows`
 (the same written as a pool, rows as the batch). DEQUANTIZE, QUANTIZE, PRELU, RELU_0_TO_1, RELU
 and DEPTH_TO_SPACE price the float island litert-quantizer leaves against the int8 op
-`tflfuse.int8_completion` writes (`cost.int8_completion_refusal`). int8 tensors use per-tensor
-scales (weights per channel), as the converter and litert-quantizer write them.
+`tflfuse.convert.int8_completion` writes (`cost.int8_completion_refusal`). int8 tensors use
+per-tensor scales (weights per channel), as the converter and litert-quantizer write them.
 """
 
 from __future__ import annotations
@@ -38,11 +39,17 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tflfuse import cost, flatbuffer  # noqa: E402
-from tflfuse.bench import run_benchmark  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
-from tflfuse.ir import Graph, Model, Quantization, Tensor  # noqa: E402
-from tflfuse.runtime import interpreter_package  # noqa: E402
+from tflfuse.ir import (  # noqa: E402
+    Graph,
+    Model,
+    Quantization,
+    Tensor,
+    flatbuffer,
+)
+from tflfuse.runtime.bench import run_benchmark  # noqa: E402
+from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
+from tflfuse.targets import cost  # noqa: E402
 
 RUNTIMES = ("xnnpack", "none")
 DTYPES = ("float32", "int8")
@@ -198,7 +205,7 @@ def _softmax(b: Builder, rows: int) -> Model:
 def _island_part(kind: str) -> Callable[[Builder, int], Model]:
     """DEQUANTIZE (int8 in, float out: measured as float32) or QUANTIZE (float in, int8 out:
     measured as int8): the two ends of the float island litert-quantizer leaves around an op
-    it has no int8 config for (`tflfuse.int8_completion`)."""
+    it has no int8 config for (`tflfuse.convert.int8_completion`)."""
 
     def build(b: Builder, rows: int) -> Model:
         q = Quantization(np.array([0.05], np.float32), np.array([0], np.int64))
@@ -269,7 +276,8 @@ KINDS: dict[str, tuple[Callable[[Builder, int], Model], tuple[str, ...]]] = {
     "BATCH_MATMUL": (_batch_matmul, DTYPES),
     "TRANSPOSE": (_transpose, DTYPES),
     "RESHAPE": (_reshape, DTYPES),
-    # int8 completion (tflfuse.cost.int8_completion_refusal): the island's parts and the int8 ops
+    # int8 completion (tflfuse.targets.cost.int8_completion_refusal): the island's parts and the
+    # int8 ops
     "DEQUANTIZE": (_island_part("DEQUANTIZE"), ("float32",)),
     "QUANTIZE": (_island_part("QUANTIZE"), ("int8",)),
     "PRELU": (_prelu, DTYPES),
@@ -348,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     table = {
         "about": "Per-op latency added to a model (median invoke minus an empty model's), by op"
         " kind, dtype, runtime and work (elements written, or multiply-adds). Written by"
-        " benchmarks/cost_table.py; read by tflfuse.cost.",
+        " benchmarks/cost_table.py; read by tflfuse.targets.cost.",
         "command": "python benchmarks/cost_table.py"
         + (f" --kinds {' '.join(sorted(kinds))}" if kinds else ""),
         "machine": platform.processor() or platform.machine(),

@@ -32,9 +32,9 @@ sys.path.insert(0, str(HERE))
 
 from pytorch_bench import MODELS_DIR, calibration  # noqa: E402
 
-from tflfuse import flatbuffer  # noqa: E402
-from tflfuse.bench import run_benchmark  # noqa: E402
-from tflfuse.runtime import interpreter_package  # noqa: E402
+from tflfuse.ir import flatbuffer  # noqa: E402
+from tflfuse.runtime.bench import run_benchmark  # noqa: E402
+from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 from tflfuse.targets import predict_edgetpu  # noqa: E402
 
 VARIANTS = ("stock", "gate off", "gate on")
@@ -43,8 +43,8 @@ DELEGATES = ("none", "xnnpack")
 
 def convert_both(src: Path, out: Path, samples: int) -> dict[str, Any]:
     """The conversion with the gate (tflfuse as it is) and without it; paths and facts."""
-    import tflfuse.rules.edgetpu as legalization
-    from tflfuse.convert import convert
+    import tflfuse.targets.edgetpu.rules as legalization
+    from tflfuse.convert.pipeline import convert
 
     calib = calibration(src, samples, seed=7)
     gate = legalization.after_the_cut

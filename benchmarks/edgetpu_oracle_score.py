@@ -12,8 +12,8 @@ For each set, split into the "dev" half (rules were built from these) and the "h
 fixed hash of each pair's path; checked only at the end), and into the two compiler modes
 (single Edge TPU subgraph, the default; several, `-a`), it prints tflfuse's exact count beside the
 documented rule's (map in execution order until the first op outside Coral's op table or not
-int8/uint8 or not static). "Exact" is defined in `tflfuse.edgetpu_truth.is_exact`. Where a pair
-has the compiler's `-s` log, the per-op status strings predicted are compared with the log's.
+int8/uint8 or not static). "Exact" is defined in `tflfuse.targets.edgetpu.truth.is_exact`. Where a
+pair has the compiler's `-s` log, the per-op status strings predicted are compared with the log's.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from tflfuse.edgetpu_truth import PairScore, find_pairs, score_pair
+from tflfuse.targets.edgetpu.truth import PairScore, find_pairs, score_pair
 
 HERE = Path(__file__).resolve().parent
 ORACLE = Path(os.environ.get("TFLFUSE_SHARED") or HERE.parent.parent / "shared") / "oracle"

@@ -31,12 +31,14 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from tflfuse import bench, flatbuffer, targets, verify
-from tflfuse.ir import Graph, Model, Signature, Tensor
+from tflfuse import targets
+from tflfuse.ir import Graph, Model, Signature, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination, PassManager, Rule, TopologicalSort
 from tflfuse.rules import exporter, pipeline
 from tflfuse.rules.algebra import CollapseReshapeChain
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
+from tflfuse.runtime import bench, verify
+from tflfuse.runtime import runs as runs_module
 
 MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"
 EXPORTER_NAMES = tuple(
@@ -236,7 +238,7 @@ def _xnnpack_partitions(data: bytes) -> int | None:
     """How many XNNPACK partitions the model is cut into (None if the interpreter won't say
     or XNNPACK fails to prepare it)."""
     from tflfuse.errors import TflfuseError
-    from tflfuse.runtime import make_interpreter
+    from tflfuse.runtime.interpreter import make_interpreter
 
     try:
         interp = make_interpreter(data, delegate="xnnpack")
@@ -374,7 +376,7 @@ def _calibration(data: bytes, n: int = 32) -> list[np.ndarray]:
 
 
 def _quantize(data: bytes, calib, io: str) -> bytes:
-    from tflfuse import quantize
+    from tflfuse.convert import quantize
 
     return quantize.quantize(
         data, "int8", calib, input_type=io, output_type=io, progress=False
@@ -396,11 +398,11 @@ def _mapped(data: bytes) -> dict[str, Any]:
 
 
 def _error(float_model: bytes, int8_model: bytes) -> dict[str, float]:
-    from tflfuse.runtime import make_interpreter
+    from tflfuse.runtime.interpreter import make_interpreter
 
     inputs = verify.seeded_inputs(make_interpreter(float_model), 7, 4)
-    ref = verify.run(float_model, inputs)
-    got = verify.run(int8_model, inputs)
+    ref = runs_module.run(float_model, inputs)
+    got = runs_module.run(int8_model, inputs)
     diffs = [
         np.abs(r.astype(np.float64) - g.astype(np.float64))
         for rs, gs in zip(ref, got)

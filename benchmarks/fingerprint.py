@@ -116,7 +116,7 @@ def noise_calibration(model: Path, dest: Path, seed: int = 0) -> Path | None:
 
 
 def zoo_cases(work: Path) -> Iterator[tuple[str, list[str], Path]]:
-    from tflfuse import zoo
+    from tflfuse.examples import zoo
 
     for name in zoo.BUILDERS:
         model, calib = work / f"{name}.keras", work / f"{name}.npy"

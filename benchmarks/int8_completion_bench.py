@@ -5,11 +5,11 @@
     .venv/bin/python benchmarks/int8_completion_bench.py --runs 50 --out /tmp/x.md
 
 litert-quantizer leaves PRELU, RELU_0_TO_1 and DEPTH_TO_SPACE in float between a DEQUANTIZE of
-their int8 input and a QUANTIZE of their output (the "island"); `tflfuse.int8_completion` can
-replace the island by one int8 op (the Edge TPU needs that: a float op cuts its graph). On a
-CPU the question is only speed, and the answer depends on which kernels the runtime has. This
-benchmark builds, on the IR (no TensorFlow), a chain of BLOCKS int8 depthwise convolutions
-each followed by the op in every spelling:
+their int8 input and a QUANTIZE of their output (the "island"); `tflfuse.convert.int8_completion`
+can replace the island by one int8 op (the Edge TPU needs that: a float op cuts its graph). On a CPU
+the question is only speed, and the answer depends on which kernels the runtime has. This benchmark
+builds, on the IR (no TensorFlow), a chain of BLOCKS int8 depthwise convolutions each followed by
+the op in every spelling:
 
   island   DEQUANTIZE -> float op -> QUANTIZE      (what the quantizer leaves; stock keeps it)
   int8     the int8 op int8_completion writes       (PRELU, RELU, DEPTH_TO_SPACE in int8)
@@ -20,7 +20,7 @@ and times the spellings of one op interleaved (A B A B ..., one thread, medians)
 ("xnnpack") and the plain built-in kernels ("none"), in two activation sizes. It also asks the
 interpreter which ops XNNPACK took (`delegate_probe.xnnpack_delegated_ops`): an op XNNPACK does
 not take splits its partition and runs on the plain kernels. Ratios int8 / island < 1: the int8
-spelling is faster. `tflfuse.cost.int8_completion_pays` reads the same numbers from the cost
+spelling is faster. `tflfuse.targets.cost.int8_completion_pays` reads the same numbers from the cost
 table (`benchmarks/cost_table.py` measures PRELU, RELU_0_TO_1, DEPTH_TO_SPACE, DEQUANTIZE and
 QUANTIZE as one-op models); this file shows them in the context they run in.
 """
@@ -41,11 +41,16 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tflfuse import flatbuffer  # noqa: E402
-from tflfuse.bench import run_benchmark  # noqa: E402
-from tflfuse.delegate_probe import xnnpack_delegated_ops  # noqa: E402
-from tflfuse.ir import Graph, Model, Quantization, Tensor  # noqa: E402
-from tflfuse.runtime import interpreter_package  # noqa: E402
+from tflfuse.ir import (  # noqa: E402
+    Graph,
+    Model,
+    Quantization,
+    Tensor,
+    flatbuffer,
+)
+from tflfuse.runtime.bench import run_benchmark  # noqa: E402
+from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
+from tflfuse.targets.probe import xnnpack_delegated_ops  # noqa: E402
 
 RUNTIMES = ("xnnpack", "none")
 BLOCKS = 8
@@ -205,7 +210,7 @@ def render(rows: list[dict], args: argparse.Namespace, minutes: float) -> str:
         f" chain of {BLOCKS} depthwise 3x3 convolutions, each followed by the op in one spelling;"
         " the spellings of one op timed interleaved; p50 in ms. `island`: DEQUANTIZE -> float op"
         " -> QUANTIZE (what litert-quantizer leaves, and stock keeps); `int8`: the one int8 op"
-        " `tflfuse.int8_completion` writes (PRELU, RELU, DEPTH_TO_SPACE). int8/island < 1: the"
+        " `tflfuse.convert.int8_completion` writes (PRELU, RELU, DEPTH_TO_SPACE). int8/island < 1: the"
         " int8 op is faster. `fused` (RELU_0_TO_1): the convolution with fused RELU writing the"
         " island's output, no op in between. `XNNPACK took`: ops the interpreter handed to"
         " XNNPACK, of all.",

@@ -32,11 +32,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from tflfuse import flatbuffer  # noqa: E402
-from tflfuse.bench import run_benchmark  # noqa: E402
+from tflfuse.convert.optimize import optimize_bytes  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
-from tflfuse.optimize import optimize_bytes  # noqa: E402
-from tflfuse.runtime import interpreter_package  # noqa: E402
+from tflfuse.ir import flatbuffer  # noqa: E402
+from tflfuse.runtime.bench import run_benchmark  # noqa: E402
+from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 
 ORACLE = ROOT.parent / "shared" / "oracle"
 RUNTIMES = {"xnnpack": "xnnpack", "none": "cpu"}  # runtime -> the target optimized for
@@ -66,7 +66,7 @@ def zoo_stock_models(folder: Path) -> list[tuple[str, Path]]:
     """The TFLite converter's own full-int8 output (int8 I/O) of each zoo architecture: what
     a user who quantized with the stock converter hands to `tflfuse optimize`. Needs
     TensorFlow; the architectures are built here, the quantization is the converter's."""
-    from tflfuse import zoo
+    from tflfuse.examples import zoo
 
     found = []
     for name in zoo.BUILDERS:

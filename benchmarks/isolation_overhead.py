@@ -89,7 +89,7 @@ def main() -> int:
         folder = Path(tmp)
         shared = Path(__file__).resolve().parents[2] / "shared/models/pytorch/mobilenet_v2.tflite"
         model = args.model or (shared if shared.is_file() else _model(folder))
-        from tflfuse import flatbuffer
+        from tflfuse.ir import flatbuffer
 
         shape = flatbuffer.load(model).main.inputs[0].shape[1:]
         calib = folder / "calib.npy"

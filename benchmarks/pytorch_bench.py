@@ -6,12 +6,12 @@ mapping, int8 latency on XNNPACK and on the plain kernels, error against the flo
     .venv/bin/python benchmarks/pytorch_bench.py --models encoder --runs 30
 
 For each litert-torch export in ../shared/models/pytorch and each recipe (edgetpu, xnnpack-int8):
-`tflfuse.convert.convert` gives fused, unfused and stock (litert-quantizer's static int8 recipe
-on the input as given, the same calibration data and range rule). Calibration and evaluation data
-are seeded noise in each model's input shape (uniform [-1, 1]; the exports carry no data set), so
-errors are against the float input on that noise, not task accuracy. Stock and fused are timed
-interleaved with `tflfuse.bench.run_benchmark` (one thread) on XNNPACK and on the plain kernels
-(BUILTIN_WITHOUT_DEFAULT_DELEGATES). Writes benchmarks/PYTORCH.md and the raw JSON to
+`tflfuse.convert.pipeline.convert` gives fused, unfused and stock (litert-quantizer's static int8
+recipe on the input as given, the same calibration data and range rule). Calibration and evaluation
+data are seeded noise in each model's input shape (uniform [-1, 1]; the exports carry no data set),
+so errors are against the float input on that noise, not task accuracy. Stock and fused are timed
+interleaved with `tflfuse.runtime.bench.run_benchmark` (one thread) on XNNPACK and on the plain
+kernels (BUILTIN_WITHOUT_DEFAULT_DELEGATES). Writes benchmarks/PYTORCH.md and the raw JSON to
 benchmarks/out/pytorch.json (not committed; the models are not copied anywhere).
 
 Latency numbers depend on the machine; the ratios between models timed together are the result.
@@ -34,10 +34,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tflfuse import flatbuffer  # noqa: E402
-from tflfuse.bench import run_benchmark  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
-from tflfuse.runtime import interpreter_package  # noqa: E402
+from tflfuse.ir import flatbuffer  # noqa: E402
+from tflfuse.runtime.bench import run_benchmark  # noqa: E402
+from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 from tflfuse.targets import predict_edgetpu  # noqa: E402
 
 MODELS_DIR = HERE.parent.parent / "shared" / "models" / "pytorch"
@@ -89,7 +89,7 @@ def cpu_any_reading(row: dict[str, Any]) -> tuple[int, int]:
 
 
 def bench_one(name: str, recipe: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from tflfuse.convert import convert
+    from tflfuse.convert.pipeline import convert
 
     src = MODELS_DIR / f"{name}.tflite"
     calib = calibration(src, args.samples, seed=7)

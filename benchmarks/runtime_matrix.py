@@ -30,8 +30,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 import runtime_kit as kit  # noqa: E402
 
-from tflfuse import flatbuffer, runtimes  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
+from tflfuse.ir import flatbuffer  # noqa: E402
+from tflfuse.targets import runtimes  # noqa: E402
 
 # (zoo architecture, recipe, --runtime or None)
 CONVERSIONS = (
@@ -51,7 +52,7 @@ REFUSED: dict[str, str] = {}  # conversions `convert --runtime` refused (in one 
 def convert_zoo(work: Path) -> list[Path]:
     """The zoo conversions (cached in `work`): three models each."""
     import tflfuse
-    from tflfuse import zoo
+    from tflfuse.examples import zoo
 
     out = []
     for name, recipe, runtime in CONVERSIONS:

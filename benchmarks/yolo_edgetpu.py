@@ -41,7 +41,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tflfuse import flatbuffer  # noqa: E402
+from tflfuse.ir import flatbuffer  # noqa: E402
 from tflfuse.targets import predict_edgetpu  # noqa: E402
 
 CORPUS = Path(os.environ.get("TFLFUSE_CORPUS") or HERE.parent.parent / "corpus") / "models"
@@ -100,7 +100,7 @@ def counted_cpu(row: dict[str, Any]) -> str:
 
 
 def run_one(model: str, route: str, out: Path, src: Path | None = None) -> dict[str, Any]:
-    from tflfuse.convert import convert
+    from tflfuse.convert.pipeline import convert
 
     name = f"{model}.{route}"
     src = src or CORPUS / f"{name}.tflite"
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     if PAIR.is_file() and "yolov8n" in args.models and "ultralytics-int8" in args.routes:
         row = run_one("yolov8n-640 (compiled pair)", "ultralytics-int8", args.out, PAIR)
         twin = PAIR.with_name(f"{PAIR.stem}_edgetpu.tflite")
-        from tflfuse.edgetpu_truth import truth_of
+        from tflfuse.targets.edgetpu.truth import truth_of
 
         row["compiler"] = truth_of(flatbuffer.load(PAIR), flatbuffer.load(twin)).mapped
         rows.append(row)

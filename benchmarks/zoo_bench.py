@@ -4,12 +4,12 @@
     .venv/bin/python benchmarks/zoo_bench.py            # all zoo models, ~15-20 min on 2 cores
     .venv/bin/python benchmarks/zoo_bench.py --models ds_cnn yolo_style --runs 30
 
-For every architecture in `tflfuse.zoo.BUILDERS` (built offline, `weights=None`, calibrated
+For every architecture in `tflfuse.examples.zoo.BUILDERS` (built offline, `weights=None`, calibrated
 BatchNorm): `convert_keras` with the `cpu-float` and `xnnpack-int8` recipes gives the three
 models (unfused, stock, fused) in float32 and int8; `edgetpu` gives the Edge TPU pair whose
 predicted mapping is compared (stock vs fused). Each (model, precision, delegate) triple is timed
-interleaved with `tflfuse.bench.run_benchmark`. Writes `benchmarks/RESULTS.md`, two PNG plots
-beside it, and the raw JSON to `benchmarks/out/zoo.json` (not committed).
+interleaved with `tflfuse.runtime.bench.run_benchmark`. Writes `benchmarks/RESULTS.md`, two PNG
+plots beside it, and the raw JSON to `benchmarks/out/zoo.json` (not committed).
 
 Latency numbers depend on the machine; the ratios between models timed together are the result.
 """
@@ -29,10 +29,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from tflfuse import flatbuffer, zoo  # noqa: E402
-from tflfuse.bench import run_benchmark  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
-from tflfuse.runtime import interpreter_package  # noqa: E402
+from tflfuse.examples import zoo  # noqa: E402
+from tflfuse.ir import flatbuffer  # noqa: E402
+from tflfuse.runtime.bench import run_benchmark  # noqa: E402
+from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 
 VARIANTS = ("unfused", "stock", "fused")
 PRECISIONS = {"float32": "cpu-float", "int8": "xnnpack-int8"}
@@ -50,7 +51,7 @@ def log(message: str) -> None:
 def convert_one(
     model: Any, recipe: str, calib: Any, out: Path, target: str | None = None
 ) -> dict[str, Any]:
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
 
     t0 = time.perf_counter()
     result = convert_keras(
@@ -284,7 +285,7 @@ def spearman(a: list[float], b: list[float]) -> float | None:
 def predictions(paths: dict[str, str]) -> dict[str, dict[str, float]]:
     """What the cost model predicts per variant: before (static counts: kernels, activation
     traffic) and after (latency from the measured table, per runtime)."""
-    from tflfuse import cost
+    from tflfuse.targets import cost
 
     out = {}
     for v in VARIANTS:
@@ -356,7 +357,7 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f" The machine was shared with other jobs (load average {meta['load']}): where stock"
         " and fused are the same graph (equal op counts), their ratio shows the run's noise.",
         "",
-        "Models: `tflfuse.zoo` architectures built offline with `weights=None` and calibrated"
+        "Models: `tflfuse.examples.zoo` architectures built offline with `weights=None` and calibrated"
         " BatchNorm (so outputs vary with the input). unfused = the network as written (fusion"
         " blocked), stock = the plain TFLite converter (its PTQ for int8), fused = tflfuse."
         f" int8 = recipe `xnnpack-int8` ({CALIBRATION_SAMPLES} calibration samples), float32 ="

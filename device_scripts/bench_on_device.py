@@ -2,7 +2,7 @@
 """Benchmark .tflite models on the device with the same protocol as `tflfuse bench`.
 
 Needs only Python >= 3.7, numpy and `tflite_runtime` or `ai_edge_litert` (no TensorFlow).
-Runs from a bundle folder (see tflfuse/bundle.py), whose manifest it checks first, or from a
+Runs from a bundle folder (see tflfuse/runtime/bundle.py), whose manifest it checks first, or from a
 tflfuse checkout/install with plain model paths:
 
     python3 bench_on_device.py --bundle . --expect MANIFEST_SHA256 --json results/bench.json
@@ -30,8 +30,8 @@ for _root in (HERE, HERE.parent):
         sys.path.insert(0, str(_root))
         break
 
-from tflfuse import bench, bundle  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
+from tflfuse.runtime import bench, bundle  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -62,7 +62,7 @@ def tiny_tflite(tmp_path: Path) -> Path:
 def keras_tflite() -> dict[str, bytes]:
     """MobileNetV2 and EfficientNetB0 (96 px, 10 classes), float and full int8, converted once."""
     pytest.importorskip("tensorflow")
-    from tflfuse import zoo
+    from tflfuse.examples import zoo
 
     out = {}
     for name in ("mobilenet_v2", "efficientnet_b0"):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tflfuse import flatbuffer
-from tflfuse.ir import Graph, Model, Op, Tensor
+from tflfuse.ir import Graph, Model, Op, Tensor, flatbuffer
 
 RNG = np.random.default_rng(1234)
 

@@ -1,9 +1,9 @@
 """What the installed interpreter (ai-edge-litert) does with model bytes, asked in a worker process.
 
 The loader tests hold tflfuse's loader to a contract with the interpreter (see
-`tflfuse.flatbuffer.from_bytes`). Mutated models can crash the interpreter in native code (a few in
-a thousand segfault in `allocate_tensors`) or make it loop, so the questions go to a child process:
-a crash or a hang is an answer about the model, not the end of the test session.
+`tflfuse.ir.flatbuffer.from_bytes`). Mutated models can crash the interpreter in native code (a few
+in a thousand segfault in `allocate_tensors`) or make it loop, so the questions go to a child
+process: a crash or a hang is an answer about the model, not the end of the test session.
 
 The child builds the interpreter with its default op resolver (XNNPACK on, as users run it),
 allocates, invokes once with zero inputs, reads the outputs and then runs every signature the

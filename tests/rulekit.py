@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse import flatbuffer, verify
-from tflfuse.ir import Graph, Model, Tensor
+from tflfuse.ir import Graph, Model, Tensor, flatbuffer
 from tflfuse.rewrite import PassManager, PassResult, Rule
 from tflfuse.rules import pipeline
+from tflfuse.runtime import verify
 
 
 class G:

@@ -33,8 +33,8 @@ def test_import_is_light_and_names_resolve_in_any_order() -> None:
     assert loaded == "[]"
     # the submodule imported first (as the CLI and `from tflfuse.convert import ...` do)
     out = _python(
-        "import tflfuse.convert, tflfuse.bench, tflfuse.optimize\n"
-        "from tflfuse.convert import convert_keras\n"
+        "import tflfuse.convert.pipeline, tflfuse.runtime.bench, tflfuse.convert.optimize\n"
+        "from tflfuse.convert.pipeline import convert_keras\n"
         "import tflfuse\n"
         "print(all(callable(f) for f in (tflfuse.convert, tflfuse.bench, tflfuse.optimize,"
         " tflfuse.check)), callable(convert_keras), hasattr(tflfuse.convert, 'ConversionResult'))"
@@ -76,7 +76,7 @@ def test_optimize_returns_the_result_and_writes_output(tiny: Path, tmp_path: Pat
 def test_optimize_refuses_unknown_options(tiny: Path, kwargs: dict, message: str) -> None:
     with pytest.raises(TflfuseError, match=message):
         tflfuse.optimize(tiny, **kwargs)
-    from tflfuse.optimize import optimize_bytes
+    from tflfuse.convert.optimize import optimize_bytes
 
     with pytest.raises(TflfuseError, match=message):  # the library function too
         optimize_bytes(tiny.read_bytes(), **kwargs)

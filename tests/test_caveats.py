@@ -1,6 +1,7 @@
-"""Accuracy checks that say when they cannot tell (tflfuse.caveats), in report.json, report.md
-and on stderr, one line each: outputs that do not vary, a reference class that never changes,
-no top-1 on outputs that are not class scores, degenerate calibration data, errors larger than
+"""Accuracy checks that say when they cannot tell (tflfuse.convert.caveats), in report.json,
+report.md and on stderr, one line each: outputs that do not vary, a reference class that never
+changes, no top-1 on outputs that are not class scores, degenerate calibration data, errors larger
+than
 the output's range."""
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import numpy as np
 import pytest
 from irgraphs import fully_connected, model_of, to_bytes
 
-from tflfuse import caveats, cli
-from tflfuse.convert import convert
+from tflfuse import cli
+from tflfuse.convert import caveats
+from tflfuse.convert.pipeline import convert
 from tflfuse.ir import Graph
 
 RNG = np.random.default_rng(5)
@@ -142,7 +144,7 @@ def test_all_zero_calibration_is_a_warning(tmp_path: Path) -> None:
 def test_an_int8_legalization_that_fails_its_check_is_a_warning(tmp_path, monkeypatch) -> None:
     """The fused model stays as quantized, and the reason is a warning, not a silent drop."""
     pytest.importorskip("litert_quantizer")
-    from tflfuse import convert as convert_mod
+    from tflfuse.convert import pipeline as convert_mod
     from tflfuse.rewrite import Pass
 
     class ShiftBias(Pass):

@@ -51,7 +51,7 @@ def test_check_missing_file_is_one_line(tmp_path, capsys: pytest.CaptureFixture[
 def test_check_gpu_comes_from_the_analyzer_or_says_why_not(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from tflfuse.delegate_probe import analyzer_checks_gpu
+    from tflfuse.targets.probe import analyzer_checks_gpu
 
     code = main(["check", str(ORACLE / "split_concat.tflite"), "--target", "gpu", "--json"])
     captured = capsys.readouterr()

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from irgraphs import conv, model_of, unary
 
-from tflfuse import flatbuffer
-from tflfuse.ir import Graph
+from tflfuse.ir import Graph, flatbuffer
 
 TFLFUSE = [sys.executable, "-m", "tflfuse.cli"]
 

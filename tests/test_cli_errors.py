@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tflfuse import bench, calibration
 from tflfuse.cli import main
+from tflfuse.convert import calibration
 from tflfuse.errors import TflfuseError
+from tflfuse.runtime import bench
 
 SHAPE = (8, 8, 1)
 

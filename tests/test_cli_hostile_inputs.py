@@ -24,9 +24,9 @@ import pytest
 from conftest import ORACLE, needs_oracle, wheel_models
 from irgraphs import conv, model_of, to_bytes, unary
 
-from tflfuse import calibration, flatbuffer
+from tflfuse.convert import calibration
 from tflfuse.errors import TflfuseError
-from tflfuse.ir import Graph, Model
+from tflfuse.ir import Graph, Model, flatbuffer
 
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}
@@ -225,7 +225,7 @@ def test_devices_and_fifos_are_refused_without_reading(tmp_path: Path, model: Pa
 def _compiled_pair(tmp_path: Path) -> tuple[Path, Path]:
     """X.tflite (CONV_2D -> RELU -> LOGISTIC) and a faithful stand-in for its compiled twin: the
     compiler's form, one edgetpu-custom-op for the ops it mapped and the LOGISTIC it left on the
-    CPU copied with its tensor names (what tflfuse.edgetpu_truth reads)."""
+    CPU copied with its tensor names (what tflfuse.targets.edgetpu.truth reads)."""
     g = Graph("main")
     x = g.add_tensor("x", (1, 8, 8, 3))
     r = unary(g, "RELU", conv(g, x, 4, name="c").outputs[0], name="r").outputs[0]
@@ -275,7 +275,7 @@ def test_check_of_a_compiled_model_says_so_and_gives_the_compilers_placement(
 
 @needs_oracle()
 def test_check_of_the_real_compiled_oracle_models_matches_the_truth_reader() -> None:
-    from tflfuse.edgetpu_truth import find_pairs, read_truth
+    from tflfuse.targets.edgetpu.truth import find_pairs, read_truth
 
     for pair in find_pairs(ORACLE):
         truth = read_truth(pair)
@@ -544,7 +544,7 @@ def _custom_op_inputs(tmp_path: Path) -> list[Path]:
 
 
 def test_custom_op_models_round_trip_with_the_buffer_sentinel(tmp_path: Path) -> None:
-    from tflfuse.flatbuffer import flatbuffer_utils
+    from tflfuse.ir.flatbuffer import flatbuffer_utils
 
     for path in _custom_op_inputs(tmp_path):
         out = tmp_path / f"rt_{path.name}"

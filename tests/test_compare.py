@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from irgraphs import conv, model_of, to_bytes, unary
 
-from tflfuse import compare
+from tflfuse.convert import compare
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph
 

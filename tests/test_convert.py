@@ -13,15 +13,15 @@ import pytest
 pytest.importorskip("tensorflow")
 pytest.importorskip("sklearn")
 
-from tflfuse import flatbuffer
 from tflfuse.cli import main
-from tflfuse.report import run_float
-from tflfuse.verify import compare
+from tflfuse.ir import flatbuffer
+from tflfuse.runtime.runs import run_float
+from tflfuse.runtime.verify import compare
 
 
 @pytest.fixture(scope="session")
 def digits() -> dict[str, np.ndarray]:
-    from tflfuse.digits import load_split
+    from tflfuse.examples.digits import load_split
 
     split = load_split()
     return {"xtr": split.x_train, "ytr": split.y_train, "xte": split.x_test, "yte": split.y_test}
@@ -30,7 +30,7 @@ def digits() -> dict[str, np.ndarray]:
 @pytest.fixture(scope="session")
 def cnn(digits: dict[str, np.ndarray]) -> object:
     """Conv-BN-ReLU x2, pooling, dense softmax: unfused it is ~3x the ops of the fused model."""
-    from tflfuse.digits import DigitsSplit, train_cnn
+    from tflfuse.examples.digits import DigitsSplit, train_cnn
 
     return train_cnn(DigitsSplit(digits["xtr"], digits["ytr"], digits["xte"], digits["yte"]))
 
@@ -41,7 +41,7 @@ def _accuracy(probs: np.ndarray, labels: np.ndarray) -> float:
 
 @pytest.fixture(scope="session")
 def int8_run(cnn: object, digits: dict[str, np.ndarray], tmp_path_factory: pytest.TempPathFactory):
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
 
     out = tmp_path_factory.mktemp("int8") / "out"
     return convert_keras(
@@ -51,7 +51,7 @@ def int8_run(cnn: object, digits: dict[str, np.ndarray], tmp_path_factory: pytes
 
 @pytest.fixture(scope="session")
 def float_run(cnn: object, tmp_path_factory: pytest.TempPathFactory):
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
 
     out = tmp_path_factory.mktemp("float") / "out"
     return convert_keras(cnn, "cpu-float", output_dir=out, progress=False)
@@ -118,7 +118,7 @@ def test_int8_report_contents(int8_run) -> None:
 
 
 def test_edgetpu_recipe_gives_full_int8_with_uint8_io(cnn, digits, tmp_path) -> None:
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
 
     res = convert_keras(
         cnn, "edgetpu", calibration=digits["xtr"][:32], output_dir=tmp_path / "o", progress=False
@@ -253,7 +253,7 @@ def test_unwritable_output_folder(cnn, tmp_path, capsys) -> None:
     locked.mkdir()
     locked.chmod(0o500)
     try:
-        from tflfuse.convert import convert_keras
+        from tflfuse.convert.pipeline import convert_keras
         from tflfuse.errors import TflfuseError
 
         with pytest.raises(TflfuseError, match="cannot write"):
@@ -269,7 +269,7 @@ def test_lambda_layer_refused_in_safe_mode(tmp_path) -> None:
     model = keras.Model(inp, keras.layers.Lambda(lambda x: x * 2.0)(inp))
     path = tmp_path / "lam.keras"
     model.save(path)
-    from tflfuse.convert import load_model
+    from tflfuse.convert.pipeline import load_model
     from tflfuse.errors import TflfuseError
 
     with pytest.raises(TflfuseError, match="--allow-lambda"):
@@ -280,7 +280,7 @@ def test_lambda_layer_refused_in_safe_mode(tmp_path) -> None:
 def test_tf_op_without_builtin_is_named(tmp_path) -> None:
     import tensorflow as tf
 
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
     from tflfuse.errors import TflfuseError
 
     @tf.function(input_signature=[tf.TensorSpec([1, 4, 4], tf.float32)])
@@ -295,7 +295,7 @@ def test_tf_op_without_builtin_is_named(tmp_path) -> None:
 def test_savedmodel_and_tf_function_inputs(tmp_path) -> None:
     import tensorflow as tf
 
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
 
     class Affine(tf.Module):
         def __init__(self) -> None:
@@ -316,7 +316,7 @@ def test_savedmodel_and_tf_function_inputs(tmp_path) -> None:
 
 
 def test_same_seed_gives_the_same_int8_model(int8_run, cnn, digits, tmp_path) -> None:
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
 
     again = convert_keras(
         cnn, "xnnpack-int8", calibration=digits["xtr"], output_dir=tmp_path / "o", progress=False
@@ -360,7 +360,7 @@ def test_legacy_h5_from_tf_keras(tmp_path, capsys) -> None:
 
 def test_legacy_h5_lambda_refused_before_loading(tmp_path) -> None:
     tf_keras = pytest.importorskip("tf_keras")
-    from tflfuse.convert import load_model
+    from tflfuse.convert.pipeline import load_model
     from tflfuse.errors import TflfuseError
 
     model = tf_keras.Sequential(
@@ -373,7 +373,7 @@ def test_legacy_h5_lambda_refused_before_loading(tmp_path) -> None:
 
 
 def test_dynamic_range_recipe_override(cnn, digits, tmp_path) -> None:
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
 
     res = convert_keras(
         cnn, "cpu-float", output_dir=tmp_path / "o", progress=False, quant_mode="dynamic"
@@ -386,7 +386,7 @@ def test_dynamic_range_recipe_override(cnn, digits, tmp_path) -> None:
 
 
 def test_batch_flag_pins_another_size(cnn, digits, tmp_path) -> None:
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
 
     res = convert_keras(
         cnn,
@@ -417,7 +417,7 @@ def test_exact_gelu_converts_to_the_builtin(tmp_path) -> None:
     (it stays a tf.Erfc); convert drops that pass for such a model and says so."""
     import keras
 
-    from tflfuse.convert import convert_keras
+    from tflfuse.convert.pipeline import convert_keras
 
     keras.utils.set_random_seed(1)
     inp = keras.Input((8,), batch_size=1)

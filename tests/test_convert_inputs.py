@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tflfuse import calibration, recipe
+from tflfuse.convert import calibration, recipe
 from tflfuse.errors import TflfuseError
 
 SHAPE = (8, 8, 1)

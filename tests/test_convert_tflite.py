@@ -16,11 +16,11 @@ import pytest
 pytest.importorskip("tensorflow")
 pytest.importorskip("litert_quantizer")
 
-from tflfuse import calibration, flatbuffer
 from tflfuse.cli import main
-from tflfuse.convert import convert
-from tflfuse.ir import Graph, Model
-from tflfuse.report import run_float
+from tflfuse.convert import calibration
+from tflfuse.convert.pipeline import convert
+from tflfuse.ir import Graph, Model, flatbuffer
+from tflfuse.runtime.runs import run_float
 
 PYTORCH = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"
 RNG = np.random.default_rng(7)
@@ -77,7 +77,7 @@ def test_bytes_in_float_recipe_out(nchw: Path, tmp_path: Path) -> None:
 
 
 def test_a_tflite_is_recognised_by_its_identifier(nchw: Path, tmp_path: Path) -> None:
-    from tflfuse.frontend import source_kind
+    from tflfuse.sources.keras import source_kind
 
     renamed = tmp_path / "model.bin"
     renamed.write_bytes(nchw.read_bytes())
@@ -249,7 +249,7 @@ def _xnnpack_only_custom_op() -> bytes:
 def test_a_custom_op_only_xnnpack_runs_is_refused_saying_so(tmp_path, capsys) -> None:
     """The default interpreter runs the model (XNNPACK takes the op); the built-in kernels, on
     which convert checks everything it writes, do not: one line that says both."""
-    from tflfuse.runtime import make_interpreter
+    from tflfuse.runtime.interpreter import make_interpreter
 
     data = _xnnpack_only_custom_op()
     interp = make_interpreter(data, delegate="xnnpack")  # runs, and computes something

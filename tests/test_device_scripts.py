@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from irgraphs import conv, model_of, to_bytes
 
-from tflfuse import bundle
-from tflfuse.deploy import SshTarget, deploy_and_bench
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph
+from tflfuse.runtime import bundle, packing
+from tflfuse.runtime.deploy import SshTarget, deploy_and_bench
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "device_scripts"
@@ -60,7 +60,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 @pytest.fixture
 def made_bundle(models: list[Path], tmp_path: Path) -> Path:
     folder = tmp_path / "bundle"
-    bundle.make_bundle(models, folder, recipe="cpu-float")
+    packing.make_bundle(models, folder, recipe="cpu-float")
     return folder
 
 
@@ -116,7 +116,7 @@ def test_bundle_manifest_lists_every_file_with_its_sha256(made_bundle: Path) -> 
     ("damage", "message"),
     [
         (lambda b: (b / "models/chain1.tflite").write_bytes(b"\0" * 64), "corrupt"),
-        (lambda b: (b / "tflfuse/bench.py").unlink(), "missing"),
+        (lambda b: (b / "tflfuse/runtime/bench.py").unlink(), "missing"),
         (lambda b: (b / "models/extra.tflite").write_bytes(b"x"), "does not list"),
         (lambda b: (b / bundle.MANIFEST).write_text("{"), "not valid JSON"),
         (lambda b: (b / bundle.MANIFEST).unlink(), "not a tflfuse bundle"),
@@ -141,9 +141,9 @@ def test_device_refuses_a_mismatched_bundle(made_bundle: Path) -> None:
 
 def test_make_bundle_refuses_bad_input(models: list[Path], tmp_path: Path) -> None:
     with pytest.raises(TflfuseError, match="no such model"):
-        bundle.make_bundle([tmp_path / "absent.tflite"], tmp_path / "b1")
+        packing.make_bundle([tmp_path / "absent.tflite"], tmp_path / "b1")
     with pytest.raises(TflfuseError, match="share a file name"):
-        bundle.make_bundle([models[0], models[0]], tmp_path / "b2")
+        packing.make_bundle([models[0], models[0]], tmp_path / "b2")
 
 
 # -- the on-device bench -------------------------------------------------------------------------
@@ -288,12 +288,12 @@ def test_deploy_round_trip_over_ssh(sshd, models: list[Path]) -> None:
 
 
 def test_device_refuses_a_bundle_corrupted_after_the_push(sshd, models: list[Path]) -> None:
-    from tflfuse.deploy import push_bundle, run_remote_bench
+    from tflfuse.runtime.deploy import push_bundle, run_remote_bench
 
     target, d = sshd
     local = d / "local-bundle"
     shutil.rmtree(local, ignore_errors=True)
-    bundle.make_bundle(models, local)
+    packing.make_bundle(models, local)
     expected = bundle.manifest_id(local)
     remote = str(d / "device" / "corrupt")
     push_bundle(target, local, remote)
@@ -334,7 +334,7 @@ def test_try_models_is_python37_syntax_without_tflfuse() -> None:
 
 
 def test_the_manifest_carries_each_models_verdict_per_runtime(made_bundle: Path) -> None:
-    from tflfuse import runtimes
+    from tflfuse.targets import runtimes
 
     check = bundle.verify_bundle(made_bundle)["runtime_check"]
     assert check["format"] == bundle.RUNTIME_CHECK_FORMAT
@@ -350,7 +350,7 @@ def test_the_device_refuses_early_a_model_its_interpreter_cannot_build(tmp_path:
     path = tmp_path / "future.tflite"
     path.write_bytes(_versioned("CONV_2D", 99))
     folder = tmp_path / "bundle"
-    bundle.make_bundle([path], folder)
+    packing.make_bundle([path], folder)
     expected = bundle.manifest_id(folder)
     proc = _run_no_tf(folder / bundle.ENTRY_POINT, "--bundle", ".", "--expect", expected,
                       "--json", "results/r.json", cwd=folder)  # fmt: skip
@@ -388,7 +388,7 @@ def test_a_real_python37_tflite_runtime_refuses_gelu_and_runs_its_lowered_twin(
 ) -> None:
     from test_rules_runtime import gelu_model
 
-    from tflfuse.optimize import optimize_bytes
+    from tflfuse.convert.optimize import optimize_bytes
 
     gelu = tmp_path / "gelu.tflite"
     gelu.write_bytes(gelu_model(False))
@@ -398,7 +398,7 @@ def test_a_real_python37_tflite_runtime_refuses_gelu_and_runs_its_lowered_twin(
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     for models, code in (([gelu, lowered], 2), ([lowered], 0)):
         folder = tmp_path / f"bundle{code}"
-        bundle.make_bundle(models, folder)
+        packing.make_bundle(models, folder)
         proc = subprocess.run(
             [python, bundle.ENTRY_POINT, "--bundle", ".", "--runs", "2", "--warmup", "1",
              "--json", "results/r.json"],

@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 from conftest import ORACLE, needs_oracle, oracle_models
 
-from tflfuse import edgetpu_compiler
 from tflfuse.cli import main
-from tflfuse.edgetpu_compiler import compile_model, memory_bytes, parse_log
 from tflfuse.errors import TflfuseError
 from tflfuse.targets import capability
+from tflfuse.targets.edgetpu import compiler as edgetpu_compiler
+from tflfuse.targets.edgetpu.compiler import compile_model
+from tflfuse.targets.edgetpu.compiler_log import memory_bytes, parse_log
 
 STATUS = capability("edgetpu")["status"]
 
@@ -147,7 +148,7 @@ chain models the tests compile). As in real logs, custom ops are listed as CUSTO
 compile has no "More than one subgraph is not supported" rows."""
 import argparse, os, shutil, sys
 from pathlib import Path
-from tflfuse import flatbuffer
+from tflfuse.ir import flatbuffer
 
 CPU_ONLY = ("CUSTOM", "ARG_MAX", "GATHER")
 MAPPED = "Mapped to Edge TPU"
@@ -305,8 +306,7 @@ def test_a_model_the_stand_in_maps_entirely(stand_in: Path) -> None:
     """Without ../shared: a tiny uint8 model, compiled to one custom op."""
     import numpy as np
 
-    from tflfuse import flatbuffer
-    from tflfuse.ir import Graph, Model, Quantization
+    from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 
     qp = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
     g = Graph("main")
@@ -326,8 +326,7 @@ def _chain_with_a_custom_op(folder: Path) -> Path:
     with -a both RELUs map, as two segments around the custom op."""
     import numpy as np
 
-    from tflfuse import flatbuffer
-    from tflfuse.ir import Graph, Model, Quantization
+    from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 
     qp = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
     g = Graph("main")

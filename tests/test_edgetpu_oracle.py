@@ -1,7 +1,7 @@
 """The Edge TPU predictor against every real compiled pair: `exact K/N` per set, and the goal.
 
-Truth is the compiled twin (tflfuse/edgetpu_truth.py); "exact" is defined in
-`tflfuse.edgetpu_truth.is_exact`. The goal asserted on each set and on each half of it (dev,
+Truth is the compiled twin (tflfuse/targets/edgetpu/truth.py); "exact" is defined in
+`tflfuse.targets.edgetpu.truth.is_exact`. The goal asserted on each set and on each half of it (dev,
 holdout: a fixed hash of the pair's path): at least 95% exact, and never fewer exact pairs than
 the documented rule (map in execution order until the first op outside Coral's table or not
 int8 / not static). Pairs compiled with several Edge TPU subgraphs are predicted in that mode
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import SHARED
 
-from tflfuse.edgetpu_compiler import parse_log
-from tflfuse.edgetpu_truth import PairScore, find_pairs, score_pair, status_agreement
+from tflfuse.targets.edgetpu.compiler_log import parse_log
+from tflfuse.targets.edgetpu.truth import PairScore, find_pairs, score_pair, status_agreement
 
 GOAL = 0.95
 LICENSED = ("edgetpu", "edgetpu-more")
@@ -170,7 +170,7 @@ def _chain() -> tuple:
 
 
 def test_truth_is_the_ops_left_outside_the_custom_op() -> None:
-    from tflfuse.edgetpu_truth import truth_of
+    from tflfuse.targets.edgetpu.truth import truth_of
 
     model, compiled = _chain()
     truth = truth_of(model, compiled)
@@ -180,8 +180,8 @@ def test_truth_is_the_ops_left_outside_the_custom_op() -> None:
 
 
 def test_exact_needs_the_same_cpu_ops_and_in_multi_mode_the_same_segments() -> None:
-    from tflfuse.edgetpu_truth import documented_rule, is_exact, truth_of
     from tflfuse.targets import predict
+    from tflfuse.targets.edgetpu.truth import documented_rule, is_exact, truth_of
 
     model, compiled = _chain()
     truth = truth_of(model, compiled)
@@ -210,7 +210,7 @@ def _package(runtime: int) -> bytes:
 
 
 def test_the_runtime_version_is_read_from_the_package_in_the_custom_op() -> None:
-    from tflfuse.edgetpu_truth import package_runtime_version
+    from tflfuse.targets.edgetpu.truth import package_runtime_version
 
     assert package_runtime_version(_package(14)) == 14
     assert package_runtime_version(_package(12)) == 12
@@ -218,7 +218,7 @@ def test_the_runtime_version_is_read_from_the_package_in_the_custom_op() -> None
 
 
 def test_a_compiled_model_reports_its_mode_runtime_and_cpu_ops() -> None:
-    from tflfuse.edgetpu_truth import compiled_summary, is_compiled, truth_of
+    from tflfuse.targets.edgetpu.truth import compiled_summary, is_compiled, truth_of
 
     model, compiled = _chain()
     compiled.main.ops[0].custom_options = _package(14)

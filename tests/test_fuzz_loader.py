@@ -1,6 +1,6 @@
 """Fuzz the loader with mutated real models: every case is a clean ModelError or a valid graph that
 saves again — never another exception, never a hang — and the loader keeps its contract with the
-interpreter (`tflfuse.flatbuffer.from_bytes`), checked against the installed ai-edge-litert."""
+interpreter (`tflfuse.ir.flatbuffer.from_bytes`), checked against the installed ai-edge-litert."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 from irgraphs import conv, fully_connected, model_of, unary
 from litert_oracle import Litert
 
-from tflfuse import flatbuffer
 from tflfuse.errors import ModelError
-from tflfuse.ir import Graph
+from tflfuse.ir import Graph, flatbuffer
 
 CASE_SECONDS = 20
 
@@ -172,10 +171,10 @@ def test_fuzz_covers_more_than_the_tiny_model() -> None:
     assert len(SEEDS) >= 2
 
 
-# -- the loader's contract with the interpreter (tflfuse.flatbuffer.from_bytes, points 1, 2, 4) ----
-# What the interpreter says when it refuses a model tflfuse loads: each is a check that belongs to
-# running a model, not reading it (point 4). A message outside this list, on a model tflfuse loads,
-# is a contract break to decide, not noise.
+# -- the loader's contract with the interpreter (tflfuse.ir.flatbuffer.from_bytes, points 1, 2, 4)
+# ---- What the interpreter says when it refuses a model tflfuse loads: each is a check that belongs
+# to running a model, not reading it (point 4). A message outside this list, on a model tflfuse
+# loads, is a contract break to decide, not noise.
 LAXER = re.compile(
     "|".join(
         (

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from rulekit import apply, ops, refusals
 
-from tflfuse import flatbuffer, verify
-from tflfuse.int8_completion import (
+from tflfuse.convert.int8_completion import (
     COMPLETED_OPS,
     QuantizeDepthToSpace,
     QuantizePrelu,
     QuantizeRelu0To1,
 )
-from tflfuse.ir import Graph, Model, Quantization, Tensor
+from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
+from tflfuse.runtime import runs
 from tflfuse.targets import predict
 
 ALL_INT8 = np.arange(-128, 128, dtype=np.int8)
@@ -54,7 +54,7 @@ def _island(op_type: str, channels: int, out_q: Quantization, alpha: np.ndarray 
 
 def _every_value(data: bytes, channels: int) -> np.ndarray:
     x = np.repeat(ALL_INT8[None, :, None], channels, axis=2)
-    return verify.run(data, [[x]])[0][0].astype(np.int32)
+    return runs.run(data, [[x]])[0][0].astype(np.int32)
 
 
 def _mapped(data: bytes) -> tuple[int, int]:
@@ -126,7 +126,7 @@ def test_depth_to_space_island_becomes_int8_exactly() -> None:
     after, model, result = apply(before, QuantizeDepthToSpace())
     assert ops(model) == ["DEPTH_TO_SPACE"] and model.main.ops[0].options == {"block_size": 2}
     x = np.resize(ALL_INT8, (1, 4, 4, 16))
-    ref, got = verify.run(before, [[x]])[0][0], verify.run(after, [[x]])[0][0]
+    ref, got = runs.run(before, [[x]])[0][0], runs.run(after, [[x]])[0][0]
     assert np.array_equal(ref, got) and np.ptp(ref.astype(np.int32)) == 255
     other = _depth_to_space_island(_q(0.05, -20))
     _, model, result = apply(other, QuantizeDepthToSpace())
@@ -140,7 +140,7 @@ def test_the_quantizer_fallback_knows_what_tflfuse_completes() -> None:
     """convert takes the converter's PTQ (where there is a TF graph) only for ops that stay float:
     PRELU and RELU_0_TO_1 no longer count, RELU6 still does."""
     pytest.importorskip("litert_quantizer")
-    from tflfuse.quantize import aeq_unsupported
+    from tflfuse.convert.quantize import aeq_unsupported
 
     g = Graph("main")
     x = g.add_tensor("x", (1, 4))
@@ -178,7 +178,7 @@ def _keras_prelu_tflite() -> bytes:
 
 def test_prelu_model_comes_out_fully_int8_and_mapped(tmp_path: Path) -> None:
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert import convert
+    from tflfuse.convert.pipeline import convert
 
     data = _keras_prelu_tflite()
     assert [op.type for op in flatbuffer.from_bytes(data).main.ops].count("PRELU") == 3
@@ -258,7 +258,7 @@ def _onnx_mobilenet_v3_block(path: Path) -> None:
 def test_onnx2tf_hardsigmoid_and_prelu_come_out_int8_and_mapped(tmp_path: Path) -> None:
     pytest.importorskip("litert_quantizer")
     onnx2tf = pytest.importorskip("onnx2tf")
-    from tflfuse.convert import convert
+    from tflfuse.convert.pipeline import convert
 
     _onnx_mobilenet_v3_block(tmp_path / "m.onnx")
     onnx2tf.convert(
@@ -290,7 +290,7 @@ def test_the_measured_table_says_the_island_is_faster_where_xnnpack_has_no_int8_
     """The facts the decision stands on (delegates/cost_table.json, benchmarks/cost_table.py;
     benchmarks/INT8_COMPLETION.md in context): an int8 PRELU or RELU costs several times its
     island on XNNPACK and on the plain kernels; an int8 DEPTH_TO_SPACE costs less."""
-    from tflfuse import cost
+    from tflfuse.targets import cost
 
     for target in ("xnnpack", "cpu"):
         for op in ("PRELU", "RELU_0_TO_1"):
@@ -305,7 +305,7 @@ def test_the_measured_table_says_the_island_is_faster_where_xnnpack_has_no_int8_
 def test_xnnpack_takes_the_island_but_not_an_int8_prelu() -> None:
     """Checked on the interpreter (ai-edge-litert's XNNPACK): every op of the island is
     delegated, the int8 PRELU is not (its TFLite delegate checks for float tensors)."""
-    from tflfuse.delegate_probe import xnnpack_delegated_ops
+    from tflfuse.targets.probe import xnnpack_delegated_ops
 
     alpha = np.array([[[0.25, -0.1, 0.02, 0.7]]])
     island = _island("PRELU", 4, _q(0.03, -60), alpha)
@@ -372,15 +372,15 @@ def test_a_hardsigmoid_clamp_becomes_its_convolutions_fused_relu(target: str) ->
     """On every target the island disappears into the convolution (fused RELU writing the
     island's output): no op XNNPACK lacks, one op fewer on the Edge TPU, and one rounding from
     the accumulator instead of the island's two."""
-    from tflfuse.delegate_probe import xnnpack_delegated_ops
+    from tflfuse.targets.probe import xnnpack_delegated_ops
 
     before, w = _conv_relu_0_to_1_island()
     after, model, result = apply(before, QuantizeRelu0To1(target))
     assert ops(model) == ["CONV_2D"] and model.main.ops[0].fused_activation == "RELU"
     assert model.main.ops[0].outputs[0].name == "y"
     x = np.random.default_rng(0).integers(-128, 128, (1, 16, 16, 8)).astype(np.int8)
-    ref = verify.run(before, [[x]])[0][0].astype(np.int32)
-    got = verify.run(after, [[x]])[0][0].astype(np.int32)
+    ref = runs.run(before, [[x]])[0][0].astype(np.int32)
+    got = runs.run(after, [[x]])[0][0].astype(np.int32)
     assert ref.min() == -128 and ref.max() == 127  # both clamps are reached
     assert int(np.abs(ref - got).max()) <= result.events[0].int8_steps
     # against the float function: the fused form is within a step, the island is not always
@@ -403,7 +403,7 @@ def test_a_clamp_whose_input_is_read_elsewhere_keeps_the_target_decision() -> No
 
 
 def test_complete_reports_what_it_kept_float_per_target() -> None:
-    from tflfuse.int8_completion import complete
+    from tflfuse.convert.int8_completion import complete
 
     before = _island("PRELU", 4, _q(0.03, -60), np.array([[[0.25, -0.1, 0.02, 0.7]]]))
     kept = complete(before, target="xnnpack")
@@ -427,6 +427,6 @@ def test_a_clamp_whose_float_tensors_are_read_elsewhere_is_not_fused() -> None:
     assert ops(model) == ["CONV_2D", "DEQUANTIZE", "RELU_0_TO_1", "RELU"]
     assert model.main.ops[0].fused_activation == "NONE"
     x = np.random.default_rng(1).integers(-128, 128, (1, 16, 16, 8)).astype(np.int8)
-    (ref_y, ref_float), (got_y, got_float) = verify.run(data, [[x]])[0], verify.run(after, [[x]])[0]
+    (ref_y, ref_float), (got_y, got_float) = runs.run(data, [[x]])[0], runs.run(after, [[x]])[0]
     assert np.array_equal(ref_float, got_float) and np.ptp(ref_float) > 0.5
     assert np.abs(ref_y.astype(int) - got_y.astype(int)).max() <= result.events[0].int8_steps

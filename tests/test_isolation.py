@@ -153,7 +153,7 @@ def test_a_real_interpreter_abort_in_compare_is_one_line(
 # -- injected crashes in named stages ------------------------------------------------------------
 _CRASHING_STAGE = """
     import ctypes, os, sys
-    from tflfuse import convert
+    from tflfuse.convert import pipeline as convert
     from tflfuse.cli import main
 
     how = sys.argv[1]
@@ -211,7 +211,7 @@ def test_a_crash_over_an_earlier_result_keeps_it_byte_for_byte(
 _SLOW_STAGE = """
     import os, sys, time
     from pathlib import Path
-    from tflfuse import convert
+    from tflfuse.convert import pipeline as convert
     from tflfuse.cli import main
 
     def quantize(rec, ctx):  # the quantize stage, slow

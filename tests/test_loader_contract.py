@@ -1,4 +1,4 @@
-"""The loader's contract with the interpreter (`tflfuse.flatbuffer.from_bytes`), point by point.
+"""The loader's contract with the interpreter (`tflfuse.ir.flatbuffer.from_bytes`), point by point.
 
 Each case is a tiny model with one defect put in through the schema objects, and each test shows
 both sides: what tflfuse says, and what ai-edge-litert does with the same bytes. The fuzz tests in
@@ -14,9 +14,8 @@ import numpy as np
 import pytest
 from conftest import ORACLE
 
-from tflfuse import flatbuffer
 from tflfuse.errors import ModelError
-from tflfuse.ir import Graph, Model, Op, Signature, Tensor
+from tflfuse.ir import Graph, Model, Op, Signature, Tensor, flatbuffer
 
 pytest.importorskip("ai_edge_litert")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from irgraphs import fully_connected, model_of, to_bytes
 
+from tflfuse.convert.optimize import optimize_bytes
 from tflfuse.ir import Graph
-from tflfuse.optimize import optimize_bytes
 
 
 def fc_gelu(approximate: bool) -> bytes:

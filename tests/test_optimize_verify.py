@@ -8,10 +8,10 @@ import pytest
 from conftest import ORACLE, needs_oracle
 from irgraphs import conv, model_of, to_bytes, unary
 
-from tflfuse import cli, flatbuffer
+from tflfuse import cli
+from tflfuse.convert.optimize import NOT_VERIFIED, optimize_bytes
 from tflfuse.errors import TflfuseError
-from tflfuse.ir import Graph, Model, Quantization
-from tflfuse.optimize import NOT_VERIFIED, optimize_bytes
+from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 
 
 def q8(scale: float, zero: int = 0) -> Quantization:
@@ -96,9 +96,9 @@ def test_re_fused_mobilenet_v1_int8_is_held_to_zero_steps() -> None:
 
 def test_cli_refuses_to_write_a_result_the_interpreter_rejects(tmp_path, monkeypatch, capsys):
     """The repro through the command line, with the old (1, 1, C) PRELU alpha put back."""
-    from tflfuse import optimize
+    from tflfuse.convert import optimize
     from tflfuse.rewrite import DeadCodeElimination
-    from tflfuse.rules.edgetpu import LegalizeLeakyRelu
+    from tflfuse.targets.edgetpu.rules import LegalizeLeakyRelu
 
     class OldLegalizeLeakyRelu(LegalizeLeakyRelu):
         def rewrite(self, m) -> None:

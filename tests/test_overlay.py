@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from conftest import ORACLE
 
-from tflfuse import flatbuffer, overlay
 from tflfuse.cli import main
-from tflfuse.ir import Graph, Model, Quantization
+from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 from tflfuse.targets import predict
+from tflfuse.targets.edgetpu import overlay
 
 DEEPLAB = ORACLE / "deeplabv3_mnv2_dm05_pascal_quant.tflite"
 

@@ -93,7 +93,7 @@ def test_installed_wheel_works_outside_the_checkout(site: Path, tmp_path: Path) 
     work.mkdir()
     model = _tiny_model(work / "tiny.tflite")
     probe = (
-        "import json, tflfuse, tflfuse.recipe as r, tflfuse.targets as t, tflfuse.resources as s;"
+        "import json, tflfuse, tflfuse.convert.recipe as r, tflfuse.targets as t, tflfuse.resources as s;"
         "print(json.dumps([tflfuse.__file__, r.available(), str(s.data_dir('delegates')),"
         " t.capability('edgetpu')['meta']['name'], r.load('edgetpu').input_type]))"
     )
@@ -112,7 +112,7 @@ def test_installed_wheel_works_outside_the_checkout(site: Path, tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert "2 -> 1 ops" in proc.stdout  # RELU fused into the conv
 
-    make = "from tflfuse.bundle import make_bundle; make_bundle(['opt.tflite'], 'bundle')"
+    make = "from tflfuse.runtime.packing import make_bundle; make_bundle(['opt.tflite'], 'bundle')"
     proc = _run(site, work, "-c", make)
     assert proc.returncode == 0, proc.stderr
     bench = ["bundle/bench_on_device.py", "--bundle", "bundle", "--runs", "3", "--warmup", "1"]

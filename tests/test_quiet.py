@@ -14,7 +14,7 @@ import pytest
 from irgraphs import conv, model_of, to_bytes, unary
 
 from tflfuse import quiet
-from tflfuse.convert import _note
+from tflfuse.convert.pipeline import _note
 from tflfuse.ir import Graph
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tflfuse import recipe
 from tflfuse.cli import main
-from tflfuse.recipe import RecipeError
+from tflfuse.convert import recipe
+from tflfuse.convert.recipe import RecipeError
 
 
 def _write(tmp_path: Path, text: str) -> Path:

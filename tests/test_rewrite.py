@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 from irgraphs import add, conv, depthwise, fully_connected, model_of, op_types, to_bytes, unary
 
-from tflfuse import flatbuffer, verify
-from tflfuse.ir import Graph, Model, Quantization
+from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 from tflfuse.rewrite import (
     DeadCodeElimination,
     PassManager,
@@ -18,6 +17,7 @@ from tflfuse.rewrite import (
     find_matches,
 )
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
+from tflfuse.runtime import verify
 
 CLEANUP = (DeadCodeElimination(), TopologicalSort())
 p = PatternBuilder()
@@ -409,7 +409,7 @@ def test_int8_error_is_bounded_per_output_along_its_paths() -> None:
 def test_a_wrong_int8_rewrite_that_the_old_budget_passed_now_fails(monkeypatch) -> None:
     """The old tolerance was 1 + (number of rewrites) steps on every output: 4 here, so a rule
     that moves each output by 2 passed. Per output along its paths it is 1: caught, named."""
-    from tflfuse import optimize
+    from tflfuse.convert import optimize
 
     before = to_bytes(int8_add_branches(3))
     m = flatbuffer.from_bytes(before)
@@ -429,7 +429,7 @@ def test_a_wrong_int8_rewrite_that_the_old_budget_passed_now_fails(monkeypatch) 
 def test_a_candidate_the_interpreter_refuses_is_a_verification_error(monkeypatch) -> None:
     """Issue 11: a rewrite whose model the interpreter rejects used to print 'not verified'
     and exit 0; now it names the rule and writes nothing."""
-    from tflfuse import optimize
+    from tflfuse.convert import optimize
 
     class ReluToBadPrelu(Rule):
         """RELU(x) => PRELU(x, alpha of shape (1, 1, C)) on a 2-D x: the interpreter refuses it
@@ -526,8 +526,8 @@ def test_steps_whose_site_a_later_rewrite_removed_still_bound_a_float_output() -
     FuseActivationIntoProducer fused the RELU after it, so no tensor is called 'hard_swish' any
     more. Those steps count at every output: for a float output of a DEQUANTIZE, in the steps
     of the int8 tensor it reads (they were dropped for float outputs)."""
-    from tflfuse.int8_error import output_bounds
     from tflfuse.rewrite import RewriteEvent
+    from tflfuse.rewrite.int8_error import output_bounds
 
     g = Graph("main")
     x = g.add_tensor("x", (1, 4), "INT8", quantization=q8(0.02))

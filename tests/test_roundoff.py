@@ -1,7 +1,7 @@
-"""The float tolerance of a rewrite (tflfuse.roundoff): it follows each output's magnitude and
-the arithmetic behind it, so the round-off of exact re-associations is accepted where a real
-error of 1e-3 relative on one output channel is refused - on random graphs (hypothesis) and on
-real models (Keras applications built here; the litert-torch exports in ../shared and the
+"""The float tolerance of a rewrite (tflfuse.runtime.roundoff): it follows each output's magnitude
+and the arithmetic behind it, so the round-off of exact re-associations is accepted where a real
+error of 1e-3 relative on one output channel is refused - on random graphs (hypothesis) and on real
+models (Keras applications built here; the litert-torch exports in ../shared and the
 MediaPipe models of the corpus that $TFLFUSE_CORPUS points at, when present)."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from irgraphs import conv, depthwise, fully_connected, model_of, to_bytes
 from rulekit import optimize
 from test_rules_property import RandomNet
 
-from tflfuse import flatbuffer, roundoff, verify
-from tflfuse.ir import Graph
+from tflfuse.ir import Graph, flatbuffer
 from tflfuse.rewrite import PassManager, TopologicalSort
 from tflfuse.rules.defuse import Defuse
-from tflfuse.runtime import make_interpreter
+from tflfuse.runtime import roundoff, runs, verify
+from tflfuse.runtime.interpreter import make_interpreter
 
 U = 2.0**-24
 PYTORCH = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"
@@ -33,7 +33,7 @@ def off_by(data: bytes, rel: float = 1e-3) -> bytes | None:
     check inputs) multiplied by 1 + rel: a rewrite that got one channel wrong by `rel` (None
     when every channel is zero)."""
     interp = make_interpreter(data, delegate="none")
-    ref = verify.run(data, verify.seeded_inputs(interp, 0, 3))
+    ref = runs.run(data, verify.seeded_inputs(interp, 0, 3))
     first = np.stack([np.abs(r[0].astype(np.float64)) for r in ref])
     channels = first.reshape(-1, first.shape[-1]).mean(0)
     j = int(channels.argmax())
@@ -107,7 +107,7 @@ def test_the_bound_follows_the_outputs_magnitude() -> None:
         interp = make_interpreter(d, delegate="none")
         inputs = verify.seeded_inputs(interp, 0, 3)
         name = interp.get_output_details()[0]["name"]
-        est = roundoff.estimate(d, inputs, verify.run(d, inputs), names=[name])
+        est = roundoff.estimate(d, inputs, runs.run(d, inputs), names=[name])
         bounds.append(est.bounds[name])
     assert np.allclose(bounds[1], 1024.0 * bounds[0], rtol=1e-6)
     assert bounds[0].max() > 0
@@ -138,7 +138,7 @@ def test_random_graphs_exact_rewrites_pass_and_one_channel_off_by_1e_3_fails(
 def _real_model_cases(data: bytes, targets: tuple[str, ...] = ("xnnpack", "edgetpu")) -> dict:
     """{case: worst ratio |difference| / bound} for the exact rewrites on `data` (the targets'
     pipelines, the defused copy on the plain kernels and on XNNPACK) and for one channel off."""
-    from tflfuse.optimize import optimize_bytes
+    from tflfuse.convert.optimize import optimize_bytes
 
     ratios = {}
     for target in targets:
@@ -195,8 +195,8 @@ def test_mediapipe_landmarks_defused_round_off_passes(name: str) -> None:
 
 # -- what a failure says --------------------------------------------------------------------------
 def test_a_refusal_names_the_output_what_it_measured_and_what_was_allowed(monkeypatch) -> None:
-    from tflfuse import optimize as optimize_mod
-    from tflfuse.optimize import VerificationError, optimize_bytes
+    from tflfuse.convert import optimize as optimize_mod
+    from tflfuse.convert.optimize import VerificationError, optimize_bytes
     from tflfuse.rewrite import Pass
 
     class OneChannelOff(Pass):

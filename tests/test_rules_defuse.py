@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from rulekit import G, apply, assert_same_function, ops, optimize
 
-from tflfuse import verify
 from tflfuse.ir import Quantization
 from tflfuse.rules.defuse import Defuse
+from tflfuse.runtime import verify
 
 
 def _small_net() -> tuple[G, bytes]:

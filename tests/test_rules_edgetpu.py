@@ -12,11 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
-from tflfuse import flatbuffer, verify
-from tflfuse.edgetpu_predict import statuses_once_quantized
-from tflfuse.ir import Graph, Model, Quantization, Tensor
+from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination, PassManager, TopologicalSort
-from tflfuse.rules.edgetpu import (
+from tflfuse.runtime import verify
+from tflfuse.targets import predict
+from tflfuse.targets.edgetpu.predict import statuses_once_quantized
+from tflfuse.targets.edgetpu.rules import (
     EDGETPU_LEGALIZATION,
     LegalizeGelu,
     LegalizeHardSwish,
@@ -26,7 +27,6 @@ from tflfuse.rules.edgetpu import (
     SplitOversizedResize,
     SplitOversizedTranspose,
 )
-from tflfuse.targets import predict
 
 
 def q(scale: float, zero: int) -> Quantization:
@@ -300,8 +300,8 @@ def test_execution_order_does_not_move_the_cut() -> None:
 def yolo() -> dict[str, bytes]:
     pytest.importorskip("tensorflow")
     pytest.importorskip("litert_quantizer")
-    from tflfuse import zoo
-    from tflfuse.quantize import quantize
+    from tflfuse.convert.quantize import quantize
+    from tflfuse.examples import zoo
 
     model = zoo.build("yolo_style", input_size=64)
     calibration = zoo.sample_inputs((64, 64, 3), n=16, seed=2)
@@ -320,7 +320,7 @@ def yolo() -> dict[str, bytes]:
 
 
 def _mean_error(data: bytes, reference: bytes, x: np.ndarray) -> float:
-    from tflfuse.runtime import make_interpreter
+    from tflfuse.runtime.interpreter import make_interpreter
 
     def outputs(model: bytes) -> np.ndarray:
         interp = make_interpreter(model, "none")
@@ -354,7 +354,7 @@ def test_yolo_stock_maps_under_60_percent_and_tflfuse_maps_all(yolo: dict[str, b
 
 def test_yolo_legalization_keeps_the_function(yolo: dict[str, bytes]) -> None:
     assert_same_function(yolo["float"], yolo["legal_float"], atol=1e-4, rtol=1e-4)
-    from tflfuse import zoo
+    from tflfuse.examples import zoo
 
     x = zoo.sample_inputs((64, 64, 3), n=6, seed=7)
     stock_error = _mean_error(yolo["stock"], yolo["float"], x)
@@ -367,7 +367,7 @@ def test_yolo_stock_int8_legalized_in_place_maps_all_and_stays_close(yolo) -> No
     PassManager((*EDGETPU_LEGALIZATION, DeadCodeElimination(), TopologicalSort())).run(model)
     legal = flatbuffer.to_bytes(model)
     assert predict(model, "edgetpu").cpu == 0
-    from tflfuse import zoo
+    from tflfuse.examples import zoo
 
     x = zoo.sample_inputs((64, 64, 3), n=6, seed=7)
     stock_error = _mean_error(yolo["stock"], yolo["float"], x)
@@ -585,7 +585,7 @@ YAMNET_INT8 = MORE / "google-coral__coralmicro/models__yamnet_spectra_in/yamnet_
 def test_legalize_quantized_keeps_a_real_int8_mean_the_compiler_mapped() -> None:
     """YAMNet's int8 head: the compiled twin maps its MEAN over the 3x2 plane as it is (only
     QUANTIZE and DEQUANTIZE stay on the CPU), so the legalization leaves it alone and says why."""
-    from tflfuse.rules.edgetpu import legalize_quantized
+    from tflfuse.rules import legalize_quantized
 
     data = YAMNET_INT8.read_bytes()
     model = flatbuffer.from_bytes(data)
@@ -620,7 +620,7 @@ def nearest_upsample(dtype: str, factor: int, hpc: bool = True, align: bool = Fa
 
 @pytest.mark.parametrize("factor", [2, 3])
 def test_half_pixel_nearest_upsample_float_becomes_version_1_exactly(factor: int) -> None:
-    from tflfuse.rules.edgetpu import DropHalfPixelCentersFromNearestResize
+    from tflfuse.targets.edgetpu.rules import DropHalfPixelCentersFromNearestResize
 
     before = nearest_upsample("FLOAT32", factor)
     after, model, result = apply(before, DropHalfPixelCentersFromNearestResize())
@@ -633,7 +633,7 @@ def test_half_pixel_nearest_upsample_float_becomes_version_1_exactly(factor: int
 
 
 def test_half_pixel_nearest_upsample_int8_is_bit_exact_and_maps_on_older_compilers() -> None:
-    from tflfuse.rules.edgetpu import DropHalfPixelCentersFromNearestResize
+    from tflfuse.targets.edgetpu.rules import DropHalfPixelCentersFromNearestResize
 
     before = nearest_upsample("INT8", 2)
     after, model, _ = apply(before, DropHalfPixelCentersFromNearestResize())
@@ -646,7 +646,7 @@ def test_half_pixel_nearest_upsample_int8_is_bit_exact_and_maps_on_older_compile
 
 
 def test_half_pixel_downsample_and_align_corners_are_refused() -> None:
-    from tflfuse.rules.edgetpu import DropHalfPixelCentersFromNearestResize
+    from tflfuse.targets.edgetpu.rules import DropHalfPixelCentersFromNearestResize
 
     g = G()
     x = g.input((1, 6, 6, 2))
@@ -709,7 +709,7 @@ def yolo_head(q8: bool, requantize: bool = False) -> bytes:
 
 
 def test_flattened_maps_join_in_nhwc_float_exactly() -> None:
-    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+    from tflfuse.targets.edgetpu.rules import ConcatFlattenedMapsInNHWC
 
     before = yolo_head(q8=False)
     after, model, result = apply(before, ConcatFlattenedMapsInNHWC())
@@ -724,7 +724,7 @@ def test_flattened_maps_join_in_nhwc_float_exactly() -> None:
 
 @pytest.mark.parametrize("requantize", [False, True])
 def test_flattened_maps_join_in_nhwc_int8_bit_exactly(requantize: bool) -> None:
-    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+    from tflfuse.targets.edgetpu.rules import ConcatFlattenedMapsInNHWC
 
     before = yolo_head(q8=True, requantize=requantize)
     after, model, _ = apply(before, ConcatFlattenedMapsInNHWC())
@@ -735,7 +735,7 @@ def test_flattened_maps_join_in_nhwc_int8_bit_exactly(requantize: bool) -> None:
 
 
 def test_a_join_of_maps_with_another_layout_is_left_alone() -> None:
-    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+    from tflfuse.targets.edgetpu.rules import ConcatFlattenedMapsInNHWC
 
     g = G()
     x = g.input((1, 4, 4, 3))
@@ -751,7 +751,7 @@ def test_a_join_of_maps_with_another_layout_is_left_alone() -> None:
 
 
 def test_maps_with_different_channel_counts_are_refused() -> None:
-    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+    from tflfuse.targets.edgetpu.rules import ConcatFlattenedMapsInNHWC
 
     g = G()
     x = g.input((1, 4, 4, 3))
@@ -771,7 +771,7 @@ def test_maps_with_different_channel_counts_are_refused() -> None:
 def test_a_join_whose_one_transpose_would_not_map_is_refused() -> None:
     """A 640-pixel head: the joined [1, N, C] TRANSPOSE and the NHWC rows are over the compiler's
     limits, so joining would trade three refused feature-map transposes for refused ops."""
-    from tflfuse.rules.edgetpu import ConcatFlattenedMapsInNHWC
+    from tflfuse.targets.edgetpu.rules import ConcatFlattenedMapsInNHWC
 
     g = Q8()
     maps = [g.input((1, 40, 40, 144), 0.05, 0)]
@@ -843,7 +843,7 @@ def test_real_yolov8_head_keeps_its_per_scale_transposes_and_stays_bit_exact() -
     """The Ultralytics int8 export of the compiled pair (640 pixels): the join in NHWC is
     refused (its one TRANSPOSE would not map), the refused 40x40 and 80x80 feature-map
     transposes are split into pieces the compiler maps; outputs identical."""
-    from tflfuse.rules.edgetpu import legalize_quantized
+    from tflfuse.rules import legalize_quantized
 
     data = YOLOV8_INT8.read_bytes()
     model = flatbuffer.from_bytes(data)

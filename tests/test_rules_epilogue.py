@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 from rulekit import G, apply, assert_same_function, ops, refusals
 
-from tflfuse import flatbuffer, verify
-from tflfuse.ir import Quantization
+from tflfuse.ir import Quantization, flatbuffer
 from tflfuse.rules.epilogue import (
     FoldBiasIntoProducer,
     FoldScaleIntoProducer,
     FuseActivationIntoProducer,
 )
+from tflfuse.runtime import verify
 
 
 @pytest.mark.parametrize("producer", ["conv", "dw", "fc", "add", "sub", "mul", "maxpool"])

@@ -7,11 +7,9 @@ import pytest
 from conftest import SHARED
 from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
-from tflfuse import verify
 from tflfuse.ir import Quantization, Tensor
 from tflfuse.rules import pipeline
 from tflfuse.rules.algebra import CollapseReshapeChain, RecognizeHardSwish
-from tflfuse.rules.edgetpu import DropHalfPixelCentersFromNearestResize
 from tflfuse.rules.exporter import (
     BatchMatmulToFullyConnected,
     CanonicalizeLayoutChain,
@@ -23,6 +21,8 @@ from tflfuse.rules.exporter import (
     SliceBeforeLayout,
     SoftmaxThroughReshape,
 )
+from tflfuse.runtime import verify
+from tflfuse.targets.edgetpu.rules import DropHalfPixelCentersFromNearestResize
 
 LOWEST = float(np.finfo(np.float32).min)
 

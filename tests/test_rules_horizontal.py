@@ -211,7 +211,8 @@ def test_zoo_transformer_loses_over_30_percent_of_its_ops_and_keeps_its_function
     pytest.importorskip("tensorflow")
     from rulekit import optimize
 
-    from tflfuse import flatbuffer, zoo
+    from tflfuse.examples import zoo
+    from tflfuse.ir import flatbuffer
 
     stock = zoo.to_tflite(zoo.build("transformer_encoder"))
     before = len(flatbuffer.from_bytes(stock).main.ops)

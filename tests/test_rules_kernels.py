@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from rulekit import G, apply, assert_same_function, ops, refusals
 
-from tflfuse import verify
 from tflfuse.ir import Quantization
 from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows, SpellOutInt8HardSwish
+from tflfuse.runtime import verify
 
 
 def _q(scale: float, zero: int = 0) -> Quantization:

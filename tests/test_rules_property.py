@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rulekit import G, optimize
 
-from tflfuse import verify
 from tflfuse.ir import Tensor
+from tflfuse.runtime import verify
 
 ACTS = ["NONE", "NONE", "RELU", "RELU6", "RELU_N1_TO_1"]
 
@@ -131,7 +131,7 @@ class RandomNet:
 
     def padded_conv(self) -> None:
         """An explicit PAD (usually what SAME would add) before a VALID 3x3 conv or max pool."""
-        from tflfuse.rules.common import pads_for_same
+        from tflfuse.rewrite.common import pads_for_same
 
         n, h, w, c = self.x.shape
         stride = self.draw(st.sampled_from([1, 2]), "stride")

@@ -25,11 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rulekit import G
 
-from tflfuse import flatbuffer
-from tflfuse.ir import Graph, Model, Op, Quantization, Tensor
-from tflfuse.optimize import optimize_bytes
-from tflfuse.runtime import make_interpreter
-from tflfuse.verify import run
+from tflfuse.convert.optimize import optimize_bytes
+from tflfuse.ir import Graph, Model, Op, Quantization, Tensor, flatbuffer
+from tflfuse.runtime.interpreter import make_interpreter
+from tflfuse.runtime.runs import run
 
 TARGETS = ("xnnpack", "edgetpu", "gpu", "cpu")
 ACTS = ["NONE", "NONE", "RELU", "RELU6"]

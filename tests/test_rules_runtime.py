@@ -9,10 +9,11 @@ import pytest
 from rulekit import G, apply, assert_same_function, ops, refusals
 from test_rules_edgetpu import Q8
 
-from tflfuse import flatbuffer, runtimes
+from tflfuse.convert.optimize import optimize_bytes
 from tflfuse.errors import TflfuseError
-from tflfuse.optimize import optimize_bytes
+from tflfuse.ir import flatbuffer
 from tflfuse.rules.runtime import SpellOutGelu, SplitTransposeConvActivation
+from tflfuse.targets import runtimes
 
 OLD = runtimes.resolve("tflite-runtime==2.7.0")  # no GELU (builtin 150), TRANSPOSE_CONV up to v3
 NEW = runtimes.resolve("ai-edge-litert==2.3.0")

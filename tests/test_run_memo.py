@@ -1,7 +1,7 @@
 """A model run (or calibrated) twice on the same inputs within a conversion runs once.
 
-`tflfuse.run_memo` remembers outputs by what decides them (model bytes, inputs, settings): the
-checks below count its answers and show that a remembered answer is the one a fresh run gives,
+`tflfuse.runtime.run_memo` remembers outputs by what decides them (model bytes, inputs, settings):
+the checks below count its answers and show that a remembered answer is the one a fresh run gives,
 that anything different in the key is run again, and that the budget bounds what is kept.
 """
 
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from irgraphs import conv, model_of, to_bytes, unary
 
-from tflfuse import run_memo, verify
 from tflfuse.ir import Graph, Signature
+from tflfuse.runtime import run_memo, verify
+from tflfuse.runtime import runs as runs_module
 
 
 def _model(act: str = "NONE", bias_shift: float = 0.0) -> bytes:
@@ -40,11 +41,11 @@ def _fresh():
 def test_a_repeated_run_is_answered_with_the_fresh_runs_outputs() -> None:
     data = _model()
     inputs = verify.seeded_inputs(verify.make_interpreter(data, "none"), 0, 3)
-    first = verify.run(data, inputs)
+    first = runs_module.run(data, inputs)
     assert run_memo.hits == 0
-    again = verify.run(data, inputs)
+    again = runs_module.run(data, inputs)
     assert run_memo.hits == 1
-    fresh = verify.run(data, inputs, remember=False)
+    fresh = runs_module.run(data, inputs, remember=False)
     assert run_memo.hits == 1
     for a, b, c in zip(first, again, fresh):
         for x, y, z in zip(a, b, c):
@@ -55,12 +56,12 @@ def test_a_repeated_run_is_answered_with_the_fresh_runs_outputs() -> None:
 def test_other_bytes_inputs_or_delegate_run_again() -> None:
     data, other = _model(), _model(bias_shift=0.25)
     inputs = verify.seeded_inputs(verify.make_interpreter(data, "none"), 0, 2)
-    verify.run(data, inputs)
-    verify.run(other, inputs)
-    verify.run(data, verify.seeded_inputs(verify.make_interpreter(data, "none"), 5, 2))
-    verify.run(data, inputs, "ref")
+    runs_module.run(data, inputs)
+    runs_module.run(other, inputs)
+    runs_module.run(data, verify.seeded_inputs(verify.make_interpreter(data, "none"), 5, 2))
+    runs_module.run(data, inputs, "ref")
     assert run_memo.hits == 0
-    verify.run(data, inputs, "ref")
+    runs_module.run(data, inputs, "ref")
     assert run_memo.hits == 1
 
 
@@ -92,7 +93,7 @@ def test_the_budget_bounds_what_is_kept(monkeypatch) -> None:
 
 def test_a_model_calibrated_twice_on_the_same_data_is_calibrated_once() -> None:
     pytest.importorskip("litert_quantizer")
-    from tflfuse.quantize import quantize
+    from tflfuse.convert.quantize import quantize
 
     data = _model()
     calib = [np.random.default_rng(0).uniform(-1, 1, (8, 6, 6, 3)).astype(np.float32)]

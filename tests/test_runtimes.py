@@ -17,9 +17,10 @@ import pytest
 from rulekit import G
 from runtime_kit import SHARED
 
-from tflfuse import flatbuffer, runtimes
 from tflfuse.cli import main
 from tflfuse.errors import UsageError
+from tflfuse.ir import flatbuffer
+from tflfuse.targets import runtimes
 
 PYTORCH = SHARED / "models" / "pytorch"
 COMMIT = 40
@@ -238,7 +239,7 @@ def test_an_int8_op_labelled_v1_needs_the_version_its_type_does() -> None:
 
 # -- convert --runtime and the recipe key ----------------------------------------------------------
 def test_convert_runtime_writes_a_model_the_release_runs_and_says_so(tmp_path: Path) -> None:
-    from tflfuse.convert import convert
+    from tflfuse.convert.pipeline import convert
 
     source = tmp_path / "gelu.tflite"
     source.write_bytes(gelu_bytes())
@@ -253,7 +254,7 @@ def test_convert_runtime_writes_a_model_the_release_runs_and_says_so(tmp_path: P
 
 
 def test_the_recipe_key_runtime_is_checked_and_named(tmp_path: Path) -> None:
-    from tflfuse import recipe
+    from tflfuse.convert import recipe
 
     rec = recipe.from_dict({"name": "coral", "target": "edgetpu", "runtime": "tflite-runtime==2.5"})
     assert rec.runtime == "tflite-runtime==2.5"

@@ -2,7 +2,8 @@
 environment's ai-edge-litert and TensorFlow, and the venvs TFLFUSE_RUNTIMES names, made by
 benchmarks/install_runtimes.py: tflite-runtime 2.7-2.14 on Python 3.7/3.8) builds exactly the
 operator codes the table says it has, refuses the others in the words tflfuse predicts, and loads,
-allocates and invokes exactly the models `tflfuse.runtimes` says it runs. Runtimes that are not
+allocates and invokes exactly the models `tflfuse.targets.runtimes` says it runs. Runtimes that are
+not
 installed are skipped, by name."""
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from runtime_kit import SHARED
 from test_rules_edgetpu import Q8
 from test_rules_runtime import gelu_model, transpose_conv_model
 
-from tflfuse import flatbuffer, runtimes
-from tflfuse.optimize import optimize_bytes
+from tflfuse.convert.optimize import optimize_bytes
+from tflfuse.ir import flatbuffer
+from tflfuse.targets import runtimes
 
 INTERPRETERS = kit.installed()
 KNOWN = [i for i in INTERPRETERS if i.name in runtimes.table().runtimes]

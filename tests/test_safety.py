@@ -10,7 +10,7 @@ import zipfile
 import pytest
 
 from tflfuse.errors import TflfuseError
-from tflfuse.safety import check_keras_file, find_code, read_config
+from tflfuse.sources.safety import check_keras_file, find_code, read_config
 
 h5py = pytest.importorskip("h5py")
 
@@ -174,7 +174,7 @@ def _legacy_h5_with_marker(tmp_path, nested: bool):
 
 @pytest.mark.parametrize("nested", [False, True], ids=["top-level", "nested-sequential"])
 def test_legacy_h5_lambda_is_refused_and_its_code_does_not_run(tmp_path, nested: bool) -> None:
-    from tflfuse.frontend import load_model
+    from tflfuse.sources.keras import load_model
 
     path, marker = _legacy_h5_with_marker(tmp_path, nested)
     with pytest.raises(TflfuseError, match=r"carries code \(Lambda layer 'lam'"):
@@ -186,7 +186,7 @@ def test_legacy_h5_lambda_is_refused_and_its_code_does_not_run(tmp_path, nested:
 
 def test_keras3_nested_lambda_is_refused_before_loading(tmp_path) -> None:
     keras = pytest.importorskip("keras")
-    from tflfuse.frontend import load_model
+    from tflfuse.sources.keras import load_model
 
     inp = keras.Input((4,))
     inner = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(lambda t: t * 2.0)])

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from conftest import ORACLE, needs_oracle, oracle_models
 
-from tflfuse import flatbuffer
-from tflfuse.ir import Graph, Model, Quantization, Tensor
+from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.targets import (
     capability,
     edgetpu_op_status,
@@ -542,7 +541,7 @@ def test_no_other_reading_where_the_compiled_models_decide() -> None:
 def test_the_report_gives_the_other_reading_beside_the_mapped_count() -> None:
     """The convert report's Edge TPU table: stock 1/5 (or 4/5 ...: undecided by the evidence),
     and the sentence that says which reading is which."""
-    from tflfuse import report
+    from tflfuse.convert import report
 
     section = {
         "stock": report.edgetpu_cut(flatbuffer.to_bytes(_nchw_front("UINT8"))),

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import oracle_models, wheel_models
 
-from tflfuse import flatbuffer
-from tflfuse.delegate_probe import observable_ops, xnnpack_delegated_ops
+from tflfuse.ir import flatbuffer
 from tflfuse.targets import predict
+from tflfuse.targets.probe import observable_ops, xnnpack_delegated_ops
 
 MODELS = [
     *wheel_models("pymicro-wakeword"),
@@ -67,7 +67,7 @@ TFLite runtime version 2.21.0
 
 
 def test_gpu_report_parser_attaches_warnings_to_ops() -> None:
-    from tflfuse.delegate_probe import parse_gpu_report
+    from tflfuse.targets.probe import parse_gpu_report
 
     assert parse_gpu_report(ANALYZER_REPORT) == {
         1: "Not supported op TOPK_V2",

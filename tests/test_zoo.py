@@ -8,10 +8,12 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from tflfuse import flatbuffer, zoo
 from tflfuse.errors import TflfuseError
-from tflfuse.runtime import make_interpreter
-from tflfuse.verify import run, seeded_inputs
+from tflfuse.examples import zoo
+from tflfuse.ir import flatbuffer
+from tflfuse.runtime.interpreter import make_interpreter
+from tflfuse.runtime.runs import run
+from tflfuse.runtime.verify import seeded_inputs
 
 
 @pytest.fixture(scope="module", params=sorted(zoo.BUILDERS))

@@ -20,7 +20,8 @@ import sys
 import types
 from typing import Any
 
-__version__ = "0.1.0"
+from tflfuse.version import __version__
+
 API = ("convert", "optimize", "check", "bench")
 __all__ = ["__version__", *API]
 

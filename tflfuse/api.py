@@ -12,13 +12,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tflfuse import targets
+from tflfuse.convert import recipe as recipe_mod
+from tflfuse.convert.optimize import check_options, optimize_bytes
+from tflfuse.convert.pipeline import convert as convert_any
 from tflfuse.errors import TflfuseError, UsageError
+from tflfuse.files import atomic_write_bytes, same_file
+from tflfuse.ir import Model, flatbuffer
+from tflfuse.runtime.bench import run_benchmark
 
 if TYPE_CHECKING:
-    from tflfuse.convert import ConversionResult
+    from tflfuse.convert.optimize import OptimizeResult
+    from tflfuse.convert.pipeline import ConversionResult
+    from tflfuse.convert.recipe import Recipe
     from tflfuse.ir import Model
-    from tflfuse.optimize import OptimizeResult
-    from tflfuse.recipe import Recipe
     from tflfuse.targets import Prediction
 
 ModelSource = Any  # a .tflite path (str or Path), its bytes, or a tflfuse.ir.Model
@@ -40,8 +47,6 @@ def _seed(value: Any) -> None:
 
 def _model_bytes(model: ModelSource, what: str = "model") -> tuple[bytes, str]:
     """(bytes, name for messages) of a path or bytes."""
-    from tflfuse import flatbuffer
-
     if isinstance(model, (bytes, bytearray)):
         return bytes(model), "<bytes>"
     if isinstance(model, (str, Path)):
@@ -72,16 +77,14 @@ def convert(
     against the source.
 
     `recipe`: a shipped name (edgetpu, xnnpack-int8, cpu-float, gpu-fp16), a .toml file or a
-    `tflfuse.recipe.Recipe`; `overrides` replace its fields (quant_mode, input_type, output_type,
-    target, level, samples, scale, offset). `calibration` (needed for int8): an array (N, H, W, C),
-    a .npy/.npz file, a folder of images or a callable returning samples. An existing non-empty
+    `tflfuse.convert.recipe.Recipe`; `overrides` replace its fields (quant_mode, input_type,
+    output_type, target, level, samples, scale, offset). `calibration` (needed for int8): an array
+    (N, H, W, C), a .npy/.npz file, a folder of images or a callable returning samples. An existing
+    non-empty
     `output_dir` is refused unless `force` (then only the files of an earlier result go).
     `channels_last` gives a .tflite with NCHW inputs NHWC inputs instead (an interface change).
     `disabled` turns rules off (as `optimize`'s); `verify=False` skips the numeric checks.
     Returns a `ConversionResult`: the three model paths and the report as a dict."""
-    from tflfuse import recipe as recipe_mod
-    from tflfuse.convert import convert as convert_any
-
     if output_dir is None or str(output_dir) == "":
         raise UsageError("output_dir is required")
     _seed(seed)
@@ -125,9 +128,6 @@ def optimize(
     given. Returns an `OptimizeResult`: `.data` (the new .tflite bytes), `.before`/`.after`
     (op counts, activation bytes, cost), `.result` (rules fired, refusals with reasons),
     `.verification`."""
-    from tflfuse.files import atomic_write_bytes, same_file
-    from tflfuse.optimize import check_options, optimize_bytes
-
     check_options(level=level, target=target, disabled=disabled)
     data, source = _model_bytes(model)
     if output is not None and isinstance(model, (str, Path)) and same_file(Path(model), output):
@@ -159,9 +159,6 @@ def check(
     `multiple_subgraphs` the compiler's mode that allows several Edge TPU segments. Returns a
     `Prediction`: `.ops` (index, op, target, status, reason), `.mapped`, `.cpu`, `.memory`,
     `.to_dict()`; `tflfuse.targets.format_prediction` prints it as the compiler's table."""
-    from tflfuse import flatbuffer, targets
-    from tflfuse.ir import Model
-
     if target not in CHECK_TARGETS:
         raise UsageError(f"target {target!r} unknown (choose from {', '.join(CHECK_TARGETS)})")
     if compiler_version is not None:
@@ -194,8 +191,6 @@ def bench(
     JSON-ready result: `protocol`, `environment`, `peak_rss_bytes` and per model `latency_ms`
     (p50/p90/p99, jitter, mean, std), `ratio_to_first`, op count, arena estimate, init and
     first-invoke times, and the raw `samples_ms`."""
-    from tflfuse.bench import run_benchmark
-
     if isinstance(models, (str, Path)):
         raise UsageError("models must be a list of .tflite paths (the first is the baseline)")
     _seed(seed)

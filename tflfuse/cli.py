@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tflfuse import __version__, quiet
+from tflfuse import quiet
 from tflfuse.errors import TflfuseError, UsageError
 from tflfuse.files import (
     Terminated,
@@ -29,6 +29,7 @@ from tflfuse.files import (
     shown,
     signals_raise,
 )
+from tflfuse.version import __version__
 
 
 def _emit_json(payload: Any, destination: str | None) -> None:
@@ -97,8 +98,8 @@ def _add_inspect(sub: Any) -> None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from tflfuse import flatbuffer
-    from tflfuse.summary import model_summary
+    from tflfuse.ir import flatbuffer
+    from tflfuse.ir.summary import model_summary
 
     summary = model_summary(flatbuffer.load(check_input(args.model)))
     if args.json:
@@ -174,8 +175,8 @@ def _add_runtime_option(p: argparse.ArgumentParser) -> None:
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
-    from tflfuse import flatbuffer
-    from tflfuse.optimize import optimize_bytes
+    from tflfuse.convert.optimize import optimize_bytes
+    from tflfuse.ir import flatbuffer
     from tflfuse.rewrite import FLOAT_ONLY
     from tflfuse.rules import all_rule_names
 
@@ -189,7 +190,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown rule {unknown[0]!r} (rules: {', '.join(all_rule_names())})")
     if args.runtime:
-        from tflfuse.runtimes import resolve
+        from tflfuse.targets.runtimes import resolve
 
         resolve(args.runtime)  # a bad name is refused before the model is read
     data = flatbuffer.read_model_bytes(src)
@@ -320,8 +321,9 @@ def _add_check(sub: Any) -> None:
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    from tflfuse import flatbuffer, targets
+    from tflfuse import targets
     from tflfuse.api import COMPILER_VERSION
+    from tflfuse.ir import flatbuffer
 
     if args.target is None and (args.compiler_version or args.multiple_subgraphs):
         raise UsageError("--compiler-version and --multiple-subgraphs need --target edgetpu")
@@ -337,7 +339,8 @@ def _run_check(args: argparse.Namespace) -> int:
         if args.target is None:
             raise UsageError("--overlay shows a target's placement: give --target")
         _check_overlay_destination(model_path, args.overlay)
-    from tflfuse import edgetpu_truth, runtimes
+    from tflfuse.targets import runtimes
+    from tflfuse.targets.edgetpu import truth as edgetpu_truth
 
     runtime = runtimes.resolve(args.runtime) if args.runtime else None
     model = flatbuffer.load(model_path)
@@ -363,7 +366,7 @@ def _run_check(args: argparse.Namespace) -> int:
             print(targets.format_prediction(prediction, args.model))
         print(text)
     if args.overlay:
-        from tflfuse import overlay
+        from tflfuse.targets.edgetpu import overlay
 
         overlay.write(args.overlay, model, prediction)
         if not args.json:
@@ -373,7 +376,9 @@ def _run_check(args: argparse.Namespace) -> int:
 
 def _compare_with_twin(model: Any, args: argparse.Namespace) -> int:
     """`check --twin`: the prediction in the mode the twin was compiled in, compared with it."""
-    from tflfuse import edgetpu_truth, flatbuffer, targets
+    from tflfuse import targets
+    from tflfuse.ir import flatbuffer
+    from tflfuse.targets.edgetpu import truth as edgetpu_truth
 
     twin = flatbuffer.load(check_input(args.twin))
     if not edgetpu_truth.is_compiled(twin):
@@ -385,7 +390,7 @@ def _compare_with_twin(model: Any, args: argparse.Namespace) -> int:
         print(targets.format_prediction(prediction, args.model))
         print(edgetpu_truth.format_twin_comparison(comparison, model))
     if args.overlay:
-        from tflfuse import overlay
+        from tflfuse.targets.edgetpu import overlay
 
         overlay.write(args.overlay, model, prediction)
     return 0
@@ -406,9 +411,10 @@ def _report_compiled(
     beside it (X.tflite beside X_edgetpu.tflite), the compiler's placement per op of that model
     (`edgetpu_truth.truth_of`). With `runtime` ((text, payload) of `runtimes.describe`), that
     verdict too; returns whether that runtime runs the model."""
-    from tflfuse import edgetpu_truth, flatbuffer
-    from tflfuse.edgetpu_compiler import parse_log
+    from tflfuse.ir import flatbuffer
     from tflfuse.targets import op_label
+    from tflfuse.targets.edgetpu import truth as edgetpu_truth
+    from tflfuse.targets.edgetpu.compiler_log import parse_log
 
     if args.overlay is not None:
         raise UsageError(
@@ -550,14 +556,14 @@ _RECIPE_FLAGS = {
 
 def _recipe_from_args(args: argparse.Namespace) -> Any:
     """The recipe named by --recipe with the override flags applied (errors name the flag)."""
-    from tflfuse import recipe as recipe_mod
+    from tflfuse.convert import recipe as recipe_mod
 
     overrides = {f: getattr(args, flag[2:].replace("-", "_")) for f, flag in _RECIPE_FLAGS.items()}
     return recipe_mod.load(args.recipe).override(labels=_RECIPE_FLAGS, **overrides)
 
 
 def _run_convert(args: argparse.Namespace) -> int:
-    from tflfuse.convert import convert
+    from tflfuse.convert.pipeline import convert
 
     if args.batch < 1:
         raise UsageError(f"--batch must be at least 1, not {args.batch}")
@@ -566,7 +572,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     recipe = _recipe_from_args(args)
     model = check_input(args.model, folder_ok=True)
     if args.calib is not None:
-        from tflfuse.calibration import split_pick
+        from tflfuse.convert.calibration import split_pick
 
         check_input(split_pick(args.calib)[0], "calibration", folder_ok=True)
     result = convert(
@@ -630,8 +636,8 @@ def _add_bench(sub: Any) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from tflfuse.bench import check_arguments, format_table, plot_latencies, run_benchmark
-    from tflfuse.runtime import check_delegate_name
+    from tflfuse.runtime.bench import check_arguments, format_table, plot_latencies, run_benchmark
+    from tflfuse.runtime.interpreter import check_delegate_name
 
     # everything that could fail after the benchmark is checked before it
     check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")
@@ -686,9 +692,9 @@ def _add_compare(sub: Any) -> None:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from tflfuse.bench import check_arguments, plot_latencies
-    from tflfuse.compare import compare, format_table, read_conversion
-    from tflfuse.runtime import check_delegate_name
+    from tflfuse.convert.compare import compare, format_table, read_conversion
+    from tflfuse.runtime.bench import check_arguments, plot_latencies
+    from tflfuse.runtime.interpreter import check_delegate_name
 
     # everything that could fail after the benchmark is checked before it
     check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")
@@ -741,7 +747,7 @@ def _add_compile(sub: Any) -> None:
 
 
 def _run_compile(args: argparse.Namespace) -> int:
-    from tflfuse import edgetpu_compiler
+    from tflfuse.targets.edgetpu import compiler as edgetpu_compiler
 
     result = edgetpu_compiler.compile_model(
         Path(args.model),
@@ -785,7 +791,7 @@ def _run_example(args: argparse.Namespace) -> int:
             "example digits_cnn trains on scikit-learn's digits: pip install scikit-learn"
         )
     if args.name == "digits_cnn":
-        from tflfuse import digits
+        from tflfuse.examples import digits
 
         split = digits.load_split()
         model = digits.train_cnn(split)
@@ -797,7 +803,7 @@ def _run_example(args: argparse.Namespace) -> int:
     else:
         import keras
 
-        from tflfuse import zoo
+        from tflfuse.examples import zoo
 
         keras.utils.set_random_seed(0)  # weights=None: the same example on every run
         sized = args.name not in ("transformer_encoder", "ds_cnn")

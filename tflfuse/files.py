@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tflfuse.errors import TflfuseError
+from tflfuse.version import __version__
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -166,8 +167,6 @@ def read_manifest(folder: Path) -> dict[str, str] | None:
 
 
 def _write_manifest(folder: Path, files: dict[str, str]) -> None:
-    from tflfuse import __version__
-
     text = json.dumps(
         {"format": _MANIFEST_FORMAT, "tflfuse": __version__, "files": dict(sorted(files.items()))},
         indent=2,

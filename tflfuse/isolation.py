@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from tflfuse.errors import TflfuseError
+from tflfuse.files import Terminated
 
 T = TypeVar("T")
 
@@ -271,8 +272,6 @@ def _die_with_parent(parent: int) -> None:
 
 def _child(work: Callable[[], Any], fd: int, parent: int) -> None:
     global _channel
-    from tflfuse.files import Terminated
-
     try:
         _die_with_parent(parent)
         _channel = fd
@@ -325,8 +324,6 @@ def _supervise(pid: int, fd: int, what: str) -> Any:
     if kind == "error":
         raise _unportable(payload)
     if kind == "interrupted":
-        from tflfuse.files import Terminated
-
         if payload == signal.SIGINT:
             raise KeyboardInterrupt
         raise Terminated(payload)

@@ -11,12 +11,22 @@ rewrite pays on one runtime and not another:
   gpu, cpu everything; cpu (the plain built-in kernels) also picks their fast int8 MEAN
            paths and avoids their slow int8 SUB
 Where a rule's payoff differs by runtime it asks the measured table (delegates/cost_table.json,
-written by benchmarks/cost_table.py) through tflfuse.cost.
+written by benchmarks/cost_table.py) through tflfuse.targets.cost.
 """
 
 from __future__ import annotations
 
-from tflfuse.rewrite import DeadCodeElimination, Pass, Rule, TopologicalSort
+from collections.abc import Sequence
+
+from tflfuse.ir import Model
+from tflfuse.rewrite import (
+    DeadCodeElimination,
+    Pass,
+    PassManager,
+    PassResult,
+    Rule,
+    TopologicalSort,
+)
 from tflfuse.rules.algebra import (
     CancelQuantizeDequantize,
     CancelTransposePair,
@@ -41,6 +51,7 @@ from tflfuse.rules.epilogue import (
 from tflfuse.rules.exporter import exporter_rules
 from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
 from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows, SpellOutInt8HardSwish
+from tflfuse.rules.runtime import RULES as RUNTIME_RULES
 from tflfuse.rules.vertical import (
     DropReshapeBeforeFullyConnected,
     FoldAffineIntoFollowing,
@@ -57,7 +68,7 @@ TARGETS = ("xnnpack", "edgetpu", "gpu", "cpu")
 
 def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     try:  # engineer B's module; the pipeline works without it
-        from tflfuse.rules.edgetpu import EDGETPU_LEGALIZATION
+        from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
     except ImportError:
         return ()
     return tuple(EDGETPU_LEGALIZATION)
@@ -149,9 +160,16 @@ def pipeline(
 def all_rule_names() -> list[str]:
     """Every rule and pass any pipeline uses (the names `--disable` accepts), the runtime
     legalization's (`--runtime`, tflfuse.rules.runtime) included."""
-    from tflfuse.rules.runtime import RULES as RUNTIME_RULES
-
     return sorted(
         {p.name for target in TARGETS for level in (1, 2) for p in pipeline(level, target)}
         | {rule.__name__ for rule in RUNTIME_RULES}
     )
+
+
+def legalize_quantized(model: Model, disabled: Sequence[str] = ()) -> PassResult:
+    """Legalize an int8/uint8 model for the Edge TPU in place; what `convert` runs on the
+    quantized fused model (the int8 forms of the rules only act here).
+
+    The same passes as `tflfuse.rules.pipeline(2, "edgetpu", quantized=True)`.
+    """
+    return PassManager(pipeline(2, "edgetpu", quantized=True), disabled=disabled).run(model)

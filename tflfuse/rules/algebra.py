@@ -11,11 +11,10 @@ import math
 
 import numpy as np
 
-from tflfuse import cost
 from tflfuse.ir import Graph, Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
-from tflfuse.rules import common
-from tflfuse.rules.common import NotApplicable
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets import cost
 
 
 def _identity_value(op: Op) -> float | None:

@@ -1,6 +1,7 @@
 """Cleanup passes: constant folding (evaluated by the interpreter itself), common-subexpression
 elimination and duplicate-constant merging. Dead ops and unused tensors/buffers go with
-`tflfuse.rewrite.DeadCodeElimination` (the writer stores only buffers that tensors still use).
+`tflfuse.rewrite.passes.DeadCodeElimination` (the writer stores only buffers that tensors still
+use).
 
 Folding runs each foldable op in a one-op model through the TFLite interpreter, so the folded
 value is exactly what the kernel would have computed at run time — no second implementation of
@@ -11,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tflfuse import flatbuffer
 from tflfuse.errors import TflfuseError
-from tflfuse.ir import NUMPY_DTYPES, Graph, Model, Op, Tensor
+from tflfuse.ir import NUMPY_DTYPES, Graph, Model, Op, Tensor, flatbuffer
 from tflfuse.rewrite import SIDE_EFFECTS, Pass
+from tflfuse.runtime.interpreter import make_interpreter
 
 # Kept on purpose: DEQUANTIZE of float16/int8 weights is how compressed models stay small.
 _NEVER_FOLD = SIDE_EFFECTS | {
@@ -55,8 +56,6 @@ def _static_shape(t: Tensor) -> bool:
 
 def evaluate(op: Op) -> list[np.ndarray]:
     """Run one op whose inputs are constants in the interpreter; its outputs as arrays."""
-    from tflfuse.runtime import make_interpreter
-
     graph = Graph("fold")
     clones: dict[Tensor, Tensor] = {}
     for t in op.inputs:

@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tflfuse.ir import Graph, Op
-from tflfuse.rewrite import Pass
-from tflfuse.rules import common
+from tflfuse.rewrite import Pass, common
 
 # Ops whose fused activation is applied to their output (LSTM/RNN-style ops use it inside).
 _EPILOGUE_OPS = frozenset(

@@ -11,9 +11,8 @@ import math
 import numpy as np
 
 from tflfuse.ir import Op, Quantization, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
-from tflfuse.rules import common
-from tflfuse.rules.edgetpu import fused_activation_refusal
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.targets.edgetpu.rules import fused_activation_refusal
 
 # Producers whose TFLite kernels apply a fused activation, and the activations they take.
 _ACTIVATION_OPS = ("RELU", "RELU6", "RELU_N1_TO_1", "TANH")

@@ -20,9 +20,8 @@ import math
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
-from tflfuse.rules import common
-from tflfuse.rules.common import NotApplicable
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite.common import NotApplicable
 
 _MOVEMENT = ("RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS")
 _RESHAPES = ("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
@@ -995,7 +994,8 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
     (XNNPACK does not take an int8 BATCH_MATMUL) and on the plain kernels; not measured on a GPU.
     FoldPadByWidenedKernel is in no pipeline: it is slower wherever it matters (see its
     docstring). PADV2 and BATCH_MATMUL are Edge TPU legalizations too (half-pixel resizes are
-    in rules/edgetpu.py); the Edge TPU keeps every tensor within 3 non-trivial dimensions."""
+    in targets/edgetpu/rules.py); the Edge TPU keeps every tensor within 3 non-trivial
+    dimensions."""
     limit = 3 if target == "edgetpu" else None
     rules: list[Rule] = [
         ShortenLayerNorm(),

@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse import cost
 from tflfuse.ir import Graph, Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
-from tflfuse.rules import common
-from tflfuse.rules.common import NotApplicable
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets import cost
 
 _SIBLINGS = ("CONV_2D", "FULLY_CONNECTED")
 _GEOMETRY = (

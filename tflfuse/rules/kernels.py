@@ -1,7 +1,7 @@
 """Kernel choice: the same maths written so a runtime picks its faster kernel.
 
 The same values in float; in int8 each rounds differently by the steps it declares. Whether
-one pays depends on the runtime, so each asks the measured cost table (`tflfuse.cost`,
+one pays depends on the runtime, so each asks the measured cost table (`tflfuse.targets.cost`,
 `delegates/cost_table.json`) for the op's dtype on the target's runtime and fires only where it
 is faster there.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tflfuse import cost
 from tflfuse.ir import Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
-from tflfuse.rules.common import NotApplicable
-from tflfuse.rules.edgetpu import LegalizeHardSwish, spell_out_hard_swish
+from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets import cost
+from tflfuse.targets.edgetpu.rules import LegalizeHardSwish, spell_out_hard_swish
 
 
 class MeanKeepDims(Rule):
@@ -117,7 +117,7 @@ _INT_RANGE = {"INT8": (-128, 127), "UINT8": (0, 255)}
 
 class SpellOutInt8HardSwish(Rule):
     """HARD_SWISH(x), int8  =>  MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6): the Edge TPU's form
-    (rules/edgetpu.py `spell_out_hard_swish`), here where a runtime is faster with it.
+    (targets/edgetpu/rules.py `spell_out_hard_swish`), here where a runtime is faster with it.
 
     The TFLite XNNPACK delegate takes int8 ADD and MUL but not int8 HARD_SWISH, which then
     runs on the built-in kernel, about 5x slower than the three delegated ops

@@ -2,9 +2,9 @@
 
 `convert/optimize --runtime tflite-runtime==2.5.0` run these last (`runtime_legalization`), after
 the target's pipeline: each rule fires only where the model holds an op version the release
-(`tflfuse.runtimes`, from delegates/runtimes.toml) does not register, and replaces it by the same
-function in ops that release has. What no rule can lower is refused in one line by the caller
-(`tflfuse.runtimes.RuntimeCheck.refusal`), naming the op, the version and the runtime.
+(`tflfuse.targets.runtimes`, from delegates/runtimes.toml) does not register, and replaces it by the
+same function in ops that release has. What no rule can lower is refused in one line by the caller
+(`tflfuse.targets.runtimes.RuntimeCheck.refusal`), naming the op, the version and the runtime.
 
   SpellOutGelu                    GELU (builtin 150, TFLite 2.8)  =>  ops of TFLite 1.x
   SplitTransposeConvActivation    TRANSPOSE_CONV with a fused activation (v4, TFLite 2.12)  =>
@@ -30,8 +30,9 @@ from tflfuse.rewrite import (
     TopologicalSort,
     refuse,
 )
-from tflfuse.rules.common import is_float
-from tflfuse.runtimes import Runtime
+from tflfuse.rewrite.common import is_float
+from tflfuse.targets.edgetpu.rules import LegalizeGelu
+from tflfuse.targets.runtimes import Runtime
 
 # Abramowitz & Stegun 7.1.26: erf(a) = 1 - t (A1 + t (A2 + t (A3 + t (A4 + t A5)))) exp(-a^2),
 # t = 1 / (1 + P a), |error| <= 1.5e-7 for a >= 0.
@@ -40,7 +41,7 @@ _AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 # max |GELU_erf(x) - the spelled form| over [-12, 12] in float64 (2.11e-7 at x = 3.08); float32
 # rounding of the result (an ulp of relu(x)) is within verification's relative tolerance
 _GELU_ERF_BOUND = 2.2e-7
-_GELU_TANH_VS_ERF = 4.74e-4  # max |erf form - tanh form| (rules/edgetpu.py, LegalizeGelu)
+_GELU_TANH_VS_ERF = 4.74e-4  # max |erf form - tanh form| (targets/edgetpu/rules.py, LegalizeGelu)
 _ACTIVATION_OP = {"RELU": "RELU", "RELU6": "RELU6", "RELU_N1_TO_1": "RELU_N1_TO_1"}
 
 
@@ -131,8 +132,6 @@ class SpellOutGelu(_RuntimeRule):
 
     def rewrite(self, m: Match) -> None:
         if m.root.options.get("approximate") or self.tanh_form:
-            from tflfuse.rules.edgetpu import LegalizeGelu
-
             LegalizeGelu().rewrite(m)  # the tanh form (exactly this GELU when approximate)
             return
         g, x, out = m.graph, m.x, m.root.output

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tflfuse import cost
 from tflfuse.ir import Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
-from tflfuse.rules import common
-from tflfuse.rules.common import NotApplicable
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets import cost
 
 _READERS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 

@@ -1,0 +1,334 @@
+"""Ops litert-quantizer leaves in float, made int8 between the scales it chose: PRELU,
+RELU_0_TO_1, DEPTH_TO_SPACE.
+
+litert-quantizer has no int8 config for PRELU (MediaPipe's iris, face, hand and palm models),
+RELU_0_TO_1 (onnx2tf's HardSigmoid) or DEPTH_TO_SPACE (MediaPipe's pose detector). It leaves each
+one in float, between a DEQUANTIZE of its int8 input and a QUANTIZE of its output, so the model is
+not fully int8 and on the Edge TPU the first one cuts the graph (iris landmark: 2 of 278 ops
+mapped). Both scales are already chosen from calibration (the DEQUANTIZE reads the input's, the
+QUANTIZE writes the output's), so the float island is replaced by one int8 op between the same
+two tensors:
+
+  QUANTIZE(PRELU(DEQUANTIZE(x), alpha))    =>  PRELU(x, alpha in int8)
+  QUANTIZE(RELU_0_TO_1(DEQUANTIZE(x)))     =>  RELU(x)   (the output's range tops out at <= 1)
+  QUANTIZE(DEPTH_TO_SPACE(DEQUANTIZE(x)))  =>  DEPTH_TO_SPACE(x)   (same parameters in and out)
+
+PRELU: alpha keeps the source's shape (per channel or per tensor values) with one symmetric
+scale, max|alpha| / 127, as the TFLite converter quantizes it (TFLite's int8 PRELU kernel reads
+alpha's scale and zero point per tensor). The Edge TPU maps int8 PRELU whose alpha varies along
+channels only (delegates/edgetpu.toml). RELU_0_TO_1: when the output's largest representable value
+is 1 or less, the int8 RELU that requantizes to the output's scale saturates exactly where the
+clamp at 1 would (and clamps at the zero point, real 0), so the clamp is the quantization itself;
+RELU maps on the Edge TPU, RELU_0_TO_1 does not.
+
+DEPTH_TO_SPACE moves bytes: its output's calibrated range is its input's, so the quantizer gave
+both the same parameters and the int8 op is exact (other parameters are refused: a copy cannot
+requantize). PRELU and RELU round once where the island rounded once (its QUANTIZE), from the same
+real value: one step apart at most, plus, for PRELU, alpha's rounding times the largest negative
+input (`QuantizePrelu.int8_error`). `complete` runs the rules and verifies the result against the
+model as the quantizer left it, with those declared bounds.
+
+A runtime only gets what it has kernels for, so completion is decided per target
+(`complete(..., target=...)`, `cost.int8_completion_refusal`):
+- the Edge TPU: always (a float op cuts its graph; the compiler maps int8 PRELU, RELU and
+  DEPTH_TO_SPACE);
+- the CPU targets (XNNPACK, the plain kernels): only where the int8 op is not slower than the
+  island, measured (delegates/cost_table.json, benchmarks/INT8_COMPLETION.md). XNNPACK has no
+  int8 PRELU or RELU (its TFLite delegate checks for float tensors; XNNPACK's PRELU is defined
+  for real types only), so those int8 ops run on the plain kernels, split the delegate's
+  partition and cost about 20x the island: PRELU keeps its island there. int8 DEPTH_TO_SPACE is
+  faster than its island on both runtimes.
+- RELU_0_TO_1 has a spelling every runtime takes: when the island's input comes from an op
+  with a fused-activation field (a convolution, ADD, ...) that only the island reads, that op
+  writes the island's output with fused RELU, and the island is gone (onnx2tf's HardSigmoid
+  follows a CONV_2D). The kernel clamps at the zero point and saturates where the clamp at 1
+  does, and rounds once from its accumulator where the island rounded twice.
+- A target with no measured runtime (gpu) keeps the fully-int8 default; `target=None` too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tflfuse.convert.optimize import NOT_VERIFIED, verify_rewrite
+from tflfuse.ir import Op, Quantization, Tensor, flatbuffer
+from tflfuse.rewrite import (
+    DeadCodeElimination,
+    Match,
+    OpPattern,
+    PassManager,
+    PatternBuilder,
+    Refusal,
+    Rule,
+    TopologicalSort,
+    refuse,
+)
+from tflfuse.rules.epilogue import activation_fusion_refusal
+from tflfuse.targets import capability, cost
+
+
+def _per_tensor_int8(t: Tensor) -> bool:
+    return t.dtype == "INT8" and t.is_quantized and not t.quantization.per_channel
+
+
+def _scale_zp(t: Tensor) -> tuple[float, int]:
+    q = t.quantization
+    return float(np.asarray(q.scale).reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
+
+
+def _island_check(m: Match) -> Refusal | None:
+    """The island reads and writes per-tensor int8 tensors (what the rewrite keeps)."""
+    if not _per_tensor_int8(m.x):
+        return refuse(f"the input {m.x.name!r} is not per-tensor int8")
+    if not _per_tensor_int8(m.root.output):
+        return refuse(f"the output {m.root.output.name!r} is not per-tensor int8")
+    return None
+
+
+def _replace(
+    m: Match, op_type: str, inputs: list[Tensor], version: int, options: dict | None = None
+) -> None:
+    """The island's QUANTIZE gives way to `op_type` writing the same int8 tensor (placed after
+    the float op, which stays for any other reader until dead-code elimination)."""
+    g, out, float_op = m.graph, m.root.output, m.float_out.producer
+    g.remove_op(m.root)
+    g.add_op(op_type, inputs, [out], options, after=float_op, version=version)
+
+
+def _alpha_int8(alpha: np.ndarray) -> tuple[np.ndarray, float]:
+    """alpha as int8 values and their one symmetric scale (max |alpha| / 127)."""
+    top = float(np.max(np.abs(alpha))) if alpha.size else 0.0
+    scale = top / 127.0 if top > 0 else 1.0
+    values = np.clip(np.rint(alpha / scale), -127, 127).astype(np.int8)
+    return values, scale
+
+
+def _elements(t: Tensor) -> int:
+    return int(np.prod(t.shape, dtype=np.int64)) if t.shape else 1
+
+
+def _xnnpack_takes_int8(op_type: str) -> bool:
+    """delegates/xnnpack.toml lists INT8 among the types XNNPACK takes for `op_type`."""
+    row = capability("xnnpack").get("ops", {}).get(op_type, {})
+    return "INT8" in row.get("types", [])
+
+
+class _Completion(Rule):
+    """A rule that makes one float op type int8 (`completes`), on `target` only where the int8
+    op pays there (module docstring); `target=None` completes everywhere."""
+
+    completes: ClassVar[str] = ""
+    quantized_ok = True
+    inner_ops_may_be_shared = True  # the float op stays for any other reader
+
+    def __init__(self, target: str | None = None) -> None:
+        self.target = target
+
+    def target_refusal(self, m: Match) -> Refusal | None:
+        """The island stays on a target whose runtime runs it faster than the int8 op."""
+        if self.target is None:
+            return None
+        reason = cost.int8_completion_refusal(self.target, self.completes, _elements(m.root.output))
+        if reason is None:
+            return None
+        int8_op = cost.INT8_COMPLETION_OP.get(self.completes, self.completes)
+        if cost.RUNTIME_OF_TARGET.get(self.target) == "xnnpack" and not _xnnpack_takes_int8(
+            int8_op
+        ):
+            reason = f"XNNPACK takes no int8 {int8_op}, and {reason}"
+        return refuse(reason)
+
+
+class QuantizePrelu(_Completion):
+    """QUANTIZE(PRELU(DEQUANTIZE(x), alpha))  =>  PRELU(x, alpha_q)   (int8).
+
+    alpha_q = round(alpha / s_a), s_a = max|alpha| / 127, zero point 0, alpha's own shape. For
+    x < 0 the kernel computes alpha_q s_a x; alpha's rounding moves it by at most s_a / 2 |x|.
+    """
+
+    completes = "PRELU"
+    int8_error_steps = 1  # one rounding where the QUANTIZE rounded; alpha's share: int8_error
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.QUANTIZE(p.PRELU(p.DEQUANTIZE(p.x), p.const("alpha"), out="float_out"))
+
+    def check(self, m: Match) -> Refusal | None:
+        alpha = m.alpha
+        if alpha.dtype != "FLOAT32" or alpha.is_raw:
+            return refuse(f"alpha {alpha.name!r} is {alpha.dtype}, not a float32 constant")
+        if not np.all(np.isfinite(alpha.data)):
+            return refuse(f"alpha {alpha.name!r} is not finite")
+        return _island_check(m) or self.target_refusal(m)
+
+    def int8_error(self, m: Match) -> int:
+        values, scale = _alpha_int8(np.asarray(m.alpha.data, np.float64))
+        rounding = float(np.max(np.abs(values * scale - m.alpha.data))) if values.size else 0.0
+        s_x, z_x = _scale_zp(m.x)
+        s_out, _ = _scale_zp(m.root.output)
+        most_negative = s_x * (z_x + 128)  # |x| at int8 -128
+        return 1 + math.ceil(rounding * most_negative / s_out - 1e-9)
+
+    def rewrite(self, m: Match) -> None:
+        values, scale = _alpha_int8(np.asarray(m.alpha.data, np.float64))
+        q = Quantization(scale=np.array([scale], np.float32), zero_point=np.array([0], np.int64))
+        alpha = m.graph.add_constant(f"{m.alpha.name}_int8", values, "INT8", q)
+        _replace(m, "PRELU", [m.x, alpha], version=1)
+
+
+class QuantizeRelu0To1(_Completion):
+    """QUANTIZE(RELU_0_TO_1(DEQUANTIZE(x)))  =>  RELU(x)   (int8, output range top <= 1)
+    or, when x's producer P takes a fused activation and only the island reads x,
+    =>  P(..., fused_activation=RELU) writing the island's output.
+
+    clamp(x, 0, 1) quantized to an output whose largest value (127 - z) s is at most 1 (to half a
+    step) equals max(x, 0) requantized to that output: both saturate at 127 for x >= 1. The fused
+    form requantizes P's accumulator straight to that output (one rounding instead of the
+    island's two), so it may differ from the island by x's half step in output steps, plus one.
+    """
+
+    completes = "RELU_0_TO_1"
+    int8_error_steps = 1  # one requantization where the QUANTIZE rounded once
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.QUANTIZE(p.RELU_0_TO_1(p.DEQUANTIZE(p.x), out="float_out"))
+
+    def check(self, m: Match) -> Refusal | None:
+        refusal = _island_check(m)
+        if refusal is not None:
+            return refusal
+        scale, zero = _scale_zp(m.root.output)
+        top = (127 - zero) * scale
+        if top > 1.0 + scale / 2:
+            return refuse(
+                f"the output's range reaches {top:.4g} > 1, so saturation is not the clamp at 1"
+            )
+        m.fuse_into = self._fusable_producer(m)  # the plan, carried to rewrite
+        return None if m.fuse_into is not None else self.target_refusal(m)
+
+    def _fusable_producer(self, m: Match) -> Op | None:
+        """x's producer, when it can take the clamp as its fused RELU (FuseActivationIntoProducer's
+        check) and nothing outside the island reads x or the island's float tensors (they go)."""
+        producer, relu = m.x.producer, m.float_out.producer
+        chain = [(m.x, relu.inputs[0].producer), (relu.inputs[0], relu), (m.float_out, m.root)]
+        if producer is None or any(
+            t in m.graph.outputs or t.consumers != [reader] for t, reader in chain
+        ):
+            return None
+        target = self.target or "xnnpack"
+        refusal = activation_fusion_refusal(producer, m.x, "RELU", m.root.output, target)
+        return producer if refusal is None else None
+
+    def int8_error(self, m: Match) -> int:
+        if getattr(m, "fuse_into", None) is None:
+            return self.int8_error_steps
+        ratio = _scale_zp(m.x)[0] / _scale_zp(m.root.output)[0]
+        return max(1, math.floor(ratio / 2 + 1))
+
+    def rewrite(self, m: Match) -> None:
+        producer = getattr(m, "fuse_into", None)
+        if producer is None:
+            _replace(m, "RELU", [m.x], version=2)  # TFLite's op version of an int8 RELU
+            return
+        out = m.root.output
+        m.graph.remove_op(m.root)  # the DEQUANTIZE and RELU_0_TO_1 go with dead-code elimination
+        producer.outputs = [out]
+        producer.fused_activation = "RELU"
+
+
+class QuantizeDepthToSpace(_Completion):
+    """QUANTIZE(DEPTH_TO_SPACE(DEQUANTIZE(x)))  =>  DEPTH_TO_SPACE(x)   (int8, same parameters).
+
+    The output holds the input's values rearranged; with equal scale and zero point the int8
+    values are the island's exactly.
+    """
+
+    completes = "DEPTH_TO_SPACE"
+    int8_error_steps = 0  # moves bytes
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.QUANTIZE(p.DEPTH_TO_SPACE(p.DEQUANTIZE(p.x), out="float_out"))
+
+    def check(self, m: Match) -> Refusal | None:
+        refusal = _island_check(m)
+        if refusal is not None:
+            return refusal
+        if _scale_zp(m.x) != _scale_zp(m.root.output):
+            return refuse("the output has other quantization parameters than the input")
+        return self.target_refusal(m)
+
+    def rewrite(self, m: Match) -> None:
+        options = dict(m.float_out.producer.options)  # the block size
+        _replace(m, "DEPTH_TO_SPACE", [m.x], version=2, options=options)  # int8: version 2
+
+
+RULES = (QuantizePrelu(), QuantizeRelu0To1(), QuantizeDepthToSpace())
+COMPLETED_OPS = frozenset(rule.completes for rule in RULES)  # float ops these rules make int8
+
+
+def rules_for(target: str | None) -> tuple[_Completion, ...]:
+    """The completion rules deciding for `target` (None: complete wherever the rules apply)."""
+    return tuple(type(rule)(target) for rule in RULES)
+
+
+@dataclass
+class Completion:
+    """The model after completion, which islands were completed, and the verification record."""
+
+    data: bytes
+    completed: dict[str, int] = field(default_factory=dict)  # op type -> how many made int8
+    refusals: list[str] = field(default_factory=list)  # islands left in float, and why
+    kept_float: dict[str, tuple[int, str]] = field(default_factory=dict)  # op -> (n, why)
+    verification: dict[str, Any] = field(default_factory=dict)
+    kept: bool = True  # False: the completed model failed verification; `data` is the input
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "completed": dict(self.completed),
+            "kept": self.kept,
+            "refusals": list(self.refusals),
+            "kept_float": {
+                op: {"count": n, "reason": why} for op, (n, why) in self.kept_float.items()
+            },
+            "verification": self.verification,
+        }
+
+
+def complete(data: bytes, *, verify: bool = True, target: str | None = None) -> Completion:
+    """The quantized model `data` with its PRELU / RELU_0_TO_1 / DEPTH_TO_SPACE float islands
+    made int8 where that pays on `target` (module docstring), checked against `data` within the
+    declared int8 error. A result outside it is not kept: `data` is returned with the reason."""
+    model = flatbuffer.from_bytes(data, "quantized")
+    if not any(op.type in COMPLETED_OPS for op in model.main.ops):
+        return Completion(data)
+    rules = rules_for(target)
+    result = PassManager((*rules, DeadCodeElimination(), TopologicalSort())).run(model)
+    refusals = [f"{r.rule} at {r.where!r}: {r.reason}" for r in result.refusals]
+    kept_float = _kept_float(rules, result.refusals)
+    if not result.events:
+        return Completion(data, refusals=refusals, kept_float=kept_float)
+    out = flatbuffer.to_bytes(model)
+    made = {r.completes: n for r in rules for name, n in result.fired().items() if name == r.name}
+    if verify:
+        failure, record = verify_rewrite(data, out, model, result)
+    else:
+        failure, record = None, {"verified": False, "reason": NOT_VERIFIED}
+    if failure is not None:
+        return Completion(data, made, refusals, kept_float, {**record, "failure": failure}, False)
+    return Completion(out, made, refusals, kept_float, record)
+
+
+def _kept_float(rules: tuple[_Completion, ...], refusals: list[Any]) -> dict[str, tuple[int, str]]:
+    """Per float op type: how many islands stayed float, and the first reason given."""
+    by_rule = {r.name: r.completes for r in rules}
+    kept: dict[str, tuple[int, str]] = {}
+    for r in refusals:
+        op = by_rule.get(r.rule)
+        if op is None:
+            continue
+        n, why = kept.get(op, (0, r.reason))
+        kept[op] = (n + 1, why)
+    return kept

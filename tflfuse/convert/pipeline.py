@@ -1,0 +1,599 @@
+"""`tflfuse convert`: a model in, three .tflite models (fused, unfused, stock) and a report out.
+
+The pipeline is a list of stages, each a small function over one `Recipe` and one `Context`:
+
+  load -> TF graph -> float .tflite -> fuse -> unfused -> quantize -> legalize -> baselines
+  -> report
+
+A source is either a Keras model / SavedModel / tf.function
+(`tflfuse.sources.keras_route.KerasSource`: TF graph by Grappler, float .tflite by the converter) or
+a .tflite from anywhere (`tflfuse.sources.tflite.TfliteSource`), which enters at the float stage; an
+int8 .tflite skips quantization. Models:
+  fused    the recipe's rules on the float graph (exact float arithmetic), quantized with
+           litert-quantizer, then the int8 legalization of the target (Edge TPU: the rules that
+           need int8 tensors, e.g. SplitOversizedTranspose); every step is verified
+  unfused  the network as written (output-blocked conversion, or the input defused), verified
+  stock    what the user gets without tflfuse: the converter's own PTQ (TF route) or
+           litert-quantizer's recipe on the .tflite as given
+Everything is written to a temporary folder and published at the end (`tflfuse.files`), so a
+failed or interrupted conversion leaves nothing half-written. TensorFlow is imported lazily.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tflfuse import isolation
+from tflfuse.convert import calibration as calib_mod
+from tflfuse.convert import recipe as recipe_mod
+from tflfuse.convert import report as report_mod
+from tflfuse.convert.optimize import (
+    NOT_VERIFIED,
+    PROPAGATION,
+    check_options,
+    describe_failure,
+    optimize_bytes,
+    runtime_section,
+    verify_rewrite,
+)
+from tflfuse.convert.quantize import Quantized, set_io_types
+from tflfuse.convert.recipe import Recipe
+from tflfuse.errors import TflfuseError
+from tflfuse.files import check_input, discard, prepare_output, publish
+from tflfuse.ir import flatbuffer
+from tflfuse.rewrite import PassManager, TopologicalSort
+from tflfuse.rules import pipeline
+from tflfuse.rules.defuse import Defuse
+from tflfuse.rules.runtime import runtime_legalization
+from tflfuse.runtime.verify import compare
+from tflfuse.sources import tflite as tflite_frontend
+from tflfuse.sources.keras import (
+    load_model,  # also what tests import from here
+    source_kind,
+)
+from tflfuse.sources.keras_route import KerasSource
+from tflfuse.sources.tflite import check_defused
+from tflfuse.targets import predict_edgetpu, runtimes
+from tflfuse.targets.runtimes import resolve
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+FUSED, UNFUSED, STOCK = "model.tflite", "model_unfused.tflite", "model_stock.tflite"
+MODELS = ("fused", "unfused", "stock")
+
+
+@dataclass
+class ConversionResult:
+    """Paths of the written models and the report (also written as report.json / report.md)."""
+
+    output_dir: Path
+    fused: Path
+    unfused: Path
+    stock: Path
+    report: dict[str, Any] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)  # entries of output_dir tflfuse did not write
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to run a conversion (what to convert to is the recipe's)."""
+
+    seed: int = 0
+    batch: int = 1
+    allow_lambda: bool = False
+    progress: bool = True
+    quiet: bool = True
+    channels_last: bool = False
+    verify: bool = True  # False (--no-verify): models this host cannot run, written unchecked
+    disabled: tuple[str, ...] = ()  # rules turned off (--disable), float and int8 alike
+
+
+@dataclass
+class Context:
+    """What the stages hand on to each other; each stage fills its own fields."""
+
+    model: Any  # what the user gave
+    calibration: Any  # the calibration source as given
+    options: Options
+    folder: Path  # the temporary output folder
+    timings: dict[str, float] = field(default_factory=dict)
+    source: Any = None  # KerasSource or TfliteSource
+    calib: list[np.ndarray] | None = None  # in the source's own layout
+    graph_info: dict[str, Any] = field(default_factory=dict)
+    float_data: bytes = b""  # the float (or, for an int8 input, int8) model the rules start from
+    fused: Any = None  # OptimizeResult of the rules on float_data
+    unfused_float: bytes = b""
+    unfused_route: str = ""
+    baseline_check: dict[str, Any] = field(default_factory=dict)
+    quantized: dict[str, Any] = field(default_factory=dict)  # fused/unfused -> quantize.Quantized
+    rules_pending: bool = False  # the fused int8 model still needs the target's rules
+    legalization: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, bytes] = field(default_factory=dict)  # the three written models
+    routes: dict[str, str] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)  # --runtime: made for, rules fired
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def interface(self, which: str) -> Any:
+        """The layout change between the source and model `which` (None: the same interface)."""
+        layout = getattr(self.source, "layout", None)
+        return None if which == "stock" else layout
+
+    def inputs_for(self, which: str, arrays: list[np.ndarray] | None) -> list[np.ndarray] | None:
+        """Arrays in the source's layout, laid out for model `which`."""
+        change = self.interface(which)
+        return arrays if arrays is None or change is None else change.adapt_inputs(arrays)
+
+
+def _note(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"tflfuse: {message}", file=sys.stderr)
+
+
+# -- stages ----------------------------------------------------------------------------------------
+def load(rec: Recipe, ctx: Context) -> None:
+    """The source (a .tflite, or a model TensorFlow loads) and its calibration data."""
+    opts = ctx.options
+    if source_kind(ctx.model) == "tflite":
+        if opts.batch != 1:
+            raise TflfuseError(
+                "--batch pins a dynamic batch of a Keras/SavedModel source; a .tflite keeps its"
+                " stored batch"
+            )
+        ctx.source = tflite_frontend.load(ctx.model)
+        if opts.channels_last:
+            change = ctx.source.use_channels_last(opts.seed, opts.verify)
+            ctx.source.notices.append(
+                "interface change (--channels-last): " + "; ".join(change.details)
+            )
+    else:
+        if opts.channels_last:
+            raise TflfuseError("--channels-last applies to .tflite inputs (NCHW PyTorch exports)")
+        front = load_model(
+            ctx.model, batch=opts.batch, allow_lambda=opts.allow_lambda, quiet=opts.quiet
+        )
+        ctx.source = KerasSource(front)
+    src = ctx.source  # (its notices are printed once the conversion succeeded: see convert)
+    needs_calib = rec.quant_mode == "int8" and not src.quantized
+    if needs_calib and ctx.calibration is None:
+        raise _no_calibration(rec)
+    ctx.calib = _calibration(rec, ctx) if needs_calib or ctx.calibration is not None else None
+    if ctx.calib is not None and len(ctx.calib[0]) < src.batch:
+        raise TflfuseError(
+            f"{len(ctx.calib[0])} calibration samples cannot fill one batch of {src.batch}"
+        )
+
+
+def _no_calibration(rec: Recipe) -> TflfuseError:
+    return TflfuseError(
+        f"recipe {rec.name!r} quantizes to int8 and needs calibration data (--calib DATA:"
+        " .npy, .npz, a folder of images)"
+    )
+
+
+def _calibration(rec: Recipe, ctx: Context) -> list[np.ndarray] | None:
+    """Calibration arrays in the source's own layout. With --channels-last, data already laid
+    out NHWC is accepted too (and put back in the source's layout)."""
+    src = ctx.source
+    load_args = dict(samples=rec.samples, seed=ctx.options.seed, scale=rec.scale, offset=rec.offset)
+    layout = getattr(src, "layout", None)
+    try:
+        return calib_mod.load(ctx.calibration, src.input_shapes, src.input_names, **load_args)
+    except TflfuseError:
+        if layout is None:
+            raise
+        shapes = [
+            (s[1], s[2], s[0]) if i in layout.inputs else s for i, s in enumerate(src.input_shapes)
+        ]
+        try:
+            nhwc = calib_mod.load(ctx.calibration, shapes, src.input_names, **load_args)
+        except TflfuseError:
+            pass
+        else:
+            return layout.restore_inputs(nhwc) if nhwc is not None else None
+        raise
+
+
+def tf_graph(rec: Recipe, ctx: Context) -> None:
+    """Grappler on the TF graph (nothing for a .tflite source)."""
+    ctx.graph_info = ctx.source.tf_graph(rec)
+
+
+def float_tflite(rec: Recipe, ctx: Context) -> None:
+    """The float .tflite the rules start from (the converter's, or the one given)."""
+    ctx.float_data = ctx.source.float_tflite(rec)
+    ctx.graph_info = getattr(ctx.source, "graph_info", ctx.graph_info) or ctx.graph_info
+
+
+def fuse(rec: Recipe, ctx: Context) -> None:
+    """The recipe's rules for its target on the float graph, verified."""
+    ctx.fused = optimize_bytes(
+        ctx.float_data,
+        level=rec.level,
+        target=rec.target,
+        disabled=ctx.options.disabled,
+        verify=ctx.options.verify,
+        source=ctx.source.name,
+        runtime=rec.runtime or None,  # GELU etc. spelled out in float, before quantizing
+        before_int8=rec.quant_mode == "int8" and not ctx.source.quantized,
+    )
+
+
+def unfused(rec: Recipe, ctx: Context) -> None:
+    """The unfused float baseline, checked against the fused float model: float outputs within
+    the float32 round-off of both (tflfuse.runtime.roundoff) plus the fused model's declared
+    approximations (e.g. erf GELU in the tanh form for the Edge TPU), the bound its own
+    verification used. A source that checked its baseline against the model the fused one was
+    verified against (a .tflite defused) is not checked twice. --no-verify skips the check and
+    the report says so."""
+    verify = ctx.options.verify
+    ctx.unfused_float, ctx.unfused_route = ctx.source.unfused_float(
+        rec, ctx.fused.data, verify=verify
+    )
+    if not verify:
+        ctx.baseline_check = {"verified": False, "reason": "--no-verify"}
+        return
+    checked = getattr(ctx.source, "baseline_check", None)
+    if checked is not None:  # (a .tflite defused: checked against the input the fused model was)
+        ctx.baseline_check = checked
+        return
+    atol = PROPAGATION * sum(e.error for e in ctx.fused.result.events)
+    steps = 1 + len(ctx.fused.result.events)
+    check = compare(
+        ctx.fused.data,
+        ctx.unfused_float,
+        atol=atol,
+        rtol=0.0,
+        int_atol=steps,
+        seed=ctx.options.seed,
+        roundoff=True,
+    )
+    if not check.ok:
+        raise TflfuseError(
+            f"{ctx.source.name}: the unfused baseline check (the fused float model against the"
+            f" unfused one) failed: {describe_failure(check)}; nothing written (--no-verify"
+            " skips the check)"
+        )
+    ctx.baseline_check = check.to_dict()
+
+
+def quantize(rec: Recipe, ctx: Context) -> None:
+    """Fused and unfused quantized with litert-quantizer (the recipe's mode). A model with ops
+    it has no int8 config for takes the converter's PTQ where there is a TF graph (so it is fully
+    int8); without one (a .tflite) the unfused baseline is the stock model defused."""
+    if ctx.source.quantized:
+        route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
+        for which, data in (("fused", ctx.fused.data), ("unfused", ctx.unfused_float)):
+            ctx.quantized[which] = Quantized(_with_io_types(data, rec), route)
+        return
+    if rec.quant_mode == "none":
+        ctx.quantized = {"fused": Quantized(ctx.fused.data, "none (float32)")}
+        ctx.quantized["unfused"] = Quantized(ctx.unfused_float, "none (float32)")
+        return
+    for which, data in (("fused", ctx.fused.data), ("unfused", ctx.unfused_float)):
+        ctx.quantized[which] = _quantize_one(rec, ctx, which, data)
+
+
+def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
+    """One model quantized (quantize.Quantized), or None for an unfused baseline `baselines`
+    makes from the stock model."""
+    from tflfuse.convert.quantize import Quantized, aeq_unsupported, quantize
+
+    calib = ctx.inputs_for(which, ctx.calib)
+    parsed = flatbuffer.from_bytes(data)  # (only read, by both)
+    left = aeq_unsupported(data, parsed) if rec.quant_mode == "int8" else []
+    if left:
+        fallback = ctx.source.converter_ptq(which, rec, calib, ctx.options.progress)
+        if fallback is not None:
+            ctx.rules_pending |= which == "fused"
+            then = ", then the target's rules on the int8 graph" if which == "fused" else ""
+            return Quantized(
+                fallback,
+                f"TFLite converter PTQ{then} (litert-quantizer has no int8 config for"
+                f" {', '.join(left)})",
+            )
+        if which == "unfused":
+            ctx.routes["unfused_left"] = ", ".join(left)
+            return None
+    # (a fused .tflite with such ops: the quantizer leaves them in float; the report names them)
+    return quantize(
+        data,
+        rec.quant_mode,
+        calib,
+        input_type=rec.input_type,
+        output_type=rec.output_type,
+        desc=f"calibrating {which}",
+        progress=ctx.options.progress,
+        layer_error=which == "fused",
+        complete_int8=True,  # PRELU, RELU_0_TO_1 int8 too (int8_completion), fused and unfused
+        verify=ctx.options.verify,
+        target=rec.target,  # where the int8 op pays (an int8 PRELU on XNNPACK does not)
+        parsed=parsed,
+    )
+
+
+def _with_io_types(data: bytes, rec: Recipe) -> bytes:
+    """An int8 model with the recipe's I/O types (float, int8 or uint8 boundaries)."""
+    model = flatbuffer.from_bytes(data, "int8")
+    set_io_types(model, rec.input_type, rec.output_type)
+    return flatbuffer.to_bytes(model)
+
+
+def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
+    """The rules run on the quantized fused model. For the Edge TPU, its int8 legalization (the
+    rules' int8 forms and SplitOversizedTranspose, which acts only on int8 tensors); for the other
+    targets, their whole pipeline again, where the int8-only rules fire (e.g. HARD_SWISH spelled
+    out for XNNPACK, which takes no int8 HARD_SWISH; MEAN keep_dims on the plain kernels). When
+    the float rules could not be kept (the converter-PTQ route), the target's whole pipeline."""
+    if rec.level <= 0:
+        return ()
+    if rules_pending or rec.target != "edgetpu":
+        return pipeline(rec.level, rec.target)
+    return pipeline(rec.level, "edgetpu", quantized=True)
+
+
+def _mapped(data: bytes, model: Any = None) -> int:
+    """Ops of `data` (or of `model`, its parse, only read) predicted on the Edge TPU."""
+    return predict_edgetpu(model if model is not None else flatbuffer.from_bytes(data)).mapped
+
+
+def legalize(rec: Recipe, ctx: Context) -> None:
+    """The int8 rules on the fused model, verified like `optimize` verifies (each output within
+    the int8 error its rewrites declare); a result outside tolerance is not kept, and the report
+    says so."""
+    q = ctx.quantized["fused"]
+    is_int8 = rec.quant_mode == "int8" or ctx.source.quantized
+    rules = int8_rules(rec, ctx.rules_pending) if is_int8 else ()
+    if not rules:
+        ctx.legalization = {"ran": False, "reason": "no int8 rules for this recipe"}
+        return
+    model = flatbuffer.from_bytes(q.data, "quantized")
+    before = [op.type for op in model.main.ops]  # (what the passes start from)
+    mapped_before = _mapped(q.data, model) if rec.target == "edgetpu" else 0
+    result = PassManager(rules, disabled=ctx.options.disabled).run(model)
+    data = flatbuffer.to_bytes(model)
+    off = set(ctx.options.disabled)
+    summary = {
+        "ran": True,
+        "rules": sorted({p.name for p in rules} - off),
+        "disabled": sorted({p.name for p in rules} & off),
+        **result.to_dict(),
+    }
+    after = [op.type for op in model.main.ops]
+    # passes leave no rewrite events: say what they changed (op counts, order)
+    summary["ops_before"], summary["ops_after"] = len(before), len(after)
+    summary["reordered"] = before != after and sorted(before) == sorted(after)
+    if rec.target == "edgetpu":
+        summary["edgetpu_mapped"] = [mapped_before, _mapped(data)]
+    if ctx.options.verify:
+        failure, summary["verification"] = verify_rewrite(q.data, data, model, result)
+    else:
+        failure, summary["verification"] = None, {"verified": False, "reason": NOT_VERIFIED}
+    if failure is not None:
+        # not kept: the model stays as quantized (on the converter-PTQ route: without rules)
+        summary.update(kept=False, reason=failure)
+    else:
+        q.data = data
+        summary["kept"] = True
+    ctx.legalization = summary
+
+
+def runtime(rec: Recipe, ctx: Context) -> None:
+    """`--runtime R`: the fused model (int8 too) lowered to R's op versions by the runtime
+    legalization, verified like `legalize`; a model R cannot run is refused in one line (nothing
+    is written). The report says which runtime the model was made for."""
+    if not rec.runtime:
+        return
+    target = resolve(rec.runtime)
+    q = ctx.quantized["fused"]
+    model = flatbuffer.from_bytes(q.data, "quantized")
+    result = PassManager(runtime_legalization(target)).run(model)
+    section = runtime_section(model, target, ctx.source.name)  # refuses what it cannot run
+    if result.changed:
+        data = flatbuffer.to_bytes(model)
+        failure, section["verification"] = (
+            verify_rewrite(q.data, data, model, result)
+            if ctx.options.verify
+            else (None, {"verified": False, "reason": NOT_VERIFIED})
+        )
+        if failure is not None:
+            raise TflfuseError(
+                f"{ctx.source.name}: runtime legalization: {failure}; nothing written"
+            )
+        q.data = data
+    section["fired"] = {**ctx.fused.result.fired(), **result.fired()}
+    section["fired"] = {k: v for k, v in section["fired"].items() if k in _RUNTIME_RULES}
+    ctx.runtime = section
+
+
+_RUNTIME_RULES = ("SpellOutGelu", "SplitTransposeConvActivation")
+
+
+def baselines(rec: Recipe, ctx: Context) -> None:
+    """The stock model, and the unfused int8 baseline where quantize could not make it."""
+    from tflfuse.convert.quantize import Quantized, quantize
+
+    stock, ctx.routes["stock"] = ctx.source.stock(rec, ctx.calib, ctx.options.progress)
+    if ctx.quantized.get("unfused") is None:
+        left = ctx.routes.pop("unfused_left", "?")
+        if ctx.interface("unfused") is None:
+            base, what = stock, "the stock model"
+        else:  # the stock model keeps the source's interface: quantize the one convert gives
+            base = quantize(
+                ctx.float_data,
+                rec.quant_mode,
+                ctx.inputs_for("unfused", ctx.calib),
+                input_type=rec.input_type,
+                output_type=rec.output_type,
+                desc="calibrating unfused",
+                progress=ctx.options.progress,
+            ).data
+            what = "the input (channels-last) quantized as stock is"
+        ctx.quantized["unfused"] = Quantized(
+            _defused(base, ctx.source.name, ctx.options.verify),
+            f"{what}, then defused (litert-quantizer has no int8 config for {left} once they"
+            " are split off)",
+        )
+    ctx.models = {
+        "fused": ctx.quantized["fused"].data,
+        "unfused": ctx.quantized["unfused"].data,
+        "stock": stock,
+    }
+
+
+def _defused(data: bytes, name: str, verify: bool = True) -> bytes:
+    model = flatbuffer.from_bytes(data, name)
+    PassManager((Defuse(), TopologicalSort())).run(model)
+    out = flatbuffer.to_bytes(model)
+    if verify:
+        check_defused(data, out, name, "defused int8 baseline")  # raises when it fails
+    return out
+
+
+def report(rec: Recipe, ctx: Context) -> None:
+    """Write the models, measure them against the source and assemble the report."""
+    for name, data in zip((FUSED, UNFUSED, STOCK), (ctx.models[m] for m in MODELS)):
+        (ctx.folder / name).write_bytes(data)
+    parse = report_mod.ParseOnce()
+    ctx.report = report_mod.assemble(rec, ctx, parse)
+    if ctx.runtime:
+        section = dict(ctx.runtime)
+        for name in MODELS:  # which of the three the runtime runs (only fused is required to)
+            check = runtimes.check(parse(ctx.models[name]), rec.runtime)
+            section[name] = {"runtime_ok": check.runtime_ok, "refusal": check.refusal() or None}
+        ctx.report["runtime"] = section
+
+
+# what native code each stage runs, for the one line a crash there becomes (tflfuse.isolation)
+_NATIVE_WORK = {
+    "load": "loading the model",
+    "tf_graph": "TensorFlow's Grappler",
+    "float_tflite": "the TFLite converter",
+    "fuse": "the interpreter, verifying the fused model",
+    "unfused": "the TFLite converter and the interpreter, for the unfused baseline",
+    "quantize": "litert-quantizer or the converter's quantization",
+    "legalize": "the interpreter, verifying the int8 rules",
+    "baselines": "the stock baseline's quantization",
+    "report": "the interpreter, measuring the three models",
+}
+
+STAGES: tuple[Callable[[Recipe, Context], None], ...] = (
+    load,
+    tf_graph,
+    float_tflite,
+    fuse,
+    unfused,
+    quantize,
+    legalize,
+    runtime,
+    baselines,
+    report,
+)
+
+
+# -- output folder ---------------------------------------------------------------------------------
+def convert(
+    model: Any,
+    recipe: str | Path | Recipe = "xnnpack-int8",
+    calibration: Any = None,
+    output_dir: Path = Path("out"),
+    seed: int = 0,
+    *,
+    batch: int = 1,
+    allow_lambda: bool = False,
+    progress: bool = True,
+    quiet: bool = True,
+    channels_last: bool = False,
+    force: bool = False,
+    verify: bool = True,
+    disabled: tuple[str, ...] = (),
+    **overrides: Any,
+) -> ConversionResult:
+    """Convert `model` (a keras.Model, .keras/.h5 file, SavedModel folder, tf.function, or a
+    .tflite given as a path or bytes) with `recipe` (name, .toml or Recipe; `overrides` replace
+    recipe fields) and write model.tflite, model_unfused.tflite, model_stock.tflite,
+    report.json and report.md to `output_dir` (an existing non-empty one only with `force`, which
+    replaces the files an earlier tflfuse result wrote there and keeps every other file; see
+    `tflfuse.files`). `verify=False` writes models this host cannot run without the numeric
+    checks (the report says so); `disabled` names rules to turn off, as `optimize --disable`
+    does."""
+    started = time.perf_counter()
+    rec = recipe if isinstance(recipe, Recipe) else recipe_mod.load(recipe)
+    rec = rec.override(**overrides) if overrides else rec
+    if batch < 1:
+        raise TflfuseError(f"batch size must be at least 1, not {batch}")
+    if isinstance(model, (str, Path)):
+        _check_path(model)
+    # Only a .tflite can be int8 already; any other source needs calibration data for int8, and
+    # that is said before anything is loaded or written.
+    if rec.quant_mode == "int8" and calibration is None and source_kind(model) != "tflite":
+        raise _no_calibration(rec)
+    check_options(level=rec.level, target=rec.target, disabled=tuple(disabled))
+    options = Options(
+        seed, batch, allow_lambda, progress, quiet, channels_last, verify, tuple(disabled)
+    )
+    output_dir = Path(output_dir)
+    written = (FUSED, UNFUSED, STOCK, "report.json", "report.md")
+    tmp = prepare_output(output_dir, force=force, names=written)
+    ctx = Context(model, calibration, options, tmp)
+    try:
+        # native code (converter, quantizer, interpreter) runs in a child: a crash there is one
+        # line naming the stage, and the temp folder is removed here whatever happened
+        ctx.report = isolation.run(lambda: _run_stages(rec, ctx, started), what=_name_of(model))
+        kept = publish(tmp, output_dir, force=force)
+    except BaseException:
+        discard(tmp)
+        raise
+    for notice in ctx.report.get("notices", []):
+        _note(notice, quiet)
+    for warning in ctx.report.get("warnings", []):  # (after success, like the notices)
+        _note(f"warning: {warning}", quiet)
+    return ConversionResult(
+        output_dir, output_dir / FUSED, output_dir / UNFUSED, output_dir / STOCK, ctx.report, kept
+    )
+
+
+def _check_path(model: str | Path) -> None:
+    """A model path that is no file (a FIFO would block the first read, a device never end it)
+    or whose name is too long, refused before anything opens it; a missing one is said by the
+    loader, after the other arguments are checked."""
+    try:
+        os.stat(model)
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    check_input(model, folder_ok=True)
+
+
+def _run_stages(rec: Recipe, ctx: Context, started: float) -> dict[str, Any]:
+    """Every stage in turn, then the report written into the temp folder; returns the report."""
+    for stage in STAGES:
+        work = _NATIVE_WORK.get(stage.__name__)
+        isolation.stage(f"the {stage.__name__} stage" + (f" ({work})" if work else ""))
+        t0 = time.perf_counter()
+        stage(rec, ctx)
+        ctx.timings[stage.__name__] = time.perf_counter() - t0
+    ctx.report["timings_s"] = {k: round(v, 3) for k, v in ctx.timings.items()}
+    ctx.report["timings_s"]["total"] = round(time.perf_counter() - started, 3)
+    report_mod.write(ctx.report, ctx.folder)
+    return ctx.report
+
+
+def _name_of(model: Any) -> str:
+    """The model as messages name it: its path, or what kind of object it is."""
+    if isinstance(model, (str, Path)):
+        return str(model)
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return "<.tflite bytes>"
+    return str(getattr(model, "name", None) or type(model).__name__)
+
+
+convert_keras = convert  # the name the Keras route had; every source kind goes through convert

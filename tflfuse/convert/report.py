@@ -1,0 +1,469 @@
+"""The conversion report: facts about each model, agreement with the source model, and the
+report.json / report.md files `tflfuse convert` writes.
+
+Agreement is measured in output units: an int8/uint8 model's inputs are quantized and its outputs
+dequantized with their own scales, so float and integer models are compared on the same scale.
+No TensorFlow here (the interpreter comes from `tflfuse.runtime`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tflfuse import targets
+from tflfuse.convert import caveats
+from tflfuse.convert.quantize import float_compute_ops
+from tflfuse.errors import TflfuseError
+from tflfuse.ir import Model, flatbuffer
+from tflfuse.ir.summary import activation_bytes, parameter_bytes, quantization_summary
+from tflfuse.runtime.interpreter import make_interpreter
+from tflfuse.runtime.runs import _from_model, _to_model, run_float
+from tflfuse.sources import layout
+
+
+class ParseOnce:
+    """Each distinct model parsed once for the report: every use here only reads it."""
+
+    def __init__(self) -> None:
+        self._models: dict[bytes, Model] = {}
+
+    def __call__(self, data: bytes) -> Model:
+        model = self._models.get(data)
+        if model is None:
+            model = self._models[data] = flatbuffer.from_bytes(data)
+        return model
+
+
+def model_facts(data: bytes, model: Model | None = None) -> dict[str, Any]:
+    """Op count and table, activation and parameter bytes, quantization kind, file size (`model`:
+    `data` already parsed)."""
+    model = model if model is not None else flatbuffer.from_bytes(data)
+    g = model.main
+    return {
+        "op_count": sum(len(sg.ops) for sg in model.subgraphs),
+        "op_counts": g.op_counts(),
+        "activation_bytes": sum(activation_bytes(sg) for sg in model.subgraphs),
+        "parameter_bytes": sum(parameter_bytes(sg) for sg in model.subgraphs),
+        "file_bytes": len(data),
+        "quantization": quantization_summary(g)["kind"],
+        "io": quantization_summary(g)["io"],
+    }
+
+
+def _run_float(data: bytes, inputs: list[np.ndarray], delegate: str) -> list[np.ndarray]:
+    interp = make_interpreter(data, delegate=delegate)
+    ins, outs = interp.get_input_details(), interp.get_output_details()
+    results: list[list[np.ndarray]] = [[] for _ in outs]
+    b = max(int(ins[0]["shape"][0]), 1) if len(ins[0]["shape"]) else 1
+    for i in range(len(inputs[0]) // b):
+        for d, a in zip(ins, inputs):
+            interp.set_tensor(d["index"], _to_model(a[i * b : (i + 1) * b], d))
+        interp.invoke()
+        for k, d in enumerate(outs):
+            results[k].append(_from_model(interp.get_tensor(d["index"]), d))
+    return [np.concatenate(r) for r in results]
+
+
+def agreement(
+    data: bytes,
+    inputs: list[np.ndarray],
+    reference: list[np.ndarray],
+    interface: Any = None,
+    classifier: Sequence[bool] | None = None,
+) -> dict[str, Any]:
+    """Max and mean absolute error against the reference, in output units; top-1 agreement for
+    the outputs `classifier` marks as class scores (`tflfuse.convert.caveats.class_scores`; when it
+    is not given, every (batch, classes) output). `interface` (a layout.LayoutChange) lays the
+    source-layout inputs out for the model and its outputs back, when the two differ."""
+    try:
+        if interface is None:
+            got = run_float(data, inputs)
+        else:
+            got = interface.adapt_outputs(run_float(data, interface.adapt_inputs(inputs)))
+    except TflfuseError as exc:
+        return {"verified": False, "reason": str(exc)}
+    out: dict[str, Any] = {"verified": True, "samples": len(inputs[0]), "outputs": []}
+    for k, (ref, cand) in enumerate(zip(reference, got)):
+        ref = ref.astype(np.float64)
+        diff = np.abs(ref - cand.reshape(ref.shape))
+        row: dict[str, Any] = {
+            "max_abs": float(diff.max()) if diff.size else 0.0,
+            "mean_abs": float(diff.mean()) if diff.size else 0.0,
+            "reference_range": float(ref.max() - ref.min()) if ref.size else 0.0,
+            "varies": bool(len(ref) > 1 and not np.allclose(ref, ref[:1])),
+        }
+        scores = classifier[k] if classifier is not None and k < len(classifier) else None
+        if scores is None:
+            scores = ref.ndim == 2 and ref.shape[1] > 1
+        if scores:
+            ref_class = ref.argmax(1)
+            row["top1_agreement"] = float(np.mean(ref_class == cand.reshape(ref.shape).argmax(1)))
+            row["reference_classes"] = int(np.unique(ref_class).size)
+        out["outputs"].append(row)
+    out["max_abs"] = max((r["max_abs"] for r in out["outputs"]), default=0.0)
+    return out
+
+
+def _classifier_outputs(ctx: Any, reference: list[np.ndarray], parse: ParseOnce) -> list[bool]:
+    """Which outputs of the source are class scores (tflfuse.convert.caveats.class_scores), judged
+    on
+    the float model the rules started from."""
+    producers = caveats.output_producers(parse(ctx.float_data))
+    sizes = [int(np.prod(s)) for s in ctx.source.input_shapes]
+    only = len(reference) == 1
+    return [
+        caveats.class_scores(ref.shape, producers[k] if k < len(producers) else None, sizes, only)
+        for k, ref in enumerate(reference)
+    ]
+
+
+def warnings(ctx: Any, reference: list[np.ndarray], classifier: list[bool], agree: dict) -> list:
+    """Every caveat of this conversion, one line each (tflfuse.convert.caveats)."""
+    names = list(ctx.source.output_names)
+    leg = ctx.legalization or {}
+    kept = not leg.get("ran") or leg.get("kept", True)
+    dropped = [] if kept else [f"the int8 legalization was not kept: {leg.get('reason')}"]
+    return [
+        *caveats.calibration_warnings(ctx.calib, list(ctx.source.input_names)),
+        *caveats.reference_warnings(reference, names, classifier),
+        *caveats.error_warnings(agree, names),
+        *dropped,
+    ]
+
+
+def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> dict[str, Any]:
+    """Where the fused model's ops run on the recipe's delegate (tflfuse.targets, when present;
+    `model`: `data` already parsed)."""
+    try:
+        from tflfuse import targets
+    except ImportError:
+        return {"delegate": delegate, "checked": False, "reason": "tflfuse.targets not available"}
+    try:
+        model = model if model is not None else flatbuffer.from_bytes(data)
+        prediction = targets.predict(model, delegate)
+    except (TflfuseError, AttributeError, KeyError, ValueError) as exc:
+        return {"delegate": delegate, "checked": False, "reason": str(exc)}
+    return {
+        "delegate": delegate,
+        "checked": True,
+        "mapped": prediction.mapped,
+        "cpu": prediction.cpu,
+        "table": [list(row) for row in prediction.table()],
+    }
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def edgetpu_cut(data: bytes, model: Model | None = None) -> dict[str, Any]:
+    """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why
+    (`model`: `data` already parsed)."""
+    prediction = targets.predict_edgetpu(
+        model if model is not None else flatbuffer.from_bytes(data)
+    )
+    out: dict[str, Any] = {
+        "mapped": prediction.mapped,
+        "ops": len(prediction.ops),
+        "notes": list(prediction.notes),
+    }
+    # ops after the cut name it in their reason; without any, the first CPU op is the cut
+    marks = [re.match(r"after the cut at op (\d+)", o.reason) for o in prediction.ops]
+    index = next((int(m.group(1)) for m in marks if m), None)
+    cpu = [o for o in prediction.ops if o.target == "cpu"]
+    cut = next((o for o in cpu if o.index == index), cpu[0] if cpu else None)
+    if cut is not None:
+        out["cut"] = {"index": cut.index, "op": cut.op, "status": cut.status, "reason": cut.reason}
+    out["cpu_ops"] = sorted({o.op for o in prediction.ops if o.target == "cpu"})
+    if prediction.other_readings:  # where the evidence cannot decide the compiler's placement
+        out["other_readings"] = [
+            {**r.to_dict(), "where": r.where} for r in prediction.other_readings
+        ]
+    out["_prediction"] = prediction
+    return out
+
+
+def _edgetpu_section(ctx: Any, parse: ParseOnce) -> dict[str, Any]:
+    """Stock against fused on the Edge TPU: mapped ops, the cut and its reason, and what the
+    channels-last interface changed for the mapping."""
+    per = {k: edgetpu_cut(ctx.models[k], parse(ctx.models[k])) for k in ("fused", "stock")}
+    change = getattr(ctx.source, "layout", None)
+    section: dict[str, Any] = {}
+    if change is not None:
+        section["channels_last"] = layout.edgetpu_effect(
+            parse(ctx.models["stock"]),
+            per["stock"]["_prediction"],
+            per["fused"]["_prediction"],
+            change,
+        )
+    for k, v in per.items():
+        v.pop("_prediction")
+        section[k] = v
+    return section
+
+
+def assemble(rec: Any, ctx: Any, parse: ParseOnce | None = None) -> dict[str, Any]:
+    """The report of one conversion from the recipe and the conversion context (convert.Context):
+    sources and routes, each model's facts, agreement with the source, rules, quantization, the
+    int8 legalization and the delegate check. `parse` parses each model once (the caller may
+    share it)."""
+    parse = parse if parse is not None else ParseOnce()
+    src = ctx.source
+    eval_inputs = src.eval_inputs(ctx.calib, ctx.options.seed)
+    reference = src.reference(eval_inputs)
+    models = ctx.models
+    floats = {"fused": ctx.fused.data, "unfused": ctx.unfused_float}
+    scores = _classifier_outputs(ctx, reference, parse)
+    agree = {
+        k: agreement(v, eval_inputs, reference, ctx.interface(k), scores) for k, v in models.items()
+    }
+    float_agree = {
+        k: agreement(v, eval_inputs, reference, ctx.interface(k), scores) for k, v in floats.items()
+    }
+    q = {k: ctx.quantized[k] for k in ("fused", "unfused")}
+    float_ops = float_compute_ops(parse(models["fused"]).main)
+    int8 = rec.quant_mode == "int8" or src.quantized
+    change = getattr(src, "layout", None)
+    out: dict[str, Any] = {
+        "source": src.name,
+        "source_kind": src.describe(),
+        "recipe": rec.to_dict(),
+        "versions": {
+            "tensorflow": _version("tensorflow"),
+            "litert_quantizer": _version("litert-quantizer"),
+            "tflfuse": _version("tflfuse"),
+        },
+        "inputs": [
+            {"name": n, "shape": [src.batch, *s]} for n, s in zip(src.input_names, src.input_shapes)
+        ],
+        "outputs": list(src.output_names),
+        "interface": change.to_dict() if change is not None else {"interface_change": False},
+        "grappler": ctx.graph_info,
+        "rules": {**ctx.fused.result.to_dict(), "verification": ctx.fused.verification},
+        "unfused_route": ctx.unfused_route,
+        "quantization": {
+            "mode": "int8 (input already quantized)" if src.quantized else rec.quant_mode,
+            "fused_route": q["fused"].route,
+            "unfused_route": q["unfused"].route,
+            "stock_route": ctx.routes.get("stock", ""),
+            "float_ops_left": float_ops,
+            "edgetpu_valid": (not float_ops) if int8 else False,
+            "calibration_samples": 0 if ctx.calib is None else len(ctx.calib[0]),
+            "seed": ctx.options.seed,
+            "layer_error": q["fused"].layer_error[:20],
+        },
+        "legalization": ctx.legalization,
+        "models": {k: model_facts(v, parse(v)) for k, v in models.items()},
+        "float_models": {k: model_facts(v, parse(v)) for k, v in floats.items()},
+        "agreement": agree,
+        "float_agreement": float_agree,
+        "baseline_check": ctx.baseline_check,
+        "class_score_outputs": [n for n, c in zip(src.output_names, scores) if c],
+        "warnings": warnings(ctx, reference, scores, agree),
+        "delegate_check": delegate_check(models["fused"], rec.delegate, parse(models["fused"])),
+        "files": {
+            "fused": "model.tflite",
+            "unfused": "model_unfused.tflite",
+            "stock": "model_stock.tflite",
+        },
+        "notices": list(src.notices),
+    }
+    if rec.target == "edgetpu" or rec.delegate == "edgetpu":
+        out["edgetpu"] = _edgetpu_section(ctx, parse)
+    return out
+
+
+def write(report: dict[str, Any], folder: Path) -> None:
+    folder = Path(folder)
+    (folder / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    (folder / "report.md").write_text(markdown(report))
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+def markdown(r: dict[str, Any]) -> str:
+    rec = r["recipe"]
+    q = r["quantization"]
+    lines = [
+        f"# tflfuse conversion: {r['source']}",
+        "",
+        f"Recipe **{rec['name']}** ({rec['description']}); target `{rec['target']}`, delegate"
+        f" `{rec['delegate']}`; quantization `{q['mode']}`, I/O {rec['input_type']} ->"
+        f" {rec['output_type']}. TensorFlow {r['versions']['tensorflow']}, litert-quantizer"
+        f" {r['versions']['litert_quantizer']}.",
+        "",
+    ]
+    made_for = r.get("runtime")
+    if made_for:
+        lines += [f"Made for **{made_for['made_for']}**: every op version model.tflite needs is"
+                  " there (`--runtime`).", ""]  # fmt: skip
+    kind = r.get("source_kind", {})
+    if kind.get("kind") == "tflite":
+        lines.append(f"Source: a .tflite, entered at the {kind.get('entered_at')} stage.")
+    for notice in r.get("notices", []):
+        lines.append(f"- notice: {notice}")
+    if r.get("warnings"):
+        lines += ["", "## Warnings", "", *(f"- {w}" for w in r["warnings"])]
+    iface = r.get("interface", {})
+    if iface.get("interface_change"):
+        lines += ["", "**Interface change** (--channels-last): " + "; ".join(iface["details"])]
+    lines += [
+        "",
+        "## Models",
+        "",
+        "| model | ops | activation bytes | parameter bytes | file | quantization |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for name, m in r["models"].items():
+        lines.append(
+            f"| {name} | {m['op_count']} | {_kib(m['activation_bytes'])} |"
+            f" {_kib(m['parameter_bytes'])} | {_kib(m['file_bytes'])} | {m['quantization']} |"
+        )
+    lines += [
+        "",
+        "## Agreement with the source model",
+        "",
+        "| model | max abs error | mean abs error | top-1 agreement |",
+        "|---|---:|---:|---:|",
+    ]
+    for group in ("agreement", "float_agreement"):
+        for name, a in r[group].items():
+            label = name if group == "agreement" else f"{name} (float, before quantization)"
+            if not a.get("verified"):
+                lines.append(f"| {label} | not run: {a.get('reason')} | | |")
+                continue
+            o = a["outputs"][0]
+            lines.append(f"| {label} | {a['max_abs']:.3g} | {o['mean_abs']:.3g} | {_top1(o)} |")
+    scores = r.get("class_score_outputs")
+    if scores is not None:
+        lines += [
+            "",
+            "Top-1 is computed for class-score outputs only: shaped (batch, C >= 2), not the size"
+            " of an input (a reconstruction), and written by SOFTMAX / LOG_SOFTMAX, or by a"
+            " FULLY_CONNECTED / BATCH_MATMUL head that is the model's only output. Here:"
+            f" {', '.join(scores) or 'none'}.",
+        ]
+    lines += _grappler_lines(r.get("grappler") or {})
+    rules = r["rules"]
+    lines += ["", "## Rules", ""]
+    fired = rules.get("fired", {})
+    lines.append("Fired: " + (", ".join(f"{k} x{v}" for k, v in fired.items()) or "none"))
+    for ref in rules.get("refusals", [])[:30]:
+        lines.append(f"- refused {ref.get('rule')} at {ref.get('where')!r}: {ref.get('reason')}")
+    lines += [
+        "",
+        "## Quantization",
+        "",
+        f"Fused: {q['fused_route']}; unfused: {q['unfused_route']}; stock:"
+        f" {q['stock_route']}. Calibration samples: {q['calibration_samples']} (seed"
+        f" {q['seed']}).",
+    ]
+    if q["float_ops_left"]:
+        lines.append(f"Ops still in float: {', '.join(sorted(set(q['float_ops_left'])))}.")
+    if q["layer_error"]:
+        lines += [
+            "",
+            "Worst per-tensor quantization error (litert-quantizer validator):",
+            "",
+            "| tensor | kind | metrics |",
+            "|---|---|---|",
+        ]
+        for row in q["layer_error"][:10]:
+            metrics = ", ".join(
+                f"{k} {v:.3g}"
+                for k, v in row.items()
+                if k not in ("tensor", "kind") and isinstance(v, float)
+            )
+            lines.append(f"| {row.get('tensor', '')} | {row.get('kind', '')} | {metrics} |")
+    lines += _legalization_lines(r.get("legalization") or {})
+    lines += _edgetpu_lines(r.get("edgetpu"))
+    d = r["delegate_check"]
+    lines += ["", "## Delegate check", ""]
+    if d.get("checked"):
+        lines.append(f"{d['delegate']}: {d['mapped']} ops mapped, {d['cpu']} on the CPU.")
+    else:
+        lines.append(f"{d['delegate']}: not checked ({d.get('reason')}).")
+    lines += ["", f"Unfused baseline: {r['unfused_route']}."]
+    lines += ["", f"Stock baseline: {q['stock_route']}.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _top1(row: dict[str, Any]) -> str:
+    if "top1_agreement" not in row:
+        return "-"
+    if row.get("reference_classes") == 1:
+        return f"{row['top1_agreement']:.3f} (one class: says nothing)"
+    return f"{row['top1_agreement']:.3f}"
+
+
+def _grappler_lines(g: dict[str, Any]) -> list[str]:
+    if not g:
+        return ["", "## Grappler", "", "Not run: the source is a .tflite (no TF graph)."]
+    lines = [
+        "",
+        "## Grappler",
+        "",
+        f"Optimizers: {', '.join(g['optimizers'])} (remapper {g['remapper']}). Nodes"
+        f" {g['nodes_before']} -> {g['nodes_after']}.",
+        "",
+    ]
+    if g.get("dropped"):
+        dropped = g["dropped"]
+        lines += [f"Dropped {', '.join(dropped['optimizers'])}: {dropped['reason']}.", ""]
+    for op, (b, a) in g["changed_node_types"].items():
+        lines.append(f"- {op}: {b} -> {a}")
+    return lines
+
+
+def _legalization_lines(leg: dict[str, Any]) -> list[str]:
+    lines = ["", "## int8 legalization", ""]
+    if not leg.get("ran"):
+        return [*lines, f"Not run: {leg.get('reason', 'not an int8 recipe')}."]
+    fired = leg.get("fired", {})
+    done = ", ".join(f"{k} x{v}" for k, v in fired.items()) or "nothing fired"
+    if leg.get("reordered"):
+        done += "; ops reordered (topological order)"
+    kept = "kept (verified)" if leg.get("kept") else f"not kept: {leg.get('reason')}"
+    mapped = leg.get("edgetpu_mapped")
+    tpu = f" Edge TPU mapped ops {mapped[0]} -> {mapped[1]}." if mapped else ""
+    return [*lines, f"On the quantized fused model: {done}; {kept}.{tpu}"]
+
+
+def _edgetpu_lines(section: dict[str, Any] | None) -> list[str]:
+    if not section:
+        return []
+    lines = ["", "## Edge TPU mapping (predicted)", "", "| model | mapped | cut at | why |"]
+    lines.append("|---|---:|---|---|")
+    for name in ("fused", "stock"):
+        p = section[name]
+        cut = p.get("cut")
+        where = f"op {cut['index']} {cut['op']}" if cut else "no cut"
+        why = f"{cut['status']}: {cut['reason']}" if cut else "every op mapped"
+        mapped = f"{p['mapped']}/{p['ops']}" + "".join(
+            f" (or {r['mapped']}/{p['ops']} on the other reading of {r['where']}: undecided by"
+            " the evidence)"
+            for r in p.get("other_readings", [])
+        )
+        lines.append(f"| {name} | {mapped} | {where} | {why} |")
+    cpu = section["fused"].get("cpu_ops")
+    if cpu:
+        lines += ["", f"Op types left on the CPU in the fused model: {', '.join(cpu)}."]
+    if section.get("channels_last"):
+        lines += ["", f"Channels-last: {section['channels_last']}."]
+    for name in ("fused", "stock"):
+        for reading in section[name].get("other_readings", []):
+            lines += ["", f"{name}: {reading['reading']}."]
+    return lines

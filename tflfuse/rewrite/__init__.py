@@ -1,0 +1,75 @@
+"""Patterns, rules and the pass manager that applies them to a fixed point.
+
+A rule is three small methods (see ../DESIGN "How a rule looks"):
+
+    class FuseReluIntoConv(Rule):
+        '''CONV_2D(x) -> RELU  =>  CONV_2D(x, fused_activation=RELU).'''
+        def pattern(self, p): return p.RELU(p.CONV_2D(p.x, p.w, p.b, out="conv"))
+        def check(self, m):
+            if m.conv.op.fused_activation != "NONE": return refuse("conv already has an activation")
+        def rewrite(self, m): ...
+
+`p.UPPER(...)` matches an op of that type (`p.any("ADD", "SUB")(...)` one of several), its
+arguments match the op's inputs in order; `p.lower` is a variable that captures a tensor (the same
+name twice must be the same tensor); `p.const("w")` captures a constant; `...` as the last argument
+accepts any further inputs. `out="name"` captures the op's output tensor (`m.name.op` is the op,
+`m.name.consumers` its readers). Binary ops that commute are tried in both input orders.
+
+`check` returns None to go ahead or a `Refusal` (a sentence); the pass manager records refusals
+so `--explain` can tell users why a pattern stayed unfused. `rewrite` edits `m.graph` in place;
+dead ops and tensors left behind are cleaned by `DeadCodeElimination`. An exception raised by a
+rule's check or rewrite becomes a `RewriteError` naming the rule and the op.
+
+Every rule declares `int8_error_steps`: how many quantization steps one application may move the
+int8 tensor it writes (0 for rewrites that only move bytes, 1 for one requantization more or
+less). `int8_error_bounds` turns the events into a bound per model output (see there).
+"""
+
+from __future__ import annotations
+
+from tflfuse.rewrite.engine import (
+    FLOAT_ONLY,
+    PassManager,
+    RewriteError,
+    int8_error_bounds,
+    shared_inner_op,
+    touches_quantized,
+)
+from tflfuse.rewrite.passes import SIDE_EFFECTS, DeadCodeElimination, TopologicalSort
+from tflfuse.rewrite.pattern import COMMUTATIVE, Match, OpPattern, PatternBuilder, Var, find_matches
+from tflfuse.rewrite.rule import (
+    NotApplicable,
+    Pass,
+    PassResult,
+    Refusal,
+    RefusalEvent,
+    RewriteEvent,
+    Rule,
+    refuse,
+)
+
+__all__ = [
+    "COMMUTATIVE",
+    "FLOAT_ONLY",
+    "SIDE_EFFECTS",
+    "DeadCodeElimination",
+    "Match",
+    "NotApplicable",
+    "OpPattern",
+    "Pass",
+    "PassManager",
+    "PassResult",
+    "PatternBuilder",
+    "Refusal",
+    "RefusalEvent",
+    "RewriteError",
+    "RewriteEvent",
+    "Rule",
+    "TopologicalSort",
+    "Var",
+    "find_matches",
+    "int8_error_bounds",
+    "refuse",
+    "shared_inner_op",
+    "touches_quantized",
+]

@@ -1,0 +1,135 @@
+"""Patterns: what a rule matches (`p.RELU(p.CONV_2D(p.x, p.w, p.b, out="conv"))`), and
+the matcher that finds every way a pattern matches at an op (see `tflfuse.rewrite`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tflfuse.ir import Graph, Op, Tensor
+
+COMMUTATIVE = frozenset(
+    {"ADD", "MUL", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE", "EQUAL", "NOT_EQUAL"}
+)
+
+
+# -- patterns ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Var:
+    """Captures one tensor (or a missing optional input, None) under `name`."""
+
+    name: str
+    constant: bool = False
+
+
+@dataclass(frozen=True)
+class OpPattern:
+    types: frozenset[str]
+    inputs: tuple[Any, ...] | None  # None: any inputs
+    out: str | None = None
+    rest: bool = False  # the pattern ended with `...`: further inputs are accepted
+
+
+class PatternBuilder:
+    """`p` in `Rule.pattern(self, p)`: attribute access builds patterns."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name.isupper():
+            return self.any(name)
+        return Var(name)
+
+    def const(self, name: str) -> Var:
+        return Var(name, constant=True)
+
+    def any(self, *types: str) -> Callable[..., OpPattern]:
+        def build(*inputs: Any, out: str | None = None) -> OpPattern:
+            rest = bool(inputs) and inputs[-1] is Ellipsis
+            args = inputs[:-1] if rest else inputs
+            return OpPattern(frozenset(types), tuple(args) if inputs else None, out, rest)
+
+        return build
+
+
+class Match:
+    """Captured tensors by name (`m.x`), the anchor op (`m.root`) and the graph (`m.graph`)."""
+
+    def __init__(self, graph: Graph, root: Op, captures: dict[str, Any], ops: list[Op]) -> None:
+        self.graph = graph
+        self.root = root
+        self.ops = ops
+        self._captures = captures
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._captures[name]
+        except KeyError:
+            raise AttributeError(f"pattern captured no {name!r}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._captures
+
+
+def _match_op(pat: OpPattern, op: Op, env: dict[str, Any], ops: list[Op]) -> Iterator[dict]:
+    if op.type not in pat.types:
+        return
+    env = dict(env)
+    if pat.out is not None:
+        if not op.outputs:
+            return
+        if pat.out in env and env[pat.out] is not op.outputs[0]:
+            return
+        env[pat.out] = op.outputs[0]
+    if pat.inputs is None:
+        ops.append(op)
+        yield env
+        ops.pop()
+        return
+    n = len(pat.inputs)
+    if len(op.inputs) < n or (len(op.inputs) > n and not pat.rest):
+        return
+    orders = [op.inputs[:n]]
+    if op.type in COMMUTATIVE and n == 2 and op.inputs[0] is not op.inputs[1]:
+        orders.append((op.inputs[1], op.inputs[0]))
+    ops.append(op)
+    for args in orders:
+        yield from _match_args(list(pat.inputs), list(args), env, ops)
+    ops.pop()
+
+
+def _match_args(pats: list, tensors: list, env: dict, ops: list[Op]) -> Iterator[dict]:
+    if not pats:
+        yield env
+        return
+    for env2 in _match_tensor(pats[0], tensors[0], env, ops):
+        yield from _match_args(pats[1:], tensors[1:], env2, ops)
+
+
+def _match_tensor(pat: Any, t: Tensor | None, env: dict, ops: list[Op]) -> Iterator[dict]:
+    if isinstance(pat, Var):
+        if pat.constant and (t is None or not t.is_constant):
+            return
+        if pat.name in env:
+            if env[pat.name] is t:
+                yield env
+            return
+        yield {**env, pat.name: t}
+    elif isinstance(pat, OpPattern):
+        if t is None or t.producer is None:
+            return
+        for env2 in _match_op(pat, t.producer, env, ops):
+            if t is not t.producer.outputs[0]:
+                continue  # patterns speak of an op's first output
+            yield env2
+    else:
+        raise TypeError(f"not a pattern: {pat!r}")
+
+
+def find_matches(pattern: OpPattern, graph: Graph, op: Op) -> Iterator[Match]:
+    """Every way `pattern` matches with `op` as its root."""
+    ops: list[Op] = []
+    for env in _match_op(pattern, op, {}, ops):
+        yield Match(graph, op, env, list(ops))

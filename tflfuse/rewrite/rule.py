@@ -1,0 +1,184 @@
+"""Rules and passes, refusals, and the record of what a run did (`PassResult`).
+
+A `Rule` is pattern + check + rewrite; `check` returns None or a `Refusal` (a sentence
+that `--explain` shows). A `Pass` is a whole-graph transformation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tflfuse.ir import Graph
+from tflfuse.rewrite.pattern import Match, OpPattern, PatternBuilder
+
+
+# -- refusals ----------------------------------------------------------------------------------
+class Refusal(str):
+    """Why a rule declined a match: one sentence, shown to the user by `--explain`."""
+
+    quiet = False
+
+
+class NotApplicable(Refusal):
+    """A match that is no candidate at all (a lone conv has no sibling): nothing to explain,
+    so the pass manager does not list it among the refusals."""
+
+    quiet = True
+
+
+def refuse(reason: str) -> Refusal:
+    return Refusal(reason)
+
+
+# -- rules and passes --------------------------------------------------------------------------
+class Rule:
+    """pattern + check + rewrite. Subclasses set a docstring `before => after`.
+
+    `quantized_ok` says the rewrite is also valid on int8 graphs; the pass manager refuses other
+    rules on ops that touch quantized tensors ("float-only rule; the op is quantized").
+    `int8_error_steps` is what one application may change, in quantization steps of the int8
+    tensor it writes: 0 for a rewrite that only moves bytes, 1 for one requantization more or
+    less. Every rule sets it (None is counted as 1 and a test insists on a declaration).
+    """
+
+    quantized_ok: ClassVar[bool] = False
+    int8_error_steps: ClassVar[int | None] = None
+    # The engine refuses a match whose inner ops (all but the root) write a tensor that an op
+    # outside the match reads or that is a model output: rewriting them would change what those
+    # readers see. A rule whose rewrite leaves the inner ops in place for such readers (it only
+    # stops reading them) sets this.
+    inner_ops_may_be_shared: ClassVar[bool] = False
+
+    def error_bound(self, m: Match) -> float:
+        """The absolute error one application may add to its output: 0 for an exact rewrite.
+        An approximation (e.g. erf GELU in the tanh form, for a target with no GELU) overrides
+        it; the pass manager records it with the event and verification allows for it."""
+        return 0.0
+
+    def int8_error(self, m: Match) -> int:
+        """Steps one application may move the int8 tensor it writes: `int8_error_steps`, unless
+        a rule whose error depends on the match (a requantization between two scales) says
+        more for this one; the pass manager records it with the event."""
+        return _declared_steps(self)
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        raise NotImplementedError
+
+    def check(self, m: Match) -> Refusal | None:
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        raise NotImplementedError
+
+    def compiled(self) -> OpPattern:
+        """The pattern, built once per rule instance."""
+        if "_pattern" not in self.__dict__:
+            self._pattern = self.pattern(PatternBuilder())
+        return self._pattern
+
+
+class Pass:
+    """A whole-graph transformation (cleanup, ordering). `run` returns how many changes it made."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def run(self, graph: Graph) -> int:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RewriteEvent:
+    rule: str
+    subgraph: int
+    where: str
+    error: float = 0.0  # the rule's error bound for this application (0: exact)
+    int8_steps: int = 0  # quantization steps it may add to an int8 tensor (0: float or exact)
+    sites: tuple[str, ...] = ()  # the tensors the rewritten op wrote (where the error enters)
+
+
+@dataclass(frozen=True)
+class RefusalEvent:
+    rule: str
+    subgraph: int
+    where: str
+    reason: str
+    quiet: bool = False  # a NotApplicable: kept for tests and debugging, not for --explain
+
+
+@dataclass
+class PassResult:
+    """What a PassManager run did: applied rewrites, refusals at the fixed point, rounds."""
+
+    events: list[RewriteEvent] = field(default_factory=list)
+    refusals: list[RefusalEvent] = field(default_factory=list)
+    not_applicable: list[RefusalEvent] = field(default_factory=list)
+    rounds: int = 0
+    # what the whole-graph passes (cleanup, folding) did to the ops, which makes no events:
+    # {pass: {op type: ops removed (negative: added)}}, so every removed op is attributed
+    pass_changes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.events)
+
+    def fired(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self.events:
+            counts[e.rule] = counts.get(e.rule, 0) + 1
+        return counts
+
+    def note_pass(self, name: str, before: Counter[str], after: Counter[str]) -> None:
+        """Record the ops pass `name` removed (or added), by type."""
+        entry = self.pass_changes.setdefault(name, {})
+        for op_type in sorted(set(before) | set(after)):
+            delta = before[op_type] - after[op_type]
+            if delta:
+                entry[op_type] = entry.get(op_type, 0) + delta
+                if not entry[op_type]:
+                    del entry[op_type]
+        if not entry:
+            del self.pass_changes[name]
+
+    def approximations(self) -> dict[str, dict[str, float]]:
+        """Rules that fired as approximations: {rule: {count, error_bound}} (summed bounds)."""
+        out: dict[str, dict[str, float]] = {}
+        for e in self.events:
+            if e.error > 0:
+                entry = out.setdefault(e.rule, {"count": 0, "error_bound": 0.0})
+                entry["count"] += 1
+                entry["error_bound"] += e.error
+        return out
+
+    def int8_rewrites(self) -> dict[str, dict[str, int]]:
+        """Rules that fired on int8 tensors with a declared error: {rule: {count, steps}}."""
+        out: dict[str, dict[str, int]] = {}
+        for e in self.events:
+            if e.int8_steps > 0:
+                entry = out.setdefault(e.rule, {"count": 0, "steps": 0})
+                entry["count"] += 1
+                entry["steps"] += e.int8_steps
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.rounds,
+            "approximations": self.approximations(),
+            "int8_rewrites": self.int8_rewrites(),
+            "fired": self.fired(),
+            "passes": {name: dict(ops) for name, ops in self.pass_changes.items()},
+            "events": [vars(e) for e in self.events],
+            "refusals": [{k: v for k, v in vars(r).items() if k != "quiet"} for r in self.refusals],
+        }
+
+
+def _declared_steps(rule: Rule) -> int:
+    steps = rule.int8_error_steps
+    return 1 if steps is None else int(steps)

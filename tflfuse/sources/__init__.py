@@ -1,0 +1,6 @@
+"""Where models come from: Keras / SavedModel / .h5 (`keras`, its safety check `safety`, the
+TensorFlow route `keras_route`) and any .tflite (`tflite`, with the channels-last
+interface `layout`). Only `keras*` import TensorFlow, lazily.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,432 @@
+"""A .tflite from anywhere (litert-torch, onnx2tf, a vendor) as a `tflfuse convert` source.
+
+It enters the pipeline at the float .tflite stage (see DESIGN.md). What convert can do with it is
+decided here, once, with a one-line error for what it cannot:
+  float, one subgraph, static shapes   the full route: fuse, quantize, legalize, baselines
+  full int8 / uint8                    the int8 rules and legalization only; no re-quantization,
+                                       and the input itself is the stock baseline
+  float16 weights behind DEQUANTIZE    a float model stored at half size (MediaPipe, vendors):
+                                       the weights are widened exactly to float32
+                                       (`float16_weights`, checked on the interpreter) and it
+                                       takes the full route; the report says so
+  dynamic-range weights                refused: those are quantized already, and re-quantizing
+                                       them would quantize rounded weights (give the float model)
+  several subgraphs, dynamic shapes    refused (control flow and shape-polymorphic models are
+                                       beyond the rules, the quantizer and the Edge TPU)
+  ops the built-in kernels lack        refused: convert runs the model to calibrate and verify
+                                       (the refusal says which kernels have them, if any)
+A batch left dynamic only in `shape_signature` (-1 at axis 0, stored shape static) is taken at
+the stored size, with a notice. The baselines: `unfused` is the input defused (rules.defuse),
+checked bit-identical on the reference kernels; `stock` is litert-quantizer's default static
+int8 recipe on the input as given, in the op order the quantizer writes, with only its I/O given
+the recipe's types in place (what a user gets without tflfuse; for float16 weights, which it
+cannot quantize through their DEQUANTIZE, on the widened input, and the route says so).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tflfuse.convert import qparams
+from tflfuse.convert.optimize import describe_failure
+from tflfuse.convert.quantize import quantize
+from tflfuse.convert.recipe import Recipe
+from tflfuse.errors import ModelError, TflfuseError
+from tflfuse.ir import Model, Signature, flatbuffer, summary
+from tflfuse.ir.summary import quantization_summary
+from tflfuse.rewrite import PassManager, TopologicalSort
+from tflfuse.rules.defuse import Defuse
+from tflfuse.runtime.interpreter import make_interpreter
+from tflfuse.runtime.runs import run_float
+from tflfuse.runtime.verify import compare
+from tflfuse.sources import float16_weights, layout
+from tflfuse.sources.layout import LayoutChange
+
+INT_KINDS = ("int8", "uint8")
+_IO_DTYPES = {"FLOAT32", "INT8", "UINT8"}
+
+
+def is_tflite(model: Any) -> bool:
+    """True for .tflite bytes (the `TFL3` identifier), a path ending in .tflite, or a file that
+    starts like one whatever its name."""
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return bytes(model[4:8]) == b"TFL3"
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if path.suffix.lower() == ".tflite":
+            return True
+        try:
+            with path.open("rb") as f:
+                return path.is_file() and f.read(8)[4:8] == b"TFL3"
+        except OSError:
+            return False
+    return False
+
+
+def _name(text: str, fallback: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", text.split(":")[0]) or fallback
+
+
+def _static(model: Model, where: str, notices: list[str]) -> None:
+    """Refuse dynamic shapes; a dynamic batch over a static stored shape is pinned (notice)."""
+    graph = model.main
+    pinned = False
+    for t in graph.tensors:
+        sig = t.shape_signature
+        if sig is None or -1 not in sig:
+            continue
+        if -1 in sig[1:] or len(sig) != len(t.shape):
+            kind = "input" if t in graph.inputs else "tensor"
+            raise ModelError(
+                where,
+                f"{kind} {t.name} has dynamic dimensions {list(sig)}; tflfuse converts models"
+                " with static shapes only (export with a fixed input size)",
+            )
+        t.shape_signature = tuple(t.shape)
+        pinned = True
+    if pinned:
+        batch = graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1
+        notices.append(f"dynamic batch dimension taken at the stored size {batch}")
+
+
+def _signed(model: Model, notices: list[str]) -> None:
+    """Give a model without a signature one (litert-quantizer needs it), and order a signature's
+    inputs and outputs as the graph's: calibration arrays follow the signature (the quantizer)
+    and the interpreter follows the graph, so the two orders must be one."""
+    g = model.main
+    for s in model.signatures:
+        for side, tensors in (("inputs", g.inputs), ("outputs", g.outputs)):
+            named = getattr(s, side)
+            by_tensor = {t: k for k, t in named.items()}
+            if set(by_tensor) == set(tensors):
+                setattr(s, side, {by_tensor[t]: t for t in tensors})
+    if model.signatures:
+        return
+    model.signatures = [
+        Signature(
+            "serving_default",
+            0,
+            {_name(t.name, f"input_{i}"): t for i, t in enumerate(g.inputs)},
+            {_name(t.name, f"output_{i}"): t for i, t in enumerate(g.outputs)},
+        )
+    ]
+    notices.append("the model had no signature: serving_default made from its inputs and outputs")
+
+
+def _runnable(data: bytes, model: Model, where: str) -> None:
+    """The built-in kernels must run the model: convert calibrates and verifies by running it."""
+    try:
+        make_interpreter(data, delegate="none")
+    except TflfuseError as exc:
+        custom = sorted({op.custom_code or "?" for op in model.main.ops if op.type == "CUSTOM"})
+        if not custom:
+            raise ModelError(
+                where, f"cannot run it here ({exc}); tflfuse runs the model to calibrate and verify"
+            ) from None
+        raise ModelError(where, _missing_kernels(data, custom)) from None
+
+
+def _missing_kernels(data: bytes, custom: list[str]) -> str:
+    """Which kernels the model's custom ops have, in one clause, and why convert needs more.
+
+    XNNPACK (applied by the default interpreter) takes some of MediaPipe's custom ops
+    (Convolution2DTransposeBias, MaxPoolingWithArgmax2D, MaxUnpooling2D) for float tensors; the
+    built-in and reference kernels have none of them. Calibration alone could run there
+    (litert-quantizer's calibrator does: with every tensor kept, XNNPACK takes the ops one by
+    one), but convert checks everything it writes on the built-in and reference kernels: every
+    rewrite, the defused baseline (bit-identical on the reference kernels) and the error of the
+    three models. Moved to XNNPACK, those checks would compare XNNPACK's kernel for the op with
+    itself, and the int8 models would still compute that op in float (the Edge TPU cuts there).
+    So such a model is refused, with the truth about where it runs (`bench` and `check` take it
+    as given).
+    """
+    several = len(custom) > 1
+    ops = f"custom op{'s' if several else ''} {', '.join(custom)}"
+    if all(c.startswith("Flex") for c in custom):
+        return (
+            f"cannot run it here ({ops}: {'TensorFlow ops' if several else 'a TensorFlow op'},"
+            " which no ai-edge-litert kernel runs);"
+            " tflfuse runs the model to calibrate and verify (export it with TFLite builtin ops)"
+        )
+    try:
+        make_interpreter(data, delegate="xnnpack")
+    except TflfuseError:
+        return (
+            f"cannot run it here ({ops} without a kernel in ai-edge-litert, built-in or"
+            " XNNPACK); tflfuse runs the model to calibrate and verify"
+        )
+    return (
+        f"cannot convert it: {ops} {'have' if several else 'has'} a kernel only in XNNPACK"
+        " (the default interpreter runs the model; the built-in and reference kernels cannot),"
+        " and tflfuse checks every model it writes on those kernels"
+    )
+
+
+class TfliteSource:
+    """A checked .tflite, entering `convert` at the float stage (or the int8 one, see above)."""
+
+    kind = "tflite"
+
+    def __init__(
+        self,
+        data: bytes,
+        name: str,
+        model: Model,
+        notices: list[str],
+        *,
+        given: bytes | None = None,
+        widened: float16_weights.Widened | None = None,
+    ) -> None:
+        self.given = data if given is None else given  # as given: the reference, stock's input
+        self.widened = widened  # float16 weights widened to float32 (None: there were none)
+        self.name = name
+        self.notices = notices
+        self.layout: LayoutChange | None = None
+        self.baseline_check: dict[str, Any] | None = None  # the defused baseline's, once made
+        g = model.main
+        sig = model.signatures[0]
+        self.quantized = quantization_summary(g)["kind"] in INT_KINDS
+        self.input_names = list(sig.inputs)
+        self.output_names = list(sig.outputs)
+        self.batch = max(int(g.inputs[0].shape[0]), 1) if g.inputs and g.inputs[0].shape else 1
+        self.input_shapes = [tuple(int(d) for d in t.shape[1:]) for t in sig.inputs.values()]
+        self._data = data
+
+    # -- the float .tflite stage ----------------------------------------------------------------
+    def tf_graph(self, rec: Recipe) -> dict[str, Any]:
+        return {}
+
+    def float_tflite(self, rec: Recipe) -> bytes:
+        """The model the rules start from: as given, or channels-last when asked for."""
+        return self.layout.data if self.layout is not None else self._data
+
+    def use_channels_last(self, seed: int, verify: bool = True) -> LayoutChange:
+        """Switch to the NHWC interface (layout.channels_last), verified against the input
+        (unless `verify` is off: --no-verify)."""
+        change = layout.channels_last(self._data, self.name)
+        if not verify:
+            self.layout = change
+            return change
+        inputs = self.eval_inputs(None, seed)
+        worst = layout.verify(self._data, change, inputs)
+        if not worst <= 1e-6:
+            raise TflfuseError(
+                f"{self.name}: --channels-last changed the outputs by {worst:.3g}; nothing written"
+            )
+        self.layout = change
+        return change
+
+    # -- baselines -------------------------------------------------------------------------------
+    def unfused_float(
+        self, rec: Recipe, fused_float: bytes, verify: bool = True
+    ) -> tuple[bytes, str]:
+        """The input (in the interface convert gives the fused model) defused, and checked on the
+        reference kernels, where splitting an epilogue off changes no rounding: the defused model
+        is expected bit-identical there, and is held to the float32 round-off bound otherwise
+        (`verify=False`, --no-verify: not checked, and the route says so)."""
+        start = self.float_tflite(rec)
+        model = flatbuffer.from_bytes(start, self.name)
+        PassManager((Defuse(), TopologicalSort())).run(model)
+        data = flatbuffer.to_bytes(model)
+        route = "the input defused (rules.defuse: fused activations and float biases split off)"
+        if not verify:
+            return data, f"{route}, not checked (--no-verify)"
+        how, self.baseline_check = check_defused(start, data, self.name, "defused baseline")
+        return data, f"{route}, {how}"
+
+    def converter_ptq(self, which: str, rec: Recipe, calib: Any, progress: bool) -> bytes | None:
+        return None  # no TF function behind a .tflite: litert-quantizer is the only route
+
+    def stock(
+        self, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
+    ) -> tuple[bytes, str]:
+        """What the user gets without tflfuse: litert-quantizer's default recipe for the mode on
+        the input as given, in the op order the quantizer writes. Only the I/O types are set to
+        the recipe's, in place (quantize.set_io_types moves no op); the route says how."""
+        if self.quantized or rec.quant_mode == "none":
+            kind = "already quantized" if self.quantized else "float"
+            return self.given, f"the input as given ({kind}, its own I/O types)"
+
+        def stock_of(data: bytes) -> Any:
+            return quantize(
+                data,
+                rec.quant_mode,
+                calib,
+                input_type=rec.input_type,
+                output_type=rec.output_type,
+                desc="calibrating stock",
+                progress=progress,
+            )
+
+        recipe = {"int8": "static_wi8_ai8", "dynamic": "dynamic_wi8_afp32"}.get(rec.quant_mode)
+        calibrated = (
+            ", calibrated on the same data with the same range rule as the fused model (the"
+            " global min/max of every tensor)"
+            if rec.quant_mode == "int8"
+            else ""
+        )
+        io = _io_route(rec.input_type, rec.output_type) if rec.quant_mode == "int8" else ""
+        how = f"no tflfuse rule{calibrated}; ops in the order the quantizer wrote them{io}"
+        default = f"with its default recipe{f' ({recipe})' if recipe else ''}"
+        if self.widened is None:
+            q = stock_of(self.given)
+            return q.data, f"{q.route} {default} on the input as given, {how}"
+        # litert-quantizer 0.11 fails on weights behind DEQUANTIZE, or quantizes them as
+        # activations into a model the interpreter refuses; a later one may read them
+        try:
+            q = stock_of(self.given)
+            make_interpreter(q.data, delegate="none")
+        except Exception as exc:  # any failure of the quantizer or its result on this form
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            q = stock_of(self._data)
+            return q.data, (
+                f"{q.route} {default} on the input with its float16 weights widened to float32"
+                f" (on the input as given it fails: {type(exc).__name__}"
+                f"{': ' + why if why else ''}), {how}"
+            )
+        return q.data, f"{q.route} {default} on the input as given (float16 weights), {how}"
+
+    # -- the function all three models are measured against -------------------------------------
+    def eval_inputs(self, calib: list[np.ndarray] | None, seed: int) -> list[np.ndarray]:
+        """Calibration samples (original layout), else seeded [-1, 1] noise (whole batches)."""
+        b = self.batch
+        if calib is not None:
+            n = max(16 // b, 1) * b
+            return [a[:n] for a in calib]
+        rng = np.random.default_rng(seed + 1000)
+        n = max(8 // b, 2) * b
+        return [rng.uniform(-1, 1, (n, *s)).astype(np.float32) for s in self.input_shapes]
+
+    def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The input model's outputs (dequantized when it is int8), in its own layout."""
+        return run_float(self.given, inputs)
+
+    def describe(self) -> dict[str, Any]:
+        out = {
+            "kind": self.kind,
+            "entered_at": "int8 rules (already quantized)" if self.quantized else "float .tflite",
+            "quantized_input": self.quantized,
+        }
+        if self.widened is not None:
+            w = self.widened
+            out["float16_weights"] = {"constants": w.constants, "sparse": w.sparse}
+        return out
+
+
+def _io_route(input_type: str, output_type: str) -> str:
+    """What giving the quantizer's float-I/O model the recipe's I/O types changed (nothing moves:
+    quantize.set_io_types)."""
+    if input_type == output_type == "float32":
+        return "; float I/O as the quantizer leaves it"
+    parts = []
+    for side, io, op in (("input", input_type, "QUANTIZE"), ("output", output_type, "DEQUANTIZE")):
+        if io == "int8":
+            parts.append(f"its {side} {op} removed ({side} int8)")
+        elif io == "uint8":
+            parts.append(
+                f"its {side} {op} replaced in place by a QUANTIZE between uint8 and int8 (same"
+                " scale, zero point + 128)"
+            )
+    return f"; I/O {input_type} -> {output_type} for the recipe: " + ", ".join(parts)
+
+
+def check_defused(reference: bytes, defused: bytes, name: str, what: str) -> tuple[str, dict]:
+    """How `defused` (`reference` through rules.defuse) was checked against it (a clause for
+    the route, and the agreement), or a one-line TflfuseError naming the check and what it
+    measured. On the reference kernels (BUILTIN_REF) a split-off activation or bias rounds
+    exactly as the fused epilogue did, so the two are expected bit-identical; float outputs are
+    held to the round-off bound (tflfuse.runtime.roundoff) and int8 ones to 0 steps."""
+    check = compare(  # two input sets: the reference kernels are slow, and identity is expected
+        reference, defused, runs=2, delegate="ref", atol=0.0, rtol=0.0, int_atol=0, roundoff=True
+    )
+    if not check.ok:
+        raise TflfuseError(
+            f"{name}: the {what} check (the input against its defused copy, reference kernels)"
+            f" failed: {describe_failure(check)}; nothing written (--no-verify skips the check)"
+        )
+    record = {"against": "the input, on the reference kernels", **check.to_dict()}
+    if check.identical:
+        return "verified bit-identical to it on the reference kernels", record
+    return (
+        f"verified against it on the reference kernels (max abs {check.max_abs:.3g}, within"
+        " float32 round-off)"
+    ), record
+
+
+def load(model: bytes | str | Path) -> TfliteSource:
+    """A checked TfliteSource, or a one-line `FILE: problem` error saying what tflfuse cannot do."""
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        data, where = bytes(model), "<bytes>"
+    else:
+        where = str(model)
+        data = flatbuffer.read_model_bytes(model)
+    parsed = flatbuffer.from_bytes(data, where)
+    notices: list[str] = []
+    if len(parsed.subgraphs) > 1:
+        raise ModelError(
+            where,
+            f"has {len(parsed.subgraphs)} subgraphs (control flow or several entry points);"
+            " tflfuse converts single-subgraph models only",
+        )
+    graph = parsed.main
+    if not graph.inputs or not graph.outputs:
+        raise ModelError(where, "the model has no inputs or no outputs")
+    odd = sorted({t.dtype for t in (*graph.inputs, *graph.outputs)} - _IO_DTYPES)
+    if odd:
+        raise ModelError(
+            where,
+            f"inputs or outputs of type {', '.join(odd)}; tflfuse converts float32, int8"
+            " or uint8 models",
+        )
+    kind = quantization_summary(graph)["kind"]
+    if kind not in ("float", "float16", *INT_KINDS):
+        raise ModelError(
+            where,
+            f"already quantized ({kind}); tflfuse quantizes float models and legalizes full int8"
+            " ones (give the float model)",
+        )
+    if kind in INT_KINDS:  # an unusable scale aborts some interpreters: refuse it first
+        qparams.check(parsed, where)
+    _static(parsed, where, notices)
+    _signed(parsed, notices)
+    data = flatbuffer.to_bytes(parsed)
+    _runnable(data, parsed, where)
+    given, widened = data, None
+    if kind == "float16":
+        widened, data = _widen_float16(parsed, data, where)
+        notices.append(widened.describe() + " (verified: the same outputs)")
+    if kind in INT_KINDS:
+        notices.append(
+            f"the input is already {kind}: the int8 rules and legalization run on it, with no"
+            " re-quantization (it is its own stock baseline)"
+        )
+    model = flatbuffer.from_bytes(data, where)
+    return TfliteSource(data, where, model, notices, given=given, widened=widened)
+
+
+def _widen_float16(
+    parsed: Model, given: bytes, where: str
+) -> tuple[float16_weights.Widened, bytes]:
+    """The model with its float16 weights widened to float32 (float16_weights), checked to give
+    the very outputs of the model as given; one line when something float16 is left."""
+    widened = float16_weights.widen(parsed)
+    left = summary.count(parsed.main)
+    if left or quantization_summary(parsed.main)["kind"] != "float":
+        raise ModelError(
+            where,
+            "float16 values tflfuse cannot widen (read other than through DEQUANTIZE);"
+            " give the float32 model",
+        )
+    data = flatbuffer.to_bytes(parsed)
+    check = compare(given, data, atol=0.0, rtol=0.0)
+    if not check.ok:
+        raise ModelError(
+            where,
+            f"widening its float16 weights changed the outputs by {check.max_abs:.3g} (a bug in"
+            " tflfuse); nothing written",
+        )
+    return widened, data

@@ -1,0 +1,874 @@
+"""Edge TPU legalization: rewrite ops the compiler does not map into ops it does.
+
+One unmappable op sends itself and every op that depends on it to the CPU, so a single
+LEAKY_RELU near the input of a YOLO-style model costs nearly the whole accelerator. Each rule here
+replaces such an op by the same function spelled in ops the Edge TPU table maps
+(`delegates/edgetpu.toml`, [legalization] keeps each choice and its source), and a rule that
+writes new ops asks the table first (`edgetpu_shape_refusal`) so that it never trades a refused op
+for another. They run first in the `edgetpu` pipeline.
+
+Every legalization is also refused when an op it would rewrite reads what the compiler computes
+on the CPU after its one segment (`after_the_cut`): the cut follows the data flow, so such an op
+never maps whatever it becomes, and spelling it out only adds CPU work (the encoder's GELU after
+attention's BATCH_MATMUL of two activations stays one op instead of nine: benchmarks/PYTORCH.md).
+
+Most rules work on float graphs (the `edgetpu` recipe fuses and legalizes in float, then
+quantizes) and on int8/uint8 graphs (a stock-converted `.tflite` given to `optimize`): there the
+new tensors get quantization parameters derived from the tensors they replace, so every step is
+one requantization and the result stays within a step or two of the original. GELU is float only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from tflfuse.ir import Graph, Op, Quantization, Tensor
+from tflfuse.rewrite import (
+    Match,
+    OpPattern,
+    Pass,
+    PatternBuilder,
+    Refusal,
+    Rule,
+    refuse,
+)
+from tflfuse.rewrite.common import NotApplicable, is_float, single_reader
+from tflfuse.targets.capabilities import capability
+from tflfuse.targets.edgetpu.predict import (
+    cut_origins,
+    edgetpu_shape_refusal,
+    statuses_once_quantized,
+)
+
+_INT_TYPES = ("INT8", "UINT8")
+
+
+# -- the gate every legalization passes ------------------------------------------------------------
+def after_the_cut(m: Match) -> Refusal | None:
+    """Refusal when an op of the match reads what a one-segment compile computes on the CPU
+    after the Edge TPU segment (`tflfuse.targets.edgetpu.predict.cut_origins`). The cut follows the
+    data flow, so such an op never maps, whatever it is rewritten into: the legalization would
+    only spell it out in more ops on the CPU (a GELU after attention's BATCH_MATMUL of two
+    activations: 9 ops instead of 1). The graph is judged as it stands; the pass manager runs
+    round after round, so once a rule lifts the refusal upstream, the legalization follows."""
+    inside = {id(t) for op in m.ops for t in op.outputs}
+    reads = [t for op in m.ops for t in op.inputs if t is not None and id(t) not in inside]
+    origins = cut_origins(m.graph)
+    cut = min((origins[id(t)] for t in reads if id(t) in origins), default=None)
+    if cut is None:
+        return None
+    op = m.graph.ops[cut]
+    why = statuses_once_quantized(m.graph)[cut][1]
+    return refuse(
+        f"its input is computed on the CPU after the Edge TPU segment (cut at op {cut}"
+        f" {op.type}: {why}): legalized, it would still run on the CPU, in more ops"
+    )
+
+
+def _gated(check: Callable[..., Refusal | None]) -> Callable[..., Refusal | None]:
+    """A legalization's `check`, then `after_the_cut` (last: it reads the whole graph)."""
+
+    def gated(self: Rule, m: Match) -> Refusal | None:
+        return check(self, m) or after_the_cut(m)
+
+    gated.__doc__ = check.__doc__
+    return gated
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _kind(t: Tensor) -> str | None:
+    """ "float", "int" (per-tensor int8/uint8) or None (something these rules do not handle)."""
+    if is_float(t):
+        return "float"
+    if t.dtype in _INT_TYPES and t.is_quantized and not t.quantization.per_channel:
+        return "int"
+    return None
+
+
+def _scale_zp(t: Tensor) -> tuple[float, int]:
+    q = t.quantization
+    return float(q.scale.reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
+
+
+def _quant(scale: float, zero_point: int) -> Quantization:
+    return Quantization(
+        scale=np.array([scale], np.float32), zero_point=np.array([zero_point], np.int64)
+    )
+
+
+def _like(g: Graph, name: str, ref: Tensor, shape=None, q: Quantization | None = None) -> Tensor:
+    """A new activation with `ref`'s type (and the given quantization when integer)."""
+    return g.add_tensor(name, ref.shape if shape is None else shape, ref.dtype, quantization=q)
+
+
+def _scalar(g: Graph, name: str, value: float, ref: Tensor) -> Tensor:
+    """A constant `value` of `ref`'s type: float32, or int8/uint8 holding it exactly."""
+    if ref.dtype == "FLOAT32":
+        return g.add_constant(name, np.array([value], np.float32), "FLOAT32")
+    top = 127 if ref.dtype == "INT8" else 255
+    return g.add_constant(
+        name,
+        np.array([top], np.int8 if top == 127 else np.uint8),
+        ref.dtype,
+        _quant(value / top, 0),
+    )
+
+
+def _range_q(ref: Tensor, low: float, high: float) -> Quantization:
+    """Per-tensor quantization of `ref`'s integer type covering [low, high] (0 included)."""
+    low, high = min(low, 0.0), max(high, 0.0)
+    qmin, qmax = (-128, 127) if ref.dtype == "INT8" else (0, 255)
+    scale = (high - low) / (qmax - qmin) or 1.0
+    zero = round(qmin - low / scale)
+    return _quant(scale, max(qmin, min(qmax, zero)))
+
+
+def _mul(g: Graph, x: Tensor, c: Tensor, out: Tensor, before: Op | None) -> None:
+    g.add_op("MUL", [x, c], [out], {"fused_activation_function": "NONE"}, before=before)
+
+
+def _take_out(g: Graph, op: Op) -> Op | None:
+    """Remove `op` and return the op that followed it (new ops go before it: same place)."""
+    i = g.ops.index(op)
+    after = g.ops[i + 1] if i + 1 < len(g.ops) else None
+    g.remove_op(op)
+    return after
+
+
+def _refusal_of(op_type: str, ins: list[Tensor], out_shape, options=None, consts=()) -> str | None:
+    """Why the compiler would refuse an `op_type` op reading tensors shaped like `ins` (plus the
+    constants `consts`, as numpy arrays) and writing `out_shape`, or None: asked of an op before a
+    rule writes it (a scratch graph; the rule's own graph is not touched)."""
+    g = Graph("scratch")
+    inputs = [g.add_tensor(f"in{i}", t.shape, t.dtype) for i, t in enumerate(ins)]
+    inputs += [g.add_constant(f"c{i}", np.asarray(c)) for i, c in enumerate(consts)]
+    out = g.add_tensor("out", tuple(out_shape), ins[0].dtype)
+    return edgetpu_shape_refusal(g.add_op(op_type, inputs, [out], dict(options or {})))
+
+
+# -- activations ---------------------------------------------------------------------------------
+class LegalizeLeakyRelu(Rule):
+    """float: LEAKY_RELU(x, a)  =>  ADD(MUL(x, a), MUL(RELU(x), 1 - a)).
+    int8:  LEAKY_RELU(x, a)  =>  PRELU(x, alpha = a per channel).
+
+    x > 0: a x + (1 - a) x = x;  x <= 0: a x + 0 = a x. Built from plainly supported ops (the
+    MAXIMUM(x, a x) form hit internal compiler errors, google-coral/edgetpu#165, #185) and ones
+    litert-quantizer can quantize (it has no PRELU), so the float model is legalized this way
+    before quantizing. On an int8 graph PRELU computes the same two requantizations as the
+    LEAKY_RELU kernel (alpha stored as 127 x a/127), but its multipliers round differently, so
+    the result may move by one step (measured by the int8 property test), where the four-op form
+    would round once more per layer.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 1  # PRELU rounds once differently (measured: 1 step)
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.LEAKY_RELU(p.x)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        kind = _kind(m.x)
+        if kind is None or _kind(m.root.output) != kind:
+            return refuse(f"LEAKY_RELU on {m.x.dtype} with per-channel or no quantization")
+        alpha = float(m.root.options.get("alpha", 0.2))
+        if kind == "int" and not 0.0 < alpha <= 1.0:
+            return refuse(f"int8 LEAKY_RELU with alpha {alpha} outside (0, 1]")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        alpha = float(op.options.get("alpha", 0.2))
+        out = op.output
+        at = _take_out(g, op)
+        if _kind(x) == "int":
+            top, np_type = (127, np.int8) if x.dtype == "INT8" else (255, np.uint8)
+            # alpha broadcasts to x exactly: (1, 1, C) for NHWC, (C,) for (N, C); the kernel
+            # refuses an alpha of higher rank than x
+            alpha_shape = (*[1] * max(len(x.shape) - 2, 0), x.shape[-1])
+            values = np.full(alpha_shape, top, np_type)
+            slope = g.add_constant(f"{out.name}/alpha", values, x.dtype, _quant(alpha / top, 0))
+            g.add_op("PRELU", [x, slope], [out], before=at)
+            return
+        scaled = _like(g, f"{out.name}/alpha_x", x)
+        relu = _like(g, f"{out.name}/relu", x)
+        kept = _like(g, f"{out.name}/relu_part", x)
+        _mul(g, x, _scalar(g, f"{out.name}/alpha", alpha, x), scaled, at)
+        g.add_op("RELU", [x], [relu], before=at)
+        _mul(g, relu, _scalar(g, f"{out.name}/one_minus_alpha", 1 - alpha, x), kept, at)
+        g.add_op("ADD", [scaled, kept], [out], {"fused_activation_function": "NONE"}, before=at)
+
+
+class LegalizeHardSwish(Rule):
+    """HARD_SWISH(x)  =>  MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6).
+
+    x * relu6(x + 3) / 6 exactly; the RELU6 rides on the ADD as its fused activation (the Edge TPU
+    and the quantizer both take ADD with RELU6). int8: relu6(x + 3) spans [0, 6]; x * relu6(..) is
+    6 y, quantized at 6x the output scale with the output's zero point.
+    """
+
+    quantized_ok = True
+    # Against the HARD_SWISH kernel's one rounding, in output steps: the gate's rounding (half a
+    # gate step, 3/255, times |x|/6 is at most half an output step), the product's (half of 6
+    # output steps, divided by 6) and the output's own; the int8 property test found 2.
+    int8_error_steps = 2
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.HARD_SWISH(p.x)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        kind = _kind(m.x)
+        if kind is None or _kind(m.root.output) != kind:
+            return refuse(f"HARD_SWISH on {m.x.dtype} with per-channel or no quantization")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        spell_out_hard_swish(m.graph, m.root)
+
+
+def spell_out_hard_swish(g: Graph, op: Op) -> None:
+    """Replace HARD_SWISH `op` (float, or int8/uint8 per tensor) in place by
+    MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6); see LegalizeHardSwish for the quantization of
+    the intermediates. Also XNNPACK's form for int8 (rules/kernels.py: SpellOutInt8HardSwish)."""
+    x, out = op.inputs[0], op.output
+    q_gate = q_prod = None
+    if _kind(x) == "int":
+        s_out, z_out = _scale_zp(out)
+        q_gate, q_prod = _range_q(x, 0.0, 6.0), _quant(6 * s_out, z_out)
+    at = _take_out(g, op)
+    gate = _like(g, f"{out.name}/relu6_x_plus_3", x, q=q_gate)
+    prod = _like(g, f"{out.name}/x_times_gate", x, q=q_prod)
+    three = _scalar(g, f"{out.name}/three", 3.0, x)
+    g.add_op("ADD", [x, three], [gate], {"fused_activation_function": "RELU6"}, before=at)
+    _mul(g, x, gate, prod, at)
+    _mul(g, prod, _scalar(g, f"{out.name}/one_sixth", 1.0 / 6.0, x), out, at)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+_GELU_TANH_VS_ERF = 4.74e-4
+
+
+class LegalizeGelu(Rule):
+    """GELU(x)  =>  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))  (MUL, ADD, TANH only).
+
+    Exact for GELU(approximate=True); within 4.74e-4 of the erf form. Float only: legalize before
+    quantizing (the `edgetpu` recipe does), since each of the nine steps would need a calibrated
+    range. (`quantized_ok` only so that an int8 GELU gets that refusal in `--explain`.)
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0  # refuses int8
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.GELU(p.x)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        if _kind(m.x) != "float":
+            return refuse("GELU is legalized on the float model, before quantization")
+        return None
+
+    def error_bound(self, m: Match) -> float:
+        """0 for GELU(approximate=True); max |erf form - tanh form| = 4.74e-4 (at x = 2.70)."""
+        return 0.0 if m.root.options.get("approximate") else _GELU_TANH_VS_ERF
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        out, name = op.output, op.output.name
+
+        def t(suffix: str) -> Tensor:
+            return _like(g, f"{name}/{suffix}", x)
+
+        def c(suffix: str, v: float) -> Tensor:
+            return _scalar(g, f"{name}/{suffix}", v, x)
+
+        none = {"fused_activation_function": "NONE"}
+        op = _take_out(g, op)  # new ops go where GELU was
+        x2, x3, cubic, inner, arg, th, one_plus, half_x = (
+            t("x2"), t("x3"), t("cubic"), t("inner"), t("arg"), t("tanh"), t("1_plus"), t("half_x")
+        )  # fmt: skip
+        g.add_op("MUL", [x, x], [x2], none, before=op)
+        g.add_op("MUL", [x2, x], [x3], none, before=op)
+        g.add_op("MUL", [x3, c("k", 0.044715)], [cubic], none, before=op)
+        g.add_op("ADD", [x, cubic], [inner], none, before=op)
+        g.add_op("MUL", [inner, c("sqrt_2_over_pi", _SQRT_2_OVER_PI)], [arg], none, before=op)
+        g.add_op("TANH", [arg], [th], before=op)
+        g.add_op("ADD", [th, c("one", 1.0)], [one_plus], none, before=op)
+        g.add_op("MUL", [x, c("half", 0.5)], [half_x], none, before=op)
+        g.add_op("MUL", [half_x, one_plus], [out], none, before=op)
+
+
+# -- reductions ----------------------------------------------------------------------------------
+def _pool_limit() -> int:
+    return int(capability("edgetpu")["ops"]["AVERAGE_POOL_2D"].get("max_pool_plane", 1 << 30))
+
+
+def _mean_limit() -> int:
+    """The largest H x W plane a MEAN maps over as it is (YAMNet's 3x2 one did: edgetpu-more)."""
+    return int(capability("edgetpu")["ops"]["MEAN"].get("max_pool_plane", 0))
+
+
+def _pool_stages(h: int, w: int, limit: int) -> list[tuple[int, int]] | None:
+    """Pool windows (fh, fw) whose successive averages equal the mean over h x w, each window at
+    most `limit` pixels: one stage when h*w fits, else two (fh | h, fw | w), else None."""
+    if h * w <= limit:
+        return [(h, w)]
+    best: tuple[int, int] | None = None
+    for fh in (d for d in range(1, h + 1) if h % d == 0):
+        for fw in (d for d in range(1, w + 1) if w % d == 0):
+            fits = fh * fw <= limit and (h // fh) * (w // fw) <= limit
+            if fits and (best is None or fh * fw > best[0] * best[1]):
+                best = (fh, fw)
+    if best is None:
+        return None
+    return [best, (h // best[0], w // best[1])]
+
+
+def _pool(g: Graph, x: Tensor, window: tuple[int, int], out: Tensor, before: Op | None) -> None:
+    fh, fw = window
+    options = {
+        "padding": "VALID",
+        "stride_h": fh,
+        "stride_w": fw,
+        "filter_height": fh,
+        "filter_width": fw,
+        "fused_activation_function": "NONE",
+    }
+    g.add_op("AVERAGE_POOL_2D", [x], [out], options, before=before)
+
+
+def _average_pool_chain(g: Graph, x: Tensor, stages, final: Tensor, anchor: Op) -> None:
+    """x -> AVERAGE_POOL_2D per stage -> final, inserted before `anchor`. Integer pools keep x's
+    parameters (the int8 kernel wants equal input and output scales)."""
+    current, (n, h, w, ch) = x, x.shape
+    for i, (fh, fw) in enumerate(stages):
+        h, w = h // fh, w // fw
+        last = i == len(stages) - 1
+        target = final if last else _like(g, f"{final.name}/pool{i}", x, (n, h, w, ch))
+        if target.quantization is None and x.quantization is not None:
+            target.quantization = x.quantization
+        _pool(g, current, (fh, fw), target, anchor)
+        current = target
+
+
+class MeanToAveragePool(Rule):
+    """MEAN(x, axes=[1, 2])  =>  AVERAGE_POOL_2D(x, filter = H x W) [-> RESHAPE] [-> QUANTIZE],
+    only for a plane larger than a MEAN maps over (the compiler maps a MEAN within its limit as it
+    is: YAMNet's, edgetpu-more; the pool would add ops and roundings there).
+
+    The same average (exact in float). A plane larger than the compiler maps is pooled in two
+    stages: windows fh x fw, then the (H/fh) x (W/fw) grid of their averages — the mean of equal-
+    sized tile means is the mean (the split workaround of google-coral/edgetpu#461). keep_dims=False
+    adds a RESHAPE; an int8 MEAN whose output scale differs from its input's adds a requantizing
+    QUANTIZE (the int8 pool kernel ignores output parameters: checked, 38 steps off otherwise), so
+    it rounds twice: within two steps of the MEAN when the output scale is finer than the input's.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 2  # pool, then a requantizing QUANTIZE: two roundings
+
+    def int8_error(self, m: Match) -> int:
+        """Each pool stage rounds at x's scale s_x (half a step), the QUANTIZE and the MEAN at
+        the output's s_y: |error| <= stages * s_x / (2 s_y) + 1 output steps (found by the int8
+        property test: 5 steps for a 3x3 mean whose output scale is 8x finer)."""
+        if _kind(m.x) != "int":
+            return 0
+        stages = _pool_stages(m.x.shape[1], m.x.shape[2], _pool_limit()) or [()]
+        ratio = _scale_zp(m.x)[0] / _scale_zp(m.root.output)[0]
+        return max(self.int8_error_steps, math.floor(len(stages) * ratio / 2 + 1))
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MEAN(p.x, p.const("axes"))
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        x = m.x
+        if len(x.shape) != 4 or x.shape[0] != 1:
+            return refuse(f"MEAN input {list(x.shape)} is not a batch-1 image tensor")
+        axes = sorted({int(a) % 4 for a in np.asarray(m.axes.data).reshape(-1)})
+        if axes != [1, 2]:
+            return refuse(f"MEAN reduces axes {axes}, not height and width")
+        kind = _kind(x)
+        if kind is None or _kind(m.root.output) != kind:
+            return refuse(f"MEAN on {x.dtype} with per-channel or no quantization")
+        plane, mean_limit = x.shape[1] * x.shape[2], _mean_limit()
+        if plane <= mean_limit:
+            return refuse(
+                f"the MEAN maps on the Edge TPU as it is (a {x.shape[1]}x{x.shape[2]} plane, within"
+                f" the {mean_limit} px of delegates/edgetpu.toml [ops.MEAN]): a pool would add ops"
+                " and roundings"
+            )
+        if _pool_stages(x.shape[1], x.shape[2], _pool_limit()) is None:
+            return refuse(f"no exact tiling of the {x.shape[1]}x{x.shape[2]} plane fits the limit")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        out = op.output
+        stages = _pool_stages(x.shape[1], x.shape[2], _pool_limit())
+        pooled_shape = (1, 1, 1, x.shape[3])
+        requant = _kind(x) == "int" and not out.quantization.same_as(x.quantization)
+        if out.shape == pooled_shape and not requant:
+            pooled = out
+        else:
+            pooled = _like(g, f"{out.name}/pooled", x, pooled_shape, x.quantization)
+        anchor = _take_out(g, op)
+        _average_pool_chain(g, x, stages, pooled, anchor)
+        current = pooled
+        if requant:
+            target = (
+                out
+                if out.shape == pooled_shape
+                else _like(g, f"{out.name}/requantized", x, pooled_shape, out.quantization)
+            )
+            g.add_op("QUANTIZE", [current], [target], before=anchor)
+            current = target
+        if current is not out:
+            shape = g.add_constant(f"{out.name}/shape", np.array(out.shape, np.int32), "INT32")
+            g.add_op("RESHAPE", [current, shape], [out], before=anchor)
+
+
+class SplitOversizedAveragePool(Rule):
+    """AVERAGE_POOL_2D over a whole plane larger than the compiler maps  =>  two AVERAGE_POOL_2D
+    stages (fh x fw windows, then their grid), the same mean (google-coral/edgetpu#461)."""
+
+    quantized_ok = True
+    int8_error_steps = 1  # two pool stages round once more
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.AVERAGE_POOL_2D(p.x)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        op, x = m.root, m.x
+        fh, fw = int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
+        if fh * fw <= _pool_limit():
+            return NotApplicable("the pool window already fits")
+        if len(x.shape) != 4 or (fh, fw) != tuple(x.shape[1:3]) or op.output.shape[1:3] != (1, 1):
+            return refuse("only a global average pool (window = whole plane) is split")
+        if op.fused_activation != "NONE":
+            return refuse("the pool has a fused activation")
+        if _kind(x) == "int" and not op.output.quantization.same_as(x.quantization):
+            return refuse("int8 pool changes the scale")
+        if _pool_stages(fh, fw, _pool_limit()) is None:
+            return refuse(f"no exact tiling of the {fh}x{fw} plane fits the limit")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        out = op.output
+        stages = _pool_stages(x.shape[1], x.shape[2], _pool_limit())
+        anchor = _take_out(g, op)
+        _average_pool_chain(g, x, stages, out, anchor)
+
+
+# -- resize ----------------------------------------------------------------------------------------
+def _slice(g: Graph, x: Tensor, begin, size, name: str, q, at: Op | None) -> Tensor:
+    out = g.add_tensor(name, tuple(size), x.dtype, quantization=q)
+    b = g.add_constant(f"{name}/begin", np.array(begin, np.int32), "INT32")
+    s = g.add_constant(f"{name}/size", np.array(size, np.int32), "INT32")
+    g.add_op("SLICE", [x, b, s], [out], before=at)
+    return out
+
+
+class SplitOversizedResize(Rule):
+    """RESIZE(x) with an output plane larger than the compiler maps  =>
+    CONCATENATION_rows(RESIZE(SLICE_rows(x)) ...), tiles of input rows each under the limit.
+
+    Integer scale factors, no align_corners, no half-pixel centers: output row r reads input rows
+    floor(r/f) and (bilinear) the next one, so a tile of input rows [a, b) plus one extra row
+    gives output rows [a f, b f) exactly; the extra output rows are sliced off. The same
+    numbers in float; int8 tiles keep the tensors' parameters (the kernels do not rescale).
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0  # bit-exact tiles
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.any("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")(p.x, p.const("size"))
+
+    def _plan(self, m: Match) -> tuple[int, int, int] | Refusal:
+        op, x = m.root, m.x
+        limit = _resize_limit(op.type)
+        (n, h, w, _), (_, big_h, big_w, _) = x.shape, op.output.shape
+        if n != 1 or big_h * big_w <= limit:
+            return NotApplicable("the resize output already fits")
+        if op.options.get("align_corners") or op.options.get("half_pixel_centers"):
+            return refuse("only resizes without align_corners / half_pixel_centers are tiled")
+        if big_h % h or big_w % w:
+            return refuse(f"scale {h}x{w} -> {big_h}x{big_w} is not an integer factor")
+        if _kind(x) is None:
+            return refuse(f"RESIZE on {x.dtype} with per-channel or no quantization")
+        fh = big_h // h
+        extra = 1 if op.type == "RESIZE_BILINEAR" else 0
+        rows = limit // (fh * big_w) - extra
+        if rows < 1:
+            return refuse(f"even one input row resizes to more than {limit} pixels")
+        c = x.shape[3]
+        tile = Tensor("tile", (1, (rows + extra) * fh, big_w, c), op.output.dtype)
+        why = _refusal_of(
+            op.type, [Tensor("rows", (1, rows + extra, w, c), x.dtype)], tile.shape,
+            dict(op.options), consts=[np.array(tile.shape[1:3], np.int32)],
+        ) or _refusal_of("CONCATENATION", [tile], op.output.shape, {"axis": 1})  # fmt: skip
+        if why:
+            return refuse(f"a tile would stay on the CPU: {why}")
+        return fh, rows, extra
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        plan = self._plan(m)
+        return plan if isinstance(plan, Refusal) else None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        fh, rows, extra = self._plan(m)
+        out = op.output
+        _, h, w, c = x.shape
+        big_w = out.shape[2]
+        at = _take_out(g, op)
+        tiles = []
+        for i, a in enumerate(range(0, h, rows)):
+            b = min(h, a + rows)
+            ext = min(h, b + extra)
+            name = f"{out.name}/tile{i}"
+            piece = _slice(g, x, [0, a, 0, 0], [1, ext - a, w, c], name, x.quantization, at)
+            full = g.add_tensor(f"{name}/resized", (1, (ext - a) * fh, big_w, c), out.dtype)
+            full.quantization = out.quantization
+            size = g.add_constant(
+                f"{name}/out_size", np.array([(ext - a) * fh, big_w], np.int32), "INT32"
+            )
+            g.add_op(op.type, [piece, size], [full], dict(op.options), before=at)
+            if ext > b:
+                full = _slice(
+                    g, full, [0, 0, 0, 0], [1, (b - a) * fh, big_w, c], f"{name}/rows",
+                    out.quantization, at,
+                )  # fmt: skip
+            tiles.append(full)
+        options = {"axis": 1, "fused_activation_function": "NONE"}
+        g.add_op("CONCATENATION", tiles, [out], options, before=at)
+
+
+def _resize_limit(op_type: str) -> int:
+    return int(capability("edgetpu")["ops"][op_type].get("max_output_plane", 1 << 30))
+
+
+# -- detection heads (YOLOv5/v8 exports) -----------------------------------------------------------
+def _resize_version(dtype: str) -> int:
+    """TFLite's version of RESIZE_NEAREST_NEIGHBOR without half_pixel_centers/align_corners
+    (op_version.cc: 4 for int16, 2 for int8, else 1)."""
+    return {"INT16": 4, "INT8": 2}.get(dtype, 1)
+
+
+class DropHalfPixelCentersFromNearestResize(Rule):
+    """RESIZE_NEAREST_NEIGHBOR(x, half_pixel_centers=True), integer factors  =>
+    RESIZE_NEAREST_NEIGHBOR(x, half_pixel_centers=False) (op version 3 => 1, int8 2).
+
+    For an output index o = k f + r (0 <= r < f, f = out/in an integer) the source row is
+    floor((o + 0.5) / f) = k with half-pixel centers and floor(o / f) = k without: the same
+    pixel, so the same values in float and int8. litert-torch writes every nearest upsample this
+    way (PyTorch's convention). Compiler 16 maps version 3 (its logs on YOLOv5 exports, the
+    compiled YOLOv8 pairs); 14.1 and 15.0 reject it as "Operation version not supported" (gh206,
+    gh420), so the rewrite costs nothing on 16 and keeps the model mappable by older compilers.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0  # the same pixels are copied
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.RESIZE_NEAREST_NEIGHBOR(p.x, p.const("size"))
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        op, x = m.root, m.x
+        if not op.options.get("half_pixel_centers"):
+            return NotApplicable("no half_pixel_centers")
+        if op.options.get("align_corners"):
+            return refuse("align_corners with half_pixel_centers picks other pixels")
+        if len(x.shape) != 4 or len(op.output.shape) != 4:
+            return refuse(f"input {list(x.shape)} is not an NHWC image")
+        (_, h, w, _), (_, big_h, big_w, _) = x.shape, op.output.shape
+        if min(h, w) < 1 or big_h % h or big_w % w:
+            return refuse(f"{h}x{w} -> {big_h}x{big_w} is not an integer upscale")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        op = m.root
+        op.options = {**op.options, "half_pixel_centers": False}
+        op.version = _resize_version(m.x.dtype)
+
+
+_NCHW_FROM_NHWC = [0, 3, 1, 2]
+
+
+def _flattened_nchw(graph: Graph, t: Tensor | None) -> tuple[Tensor, Quantization | None] | None:
+    """(x, q) when `t` = [QUANTIZE to q](RESHAPE(TRANSPOSE(x [1, H, W, C], [0, 3, 1, 2]),
+    [1, C, H*W])), each step read only there and the layout steps keeping x's quantization
+    (litert-quantizer puts a requantizing QUANTIZE before a join); else None."""
+    requant = None
+    op = t.producer if t is not None else None
+    if op is not None and op.type == "QUANTIZE" and single_reader(graph, t):
+        if not (t.is_quantized and op.inputs[0] is not None and op.inputs[0].is_quantized):
+            return None
+        requant, t = t.quantization, op.inputs[0]
+        op = t.producer
+    if op is None or op.type != "RESHAPE" or not single_reader(graph, t):
+        return None
+    mid = op.inputs[0]
+    transpose = mid.producer if mid is not None else None
+    if transpose is None or transpose.type != "TRANSPOSE" or not single_reader(graph, mid):
+        return None
+    perm = transpose.inputs[1]
+    if perm is None or not perm.is_constant:
+        return None
+    x = transpose.inputs[0]
+    if [int(v) for v in np.asarray(perm.data).reshape(-1)] != _NCHW_FROM_NHWC:
+        return None
+    if len(x.shape) != 4 or x.shape[0] != 1:
+        return None
+    _, h, w, c = x.shape
+    if t.shape != (1, c, h * w):
+        return None
+    for q in (mid.quantization, t.quantization):
+        if x.is_quantized and (q is None or not q.same_as(x.quantization)):
+            return None
+    return x, requant
+
+
+class ConcatFlattenedMapsInNHWC(Rule):
+    """CONCATENATION_2(RESHAPE(TRANSPOSE(x_i, [0,3,1,2]), [1, C, H_i W_i]) ...)  =>
+    TRANSPOSE(CONCATENATION_1(RESHAPE(x_i, [1, H_i W_i, C]) ...), [0, 2, 1]).
+    (A requantizing QUANTIZE between an input's RESHAPE and the join moves along.)
+
+    The detection head of YOLOv5/v8 exports flattens each feature map [1, H, W, C] to channels-
+    first [1, C, H W] and joins the scales along the anchors. Flattening in NHWC order is a plain
+    reshape (no data moves), and one TRANSPOSE after the join gives the same [1, C, N] tensor:
+    element (c, offset_i + h W_i + w) is x_i[h, w, c] either way. Pure data movement, so exact
+    in float and int8 (the join's requantization is element-wise and unchanged). Three layout
+    TRANSPOSEs of whole feature maps become one.
+
+    The one TRANSPOSE is larger than each of the three, and the compiler's TRANSPOSE limit is the
+    tensor's element count (edgetpu.toml); the NHWC rows [1, H W, C] and the join may also exceed
+    its two-innermost-dimensions limit. So the rewrite is refused unless every op it writes maps:
+    it never trades a refused op for another, nor moves the cut earlier (on a 640-pixel YOLOv8n
+    the joined [1, 8400, 144] TRANSPOSE holds 1.2 million elements; only small inputs qualify).
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0  # data movement only
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.CONCATENATION()
+
+    def _maps(self, m: Match) -> list[tuple[Tensor, Quantization | None]] | Refusal:
+        op = m.root
+        out = op.output
+        if len(out.shape) != 3 or int(op.options.get("axis", 0)) % 3 != 2:
+            return NotApplicable("not a join along the last axis of a 3-D tensor")
+        if op.fused_activation != "NONE":
+            return refuse("the join has a fused activation")
+        maps = [_flattened_nchw(m.graph, t) for t in op.inputs]
+        if any(x is None for x in maps):
+            return NotApplicable("not every input is an NHWC map flattened channels-first")
+        if len({x.shape[3] for x, _ in maps}) != 1:
+            return refuse("the maps have different channel counts")
+        refusal = self._refused_by_the_compiler(maps, out)
+        return refuse(refusal) if refusal else maps
+
+    @staticmethod
+    def _refused_by_the_compiler(maps: list[tuple[Tensor, Quantization | None]], out: Tensor):
+        """Why an op the rewrite would write stays on the CPU (edgetpu.toml), or None."""
+        c = maps[0][0].shape[3]
+        rows = []
+        for x, _ in maps:
+            row = (1, x.shape[1] * x.shape[2], c)
+            why = _refusal_of("RESHAPE", [x], row, consts=[np.array(row, np.int32)])
+            if why:
+                return f"its NHWC rows would stay on the CPU: {why}"
+            rows.append(Tensor("row", row, x.dtype))
+        joined = (1, sum(r.shape[1] for r in rows), c)
+        why = _refusal_of("CONCATENATION", rows, joined, {"axis": 1})
+        if why:
+            return f"its join would stay on the CPU: {why}"
+        why = _refusal_of("TRANSPOSE", [Tensor("j", joined, out.dtype)], out.shape,
+                          consts=[np.array([0, 2, 1], np.int32)])  # fmt: skip
+        return f"its one TRANSPOSE would stay on the CPU: {why}" if why else None
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        maps = self._maps(m)
+        return maps if isinstance(maps, Refusal) else None
+
+    def rewrite(self, m: Match) -> None:
+        g, op = m.graph, m.root
+        maps = self._maps(m)
+        out = op.output
+        c = maps[0][0].shape[3]
+        at = _take_out(g, op)
+        rows = []
+        for i, (x, requant) in enumerate(maps):
+            shape = (1, x.shape[1] * x.shape[2], c)
+            row = g.add_tensor(f"{out.name}/nhwc{i}", shape, x.dtype, quantization=x.quantization)
+            target = g.add_constant(f"{row.name}/shape", np.array(shape, np.int32), "INT32")
+            g.add_op("RESHAPE", [x, target], [row], before=at)
+            if requant is not None:  # the same requantization, on the NHWC rows
+                moved = g.add_tensor(
+                    f"{row.name}/requantized", shape, x.dtype, quantization=requant
+                )
+                g.add_op("QUANTIZE", [row], [moved], before=at)
+                row = moved
+            rows.append(row)
+        n = sum(r.shape[1] for r in rows)
+        joined = g.add_tensor(
+            f"{out.name}/nhwc", (1, n, c), out.dtype, quantization=out.quantization
+        )
+        g.add_op(
+            "CONCATENATION",
+            rows,
+            [joined],
+            {"axis": 1, "fused_activation_function": "NONE"},
+            before=at,
+        )
+        perm = g.add_constant(f"{out.name}/perm", np.array([0, 2, 1], np.int32), "INT32")
+        g.add_op("TRANSPOSE", [joined, perm], [out], before=at)
+
+
+# -- data movement over the compiler's limits ------------------------------------------------------
+def _transpose_limit() -> int:
+    return int(capability("edgetpu")["ops"]["TRANSPOSE"]["max_elements"])
+
+
+def _pieces(length: int, count: int) -> list[int]:
+    """`length` cut into `count` consecutive pieces whose sizes differ by at most one."""
+    base, extra = divmod(length, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+class SplitOversizedTranspose(Rule):
+    """TRANSPOSE(x, perm) over the compiler's element limit  =>
+    CONCATENATION_j(TRANSPOSE(SLICE_a(x, piece_i), perm) ...), j the axis with perm[j] = a.
+
+    Consecutive slices of x along axis a, each transposed, are consecutive slices of the output
+    along the axis a lands on: out[.., i_j, ..] = x[.., i_a = i_j, ..]. Pure data movement, so
+    bit-exact; it runs on the int8 graph (the quantized stage), where every piece keeps x's
+    quantization (a float graph quantized afterwards could give each piece its own scale).
+
+    The compiler's TRANSPOSE limit is the element count of the tensor it moves (edgetpu.toml:
+    69696 seen mapped, 102400 refused), so the pieces stay under the largest seen mapped; the
+    axis cut into the fewest pieces is chosen. Refused unless every op it writes maps (a result
+    whose two innermost dimensions are over the limit stays on the CPU however it is cut) and
+    unless its input comes from the Edge TPU segment (after the cut the pieces would only add CPU
+    work). YOLOv8 heads at 256 pixels: the [1, 32, 32, 80] class-score map and the
+    [1, 4, 16, 1344] DFL transposes; at 640 the 40x40 and 80x80 feature maps.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0  # data movement only
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.TRANSPOSE(p.x, p.const("perm"))
+
+    def _plan(self, m: Match) -> tuple[int, list[int]] | Refusal:
+        x, out, limit = m.x, m.root.output, _transpose_limit()
+        if x.size <= limit:
+            return NotApplicable("the transpose is within the limit")
+        perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
+        kind = _kind(x)
+        if kind == "float":  # quantizing the pieces separately could give each its own scale
+            return NotApplicable("float graph: split after quantization, one scale for all pieces")
+        if kind is None:
+            return refuse(f"TRANSPOSE on {x.dtype} with per-channel or no quantization")
+        if not (out.is_quantized and out.quantization.same_as(x.quantization)):
+            return refuse("the transpose requantizes")
+        plans = []
+        for axis, length in enumerate(x.shape):
+            per_row = x.size // length
+            if length < 2 or per_row > limit:
+                continue
+            count = math.ceil(length / (limit // per_row))
+            plans.append((count, axis))
+        if not plans:
+            return refuse(f"no axis of {list(x.shape)} cuts it into pieces of at most {limit}")
+        count, axis = min(plans)
+        sizes = _pieces(x.shape[axis], count)
+        j = perm.index(axis)
+        for size in sorted(set(sizes)):
+            piece = tuple(size if i == axis else d for i, d in enumerate(x.shape))
+            moved = tuple(piece[i] for i in perm)
+            why = _refusal_of("TRANSPOSE", [Tensor("p", piece, x.dtype)], moved,
+                              consts=[np.array(perm, np.int32)])  # fmt: skip
+            if why:
+                return refuse(f"a piece would stay on the CPU: {why}")
+        moved = [Tensor("m", tuple(s if i == j else d for i, d in enumerate(out.shape)), x.dtype)
+                 for s in sorted(set(sizes))]  # fmt: skip
+        why = _refusal_of("CONCATENATION", moved, out.shape, {"axis": j})
+        if why:
+            return refuse(f"the transposed tensor itself stays on the CPU: {why}")
+        return axis, sizes
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        plan = self._plan(m)
+        return plan if isinstance(plan, Refusal) else None
+
+    def rewrite(self, m: Match) -> None:
+        g, op, x = m.graph, m.root, m.x
+        axis, sizes = self._plan(m)
+        perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
+        out = op.output
+        j = perm.index(axis)
+        at = _take_out(g, op)
+        pieces, start = [], 0
+        for i, size in enumerate(sizes):
+            begin = [start if k == axis else 0 for k in range(len(x.shape))]
+            shape = [size if k == axis else d for k, d in enumerate(x.shape)]
+            name = f"{out.name}/piece{i}"
+            part = _slice(g, x, begin, shape, name, x.quantization, at)
+            moved = g.add_tensor(f"{name}/moved", tuple(shape[k] for k in perm), x.dtype)
+            moved.quantization = out.quantization
+            order = g.add_constant(f"{name}/perm", np.array(perm, np.int32), "INT32")
+            g.add_op("TRANSPOSE", [part, order], [moved], before=at)
+            pieces.append(moved)
+            start += size
+        options = {"axis": j, "fused_activation_function": "NONE"}
+        g.add_op("CONCATENATION", pieces, [out], options, before=at)
+
+
+# -- fusions the compiler would refuse -------------------------------------------------------------
+def fused_activation_refusal(op_type: str, activation: str) -> Refusal | None:
+    """Why fusing `activation` into an `op_type` op would cost the Edge TPU that op, or None.
+
+    The answer is the op's row in `delegates/edgetpu.toml` (`fused_activations`, else the table's
+    `default_fused_activations`): a pool row allows only NONE, so MAX_POOL_2D + RELU stays two
+    ops, both mapped, instead of one fused pool the compiler leaves on the CPU. An op outside the
+    table runs on the CPU either way: no objection then.
+    """
+    table = capability("edgetpu")
+    row = table["ops"].get(op_type)
+    if row is None:
+        return None
+    allowed = row.get("fused_activations", table["meta"]["default_fused_activations"])
+    if activation in allowed:
+        return None
+    return refuse(
+        f"the Edge TPU maps {op_type} only with fused activation {', '.join(allowed)}: "
+        f"{activation} stays a separate op (delegates/edgetpu.toml)"
+    )
+
+
+EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
+    LegalizeLeakyRelu(),
+    LegalizeHardSwish(),
+    LegalizeGelu(),
+    MeanToAveragePool(),
+    SplitOversizedAveragePool(),
+    SplitOversizedResize(),
+    DropHalfPixelCentersFromNearestResize(),
+    ConcatFlattenedMapsInNHWC(),
+    SplitOversizedTranspose(),
+)
