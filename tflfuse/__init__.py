@@ -7,11 +7,11 @@ The Python API is four functions at the package top (documented in `tflfuse.api`
     tflfuse.check(model, target="edgetpu")                                    -> Prediction
     tflfuse.bench([model_a, model_b], runs=100)                               -> dict
 
-`import tflfuse` stays light (no numpy, no TensorFlow): the names resolve on first use. Three of
-them are also submodules (`tflfuse.convert`, `tflfuse.optimize`, `tflfuse.bench`), and Python
-sets a package attribute to its submodule once that is imported; so those submodules are made
-callable instead (calling one calls the API function), and `from tflfuse.convert import
-convert_keras` keeps working. This file is shipped in device bundles: Python 3.7 syntax, stdlib.
+`import tflfuse` stays light (no numpy, no TensorFlow): the names resolve on first use. One of
+them is also a subpackage (`tflfuse.convert`, the conversion pipeline), and Python sets a package
+attribute to its subpackage once that is imported; so that package is made callable instead
+(calling it calls the API function). The parts and their layering: docs/ARCHITECTURE.md.
+This file is shipped in device bundles: Python 3.7 syntax, stdlib.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 from tflfuse.version import __version__
 
 API = ("convert", "optimize", "check", "bench")
+SUBPACKAGES = ("convert",)  # API names that are also subpackages
 __all__ = ["__version__", *API]
 
 
@@ -33,7 +34,7 @@ def _api_function(name: str) -> Any:
 
 
 class _CallableModule(types.ModuleType):
-    """A tflfuse submodule whose name is also an API function: calling it calls the function."""
+    """A tflfuse subpackage whose name is also an API function: calling it calls the function."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _api_function(self.__name__.rpartition(".")[2])(*args, **kwargs)
@@ -46,7 +47,7 @@ class _CallableModule(types.ModuleType):
 
 
 class _Package(types.ModuleType):
-    """This package: an API submodule becomes callable as the import system binds it here."""
+    """This package: an API subpackage becomes callable as the import system binds it here."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in API and type(value) is types.ModuleType:
@@ -55,12 +56,12 @@ class _Package(types.ModuleType):
 
 
 def __getattr__(name: str) -> Any:
-    if name == "check":
-        return _api_function("check")
-    if name in API:  # convert, optimize, bench: the (callable) submodule
+    if name in SUBPACKAGES:  # the (callable) subpackage
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")
+    if name in API:
+        return _api_function(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
