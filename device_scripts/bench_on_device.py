@@ -26,12 +26,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # the bundle ships tflfuse/ beside this script; in a checkout the package is one folder up
 for _root in (HERE, HERE.parent):
-    if (_root / "tflfuse" / "bench.py").is_file():
+    if (_root / "tflfuse" / "runtime" / "bench.py").is_file():
         sys.path.insert(0, str(_root))
         break
 
-from tflfuse.errors import TflfuseError  # noqa: E402
-from tflfuse.runtime import bench, bundle  # noqa: E402
+try:
+    from tflfuse.errors import TflfuseError
+    from tflfuse.runtime import bench, bundle
+except ImportError as exc:  # a bundle that lost a module: refused in one line like any other
+    print(f"bench_on_device: error: bundle is incomplete: a module is missing ({exc})",
+          file=sys.stderr)  # fmt: skip
+    sys.exit(2)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         result["runner"] = {
             "script": "bench_on_device.py",
-            "tflfuse_source": str(Path(bench.__file__).resolve().parent),
+            "tflfuse_source": str(Path(bench.__file__).resolve().parents[1]),  # tflfuse/
             "tensorflow_imported": sys.modules.get("tensorflow") is not None,
             "interpreter": interpreter,
         }

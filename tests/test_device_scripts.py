@@ -80,7 +80,7 @@ def _run_no_tf(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProce
 @pytest.mark.parametrize(
     "path",
     [SCRIPTS / bundle.ENTRY_POINT] + [REPO / "tflfuse" / m for m in bundle.SHIPPED_MODULES],
-    ids=lambda p: p.name,
+    ids=lambda p: p.relative_to(REPO).as_posix(),
 )
 def test_shipped_code_is_python37_syntax(path: Path) -> None:
     source = path.read_text()

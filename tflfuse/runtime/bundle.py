@@ -4,7 +4,7 @@ A bundle is a folder that runs on its own on a device with Python >= 3.8, numpy 
 `tflite_runtime` or `ai_edge_litert` (no TensorFlow, no tflfuse install):
     manifest.json          format, sha256 and size of every other file, recipe, versions, models
     bench_on_device.py     the entry point (device_scripts/bench_on_device.py)
-    tflfuse/               the few modules the protocol needs (errors, runtime, bench, bundle)
+    tflfuse/               the few modules the protocol needs (SHIPPED_MODULES)
     models/*.tflite
 The device checks the bundle against its manifest before running anything and refuses a
 corrupt one (a file missing, changed or added) or a mismatched one (the host expected another
@@ -35,7 +35,15 @@ from tflfuse.runtime.interpreter import interpreter_module
 
 MANIFEST = "manifest.json"
 FORMAT = "tflfuse-bundle/1"
-SHIPPED_MODULES = ("__init__.py", "errors.py", "runtime.py", "bench.py", "bundle.py")
+SHIPPED_MODULES = (  # paths in the package: the device side and what it imports
+    "__init__.py",
+    "version.py",
+    "errors.py",
+    "runtime/__init__.py",
+    "runtime/interpreter.py",
+    "runtime/bench.py",
+    "runtime/bundle.py",
+)
 ENTRY_POINT = "bench_on_device.py"
 
 

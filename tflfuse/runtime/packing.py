@@ -27,12 +27,11 @@ from tflfuse.runtime.interpreter import interpreter_package
 from tflfuse.targets import runtimes
 from tflfuse.version import __version__
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # tflfuse/
 
 
 def _entry_point_source() -> bytes:
-    """bench_on_device.py from the package data (host side only: the device never calls this,
-    and its bundle does not ship `tflfuse.resources`, hence the import here)."""
+    """bench_on_device.py from the package data."""
     source = data_file("device_scripts", ENTRY_POINT)
     if source is None:
         raise TflfuseError(f"{ENTRY_POINT} is not installed with tflfuse (a broken install?)")
@@ -62,6 +61,7 @@ def make_bundle(
     for p in paths:
         shutil.copyfile(p, out_dir / "models" / p.name)
     for module in SHIPPED_MODULES:
+        (out_dir / "tflfuse" / module).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(_PACKAGE_DIR / module, out_dir / "tflfuse" / module)
     (out_dir / ENTRY_POINT).write_bytes(_entry_point_source())
     files = {}
