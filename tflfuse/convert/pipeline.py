@@ -33,6 +33,7 @@ import numpy as np
 
 from tflfuse import isolation
 from tflfuse.convert import calibration as calib_mod
+from tflfuse.convert import quantize as quantize_mod
 from tflfuse.convert import recipe as recipe_mod
 from tflfuse.convert import report as report_mod
 from tflfuse.convert.optimize import (
@@ -44,7 +45,7 @@ from tflfuse.convert.optimize import (
     runtime_section,
     verify_rewrite,
 )
-from tflfuse.convert.quantize import Quantized, set_io_types
+from tflfuse.convert.quantize import Quantized, aeq_unsupported, set_io_types
 from tflfuse.convert.recipe import Recipe
 from tflfuse.errors import TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
@@ -284,8 +285,6 @@ def quantize(rec: Recipe, ctx: Context) -> None:
 def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
     """One model quantized (quantize.Quantized), or None for an unfused baseline `baselines`
     makes from the stock model."""
-    from tflfuse.convert.quantize import Quantized, aeq_unsupported, quantize
-
     calib = ctx.inputs_for(which, ctx.calib)
     parsed = flatbuffer.from_bytes(data)  # (only read, by both)
     left = aeq_unsupported(data, parsed) if rec.quant_mode == "int8" else []
@@ -303,7 +302,7 @@ def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
             ctx.routes["unfused_left"] = ", ".join(left)
             return None
     # (a fused .tflite with such ops: the quantizer leaves them in float; the report names them)
-    return quantize(
+    return quantize_mod.quantize(
         data,
         rec.quant_mode,
         calib,
@@ -418,15 +417,13 @@ _RUNTIME_RULES = ("SpellOutGelu", "SplitTransposeConvActivation")
 
 def baselines(rec: Recipe, ctx: Context) -> None:
     """The stock model, and the unfused int8 baseline where quantize could not make it."""
-    from tflfuse.convert.quantize import Quantized, quantize
-
     stock, ctx.routes["stock"] = ctx.source.stock(rec, ctx.calib, ctx.options.progress)
     if ctx.quantized.get("unfused") is None:
         left = ctx.routes.pop("unfused_left", "?")
         if ctx.interface("unfused") is None:
             base, what = stock, "the stock model"
         else:  # the stock model keeps the source's interface: quantize the one convert gives
-            base = quantize(
+            base = quantize_mod.quantize(
                 ctx.float_data,
                 rec.quant_mode,
                 ctx.inputs_for("unfused", ctx.calib),

@@ -138,12 +138,8 @@ def warnings(ctx: Any, reference: list[np.ndarray], classifier: list[bool], agre
 
 
 def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> dict[str, Any]:
-    """Where the fused model's ops run on the recipe's delegate (tflfuse.targets, when present;
-    `model`: `data` already parsed)."""
-    try:
-        from tflfuse import targets
-    except ImportError:
-        return {"delegate": delegate, "checked": False, "reason": "tflfuse.targets not available"}
+    """Where the fused model's ops run on the recipe's delegate (tflfuse.targets; `model`:
+    `data` already parsed)."""
     try:
         model = model if model is not None else flatbuffer.from_bytes(data)
         prediction = targets.predict(model, delegate)

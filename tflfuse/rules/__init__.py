@@ -62,15 +62,12 @@ from tflfuse.rules.vertical import (
     MoveScaleThroughMean,
     MoveScaleThroughRelu,
 )
+from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
 
 TARGETS = ("xnnpack", "edgetpu", "gpu", "cpu")
 
 
 def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
-    try:  # engineer B's module; the pipeline works without it
-        from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
-    except ImportError:
-        return ()
     return tuple(EDGETPU_LEGALIZATION)
 
 
