@@ -28,7 +28,8 @@ from tflfuse.ir.summary import activation_bytes
 from tflfuse.rewrite import PassManager, PassResult, int8_error_bounds
 from tflfuse.rules import TARGETS, all_rule_names, pipeline
 from tflfuse.rules.runtime import runtime_legalization
-from tflfuse.runtime.verify import CandidateFailedError, OutputTolerance, UnverifiableError, compare
+from tflfuse.runtime import verify as verify_mod
+from tflfuse.runtime.verify import CandidateFailedError, OutputTolerance, UnverifiableError
 from tflfuse.targets import runtimes
 from tflfuse.targets.cost import cost_delta, model_cost
 from tflfuse.targets.runtimes import Runtime, resolve
@@ -182,7 +183,7 @@ def verify_rewrite(
         return None, {"verified": True, "ok": True, "identical_bytes": True}
     atol, per_output = tolerances(model, result)
     try:
-        agreement = compare(
+        agreement = verify_mod.compare(
             reference, candidate, atol=atol, rtol=0.0, per_output=per_output, roundoff=True
         )
     except UnverifiableError as exc:

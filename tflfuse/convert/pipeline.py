@@ -51,10 +51,10 @@ from tflfuse.errors import TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import flatbuffer
 from tflfuse.rewrite import PassManager, TopologicalSort
+from tflfuse.rules import defuse as defuse_mod
 from tflfuse.rules import pipeline
-from tflfuse.rules.defuse import Defuse
 from tflfuse.rules.runtime import runtime_legalization
-from tflfuse.runtime.verify import compare
+from tflfuse.runtime import verify as verify_mod
 from tflfuse.sources import tflite as tflite_frontend
 from tflfuse.sources.keras import (
     load_model,  # also what tests import from here
@@ -247,7 +247,7 @@ def unfused(rec: Recipe, ctx: Context) -> None:
         return
     atol = PROPAGATION * sum(e.error for e in ctx.fused.result.events)
     steps = 1 + len(ctx.fused.result.events)
-    check = compare(
+    check = verify_mod.compare(
         ctx.fused.data,
         ctx.unfused_float,
         atol=atol,
@@ -447,7 +447,7 @@ def baselines(rec: Recipe, ctx: Context) -> None:
 
 def _defused(data: bytes, name: str, verify: bool = True) -> bytes:
     model = flatbuffer.from_bytes(data, name)
-    PassManager((Defuse(), TopologicalSort())).run(model)
+    PassManager((defuse_mod.Defuse(), TopologicalSort())).run(model)
     out = flatbuffer.to_bytes(model)
     if verify:
         check_defused(data, out, name, "defused int8 baseline")  # raises when it fails

@@ -39,10 +39,10 @@ from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.ir import Model, Signature, flatbuffer, summary
 from tflfuse.ir.summary import quantization_summary
 from tflfuse.rewrite import PassManager, TopologicalSort
-from tflfuse.rules.defuse import Defuse
+from tflfuse.rules import defuse as defuse_mod
+from tflfuse.runtime import verify as verify_mod
 from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.runtime.runs import run_float
-from tflfuse.runtime.verify import compare
 from tflfuse.sources import float16_weights, layout
 from tflfuse.sources.layout import LayoutChange
 
@@ -230,7 +230,7 @@ class TfliteSource:
         (`verify=False`, --no-verify: not checked, and the route says so)."""
         start = self.float_tflite(rec)
         model = flatbuffer.from_bytes(start, self.name)
-        PassManager((Defuse(), TopologicalSort())).run(model)
+        PassManager((defuse_mod.Defuse(), TopologicalSort())).run(model)
         data = flatbuffer.to_bytes(model)
         route = "the input defused (rules.defuse: fused activations and float biases split off)"
         if not verify:
@@ -340,7 +340,8 @@ def check_defused(reference: bytes, defused: bytes, name: str, what: str) -> tup
     measured. On the reference kernels (BUILTIN_REF) a split-off activation or bias rounds
     exactly as the fused epilogue did, so the two are expected bit-identical; float outputs are
     held to the round-off bound (tflfuse.runtime.roundoff) and int8 ones to 0 steps."""
-    check = compare(  # two input sets: the reference kernels are slow, and identity is expected
+    # two input sets: the reference kernels are slow, and identity is expected
+    check = verify_mod.compare(
         reference, defused, runs=2, delegate="ref", atol=0.0, rtol=0.0, int_atol=0, roundoff=True
     )
     if not check.ok:
@@ -422,7 +423,7 @@ def _widen_float16(
             " give the float32 model",
         )
     data = flatbuffer.to_bytes(parsed)
-    check = compare(given, data, atol=0.0, rtol=0.0)
+    check = verify_mod.compare(given, data, atol=0.0, rtol=0.0)
     if not check.ok:
         raise ModelError(
             where,
