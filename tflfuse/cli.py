@@ -3,6 +3,9 @@
 Each subcommand is a pair: `_add_NAME(subparsers)` declares it, `_run_NAME(args)` does it by
 calling library functions and printing. Errors the user can fix are `TflfuseError`s: printed as
 one line `tflfuse: error: ...`, exit code 2, no traceback.
+
+Each `_run_NAME` imports the machinery it needs when it runs, lazily on purpose: `tflfuse --help`,
+`--version` and device_scripts/compile_edgetpu.py (which reads the parser) load none of it.
 """
 
 from __future__ import annotations

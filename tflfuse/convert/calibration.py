@@ -168,7 +168,7 @@ def _from_images(folder: Path, shape: tuple[int, ...], scale: float, offset: flo
         raise TflfuseError(
             f"{folder}: images need a model input of shape (H, W, C) or (C, H, W), not {shape}"
         )
-    import tensorflow as tf
+    import tensorflow as tf  # decodes the images; only a folder of images needs it
 
     layout = image_layout(shape)
     if layout == "NCHW":

@@ -25,11 +25,13 @@ maps. The quantizer imports TensorFlow, so this module is only used by `convert`
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from tflfuse import isolation
 from tflfuse.convert import qparams
@@ -56,8 +58,6 @@ class Quantized:
 def _progress(samples: Iterable[Any], total: int, desc: str, enabled: bool) -> Iterable[Any]:
     if not enabled:
         return samples
-    from tqdm import tqdm
-
     return tqdm(samples, total=total, desc=desc, unit="sample", leave=False)
 
 
@@ -106,8 +106,6 @@ def quantize(
     represent and for unusable quantization parameters."""
     if mode == "none":
         return Quantized(float_model, "none (float32)")
-    import logging
-
     from litert_quantizer import quantizer
 
     logging.getLogger("absl").setLevel(logging.ERROR)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +156,6 @@ def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> di
 
 
 def _version(dist: str) -> str:
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:

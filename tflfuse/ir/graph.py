@@ -12,6 +12,7 @@ TensorFlow or the flatbuffer schema.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -400,8 +401,6 @@ class Graph:
                 if p is not None and p in indegree and p is not op:
                     indegree[op] += 1
                     users[p].append(op)
-        import heapq
-
         ready = [(position[op], id(op), op) for op, d in indegree.items() if d == 0]
         heapq.heapify(ready)
         order: list[Op] = []

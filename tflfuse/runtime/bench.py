@@ -21,6 +21,7 @@ numpy, the standard library and `tflfuse.runtime` (tqdm is used when present).
 
 from __future__ import annotations
 
+import io
 import os
 import platform
 import sys
@@ -323,8 +324,6 @@ def format_table(result: dict[str, Any]) -> str:
 
 def plot_latencies(result: dict[str, Any], path: str | Path) -> None:
     """Violin + box plot of every model's latency samples, written atomically as PNG."""
-    import io
-
     try:
         import matplotlib
 
@@ -332,7 +331,7 @@ def plot_latencies(result: dict[str, Any], path: str | Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise TflfuseError("--plot needs matplotlib: pip install 'tflfuse[plot]'") from None
-    from tflfuse.files import atomic_write_bytes
+    from tflfuse.files import atomic_write_bytes  # host only: a bundle ships no files.py
 
     models = result["models"]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(models) + 2), 4.5))

@@ -64,7 +64,7 @@ def interpreter_package() -> str:
     module = interpreter_module()
     top = module.__name__.split(".")[0]
     try:
-        from importlib.metadata import version
+        from importlib.metadata import version  # Python 3.8+ (a device may run 3.7)
 
         dist = {"ai_edge_litert": "ai-edge-litert", "tflite_runtime": "tflite-runtime"}
         return f"{top} {version(dist.get(top, top))}"
