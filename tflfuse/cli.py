@@ -804,11 +804,9 @@ def _run_example(args: argparse.Namespace) -> int:
         acc = digits.accuracy(model.predict(split.x_test, verbose=0), split.y_test)
         print(f"trained on sklearn digits: test accuracy {acc:.3f}; held-out set in {test_npz}")
     else:
-        import keras
-
         from tflfuse.examples import zoo
 
-        keras.utils.set_random_seed(0)  # weights=None: the same example on every run
+        zoo.seed(0)  # weights=None: the same example on every run
         sized = args.name not in ("transformer_encoder", "ds_cnn")
         model = zoo.build(args.name, **({"input_size": args.size} if sized else {}))
         calib = zoo.sample_inputs(tuple(model.input_shape[1:]), n=64, seed=3)

@@ -217,6 +217,13 @@ BUILDERS: dict[str, Callable[..., Any]] = {
 }
 
 
+def seed(value: int) -> None:
+    """Seed Keras's weight initializers (a `weights=None` model is then the same every run)."""
+    import keras
+
+    keras.utils.set_random_seed(value)
+
+
 def build(name: str, **kwargs: Any) -> Any:
     """A Keras model of architecture `name` with calibrated BatchNorm statistics."""
     if name not in BUILDERS:

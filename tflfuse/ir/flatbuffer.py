@@ -1,10 +1,10 @@
 """.tflite bytes <-> `tflfuse.ir.Model`: the only module that touches the flatbuffer schema.
 
-Reading goes through the schema object API and `flatbuffer_utils` shipped in ai-edge-litert (with
-TensorFlow's copy as a fallback), so buffers stored by offset and large custom options are resolved
-by the library that defines them. Writing packs a `ModelT` and aligns every constant buffer to 16
-bytes, as the TFLite converter does. Models whose constants do not fit in a 2 GiB flatbuffer are
-written with buffers stored by offset after the flatbuffer.
+Reading goes through the schema object API and `flatbuffer_utils` shipped in ai-edge-litert (a
+dependency; no TensorFlow below the sources), so buffers stored by offset and large custom options
+are resolved by the library that defines them. Writing packs a `ModelT` and aligns every constant
+buffer to 16 bytes, as the TFLite converter does. Models whose constants do not fit in a 2 GiB
+flatbuffer are written with buffers stored by offset after the flatbuffer.
 
 Reading has two stages, and a failure says which one failed. Unpacking the bytes into the schema
 objects (and resolving buffers stored by offset) is parsing: anything wrong there, or an index or
@@ -25,7 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import flatbuffers
 import numpy as np
+from ai_edge_litert import schema_py_generated as schema  # the one place the schema comes from
+from ai_edge_litert.tools import flatbuffer_utils
 
 from tflfuse.errors import LoaderBugError, ModelError
 from tflfuse.files import atomic_write_bytes
@@ -39,15 +42,6 @@ from tflfuse.ir.graph import (
     Signature,
     Tensor,
 )
-
-try:  # one place decides where the schema comes from
-    from ai_edge_litert import schema_py_generated as schema
-    from ai_edge_litert.tools import flatbuffer_utils
-except ImportError:  # pragma: no cover - exercised only where ai-edge-litert is missing
-    from tensorflow.lite.python import schema_py_generated as schema  # type: ignore[no-redef]
-    from tensorflow.lite.tools import flatbuffer_utils  # type: ignore[no-redef]
-
-import flatbuffers
 
 FILE_IDENTIFIER = b"TFL3"
 _FLATBUFFER_LIMIT = 2**31 - 2**24  # leave room for the non-buffer part of the model

@@ -58,18 +58,13 @@ _GPU_OK = "looks compatible with GPU delegate"
 
 
 def _analyzer() -> Any:
-    """TFLite's model analyzer: ai_edge_litert's build, else TensorFlow's (imported lazily)."""
+    """TFLite's model analyzer, ai_edge_litert's build (native code: imported when asked)."""
     try:
         from ai_edge_litert import _pywrap_analyzer_wrapper as wrapper
     except ImportError:
-        try:
-            from tensorflow.lite.python.analyzer_wrapper import (  # type: ignore[no-redef]
-                _pywrap_analyzer_wrapper as wrapper,
-            )
-        except ImportError:
-            raise TflfuseError(
-                "GPU compatibility comes from TFLite's analyzer: pip install ai-edge-litert"
-            ) from None
+        raise TflfuseError(
+            "GPU compatibility comes from TFLite's analyzer: pip install ai-edge-litert"
+        ) from None
     return wrapper
 
 
