@@ -357,9 +357,9 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f" The machine was shared with other jobs (load average {meta['load']}): where stock"
         " and fused are the same graph (equal op counts), their ratio shows the run's noise.",
         "",
-        "Models: `tflfuse.examples.zoo` architectures built offline with `weights=None` and calibrated"
-        " BatchNorm (so outputs vary with the input). unfused = the network as written (fusion"
-        " blocked), stock = the plain TFLite converter (its PTQ for int8), fused = tflfuse."
+        "Models: `tflfuse.examples.zoo` architectures built offline with `weights=None` and"
+        " calibrated BatchNorm (so outputs vary with the input). unfused = the network as written"
+        " (fusion blocked), stock = the plain TFLite converter (its PTQ for int8), fused = tflfuse."
         f" int8 = recipe `xnnpack-int8` ({CALIBRATION_SAMPLES} calibration samples), float32 ="
         " recipe `cpu-float`. Error = max |output - Keras output| on the report's check inputs;"
         " top-1 = how often the arg-max class agrees with Keras (classifiers). The fused model"

@@ -93,7 +93,8 @@ def test_installed_wheel_works_outside_the_checkout(site: Path, tmp_path: Path) 
     work.mkdir()
     model = _tiny_model(work / "tiny.tflite")
     probe = (
-        "import json, tflfuse, tflfuse.convert.recipe as r, tflfuse.targets as t, tflfuse.resources as s;"
+        "import json, tflfuse, tflfuse.convert.recipe as r, tflfuse.targets as t,"
+        " tflfuse.resources as s;"
         "print(json.dumps([tflfuse.__file__, r.available(), str(s.data_dir('delegates')),"
         " t.capability('edgetpu')['meta']['name'], r.load('edgetpu').input_type]))"
     )

@@ -1,6 +1,6 @@
 """Patterns, rules and the pass manager that applies them to a fixed point.
 
-A rule is three small methods (see ../DESIGN "How a rule looks"):
+A rule is three small methods (see docs/ARCHITECTURE.md, "Where things go"):
 
     class FuseReluIntoConv(Rule):
         '''CONV_2D(x) -> RELU  =>  CONV_2D(x, fused_activation=RELU).'''

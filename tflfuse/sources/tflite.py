@@ -1,7 +1,7 @@
 """A .tflite from anywhere (litert-torch, onnx2tf, a vendor) as a `tflfuse convert` source.
 
-It enters the pipeline at the float .tflite stage (see DESIGN.md). What convert can do with it is
-decided here, once, with a one-line error for what it cannot:
+It enters the pipeline at the float .tflite stage (see docs/ARCHITECTURE.md). What convert can do
+with it is decided here, once, with a one-line error for what it cannot:
   float, one subgraph, static shapes   the full route: fuse, quantize, legalize, baselines
   full int8 / uint8                    the int8 rules and legalization only; no re-quantization,
                                        and the input itself is the stock baseline
