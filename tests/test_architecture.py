@@ -1,0 +1,435 @@
+"""The architecture, read from the imports (docs/ARCHITECTURE.md): arrows only downward.
+
+Every import of tflfuse/ and device_scripts/ is parsed with `ast`, at module level and inside
+functions alike (a lazy import is still a dependency), and importing `tflfuse.a.b.c` counts as
+importing the packages `tflfuse.a` and `tflfuse.a.b` too (their __init__ runs first) unless the
+importer sits inside them. The checks:
+  - no import cycle between modules;
+  - each part imports only the parts below it (ALLOWED);
+  - the modules a device bundle ships import, at module level, only each other;
+  - TensorFlow, Keras and the quantizer only in `sources/keras*`, `convert/quantize*` and the
+    few places TF_ALLOWED names (with the reason), and only lazily, inside functions;
+  - device_scripts/ load nothing of rewriting, conversion or TensorFlow.
+Each failure names the importing file and line and the import itself. The checker is tried on
+small synthetic trees with one planted violation each, so a check that cannot fail is caught.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tflfuse.runtime.bundle import SHIPPED_MODULES
+
+REPO = Path(__file__).resolve().parents[1]
+
+# -- the rules -------------------------------------------------------------------------------
+BASE = ("errors", "files", "quiet", "resources", "isolation", "version")  # below every part
+# part -> the parts it may import (besides itself and BASE); a part is the first name under
+# tflfuse (`targets` for tflfuse.targets.edgetpu.rules); the device side of runtime is its own
+ALLOWED: dict[str, set[str]] = {
+    "ir": set(),
+    "rewrite": {"ir"},
+    "runtime.device": set(),  # interpreter, bench, bundle: what a bundle ships
+    "targets": {"ir", "rewrite", "runtime.device"},  # probes ask the interpreter
+    "rules": {"ir", "rewrite", "targets", "runtime.device"},  # constants fold on the interpreter
+    "runtime": {"ir", "targets", "runtime.device"},  # host side: verification, bundles, deploy
+    "sources": {"ir", "rewrite", "rules", "targets", "runtime", "runtime.device", "convert"},
+    "convert": {"ir", "rewrite", "rules", "targets", "runtime", "runtime.device", "sources"},
+    "examples": set(),
+    "api": {"ir", "targets", "runtime", "runtime.device", "convert"},
+    "cli": {
+        "ir",
+        "rewrite",
+        "rules",
+        "targets",
+        "runtime",
+        "runtime.device",
+        "sources",
+        "convert",
+        "examples",
+        "api",
+    },
+    "tflfuse": {"api"},  # the package: its API door, lazily
+}
+DEVICE_SIDE = ("runtime.interpreter", "runtime.bench", "runtime.bundle")
+# host-only helpers the device side may reach inside a function (never on the device's path)
+DEVICE_HOST_ONLY = {"files", "resources"}
+HEAVY = {"tensorflow", "keras", "tf_keras", "litert_quantizer", "ai_edge_quantizer"}
+TF_ALLOWED = {  # module prefix -> why it may import HEAVY (always lazily, inside a function)
+    "sources.keras": "the Keras/SavedModel source and its TensorFlow route",
+    "convert.quantize": "the quantization stage",
+    "convert.calibration": "decodes a folder of calibration images with tf.io",
+    "examples.": "the example models are Keras models",
+}
+NOT_ON_DEVICE = {"rewrite", "rules", "convert", "sources"}  # what device scripts never load
+
+
+# -- reading the imports -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Import:
+    importer: str  # module name, e.g. tflfuse.rules.epilogue or device_scripts.deploy
+    target: str  # the module it names (tflfuse.*), or the top-level name of another package
+    lazy: bool  # inside a function
+    where: str  # path:line
+    text: str  # the statement
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.text}" + ("  (in a function)" if self.lazy else "")
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def read_imports(
+    root: Path, folders: tuple[str, ...] = ("tflfuse", "device_scripts")
+) -> list[Import]:
+    """Every import statement under `folders` of `root`, one Import per module it names."""
+    modules = {module_name(root, p) for p in (root / "tflfuse").rglob("*.py")}
+    found: list[Import] = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            importer = module_name(root, path)
+            tree = ast.parse(path.read_text(), filename=str(path))
+            lazy = {
+                id(node)
+                for func in ast.walk(tree)
+                if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
+                for node in ast.walk(func)
+            }
+            for node in ast.walk(tree):
+                for target in _targets(node, importer, modules):
+                    found.append(
+                        Import(
+                            importer,
+                            target,
+                            id(node) in lazy,
+                            f"{path.relative_to(root)}:{node.lineno}",
+                            ast.unparse(node),
+                        )
+                    )
+    return list(dict.fromkeys(found))  # one line per import
+
+
+def _targets(node: ast.AST, importer: str, modules: set[str]) -> list[str]:
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:  # relative (tflfuse uses none): against the importer's package
+            package = importer.split(".")[: -node.level]
+            base = ".".join([*package, base] if base else package)
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    else:
+        return []
+    out: list[str] = []
+    for name in names:
+        if not name.startswith("tflfuse"):
+            out.append(name.split(".")[0])
+            continue
+        while name not in modules and "." in name:
+            name = name.rpartition(".")[0]
+        # importing a.b.c runs a and a.b first: edges to them, unless the importer is inside
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):
+            ancestor = ".".join(parts[:i])
+            if ancestor == name or not (importer + ".").startswith(ancestor + "."):
+                out.append(ancestor)
+    return list(dict.fromkeys(out))
+
+
+def part_of(module: str) -> str:
+    """The part a tflfuse module belongs to (see ALLOWED)."""
+    rest = module.removeprefix("tflfuse").removeprefix(".")
+    if not rest:
+        return "tflfuse"
+    if rest in DEVICE_SIDE or rest == "runtime":
+        return "runtime.device"  # runtime/__init__ ships too
+    head = rest.split(".")[0]
+    return "base" if head in BASE else head
+
+
+def graph_of(imports: list[Import]) -> dict[str, list[Import]]:
+    graph: dict[str, list[Import]] = {}
+    for imp in imports:
+        if imp.target.startswith("tflfuse") and imp.target != imp.importer:
+            graph.setdefault(imp.importer, []).append(imp)
+    return graph
+
+
+# -- the checks (each returns its findings, so a planted violation can be asserted) ---------------
+def cycles(imports: list[Import]) -> list[str]:
+    """Every import cycle, as the chain of imports that closes it."""
+    graph = graph_of(imports)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for imp in graph.get(v, []):
+            w = imp.target
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    found = []
+    for component in components:
+        members = set(component)
+        chain = [str(imp) for v in sorted(members) for imp in graph[v] if imp.target in members]
+        found.append(
+            "cycle between " + ", ".join(sorted(members)) + ":\n    " + "\n    ".join(chain)
+        )
+    return list(dict.fromkeys(found))  # one line per import
+
+
+def upward_imports(imports: list[Import]) -> list[str]:
+    """Imports of a part that is not below the importer's part (ALLOWED)."""
+    found = []
+    for imp in imports:
+        if not (imp.importer.startswith("tflfuse") and imp.target.startswith("tflfuse")):
+            continue
+        mine, theirs = part_of(imp.importer), part_of(imp.target)
+        if mine == "base":
+            if theirs != "base":
+                found.append(f"{imp}: {imp.importer} is below every part")
+            continue
+        if theirs in ("base", mine) or mine not in ALLOWED:
+            continue
+        if theirs not in ALLOWED[mine]:
+            found.append(f"{imp}: {mine} may not import {theirs}")
+    return list(dict.fromkeys(found))  # one line per import
+
+
+def device_side_imports(imports: list[Import]) -> list[str]:
+    """What a shipped module imports outside the bundle: at module level nothing (the device has
+    only the bundle); inside a function only the host-only helpers DEVICE_HOST_ONLY."""
+    shipped = {
+        "tflfuse." + m.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for m in SHIPPED_MODULES
+    } | {"tflfuse"}
+    found = []
+    for imp in imports:
+        if imp.importer not in shipped or not imp.target.startswith("tflfuse"):
+            continue
+        if imp.target in shipped:
+            continue
+        host_only = imp.target.removeprefix("tflfuse.") in DEVICE_HOST_ONLY
+        if imp.importer == "tflfuse" and imp.lazy:
+            continue  # the package's API door, never opened on a device
+        if not (imp.lazy and host_only):
+            found.append(f"{imp}: a device bundle does not ship {imp.target}")
+    return list(dict.fromkeys(found))  # one line per import
+
+
+def heavy_imports(imports: list[Import]) -> list[str]:
+    """TensorFlow, Keras or the quantizer outside TF_ALLOWED, or at module level anywhere."""
+    found = []
+    for imp in imports:
+        if imp.target not in HEAVY:
+            continue
+        rest = imp.importer.removeprefix("tflfuse.")
+        if not imp.importer.startswith("tflfuse."):
+            continue  # device scripts: device_script_loads
+        if not any(rest.startswith(prefix) for prefix in TF_ALLOWED):
+            found.append(f"{imp}: {imp.target} only in {', '.join(TF_ALLOWED)}")
+        elif not imp.lazy:
+            found.append(f"{imp}: {imp.target} is imported lazily, inside a function")
+    return list(dict.fromkeys(found))  # one line per import
+
+
+def device_script_loads(imports: list[Import]) -> list[str]:
+    """What a device script loads: its own imports and, from each tflfuse module, what that
+    module imports at module level (transitively). None of it rewriting, conversion or TF."""
+    module_level: dict[str, list[Import]] = {}
+    for imp in imports:
+        if not imp.lazy:
+            module_level.setdefault(imp.importer, []).append(imp)
+    found = []
+    for script in sorted({i.importer for i in imports if i.importer.startswith("device_scripts")}):
+        seen: set[str] = set()
+        todo = [(imp, [imp]) for imp in imports if imp.importer == script]
+        while todo:
+            imp, path = todo.pop()
+            target = imp.target
+            bad = target in HEAVY or (
+                target.startswith("tflfuse") and part_of(target) in NOT_ON_DEVICE
+            )
+            if bad:
+                chain = "\n    ".join(str(i) for i in path)
+                found.append(f"{script} loads {target}:\n    {chain}")
+                continue
+            if target in seen or not target.startswith("tflfuse"):
+                continue
+            seen.add(target)
+            todo += [(nxt, [*path, nxt]) for nxt in module_level.get(target, [])]
+    return list(dict.fromkeys(found))  # one line per import
+
+
+CHECKS = (cycles, upward_imports, device_side_imports, heavy_imports, device_script_loads)
+
+
+# -- the project ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def project() -> list[Import]:
+    return read_imports(REPO)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_the_project_keeps_its_layering(project: list[Import], check) -> None:
+    findings = check(project)
+    assert not findings, "\n".join(findings)
+
+
+def test_every_module_belongs_to_a_part(project: list[Import]) -> None:
+    modules = {module_name(REPO, p) for p in (REPO / "tflfuse").rglob("*.py")}
+    unknown = {m for m in modules if part_of(m) not in {*ALLOWED, "base"}}
+    assert not unknown, f"modules in no part of ALLOWED: {sorted(unknown)}"
+    assert len(project) > 300  # the reader found the imports (all of them are counted)
+
+
+# -- the checker, on planted violations ----------------------------------------------------------
+def _tree(tmp_path: Path, files: dict[str, str]) -> list[Import]:
+    for rel, source in {"tflfuse/__init__.py": "", **files}.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    for rel in list(files):
+        for parent in Path(rel).parents:
+            init = tmp_path / parent / "__init__.py"
+            if parent.parts and parent.parts[0] == "tflfuse" and not init.exists():
+                init.write_text("")
+    (tmp_path / "device_scripts").mkdir(exist_ok=True)
+    return read_imports(tmp_path)
+
+
+CLEAN = {
+    "tflfuse/errors.py": "class TflfuseError(Exception): ...\n",
+    "tflfuse/ir/graph.py": "from tflfuse.errors import TflfuseError\n",
+    "tflfuse/rewrite/engine.py": "from tflfuse.ir.graph import TflfuseError\n",
+    "tflfuse/rules/fuse.py": "from tflfuse.rewrite import engine\nfrom tflfuse.targets import x\n",
+    "tflfuse/targets/x.py": "from tflfuse.ir import graph\n",
+    "tflfuse/sources/keras.py": "def load():\n    import tensorflow as tf\n",
+    "tflfuse/runtime/bench.py": "from tflfuse.runtime import interpreter\n",
+    "tflfuse/runtime/interpreter.py": "from tflfuse.errors import TflfuseError\n",
+    "device_scripts/run.py": "from tflfuse.runtime import bench\n",
+}
+PLANTED = [
+    (  # a cycle through imports hidden in functions
+        {
+            "tflfuse/targets/x.py": "def f():\n    from tflfuse.targets import y\n",
+            "tflfuse/targets/y.py": "from tflfuse.targets.x import f\n",
+        },
+        cycles,
+        "tflfuse/targets/x.py:2: from tflfuse.targets import y  (in a function)",
+    ),
+    (  # a cycle through a package __init__ (importing a.b runs a first)
+        {
+            "tflfuse/targets/__init__.py": "from tflfuse.targets.x import f\n",
+            "tflfuse/targets/x.py": "from tflfuse.rules import fuse\n",
+            "tflfuse/rules/fuse.py": "from tflfuse.targets.y import g\n",
+            "tflfuse/targets/y.py": "g = 1\n",
+        },
+        cycles,
+        "tflfuse/rules/fuse.py:1: from tflfuse.targets.y import g",
+    ),
+    (  # the IR importing the engine above it
+        {"tflfuse/ir/graph.py": "def f():\n    from tflfuse.rewrite.engine import run\n"},
+        upward_imports,
+        "ir may not import rewrite",
+    ),
+    (  # a rule importing the conversion pipeline
+        {
+            "tflfuse/rules/fuse.py": "from tflfuse.convert import report\n",
+            "tflfuse/convert/report.py": "",
+        },
+        upward_imports,
+        "rules may not import convert",
+    ),
+    (  # a rule importing a source
+        {
+            "tflfuse/rules/fuse.py": "from tflfuse.sources import keras\n",
+            "tflfuse/sources/keras.py": "",
+        },
+        upward_imports,
+        "rules may not import sources",
+    ),
+    (  # the targets importing the rules
+        {
+            "tflfuse/targets/x.py": "from tflfuse.rules.fuse import Fuse\n",
+            "tflfuse/rules/fuse.py": "",
+        },
+        upward_imports,
+        "targets may not import rules",
+    ),
+    (  # the device runtime importing the IR at module level
+        {"tflfuse/runtime/bench.py": "from tflfuse.ir import graph\n"},
+        device_side_imports,
+        "a device bundle does not ship tflfuse.ir",
+    ),
+    (  # TensorFlow below the sources
+        {"tflfuse/targets/x.py": "def f():\n    import tensorflow\n"},
+        heavy_imports,
+        "tflfuse/targets/x.py:2: import tensorflow  (in a function): tensorflow only in",
+    ),
+    (  # the quantizer at module level, even where it is allowed
+        {"tflfuse/convert/quantize.py": "from litert_quantizer import quantizer\n"},
+        heavy_imports,
+        "litert_quantizer is imported lazily",
+    ),
+    (  # a device script that loads the rewrite engine through a module it imports
+        {
+            "tflfuse/runtime/deploy.py": "from tflfuse.rewrite import engine\n",
+            "device_scripts/run.py": "def main():\n    from tflfuse.runtime import deploy\n",
+        },
+        device_script_loads,
+        "device_scripts.run loads tflfuse.rewrite",
+    ),
+]
+
+
+def test_a_clean_synthetic_tree_passes_every_check(tmp_path: Path) -> None:
+    imports = _tree(tmp_path, CLEAN)
+    assert any(i.target == "tensorflow" and i.lazy for i in imports)  # read inside functions
+    for check in CHECKS:
+        assert check(imports) == [], check.__name__
+
+
+@pytest.mark.parametrize(
+    ("files", "check", "message"),
+    PLANTED,
+    ids=[f"{c.__name__}-{i}" for i, (_, c, _) in enumerate(PLANTED)],
+)
+def test_a_planted_violation_fails_and_names_the_import(
+    tmp_path: Path, files: dict[str, str], check, message: str
+) -> None:
+    findings = check(_tree(tmp_path, {**CLEAN, **files}))
+    assert findings, f"{check.__name__} missed the planted violation"
+    assert any(message in f for f in findings), findings
