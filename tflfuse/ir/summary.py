@@ -1,4 +1,5 @@
-"""Facts about a model for `tflfuse inspect` and reports: op tables, counts, bytes, quantization.
+"""Facts about a model for `tflfuse inspect`, `check` and reports: op tables, counts, bytes,
+quantization, weights stored as float16.
 
 Everything here is machine-independent (counts and byte sizes), so tests can assert on it.
 """
