@@ -10,23 +10,19 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tflfuse import targets
 from tflfuse.convert import recipe as recipe_mod
-from tflfuse.convert.optimize import check_options, optimize_bytes
+from tflfuse.convert.optimize import OptimizeResult, check_options, optimize_bytes
+from tflfuse.convert.pipeline import ConversionResult
 from tflfuse.convert.pipeline import convert as convert_any
+from tflfuse.convert.recipe import Recipe
 from tflfuse.errors import TflfuseError, UsageError
 from tflfuse.files import atomic_write_bytes, same_file
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.runtime.bench import run_benchmark
-
-if TYPE_CHECKING:
-    from tflfuse.convert.optimize import OptimizeResult
-    from tflfuse.convert.pipeline import ConversionResult
-    from tflfuse.convert.recipe import Recipe
-    from tflfuse.ir import Model
-    from tflfuse.targets import Prediction
+from tflfuse.targets import Prediction
 
 ModelSource = Any  # a .tflite path (str or Path), its bytes, or a tflfuse.ir.Model
 CHECK_TARGETS = ("edgetpu", "xnnpack", "gpu")

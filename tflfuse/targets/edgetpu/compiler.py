@@ -26,7 +26,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tflfuse.errors import TflfuseError
 from tflfuse.files import atomic_write_text
@@ -34,10 +34,13 @@ from tflfuse.ir import Model, Op, flatbuffer
 from tflfuse.targets.capabilities import OpPrediction, Prediction, op_label
 from tflfuse.targets.edgetpu.compiler_log import CompilerLog, _status, parse_log
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
-from tflfuse.targets.edgetpu.truth import is_exact, predicted_segments, status_agreement, truth_of
-
-if TYPE_CHECKING:  # edgetpu_truth imports this module's log parser: imported where used
-    from tflfuse.targets.edgetpu.truth import Truth
+from tflfuse.targets.edgetpu.truth import (
+    Truth,
+    is_exact,
+    predicted_segments,
+    status_agreement,
+    truth_of,
+)
 
 COMPILER = "edgetpu_compiler"
 MULTIPLE_SUBGRAPHS_FLAG = "-a"  # --enable_multiple_subgraphs (see the module docstring)
