@@ -5,8 +5,8 @@
         --delegate edgetpu --runs 200 --json results/coral.json
 
 Runs on the host (needs tflfuse and the OpenSSH client). The device needs Python >= 3.8, numpy
-and tflite_runtime or ai_edge_litert; see tflfuse/runtime/bundle.py for what is sent and how the
-device checks it.
+and tflite_runtime or ai_edge_litert; see tflfuse/runtime/packing.py for what is sent and
+tflfuse/runtime/bundle.py for how the device checks it.
 """
 
 from __future__ import annotations
