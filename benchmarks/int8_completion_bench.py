@@ -210,8 +210,8 @@ def render(rows: list[dict], args: argparse.Namespace, minutes: float) -> str:
         f" chain of {BLOCKS} depthwise 3x3 convolutions, each followed by the op in one spelling;"
         " the spellings of one op timed interleaved; p50 in ms. `island`: DEQUANTIZE -> float op"
         " -> QUANTIZE (what litert-quantizer leaves, and stock keeps); `int8`: the one int8 op"
-        " `tflfuse.convert.int8_completion` writes (PRELU, RELU, DEPTH_TO_SPACE). int8/island < 1: the"
-        " int8 op is faster. `fused` (RELU_0_TO_1): the convolution with fused RELU writing the"
+        " `tflfuse.convert.int8_completion` writes (PRELU, RELU, DEPTH_TO_SPACE). int8/island < 1:"
+        " the int8 op is faster. `fused` (RELU_0_TO_1): the convolution with fused RELU writing the"
         " island's output, no op in between. `XNNPACK took`: ops the interpreter handed to"
         " XNNPACK, of all.",
         "",

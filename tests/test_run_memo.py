@@ -70,8 +70,8 @@ def test_the_checks_of_a_conversion_share_the_fused_models_run(monkeypatch) -> N
     reference of the second) is run once."""
     float_model, fused, unfused = _model(), _model("RELU"), _model(bias_shift=1e-6)
     runs: list[bytes] = []
-    real = verify._invoke
-    monkeypatch.setattr(verify, "_invoke", lambda m, *a: runs.append(m) or real(m, *a))
+    real = runs_module._invoke
+    monkeypatch.setattr(runs_module, "_invoke", lambda m, *a: runs.append(m) or real(m, *a))
     assert verify.compare(float_model, fused, atol=0.0, rtol=0.0).identical
     check = verify.compare(fused, unfused, atol=1e-5, rtol=0.0)
     assert check.ok

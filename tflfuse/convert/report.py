@@ -23,8 +23,7 @@ from tflfuse.convert.quantize import float_compute_ops
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.summary import activation_bytes, parameter_bytes, quantization_summary
-from tflfuse.runtime.interpreter import make_interpreter
-from tflfuse.runtime.runs import _from_model, _to_model, run_float
+from tflfuse.runtime.runs import run_float
 from tflfuse.sources import layout
 
 
@@ -55,20 +54,6 @@ def model_facts(data: bytes, model: Model | None = None) -> dict[str, Any]:
         "quantization": quantization_summary(g)["kind"],
         "io": quantization_summary(g)["io"],
     }
-
-
-def _run_float(data: bytes, inputs: list[np.ndarray], delegate: str) -> list[np.ndarray]:
-    interp = make_interpreter(data, delegate=delegate)
-    ins, outs = interp.get_input_details(), interp.get_output_details()
-    results: list[list[np.ndarray]] = [[] for _ in outs]
-    b = max(int(ins[0]["shape"][0]), 1) if len(ins[0]["shape"]) else 1
-    for i in range(len(inputs[0]) // b):
-        for d, a in zip(ins, inputs):
-            interp.set_tensor(d["index"], _to_model(a[i * b : (i + 1) * b], d))
-        interp.invoke()
-        for k, d in enumerate(outs):
-            results[k].append(_from_model(interp.get_tensor(d["index"]), d))
-    return [np.concatenate(r) for r in results]
 
 
 def agreement(

@@ -10,10 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse.convert.report import _run_float
 from tflfuse.errors import TflfuseError
 from tflfuse.runtime import run_memo
-from tflfuse.runtime.verify import _invoke
+from tflfuse.runtime.interpreter import make_interpreter
 
 
 def run(
@@ -32,6 +31,23 @@ def run(
         return _invoke(model, inputs, delegate, interp)
     key = (run_memo.digest(model, (a for one in inputs for a in one)), delegate)
     return run_memo.remembered("verify.run", key, lambda: _invoke(model, inputs, delegate, interp))
+
+
+def _invoke(model: bytes, inputs: list[list[np.ndarray]], delegate: str, interp: Any) -> list:
+    interp = interp if interp is not None else make_interpreter(model, delegate=delegate)
+    in_details = interp.get_input_details()
+    out_details = interp.get_output_details()
+    results = []
+    for one in inputs:
+        for d, value in zip(in_details, one):
+            interp.set_tensor(d["index"], value)
+        try:
+            interp.invoke()
+        except (RuntimeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TflfuseError(f"the interpreter failed to run the model: {first}") from None
+        results.append([interp.get_tensor(d["index"]).copy() for d in out_details])
+    return results
 
 
 def _to_model(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
@@ -55,7 +71,20 @@ def _from_model(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
 def run_float(data: bytes, inputs: list[np.ndarray], delegate: str = "none") -> list[np.ndarray]:
     """Outputs in float (dequantized) for each sample of `inputs` (arrays with a sample axis);
     remembered for the same bytes and inputs (`tflfuse.runtime.run_memo`: a .tflite whose rules
-    changed
-    nothing is both the reference and the fused float model)."""
+    changed nothing is both the reference and the fused float model)."""
     key = (run_memo.digest(data, inputs), delegate)
     return run_memo.remembered("report.run_float", key, lambda: _run_float(data, inputs, delegate))
+
+
+def _run_float(data: bytes, inputs: list[np.ndarray], delegate: str) -> list[np.ndarray]:
+    interp = make_interpreter(data, delegate=delegate)
+    ins, outs = interp.get_input_details(), interp.get_output_details()
+    results: list[list[np.ndarray]] = [[] for _ in outs]
+    b = max(int(ins[0]["shape"][0]), 1) if len(ins[0]["shape"]) else 1
+    for i in range(len(inputs[0]) // b):
+        for d, a in zip(ins, inputs):
+            interp.set_tensor(d["index"], _to_model(a[i * b : (i + 1) * b], d))
+        interp.invoke()
+        for k, d in enumerate(outs):
+            results[k].append(_from_model(interp.get_tensor(d["index"]), d))
+    return [np.concatenate(r) for r in results]

@@ -69,23 +69,6 @@ def seeded_inputs(interp: Any, seed: int, runs: int) -> list[list[np.ndarray]]:
     return [seeded_input_values(details, seed + i) for i in range(runs)]
 
 
-def _invoke(model: bytes, inputs: list[list[np.ndarray]], delegate: str, interp: Any) -> list:
-    interp = interp if interp is not None else make_interpreter(model, delegate=delegate)
-    in_details = interp.get_input_details()
-    out_details = interp.get_output_details()
-    results = []
-    for one in inputs:
-        for d, value in zip(in_details, one):
-            interp.set_tensor(d["index"], value)
-        try:
-            interp.invoke()
-        except (RuntimeError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TflfuseError(f"the interpreter failed to run the model: {first}") from None
-        results.append([interp.get_tensor(d["index"]).copy() for d in out_details])
-    return results
-
-
 def _details(model: bytes, delegate: str) -> tuple[list[dict], list[str], Any]:
     """(input details, output names, a fresh interpreter or None) of `model`: the interpreter
     is made only when the model's details are not remembered (then it also runs the model)."""
