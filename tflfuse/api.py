@@ -25,7 +25,6 @@ from tflfuse.runtime.bench import run_benchmark
 from tflfuse.targets import Prediction
 
 ModelSource = Any  # a .tflite path (str or Path), its bytes, or a tflfuse.ir.Model
-CHECK_TARGETS = ("edgetpu", "xnnpack", "gpu")
 COMPILER_VERSION = re.compile(r"\d+(\.\d+){0,2}")  # "16.0", "14.1", "16.0.384591198"
 
 
@@ -155,11 +154,13 @@ def check(
     `multiple_subgraphs` the compiler's mode that allows several Edge TPU segments. Returns a
     `Prediction`: `.ops` (index, op, target, status, reason), `.mapped`, `.cpu`, `.memory`,
     `.to_dict()`; `tflfuse.targets.format_prediction` prints it as the compiler's table."""
-    if target not in CHECK_TARGETS:
-        raise UsageError(f"target {target!r} unknown (choose from {', '.join(CHECK_TARGETS)})")
+    checkable = targets.names(predicts=True)
+    if target not in checkable:
+        raise UsageError(f"target {target!r} unknown (choose from {', '.join(checkable)})")
+    compiled = targets.target(target).compiler is not None
     if compiler_version is not None:
-        if target != "edgetpu":
-            raise UsageError("compiler_version is for target 'edgetpu' only")
+        if not compiled:
+            raise UsageError(f"compiler_version is for target {_compiled_names()} only")
         if not isinstance(compiler_version, str) or not COMPILER_VERSION.fullmatch(
             compiler_version
         ):
@@ -167,9 +168,14 @@ def check(
     if not isinstance(model, Model):
         data, source = _model_bytes(model)
         model = flatbuffer.from_bytes(data, source)
-    if multiple_subgraphs and target != "edgetpu":
-        raise UsageError("multiple_subgraphs is for target 'edgetpu' only")
+    if multiple_subgraphs and not compiled:
+        raise UsageError(f"multiple_subgraphs is for target {_compiled_names()} only")
     return targets.predict(model, target, compiler_version, multiple_subgraphs=multiple_subgraphs)
+
+
+def _compiled_names() -> str:
+    """The targets an ahead-of-time compiler maps, quoted: "'edgetpu'"."""
+    return " or ".join(repr(name) for name in targets.names(compiled=True))
 
 
 def bench(

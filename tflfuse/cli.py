@@ -32,6 +32,8 @@ from tflfuse.files import (
     shown,
     signals_raise,
 )
+from tflfuse.targets.registry import TARGETS
+from tflfuse.targets.registry import names as target_names
 from tflfuse.version import __version__
 
 
@@ -144,7 +146,7 @@ def _add_optimize(sub: Any) -> None:
     p.add_argument(
         "--target",
         default="xnnpack",
-        choices=("xnnpack", "edgetpu", "gpu", "cpu"),
+        choices=TARGETS,
         help="runtime the model is for (default xnnpack)",
     )
     p.add_argument(
@@ -259,7 +261,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
 def _pass_lines(changes: dict[str, dict[str, int]]) -> list[str]:
     """'pass DeadCodeElimination removed 1 op (MAX_POOL_2D 1): <what the pass does>' for each
     whole-graph pass that changed the op list, so every removed op has a name beside it."""
-    from tflfuse.rules import TARGETS, pipeline
+    from tflfuse.rules import pipeline
 
     docs = {
         p.name: (type(p).__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
@@ -289,7 +291,7 @@ def _add_check(sub: Any) -> None:
         help="which ops run on the Edge TPU / XNNPACK / GPU, and on which interpreter release",
     )
     p.add_argument("model", help=".tflite file")
-    p.add_argument("--target", choices=("edgetpu", "xnnpack", "gpu"))
+    p.add_argument("--target", choices=target_names(predicts=True))
     p.add_argument(
         "--runtime",
         metavar="PKG==VER",
@@ -323,16 +325,24 @@ def _add_check(sub: Any) -> None:
     p.set_defaults(func=_run_check)
 
 
+def _compiled_choices() -> str:
+    """The --target values an ahead-of-time compiler maps: "edgetpu"."""
+    return " or ".join(target_names(compiled=True))
+
+
 def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import targets
     from tflfuse.api import COMPILER_VERSION
     from tflfuse.ir import flatbuffer
 
+    compiled = args.target in target_names(compiled=True)  # its compiler decides the mapping
     if args.target is None and (args.compiler_version or args.multiple_subgraphs):
-        raise UsageError("--compiler-version and --multiple-subgraphs need --target edgetpu")
+        raise UsageError(
+            f"--compiler-version and --multiple-subgraphs need --target {_compiled_choices()}"
+        )
     if args.compiler_version is not None:
-        if args.target != "edgetpu":
-            raise UsageError("--compiler-version is for --target edgetpu only")
+        if not compiled:
+            raise UsageError(f"--compiler-version is for --target {_compiled_choices()} only")
         if not COMPILER_VERSION.fullmatch(args.compiler_version):
             raise UsageError(
                 f"--compiler-version {args.compiler_version!r} is not a version (e.g. 14.1, 16.0)"
@@ -347,12 +357,12 @@ def _run_check(args: argparse.Namespace) -> int:
 
     runtime = runtimes.resolve(args.runtime) if args.runtime else None
     model = flatbuffer.load(model_path)
-    delegate = "edgetpu" if args.target == "edgetpu" else None  # it runs edgetpu-custom-op
+    delegate = args.target if compiled else None  # its delegate runs the compiled custom op
     text, payload = runtimes.describe(model, runtime, args.model, delegate)
-    if args.target == "edgetpu" and edgetpu_truth.is_compiled(model):
+    if compiled and edgetpu_truth.is_compiled(model):  # the Edge TPU: the one compiled target
         ok = _report_compiled(model, model_path, args, (text, payload) if runtime else None)
         return 0 if ok else 1
-    if args.target == "edgetpu" and args.twin:
+    if compiled and args.twin:
         return _compare_with_twin(model, args)
     prediction = None
     if args.target is not None:
@@ -527,7 +537,7 @@ def _add_convert(sub: Any) -> None:
     p.add_argument("--quant", choices=("int8", "float16", "dynamic", "none"), help="override mode")
     p.add_argument("--input-type", choices=("float32", "int8", "uint8"), help="override I/O type")
     p.add_argument("--output-type", choices=("float32", "int8", "uint8"), help="override I/O type")
-    p.add_argument("--target", choices=("edgetpu", "xnnpack", "cpu", "gpu"), help="override rules")
+    p.add_argument("--target", choices=TARGETS, help="override rules")
     p.add_argument("--level", type=int, choices=(0, 1, 2), help="override the rule level")
     p.add_argument("--samples", type=int, help="override the number of calibration samples")
     p.add_argument("--scale", type=float, help="image calibration: x / 255 * SCALE + OFFSET")
@@ -735,7 +745,8 @@ def _run_compare(args: argparse.Namespace) -> int:
 def _add_compile(sub: Any) -> None:
     p = sub.add_parser("compile", help="run edgetpu_compiler and compare with the prediction")
     p.add_argument("model", help="quantized .tflite")
-    p.add_argument("--target", default="edgetpu", choices=("edgetpu",))
+    compiled = target_names(compiled=True)
+    p.add_argument("--target", default=compiled[0], choices=compiled)
     p.add_argument("-o", "--out-dir", help="where the compiled model and logs go (default: beside)")
     p.add_argument("--num-segments", type=int, metavar="N", help="split for N pipelined TPUs")
     p.add_argument("--search-delegate", action="store_true", help="compiler's delegate search")

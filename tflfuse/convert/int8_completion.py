@@ -68,7 +68,7 @@ from tflfuse.rewrite import (
     refuse,
 )
 from tflfuse.rules.epilogue import activation_fusion_refusal
-from tflfuse.targets import capability, cost
+from tflfuse.targets import capability, cost, cost_profile
 
 
 def _per_tensor_int8(t: Tensor) -> bool:
@@ -136,9 +136,7 @@ class _Completion(Rule):
         if reason is None:
             return None
         int8_op = cost.INT8_COMPLETION_OP.get(self.completes, self.completes)
-        if cost.RUNTIME_OF_TARGET.get(self.target) == "xnnpack" and not _xnnpack_takes_int8(
-            int8_op
-        ):
+        if cost_profile(self.target).runtime == "xnnpack" and not _xnnpack_takes_int8(int8_op):
             reason = f"XNNPACK takes no int8 {int8_op}, and {reason}"
         return refuse(reason)
 

@@ -26,11 +26,11 @@ from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.summary import activation_bytes
 from tflfuse.rewrite import PassManager, PassResult, int8_error_bounds
-from tflfuse.rules import TARGETS, all_rule_names, pipeline
+from tflfuse.rules import all_rule_names, pipeline
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.runtime import verify as verify_mod
 from tflfuse.runtime.verify import CandidateFailedError, OutputTolerance, UnverifiableError
-from tflfuse.targets import runtimes
+from tflfuse.targets import TARGETS, runtimes
 from tflfuse.targets.cost import cost_delta, model_cost
 from tflfuse.targets.runtimes import Runtime, resolve
 

@@ -62,7 +62,7 @@ from tflfuse.sources.keras import (
 )
 from tflfuse.sources.keras_route import KerasSource
 from tflfuse.sources.tflite import check_defused
-from tflfuse.targets import predict_edgetpu, runtimes
+from tflfuse.targets import Target, find, runtimes
 from tflfuse.targets.runtimes import resolve
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -326,21 +326,21 @@ def _with_io_types(data: bytes, rec: Recipe) -> bytes:
 
 
 def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
-    """The rules run on the quantized fused model. For the Edge TPU, its int8 legalization (the
-    rules' int8 forms and SplitOversizedTranspose, which acts only on int8 tensors); for the other
-    targets, their whole pipeline again, where the int8-only rules fire (e.g. HARD_SWISH spelled
-    out for XNNPACK, which takes no int8 HARD_SWISH; MEAN keep_dims on the plain kernels). When
-    the float rules could not be kept (the converter-PTQ route), the target's whole pipeline."""
+    """The rules run on the quantized fused model. For a target with a legalization (the Edge
+    TPU), that legalization (the rules' int8 forms and SplitOversizedTranspose, which acts only
+    on int8 tensors); for the other targets, their whole pipeline again, where the int8-only
+    rules fire (e.g. HARD_SWISH spelled out for XNNPACK, which takes no int8 HARD_SWISH; MEAN
+    keep_dims on the plain kernels). When the float rules could not be kept (the converter-PTQ
+    route), the target's whole pipeline."""
     if rec.level <= 0:
         return ()
-    if rules_pending or rec.target != "edgetpu":
-        return pipeline(rec.level, rec.target)
-    return pipeline(rec.level, "edgetpu", quantized=True)
+    legalization = () if rules_pending else pipeline(rec.level, rec.target, quantized=True)
+    return legalization or pipeline(rec.level, rec.target)
 
 
-def _mapped(data: bytes, model: Any = None) -> int:
-    """Ops of `data` (or of `model`, its parse, only read) predicted on the Edge TPU."""
-    return predict_edgetpu(model if model is not None else flatbuffer.from_bytes(data)).mapped
+def _mapped(data: bytes, target: Target, model: Any = None) -> int:
+    """Ops of `data` (or of `model`, its parse, only read) predicted on `target`."""
+    return target.predict(model if model is not None else flatbuffer.from_bytes(data)).mapped
 
 
 def legalize(rec: Recipe, ctx: Context) -> None:
@@ -355,7 +355,9 @@ def legalize(rec: Recipe, ctx: Context) -> None:
         return
     model = flatbuffer.from_bytes(q.data, "quantized")
     before = [op.type for op in model.main.ops]  # (what the passes start from)
-    mapped_before = _mapped(q.data, model) if rec.target == "edgetpu" else 0
+    compiled = find(rec.target)
+    compiled = compiled if compiled is not None and compiled.compiler else None
+    mapped_before = _mapped(q.data, compiled, model) if compiled is not None else 0
     result = PassManager(rules, disabled=ctx.options.disabled).run(model)
     data = flatbuffer.to_bytes(model)
     off = set(ctx.options.disabled)
@@ -369,8 +371,8 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     # passes leave no rewrite events: say what they changed (op counts, order)
     summary["ops_before"], summary["ops_after"] = len(before), len(after)
     summary["reordered"] = before != after and sorted(before) == sorted(after)
-    if rec.target == "edgetpu":
-        summary["edgetpu_mapped"] = [mapped_before, _mapped(data)]
+    if compiled is not None:  # its compiler's mapping is the question
+        summary[f"{compiled.name}_mapped"] = [mapped_before, _mapped(data, compiled)]
     if ctx.options.verify:
         failure, summary["verification"] = verify_rewrite(q.data, data, model, result)
     else:

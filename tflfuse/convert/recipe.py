@@ -23,6 +23,7 @@ from typing import Any
 
 from tflfuse.errors import TflfuseError
 from tflfuse.resources import Traversable, data_dir, data_names
+from tflfuse.targets import TARGETS
 from tflfuse.targets.runtimes import resolve
 
 if sys.version_info >= (3, 11):
@@ -32,7 +33,6 @@ else:  # pragma: no cover - Python 3.10
 
 QUANT_MODES = ("int8", "float16", "dynamic", "none")
 IO_TYPES = ("float32", "int8", "uint8")
-TARGETS = ("edgetpu", "xnnpack", "cpu", "gpu")
 GRAPPLER_OPTIMIZERS = (
     "constfold",
     "arithmetic",

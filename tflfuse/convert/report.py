@@ -259,9 +259,22 @@ def assemble(rec: Any, ctx: Any, parse: ParseOnce | None = None) -> dict[str, An
         },
         "notices": list(src.notices),
     }
-    if rec.target == "edgetpu" or rec.delegate == "edgetpu":
-        out["edgetpu"] = _edgetpu_section(ctx, parse)
+    compiled = compiled_target(rec)
+    if compiled is not None:
+        out[compiled.name] = _edgetpu_section(ctx, parse)
     return out
+
+
+def compiled_target(rec: Any) -> targets.Target | None:
+    """The target an ahead-of-time compiler maps that the recipe builds for (or, failing that,
+    checks against as its delegate): the report then shows the compiler's predicted mapping and
+    where it cuts. The Edge TPU is the one such target (`Target.compiler`), so the section is its
+    own (`_edgetpu_section`)."""
+    for name in (rec.target, rec.delegate):
+        found = targets.find(name)
+        if found is not None and found.compiler is not None:
+            return found
+    return None
 
 
 def write(report: dict[str, Any], folder: Path) -> None:

@@ -62,19 +62,15 @@ from tflfuse.rules.vertical import (
     MoveScaleThroughMean,
     MoveScaleThroughRelu,
 )
-from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
-
-TARGETS = ("xnnpack", "edgetpu", "gpu", "cpu")
-
-
-def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
-    return tuple(EDGETPU_LEGALIZATION)
+from tflfuse.targets import TARGETS
+from tflfuse.targets import target as target_named
 
 
 def pipeline(
     level: int, target: str = "xnnpack", *, quantized: bool = False
 ) -> tuple[Rule | Pass, ...]:
-    """The rules and passes for an optimization level (0: none) and target.
+    """The rules and passes for an optimization level (0: none) and target (a name in
+    `tflfuse.targets.TARGETS`; where its pipeline differs, its `Target` says).
 
     `quantized=True` is the stage after quantization: only the target's legalization of the int8
     model (Edge TPU: the rules' int8 forms, e.g. `SplitOversizedTranspose`), nothing for other
@@ -82,8 +78,9 @@ def pipeline(
     """
     if level <= 0:
         return ()
+    traits = target_named(target)
+    legalize = traits.legalization_rules()
     if quantized:
-        legalize = _edgetpu_legalization() if target == "edgetpu" else ()
         return (*legalize, DeadCodeElimination(), TopologicalSort()) if legalize else ()
     cleanup: tuple[Rule | Pass, ...] = (
         FoldConstants(),
@@ -107,7 +104,9 @@ def pipeline(
         FactorCommonMultiplier(target),
     )
     activations: tuple[Rule | Pass, ...] = (
-        () if target == "edgetpu" else (RecognizeHardSwish(), RecognizeLeakyRelu(), RecognizeGelu())
+        (RecognizeHardSwish(), RecognizeLeakyRelu(), RecognizeGelu())
+        if traits.recognizes_activations
+        else ()
     )
     vertical: tuple[Rule | Pass, ...] = (
         FoldPadIntoConv(),
@@ -122,9 +121,10 @@ def pipeline(
         MergeSiblingOps(target),
         HoistLayoutAboveSplit(target),
     )
-    # Not in the Edge TPU pipeline, which keeps its own mapping-driven choices. The first two
-    # come before the horizontal merges, which would hide the Q projection in a SPLIT.
-    cpu = target != "edgetpu"
+    # Not for a target whose compiler keeps its own mapping-driven choices (the Edge TPU: its
+    # `kernel_rewrites` is False). The first two come before the horizontal merges, which would
+    # hide the Q projection in a SPLIT.
+    cpu = traits.kernel_rewrites
     cpu_vertical: tuple[Rule | Pass, ...] = (
         (FoldScaleIntoMatmulOperand(), DropReshapeBeforeFullyConnected()) if cpu else ()
     )
@@ -138,7 +138,6 @@ def pipeline(
         if cpu
         else ()
     )
-    legalize = _edgetpu_legalization() if target == "edgetpu" else ()
     exporter = exporter_rules(target)
     return (
         *legalize,

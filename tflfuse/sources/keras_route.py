@@ -28,6 +28,7 @@ from tflfuse.ir import Model, Signature, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.sources.keras import Frontend, every_op_output
 from tflfuse.sources.keras_calibration import statistics_by_interpreter
+from tflfuse.targets import find
 
 
 def _tf() -> Any:
@@ -117,9 +118,10 @@ def tflite_convert(
         text = str(exc)
         names = _flex_ops(text)
         if names:
+            runs_on = find(target)
             hint = (
                 "tflfuse converts to TFLite builtins only; replace them in the model"
-                if target in ("xnnpack", "cpu")
+                if runs_on is not None and runs_on.on_cpu
                 else f"the {target} cannot run TF ops; replace them in the model"
             )
             raise TflfuseError(

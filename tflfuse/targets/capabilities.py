@@ -1,12 +1,14 @@
 """Which ops of a model a target runs: the Edge TPU mapping predictor and the XNNPACK check.
 
 The capability tables live in `delegates/*.toml` (one per delegate, each row citing its source);
-this module reads them, holds the shared result types and the XNNPACK check, and dispatches
-`predict`. The Edge TPU predictor lives in `tflfuse.targets.edgetpu.predict` (re-exported here:
-`predict_edgetpu`, `edgetpu_op_status`, `edgetpu_statuses`); it uses the compiler's own status
-strings, so `tflfuse check` and a real `edgetpu_compiler -s` log can be compared line by line.
+this module reads them, holds the shared result types and the XNNPACK check; the target
+registry (`tflfuse.targets.registry`) says which predictor each target has, and
+`tflfuse.targets.predict` dispatches to it. The Edge TPU predictor lives in
+`tflfuse.targets.edgetpu.predict` (re-exported by `tflfuse.targets`); it uses the compiler's
+own status strings, so `tflfuse check` and a real `edgetpu_compiler -s` log can be compared
+line by line.
 
-No TensorFlow here (GPU compatibility comes from TFLite's analyzer, in `tflfuse.gpu_compat`).
+No TensorFlow here (GPU compatibility comes from TFLite's analyzer, in `tflfuse.targets.probe`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-TARGETS = ("edgetpu", "xnnpack", "gpu")
 FLOAT_TYPES = frozenset({"FLOAT32", "FLOAT16", "FLOAT64"})
 
 
@@ -227,52 +228,3 @@ def predict_xnnpack(model: Model) -> Prediction:
         status = "Delegated to XNNPACK" if taken else "Runs on the TFLite CPU kernels"
         ops.append(OpPrediction(index, op_label(op), "xnnpack" if taken else "cpu", status, reason))
     return Prediction("xnnpack", ops)
-
-
-# -- text ----------------------------------------------------------------------------------------
-def format_table(rows: list[tuple[str, int, str]]) -> list[str]:
-    """Rows in the compiler's `Operator  Count  Status` layout."""
-    lines = [f"{'Operator':<30} {'Count':<10} Status", ""]
-    lines += [f"{op:<30} {count:<10} {status}" for op, count, status in rows]
-    return lines
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f}MiB" if n >= 2**20 else f"{n / 2**10:.2f}KiB"
-
-
-def format_prediction(prediction: Prediction, model_name: str) -> str:
-    """The text report of `tflfuse check`: header, status table, then each CPU op and why."""
-    accel = {"edgetpu": "Edge TPU", "xnnpack": "XNNPACK", "gpu": "GPU"}[prediction.target]
-    lines = [f"{model_name}: predicted placement on {accel}"]
-    if prediction.compiler_version is not None:
-        lines[0] += f" (edgetpu_compiler {prediction.compiler_version}, {prediction.mode})"
-    mem = prediction.memory
-    if mem:
-        lines += [
-            f"Estimated parameters of mapped ops: {_mib(mem['parameter_bytes'])}",
-            f"On-chip memory used for caching model parameters: {_mib(mem['on_chip_bytes'])}"
-            f" of {_mib(mem['cache_bytes'])}",
-            f"Off-chip memory used for streaming uncached model parameters:"
-            f" {_mib(mem['off_chip_bytes'])}",
-        ]
-    if prediction.segments is not None:
-        lines.append(f"Number of Edge TPU subgraphs: {prediction.segments}")
-    lines += [
-        f"Total number of operations: {len(prediction.ops)}",
-        f"Number of operations that will run on {accel}: {prediction.mapped}"
-        + "".join(
-            f" (or {r.mapped} on the other reading of {r.where}: undecided by the evidence,"
-            " see the note)"
-            for r in prediction.other_readings
-        ),
-        f"Number of operations that will run on CPU: {prediction.cpu}",
-        "",
-        *format_table(prediction.table()),
-    ]
-    cpu = [o for o in prediction.ops if o.target == "cpu"]
-    if cpu:
-        lines += ["", "On the CPU, and why:"]
-        lines += [f"  #{o.index:<4} {o.op:<24} {o.reason}" for o in cpu]
-    lines += [f"note: {n}" for n in prediction.notes]
-    return "\n".join(lines)

@@ -18,39 +18,18 @@ import numpy as np
 
 from tflfuse.ir import Graph, Model, Op
 from tflfuse.resources import data_file
+from tflfuse.targets.registry import MIB, TARGETS, cost_profile
 
-MIB = 1 << 20
-
-# Bytes of weights a target keeps close to the compute units. Edge TPU: 8 MiB of on-chip
-# SRAM shared by all parameters (edgetpu_compiler's "on-chip memory"); CPUs: a typical
-# Arm/x86 L2 for one GEMM's packed weights; mobile GPUs: keep one layer's weights modest.
-ON_CHIP_BYTES: dict[str, int] = {
-    "edgetpu": 8 * MIB,
-    "xnnpack": 2 * MIB,
-    "cpu": 2 * MIB,
-    "gpu": 4 * MIB,
+# What each target keeps on chip, which splits it delegates, how many dimensions it maps, and
+# which measured runtime it runs on: its `CostProfile` in the target registry.
+MAX_NONTRIVIAL_DIMS: dict[str, int] = {  # for rules that name the limit in a refusal
+    name: limit for name in TARGETS if (limit := cost_profile(name).max_nontrivial_dims)
 }
-
-# Targets whose delegate runs SPLIT_V (with unequal parts) inside the same partition. XNNPACK
-# delegates SPLIT (equal parts) but not SPLIT_V: an unequal split would cut the partition.
-# (tensorflow/lite/delegates/xnnpack/xnnpack_delegate.cc visits kTfLiteBuiltinSplit only, and
-# XNNPACK's even split defines 2, 3 or 4 outputs.)
-SPLIT_V_DELEGATED: dict[str, bool] = {"edgetpu": True, "xnnpack": False, "cpu": True, "gpu": True}
-SPLIT_MAX_PARTS: dict[str, int] = {"xnnpack": 4}
-
-# Targets that compute in int8 only, with one scale per activation tensor (the Edge TPU). A
-# merged op writes one tensor, so its siblings' outputs would share one scale: on MediaPipe's
-# hand landmark heads (ranges 220 and 0.2) the narrow output lost all its precision.
-INT8_ONLY_TARGETS = frozenset({"edgetpu"})
-
-# Most dimensions larger than 1 a target maps in one tensor (delegates/edgetpu.toml: the
-# Edge TPU compiler maps tensors with at most 3 non-trivial dimensions).
-MAX_NONTRIVIAL_DIMS: dict[str, int] = {"edgetpu": 3}
 
 
 def layout_fits(target: str, shape: tuple[int, ...]) -> bool:
     """A new intermediate tensor of this shape keeps the target's mapping."""
-    limit = MAX_NONTRIVIAL_DIMS.get(target)
+    limit = cost_profile(target).max_nontrivial_dims
     return limit is None or sum(1 for d in shape if d > 1) <= limit
 
 
@@ -140,7 +119,7 @@ def chain_merge_pays(inputs: int, middle: int, outputs: int) -> bool:
 
 
 def fits_on_chip(target: str, weight_bytes: int) -> bool:
-    return weight_bytes <= ON_CHIP_BYTES.get(target, ON_CHIP_BYTES["cpu"])
+    return weight_bytes <= cost_profile(target).on_chip_bytes
 
 
 def horizontal_pays(
@@ -150,23 +129,25 @@ def horizontal_pays(
 
     Kernels after: 1 merged op, plus a split unless the outputs fed one concatenation. On an
     int8-only target a split is refused: the parts would lose their own scales
-    (`INT8_ONLY_TARGETS`); absorbing a concatenation keeps the one scale its output had.
+    (`CostProfile.int8_only`); absorbing a concatenation keeps the one scale its output had.
     """
+    profile = cost_profile(target)
     if not fits_on_chip(target, weight_bytes):
         return (
             f"merged weights ({weight_bytes / MIB:.1f} MiB) exceed the {target} on-chip budget "
-            f"({ON_CHIP_BYTES.get(target, ON_CHIP_BYTES['cpu']) / MIB:.0f} MiB)"
+            f"({profile.on_chip_bytes / MIB:.0f} MiB)"
         )
-    if not absorbs_concat and target in INT8_ONLY_TARGETS:
+    if not absorbs_concat and profile.int8_only:
         return (
             f"the {target} computes in int8 with one scale per tensor: the siblings' outputs would"
             " share the merged output's scale (their ranges may differ by orders of magnitude),"
             " and litert-quantizer leaves a SPLIT_V in float, which cuts the graph"
         )
-    if not absorbs_concat and not equal_parts and not SPLIT_V_DELEGATED.get(target, True):
+    if not absorbs_concat and not equal_parts and not profile.split_v_delegated:
         return f"{target} does not delegate SPLIT_V, which unequal parts would need"
-    if not absorbs_concat and siblings > SPLIT_MAX_PARTS.get(target, siblings):
-        return f"{target} splits into at most {SPLIT_MAX_PARTS[target]} parts"
+    most = profile.split_max_parts
+    if not absorbs_concat and most is not None and siblings > most:
+        return f"{target} splits into at most {most} parts"
     after = 1 if absorbs_concat else 2
     before = siblings + (1 if absorbs_concat else 0)
     if after >= before:
@@ -175,15 +156,15 @@ def horizontal_pays(
 
 
 # -- measured latency (delegates/cost_table.json, written by benchmarks/cost_table.py) -----------
-# The measured runtime a target's models run on: XNNPACK, or the plain built-in kernels
-# ("none"). Other targets (edgetpu, gpu) have no measured table: decisions keep their default.
-RUNTIME_OF_TARGET: dict[str, str] = {"xnnpack": "xnnpack", "cpu": "none"}
+# The measured runtime a target's models run on (`CostProfile.runtime`): XNNPACK, or the plain
+# built-in kernels ("none"). Other targets (edgetpu, gpu) have no measured table: decisions
+# keep their default.
 _INT_TYPES = frozenset({"INT8", "UINT8", "INT16"})
 
 
 def runtime_label(target: str) -> str:
     """Words for the runtime a target's models run on (for refusal sentences)."""
-    runtime = RUNTIME_OF_TARGET.get(target)
+    runtime = cost_profile(target).runtime
     labels = {"xnnpack": "XNNPACK kernels", "none": "the plain built-in kernels"}
     return labels.get(runtime, f"the {target} kernels")
 
@@ -267,7 +248,7 @@ def fast_sub(target: str) -> bool:
     medium shape class). Plain kernels do not (measured: benchmarks/cost_table.py); a rule
     that would write a SUB there writes ADD of a negation instead. True without a table."""
     table = cost_table()
-    runtime = RUNTIME_OF_TARGET.get(target)
+    runtime = cost_profile(target).runtime
     sub, add = table.get(("SUB@bcast", "int8", runtime)), table.get(("ADD@bcast", "int8", runtime))
     if sub is None or add is None:
         return runtime != "none"
@@ -280,7 +261,7 @@ def mean_keep_dims_saving_us(target: str, dtype: str, shape: tuple[int, ...]) ->
     keep_dims=True plus a RESHAPE instead of keep_dims=False (negative: it costs), and the
     keep_dims=False time; None without a measured table."""
     table = cost_table()
-    runtime = RUNTIME_OF_TARGET.get(target)
+    runtime = cost_profile(target).runtime
     squeeze = table.get(("MEAN@squeeze", dtype, runtime))
     keep, reshape = table.get(("MEAN", dtype, runtime)), table.get(("RESHAPE", dtype, runtime))
     if squeeze is None or keep is None or reshape is None:
@@ -299,7 +280,7 @@ def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool
     if int8 is None or int8 <= 0:
         return False
     table = cost_table()
-    squeeze = table[("MEAN@squeeze", "int8", RUNTIME_OF_TARGET.get(target))]
+    squeeze = table[("MEAN@squeeze", "int8", cost_profile(target).runtime)]
     if int8 < 0.2 * (squeeze[0] + squeeze[1] * _elements(shape)):
         return False
     if dtype == "int8":
@@ -314,7 +295,7 @@ def mean_last_as_rows_pays(target: str, dtype: str, rows: int, cols: int) -> boo
     fast pooling path. For a float graph convert may still quantize, the int8 saving must
     outweigh the float cost (measured table; False without one)."""
     table = cost_table()
-    runtime = RUNTIME_OF_TARGET.get(target)
+    runtime = cost_profile(target).runtime
 
     def saving(dt: str) -> float | None:
         last, pool = table.get(("MEAN@last", dt, runtime)), table.get(("MEAN@rows", dt, runtime))
@@ -339,7 +320,7 @@ def spelled_hard_swish_pays(target: str, elements: int) -> bool:
     """An int8 HARD_SWISH is slower on the target's runtime than the ADD (RELU6) and two MULs
     that spell it out: XNNPACK takes the three but not the int8 HARD_SWISH (measured table)."""
     table = cost_table()
-    runtime = RUNTIME_OF_TARGET.get(target)
+    runtime = cost_profile(target).runtime
     entries = [table.get((k, "int8", runtime)) for k in ("HARD_SWISH", "ADD", "MUL", "MUL@bcast")]
     if any(e is None for e in entries):
         return False
@@ -363,7 +344,7 @@ def int8_completion_us(target: str, float_op: str, elements: int) -> tuple[float
     int8 op that replaces them, over `elements` values on the target's runtime (measured table);
     None when the table lacks one of them or the target has no measured runtime."""
     table = cost_table()
-    runtime = RUNTIME_OF_TARGET.get(target)
+    runtime = cost_profile(target).runtime
     parts = [
         table.get(("DEQUANTIZE", "float32", runtime)),
         table.get((float_op, "float32", runtime)),

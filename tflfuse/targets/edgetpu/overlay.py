@@ -23,11 +23,11 @@ from typing import Any
 from tflfuse.files import atomic_write_bytes
 from tflfuse.ir import Model
 from tflfuse.targets.capabilities import Prediction, capability
+from tflfuse.targets.registry import find
 
 MAPPED_COLOR = "#34a853"  # green
 CUT_COLOR = "#ea4335"  # red: this op cannot map (it, or something it needs, cuts the graph)
 AFTER_CUT_COLOR = "#fbbc04"  # amber: would map, but runs on the CPU because of the cut
-_TARGET_NAMES = {"edgetpu": "Edge TPU", "xnnpack": "XNNPACK", "gpu": "GPU"}
 
 
 def _after_cut_status() -> str | None:
@@ -43,7 +43,7 @@ def node_data(model: Model, prediction: Prediction) -> dict[str, Any]:
             f"the prediction covers {len(prediction.ops)} ops, the main subgraph has "
             f"{len(graph.ops)}: it was made for another model"
         )
-    where = _TARGET_NAMES.get(prediction.target, prediction.target)
+    where = target.label if (target := find(prediction.target)) else prediction.target
     after_cut = _after_cut_status() if prediction.target == "edgetpu" else None
     results: dict[str, dict[str, Any]] = {}
     for op in prediction.ops:

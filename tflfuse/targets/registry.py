@@ -1,0 +1,219 @@
+"""The targets tflfuse builds models for: one `Target` per accelerator or runtime, in one place.
+
+A target is everything the rest of tflfuse asks by name: what the user calls it (`name`, the
+CLI's `--target` choices), what it is called in sentences (`label`), its capability table
+(`delegates/NAME.toml`), its predictor (where each op runs), how its rule pipeline differs
+(`rules.pipeline` reads `legalization`, `recognizes_activations`, `kernel_rewrites`), its cost
+profile (the budgets `targets.cost` answers from), the recipes made for it (`converters/`), and
+whether an ahead-of-time compiler decides its mapping (the Edge TPU's `edgetpu_compiler`: the
+options and the report section that only make sense for one).
+
+This module stays light (no numpy, no model code at import): the command line reads its names
+to build `--target` choices without loading any machinery. The predictors and the legalization
+rules are imported when first asked for.
+
+Adding a target: a `Target` in `_TARGETS` below, its table in `delegates/`, its predictor in
+`targets/` (a subfolder when it has more than one module, like `edgetpu/`), a recipe in
+`converters/`; `tests/test_targets_registry.py` checks the pieces agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tflfuse.errors import TflfuseError
+
+if TYPE_CHECKING:  # types only: importing them loads numpy and the model code
+    from tflfuse.ir import Model
+    from tflfuse.targets.capabilities import Prediction
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """The budgets rules ask before a rewrite that is not a win everywhere (`targets.cost`)."""
+
+    # Bytes of weights the target keeps close to the compute units (a merged weight must fit).
+    on_chip_bytes: int = 2 * MIB
+    # Its delegate runs SPLIT_V (unequal parts) inside the same partition. XNNPACK delegates
+    # SPLIT (equal parts) but not SPLIT_V (tensorflow/lite/delegates/xnnpack/xnnpack_delegate.cc
+    # visits kTfLiteBuiltinSplit only, and XNNPACK's even split defines 2, 3 or 4 outputs).
+    split_v_delegated: bool = True
+    # Most parts one SPLIT may have (None: any).
+    split_max_parts: int | None = None
+    # It computes in int8 only, one scale per activation tensor: a merged op writes one tensor,
+    # so its siblings' outputs would share one scale (MediaPipe's hand landmark heads, ranges
+    # 220 and 0.2: the narrow output lost all its precision).
+    int8_only: bool = False
+    # Most dimensions larger than 1 it maps in one tensor (None: any).
+    max_nontrivial_dims: int | None = None
+    # The runtime of delegates/cost_table.json its models run on (None: no measured table).
+    runtime: str | None = None
+
+
+DEFAULT_COST = CostProfile()  # a name the registry does not know: a plain CPU, no measurements
+
+Predictor = Callable[["Model", "str | None", bool], "Prediction"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """One accelerator or runtime, and every fact about it that tflfuse branches on."""
+
+    name: str  # what the user types: --target NAME, Recipe.target
+    label: str  # how sentences name it: "Edge TPU"
+    table: str | None  # its capability table, delegates/TABLE.toml (None: none)
+    predictor: Predictor | None  # where each op runs (None: `tflfuse check` cannot say)
+    cost: CostProfile
+    recipes: tuple[str, ...] = ()  # converters/NAME.toml made for it
+    # The ahead-of-time compiler that decides the mapping (None: the delegate decides at run
+    # time). A compiled target gets --compiler-version, --multiple-subgraphs, --twin, `tflfuse
+    # compile`, mapped-op counts in the int8 legalization and a mapping section in the report.
+    compiler: str | None = None
+    on_cpu: bool = False  # its models run on the host CPU's TFLite kernels (TF ops could, too)
+    # -- how its rule pipeline differs (tflfuse.rules.pipeline) --
+    # Its legalization rules (Rule and Pass instances), run first at level 2 and alone on the
+    # quantized model. A function: the rules load on first use (device scripts load none).
+    legalization: Callable[[], tuple[Any, ...]] | None = None
+    # Recognize spelled-out activations as builtins (HARD_SWISH, LEAKY_RELU, GELU): not for a
+    # target whose compiler does not map them.
+    recognizes_activations: bool = True
+    # The rewrites that pay on CPU/GPU kernels (scale into a matmul operand, MEAN keep_dims, ...),
+    # not for a target whose compiler makes its own mapping-driven choices.
+    kernel_rewrites: bool = True
+
+    def predict(
+        self, model: Model, compiler_version: str | None = None, multiple_subgraphs: bool = False
+    ) -> Prediction:
+        """Where each op of the main subgraph runs (use `tflfuse.targets.predict`, which also
+        notes stored float16 weights)."""
+        if self.predictor is None:
+            raise TflfuseError(
+                f"unknown target {self.name!r} (choose from {', '.join(names(predicts=True))})"
+            )
+        return self.predictor(model, compiler_version, multiple_subgraphs)
+
+    def capabilities(self) -> dict[str, Any]:
+        """Its parsed capability table (`delegates/TABLE.toml`)."""
+        from tflfuse.targets.capabilities import capability
+
+        if self.table is None:
+            raise TflfuseError(f"no capability table for target {self.name!r}")
+        return capability(self.table)
+
+    def legalization_rules(self) -> tuple[Any, ...]:
+        """Its legalization rules (empty for a target that needs none)."""
+        return self.legalization() if self.legalization is not None else ()
+
+
+# -- the predictors and rules, imported on first use (this module stays light) -------------------
+def _predict_edgetpu(
+    model: Model, compiler_version: str | None, multiple_subgraphs: bool
+) -> Prediction:
+    from tflfuse.targets.edgetpu.predict import predict_edgetpu
+
+    return predict_edgetpu(model, compiler_version, multiple_subgraphs=multiple_subgraphs)
+
+
+def _predict_xnnpack(model: Model, compiler_version: str | None, multiple: bool) -> Prediction:
+    from tflfuse.targets.capabilities import predict_xnnpack
+
+    return predict_xnnpack(model)
+
+
+def _predict_gpu(model: Model, compiler_version: str | None, multiple: bool) -> Prediction:
+    from tflfuse.ir import flatbuffer
+    from tflfuse.targets.probe import predict_gpu
+
+    # TFLite's analyzer reads bytes; it needs the interpreter package
+    return predict_gpu(model, flatbuffer.to_bytes(model))
+
+
+def _edgetpu_legalization() -> tuple[Any, ...]:
+    from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
+
+    return tuple(EDGETPU_LEGALIZATION)
+
+
+# -- the registry -------------------------------------------------------------------------------
+# In the order the command line lists them.
+_TARGETS: tuple[Target, ...] = (
+    Target(
+        name="edgetpu",
+        label="Edge TPU",
+        table="edgetpu",
+        predictor=_predict_edgetpu,
+        # 8 MiB of on-chip SRAM shared by all parameters (edgetpu_compiler's "on-chip memory");
+        # the compiler maps tensors with at most 3 non-trivial dimensions (delegates/edgetpu.toml)
+        cost=CostProfile(on_chip_bytes=8 * MIB, int8_only=True, max_nontrivial_dims=3),
+        recipes=("edgetpu",),
+        compiler="edgetpu_compiler",
+        legalization=_edgetpu_legalization,
+        recognizes_activations=False,  # it maps none of HARD_SWISH, LEAKY_RELU, GELU
+        kernel_rewrites=False,  # its pipeline keeps its own mapping-driven choices
+    ),
+    Target(
+        name="xnnpack",
+        label="XNNPACK",
+        table="xnnpack",
+        predictor=_predict_xnnpack,
+        # a typical Arm/x86 L2 for one GEMM's packed weights. XNNPACK delegates SPLIT (equal
+        # parts, 2 to 4 outputs) but not SPLIT_V: an unequal split would cut the partition
+        # (tensorflow/lite/delegates/xnnpack/xnnpack_delegate.cc visits kTfLiteBuiltinSplit only)
+        cost=CostProfile(
+            on_chip_bytes=2 * MIB, split_v_delegated=False, split_max_parts=4, runtime="xnnpack"
+        ),
+        recipes=("xnnpack-int8", "cpu-float"),  # the CPU runtime applies XNNPACK by default
+        on_cpu=True,
+    ),
+    Target(
+        name="gpu",
+        label="GPU",
+        table=None,  # TFLite's GPU compatibility analyzer answers (targets.probe)
+        predictor=_predict_gpu,
+        cost=CostProfile(on_chip_bytes=4 * MIB),  # mobile GPUs: keep one layer's weights modest
+        recipes=("gpu-fp16",),
+    ),
+    Target(
+        name="cpu",
+        label="CPU",
+        table=None,
+        predictor=None,  # every op runs on them
+        cost=CostProfile(on_chip_bytes=2 * MIB, runtime="none"),  # the plain built-in kernels
+        on_cpu=True,
+    ),
+)
+_BY_NAME: dict[str, Target] = {t.name: t for t in _TARGETS}
+TARGETS: tuple[str, ...] = tuple(_BY_NAME)  # every target's name
+
+
+def find(name: object) -> Target | None:
+    """The target called `name`, or None (for any value, a list or None included)."""
+    return _BY_NAME.get(name) if isinstance(name, str) else None
+
+
+def target(name: str) -> Target:
+    """The target called `name` (a TflfuseError naming the choices when there is none)."""
+    found = find(name)
+    if found is None:
+        raise TflfuseError(f"unknown target {name!r} (choose from {', '.join(TARGETS)})")
+    return found
+
+
+def names(*, predicts: bool = False, compiled: bool = False) -> tuple[str, ...]:
+    """The targets' names in the registry's order; `predicts`: only those `tflfuse check` can
+    predict; `compiled`: only those an ahead-of-time compiler maps."""
+    return tuple(
+        t.name
+        for t in _TARGETS
+        if (not predicts or t.predictor is not None) and (not compiled or t.compiler is not None)
+    )
+
+
+def cost_profile(name: str) -> CostProfile:
+    """The cost profile of target `name`; a name the registry does not know gets a plain CPU's."""
+    found = find(name)
+    return found.cost if found is not None else DEFAULT_COST
