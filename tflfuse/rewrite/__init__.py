@@ -15,9 +15,13 @@ name twice must be the same tensor); `p.const("w")` captures a constant; `...` a
 accepts any further inputs. `out="name"` captures the op's output tensor (`m.name.op` is the op,
 `m.name.consumers` its readers). Binary ops that commute are tried in both input orders.
 
-`check` returns None to go ahead or a `Refusal` (a sentence); the pass manager records refusals
-so `--explain` can tell users why a pattern stayed unfused. `rewrite` edits `m.graph` in place;
-dead ops and tensors left behind are cleaned by `DeadCodeElimination`. An exception raised by a
+`check` returns None to go ahead, a `Refusal` (a sentence) or a plan that `rewrite` receives as
+`m.plan` (what check worked out is not worked out twice); the pass manager records refusals so
+`--explain` can tell users why a pattern stayed unfused. Patterns may constrain options and tensor
+kinds (`p.CONV_2D(...).where(fused_activation="NONE")`, `p.x.of("float")`, see `pattern`).
+`rewrite` builds new ops with a builder bound to the match (`b = m.builder(); y = b.MUL(x, c);
+b.replace(m.root, y)`, see `build`), which names, places and checks them; dead ops and tensors
+left behind are cleaned by `DeadCodeElimination`. An exception raised by a
 rule's check or rewrite becomes a `RewriteError` naming the rule and the op.
 
 Every rule declares `int8_error_steps`: how many quantization steps one application may move the
@@ -27,6 +31,7 @@ less). `int8_error_bounds` turns the events into a bound per model output (see t
 
 from __future__ import annotations
 
+from tflfuse.rewrite.build import Builder, BuildError, Value
 from tflfuse.rewrite.engine import (
     FLOAT_ONLY,
     PassManager,
@@ -52,6 +57,8 @@ __all__ = [
     "COMMUTATIVE",
     "FLOAT_ONLY",
     "SIDE_EFFECTS",
+    "BuildError",
+    "Builder",
     "DeadCodeElimination",
     "Match",
     "NotApplicable",
@@ -66,6 +73,7 @@ __all__ = [
     "RewriteEvent",
     "Rule",
     "TopologicalSort",
+    "Value",
     "Var",
     "find_matches",
     "int8_error_bounds",

@@ -89,8 +89,10 @@ class PassManager:
             for m in self._matches(rule, pattern, graph, op):
                 if float_only:
                     reason: Refusal | None = refuse(FLOAT_ONLY)
+                elif m.unmet is not None:
+                    reason = refuse(m.unmet)
                 else:
-                    reason = self._guarded(rule, op, "check", rule.check, m)
+                    reason = self._judge(rule, op, m)
                     if reason is None and not rule.inner_ops_may_be_shared:
                         reason = shared_inner_op(m)
                 if reason is not None:
@@ -112,6 +114,14 @@ class PassManager:
                 applied += 1
                 break
         return applied
+
+    def _judge(self, rule: Rule, op: Op, m: Match) -> Refusal | None:
+        """The rule's check: a refusal, or None after putting any plan it made on `m.plan`."""
+        verdict = self._guarded(rule, op, "check", rule.check, m)
+        if verdict is None or isinstance(verdict, Refusal):
+            return verdict
+        m.plan = verdict
+        return None
 
     @staticmethod
     def _run_pass(p: Pass, graph: Graph) -> int:

@@ -1,5 +1,12 @@
 """Patterns: what a rule matches (`p.RELU(p.CONV_2D(p.x, p.w, p.b, out="conv"))`), and
 the matcher that finds every way a pattern matches at an op (see `tflfuse.rewrite`).
+
+Constraints beyond op types: `p.CONV_2D(...).where(fused_activation="NONE")` requires option
+values (`fused_activation` is short for `fused_activation_function`, NONE when absent) and
+`p.x.of("float")` a tensor kind ("float": float32 and not quantized; "int8": int8/uint8
+quantized per tensor; or a dtype name). A constraint without `because=` is part of the pattern
+(no match, nothing to explain); with `because="..."` the match is made and the engine refuses it
+with that sentence before the rule's check runs, so `--explain` keeps telling users why.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tflfuse.ir import Graph, Op, Tensor
+from tflfuse.rewrite.build import Builder
 
 COMMUTATIVE = frozenset(
     {"ADD", "MUL", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE", "EQUAL", "NOT_EQUAL"}
@@ -16,12 +24,36 @@ COMMUTATIVE = frozenset(
 
 
 # -- patterns ----------------------------------------------------------------------------------
+_UNMET = "!unmet"  # the key under which a match carries the reason of a failed soft constraint
+_OPTION_ALIASES = {"fused_activation": "fused_activation_function"}
+_OPTION_DEFAULTS = {"fused_activation_function": "NONE"}
+
+
+def tensor_kind_is(t: Tensor | None, kind: str) -> bool:
+    """`t` is of `kind`: "float" (float32, not quantized), "int8" (int8/uint8 quantized per
+    tensor) or a TFLite dtype name."""
+    if t is None:
+        return False
+    if kind == "float":
+        return t.dtype == "FLOAT32" and not t.is_quantized
+    if kind == "int8":
+        q = t.quantization
+        return t.dtype in ("INT8", "UINT8") and t.is_quantized and not q.per_channel
+    return t.dtype == kind
+
+
 @dataclass(frozen=True)
 class Var:
     """Captures one tensor (or a missing optional input, None) under `name`."""
 
     name: str
     constant: bool = False
+    kind: str | None = None
+    because: str | None = None
+
+    def of(self, kind: str, because: str | None = None) -> Var:
+        """This variable, constrained to tensors of `kind` (see the module docstring)."""
+        return Var(self.name, self.constant, kind, because)
 
 
 @dataclass(frozen=True)
@@ -30,6 +62,18 @@ class OpPattern:
     inputs: tuple[Any, ...] | None  # None: any inputs
     out: str | None = None
     rest: bool = False  # the pattern ended with `...`: further inputs are accepted
+    options: tuple[tuple[str, Any], ...] = ()
+    because: str | None = None
+
+    def where(self, because: str | None = None, **options: Any) -> OpPattern:
+        """This pattern, matching only ops whose options have these values."""
+        pairs = tuple((_OPTION_ALIASES.get(k, k), v) for k, v in options.items())
+        return OpPattern(
+            self.types, self.inputs, self.out, self.rest, self.options + pairs, because
+        )
+
+    def options_hold(self, op: Op) -> bool:
+        return all(op.options.get(k, _OPTION_DEFAULTS.get(k)) == v for k, v in self.options)
 
 
 class PatternBuilder:
@@ -55,13 +99,27 @@ class PatternBuilder:
 
 
 class Match:
-    """Captured tensors by name (`m.x`), the anchor op (`m.root`) and the graph (`m.graph`)."""
+    """Captured tensors by name (`m.x`), the anchor op (`m.root`) and the graph (`m.graph`).
+
+    `m.plan` is what the rule's `check` returned when it was neither None nor a refusal (the
+    engine puts it there for `rewrite`); `m.unmet` the reason of a failed soft constraint.
+    """
 
     def __init__(self, graph: Graph, root: Op, captures: dict[str, Any], ops: list[Op]) -> None:
         self.graph = graph
         self.root = root
         self.ops = ops
+        captures = dict(captures)
+        self.unmet: str | None = captures.pop(_UNMET, None)
         self._captures = captures
+        self.plan: Any = None
+
+    def builder(
+        self, at: Op | None = None, prefix: str | None = None, constants: str = "calls"
+    ) -> Builder:
+        """A builder placing new ops where `at` (default: the root) is, naming new tensors
+        `<prefix>/<name>` (default: the output name of `at`); see `tflfuse.rewrite.build`."""
+        return Builder(self.graph, at or self.root, prefix, constants)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -77,6 +135,10 @@ def _match_op(pat: OpPattern, op: Op, env: dict[str, Any], ops: list[Op]) -> Ite
     if op.type not in pat.types:
         return
     env = dict(env)
+    if pat.options and not pat.options_hold(op):
+        if pat.because is None:
+            return
+        env.setdefault(_UNMET, pat.because)
     if pat.out is not None:
         if not op.outputs:
             return
@@ -112,6 +174,10 @@ def _match_tensor(pat: Any, t: Tensor | None, env: dict, ops: list[Op]) -> Itera
     if isinstance(pat, Var):
         if pat.constant and (t is None or not t.is_constant):
             return
+        if pat.kind is not None and not tensor_kind_is(t, pat.kind):
+            if pat.because is None:
+                return
+            env = {**env, _UNMET: env.get(_UNMET, pat.because)}
         if pat.name in env:
             if env[pat.name] is t:
                 yield env

@@ -1,7 +1,7 @@
 """Rules and passes, refusals, and the record of what a run did (`PassResult`).
 
-A `Rule` is pattern + check + rewrite; `check` returns None or a `Refusal` (a sentence
-that `--explain` shows). A `Pass` is a whole-graph transformation.
+A `Rule` is pattern + check + rewrite; `check` returns None, a `Refusal` (a sentence that
+`--explain` shows) or a plan for `rewrite` (`m.plan`). A `Pass` is a whole-graph transformation.
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ class Rule:
     def pattern(self, p: PatternBuilder) -> OpPattern:
         raise NotImplementedError
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | Any | None:
+        """None to go ahead, a `Refusal` to decline, or a plan (anything else): what the check
+        worked out and `rewrite` needs, which the engine hands over as `m.plan`."""
         return None
 
     def rewrite(self, m: Match) -> None:

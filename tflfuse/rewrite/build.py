@@ -1,0 +1,378 @@
+"""Building new ops in a rule's rewrite: a builder bound to the match.
+
+    def rewrite(self, m):
+        b = m.builder()                         # names new tensors "<root output>/<name>"
+        x = m.x
+        y = b.MUL(b.MUL(x, b.scalar(0.5, "half", like=x), name="half_x"), ..., name="y")
+        b.replace(m.root, y)                    # y's op writes the root's output; the root goes
+
+`b.OP(*inputs, name=..., **options)` records an op of that type reading tensors of the graph or
+values the builder made; its result is a `Value` whose shape and dtype are inferred (element-wise
+broadcasting, RESHAPE/TRANSPOSE/SLICE/CONCATENATION from their constants, the input's for a unary
+op) or given (`shape=`), and checked when both are known. `like=t` copies t's dtype and
+quantization, `quant=` sets the quantization. Ops that carry a fused activation get
+`fused_activation_function="NONE"` unless told otherwise. Nothing touches the graph until
+`replace` (or `commit`): then the replacement's shape and dtype must equal the tensor it replaces,
+the tensors are made, and the ops go where the anchor op was (the root by default), in the order
+they were built.
+
+Why tensors are made in a chosen order: a tensor's index in the subgraph (and a constant's buffer
+index) is its place in `graph.tensors`, and it decides the bytes of the file. Rules written before
+the builder made their tensors in one of three orders, kept so their files stay identical:
+`constants="calls"` (every tensor when its call happens: a constant when `b.const` is called, an
+op's output when the op is built), `"after_reader"` (a constant right after the output of the
+first op that reads it) and `"last"` (every op output first, then the constants, in the order ops
+read them).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tflfuse.ir import Graph, IRError, Op, Quantization, Tensor
+from tflfuse.ir.graph import NUMPY_DTYPES, dtype_name
+
+# Ops whose options carry a fused activation: a new one gets NONE unless the rule says otherwise.
+FUSES_ACTIVATION = frozenset(
+    {
+        "ADD",
+        "SUB",
+        "MUL",
+        "DIV",
+        "CONCATENATION",
+        "AVERAGE_POOL_2D",
+        "MAX_POOL_2D",
+        "L2_POOL_2D",
+        "CONV_2D",
+        "DEPTHWISE_CONV_2D",
+        "FULLY_CONNECTED",
+        "TRANSPOSE_CONV",
+    }
+)
+ELEMENTWISE_BINARY = frozenset(
+    {"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE", "POW"}
+)
+ELEMENTWISE_UNARY = frozenset(
+    {
+        "ABS",
+        "EXP",
+        "HARD_SWISH",
+        "LEAKY_RELU",
+        "LOG",
+        "LOGISTIC",
+        "NEG",
+        "PRELU",
+        "RELU",
+        "RELU6",
+        "RELU_N1_TO_1",
+        "RSQRT",
+        "SQRT",
+        "SQUARE",
+        "TANH",
+        "GELU",
+        "SOFTMAX",
+        "QUANTIZE",
+        "DEQUANTIZE",
+    }
+)
+ORDERS = ("calls", "after_reader", "last")
+
+
+class BuildError(IRError):
+    """A rule built something inconsistent (shapes, dtypes, a value used twice as a result)."""
+
+
+class Value:
+    """A tensor the builder will make: an op's result, a constant or a declared tensor."""
+
+    def __init__(
+        self,
+        builder: Builder,
+        name: str,
+        shape: Sequence[int],
+        dtype: str,
+        quantization: Quantization | None = None,
+        data: np.ndarray | None = None,
+    ) -> None:
+        self.builder = builder
+        self.name = name
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = dtype
+        self.quantization = quantization
+        self.data = data
+        self.producer: _PendingOp | None = None
+        self.seq = next(builder._seq)
+        self.tensor: Tensor | None = None  # made at commit (or the tensor it replaces)
+
+    @property
+    def is_constant(self) -> bool:
+        return self.data is not None
+
+    def __repr__(self) -> str:
+        return f"<Value {self.name!r} {self.dtype}{list(self.shape)}>"
+
+
+class _PendingOp:
+    def __init__(self, type: str, inputs: list, out: Value, options: dict, kwargs: dict) -> None:
+        self.type, self.inputs, self.out, self.options, self.kwargs = (
+            type,
+            inputs,
+            out,
+            options,
+            kwargs,
+        )
+        self.seq = out.seq
+
+
+Input = Tensor | Value | None
+
+
+class Builder:
+    """New ops for one rewrite, placed where `at` is (see the module docstring)."""
+
+    def __init__(
+        self, graph: Graph, at: Op | None, prefix: str | None = None, constants: str = "calls"
+    ) -> None:
+        if constants not in ORDERS:
+            raise ValueError(f"constants must be one of {ORDERS}, not {constants!r}")
+        self.graph = graph
+        self.at = at
+        self.prefix = prefix if prefix is not None else (at.output.name if at else graph.name)
+        self.order = constants
+        self._seq = itertools.count()
+        self._values: list[Value] = []
+        self._ops: list[_PendingOp] = []
+        self._replaced: list[tuple[Op | None, Value, Tensor]] = []
+        self._committed = False
+
+    # -- values ----------------------------------------------------------------------------------
+    def const(
+        self,
+        value: Any,
+        name: str,
+        dtype: str | None = None,
+        quant: Quantization | None = None,
+    ) -> Value:
+        """A new constant `<prefix>/<name>` holding `value` (float32 unless `dtype` or the array
+        says otherwise)."""
+        arr = np.asarray(value)
+        if dtype is None:
+            dtype = "FLOAT32" if arr.dtype.kind == "f" else dtype_name(arr.dtype)
+        arr = np.array(arr, dtype=NUMPY_DTYPES[dtype], order="C")
+        return self._value(name, arr.shape, dtype, quant, arr)
+
+    def ints(self, values: Sequence[int], name: str) -> Value:
+        """An INT32 constant: a shape, a permutation, a begin or size vector."""
+        return self.const(np.asarray(values, np.int32), name, "INT32")
+
+    def scalar(self, value: float, name: str, like: Tensor | Value) -> Value:
+        """`value` as a constant of `like`'s type, shape (1,): float32, or int8/uint8 holding it
+        exactly (the top code with scale value / top)."""
+        if like.dtype == "FLOAT32":
+            return self.const(np.array([value], np.float32), name, "FLOAT32")
+        if like.dtype not in ("INT8", "UINT8"):
+            raise BuildError(f"no scalar of type {like.dtype}")
+        top = 127 if like.dtype == "INT8" else 255
+        q = Quantization(
+            scale=np.array([value / top], np.float32), zero_point=np.array([0], np.int64)
+        )
+        return self.const(np.array([top]), name, like.dtype, q)
+
+    def tensor(
+        self,
+        name: str,
+        shape: Sequence[int],
+        like: Tensor | Value | None = None,
+        *,
+        dtype: str | None = None,
+        quant: Quantization | None = None,
+    ) -> Value:
+        """Declare a tensor now (its index comes here) that an op writes later (`out=`)."""
+        dtype = dtype or (like.dtype if like is not None else "FLOAT32")
+        if quant is None and like is not None and dtype == like.dtype:
+            quant = like.quantization
+        return self._value(name, shape, dtype, quant)
+
+    def _value(self, name, shape, dtype, quant, data=None) -> Value:
+        self._live()
+        v = Value(self, f"{self.prefix}/{name}", shape, dtype, quant, data)
+        self._values.append(v)
+        return v
+
+    # -- ops -------------------------------------------------------------------------------------
+    def op(
+        self,
+        type: str,
+        *inputs: Input,
+        name: str | None = None,
+        shape: Sequence[int] | None = None,
+        dtype: str | None = None,
+        like: Tensor | Value | None = None,
+        quant: Quantization | None = None,
+        out: Value | Tensor | None = None,
+        version: int = 1,
+        options: dict[str, Any] | None = None,
+        **more_options: Any,
+    ) -> Value:
+        """Record `type(*inputs)` and return its result (see the module docstring). Its
+        options are `options` (a dict, e.g. copied from another op) and the keywords left."""
+        self._live()
+        options = {**(options or {}), **more_options}
+        for t in inputs:
+            if isinstance(t, Value) and t.builder is not self:
+                raise BuildError(f"{t} belongs to another builder")
+        if type in FUSES_ACTIVATION and "fused_activation_function" not in options:
+            options["fused_activation_function"] = "NONE"
+        inferred = infer_shape(type, list(inputs), options)
+        if shape is not None and inferred is not None and tuple(shape) != inferred:
+            raise BuildError(f"{type} gives shape {list(inferred)}, not {list(shape)}")
+        shape = tuple(shape) if shape is not None else inferred
+        _check_dtypes(type, list(inputs))
+        if isinstance(out, Tensor):  # an existing tensor (a kept op's old output): written as is
+            result = Value(self, out.name, out.shape, out.dtype, out.quantization)
+            result.tensor = out
+        elif isinstance(out, Value):
+            if out.producer is not None or out.is_constant:
+                raise BuildError(f"{out} already has a value")
+            result = out
+        else:
+            if shape is None:
+                raise BuildError(f"{type} needs shape= (its shape is not inferred)")
+            first = next((t for t in inputs if t is not None), None)
+            dtype = dtype or (like.dtype if like is not None else first.dtype)
+            if quant is None and like is not None:
+                quant = like.quantization
+            result = self._value(name or type.lower(), shape, dtype, quant)
+        if shape is not None and result.shape != tuple(shape):
+            raise BuildError(f"{type} gives shape {list(shape)}, written to {result}")
+        pending = _PendingOp(type, list(inputs), result, options, {"version": version})
+        if out is not None:  # the op comes now, though the tensor it writes came earlier
+            pending.seq = next(self._seq)
+        result.producer = pending
+        self._ops.append(pending)
+        return result
+
+    def __getattr__(self, name: str) -> Callable[..., Value]:
+        if name.isupper():
+            return lambda *inputs, **kw: self.op(name, *inputs, **kw)
+        raise AttributeError(name)
+
+    # -- committing ------------------------------------------------------------------------------
+    def replace(self, old: Op | Tensor, value: Value | Tensor) -> None:
+        """Make `value` stand for `old` (an op: its one output; a tensor) and commit: the op
+        computing `value` writes `old`'s tensor (its name, place and quantization stay) and the
+        op that wrote it goes. A tensor of the graph as `value`: readers of `old` read it."""
+        target = old.output if isinstance(old, Op) else old
+        dying = old if isinstance(old, Op) else target.producer
+        if isinstance(value, Tensor):
+            self.commit(remove=dying)
+            self.graph.replace_uses(target, value)
+            return
+        if value.producer is None or value.tensor is not None:
+            raise BuildError(f"{value} is not a new op's result")
+        if value.shape != target.shape or value.dtype != target.dtype:
+            raise BuildError(
+                f"{value.producer.type} gives {value.dtype}{list(value.shape)}, but"
+                f" {target.name!r} is {target.dtype}{list(target.shape)}"
+            )
+        value.tensor = target
+        self.commit(remove=dying)
+
+    def commit(self, remove: Op | None = None) -> list[Op]:
+        """Make the tensors and ops (once); `remove` (an op being replaced) goes first, and the
+        new ops take its place. Returns the new ops in graph order."""
+        self._live()
+        self._committed = True
+        g = self.graph
+        anchor = self.at
+        if remove is not None:
+            if anchor is remove:
+                i = g.ops.index(remove)
+                anchor = g.ops[i + 1] if i + 1 < len(g.ops) else None
+            g.remove_op(remove)
+        for v in sorted(self._values, key=self._order_key):
+            if v.tensor is not None:
+                continue
+            if v.is_constant:
+                v.tensor = g.add_constant(v.name, v.data, v.dtype, v.quantization)
+            else:
+                v.tensor = g.add_tensor(v.name, v.shape, v.dtype, quantization=v.quantization)
+        made = []
+        for p in self._ops:
+            ins = [t.tensor if isinstance(t, Value) else t for t in p.inputs]
+            made.append(g.add_op(p.type, ins, [p.out.tensor], p.options, before=anchor, **p.kwargs))
+        return made
+
+    def _order_key(self, v: Value) -> tuple:
+        if not v.is_constant or self.order == "calls":
+            return (0, v.seq, 0)
+        reader = next((p for p in self._ops if any(t is v for t in p.inputs)), None)
+        if reader is None:
+            return (0, v.seq, 0)
+        if self.order == "after_reader":
+            return (0, reader.seq, 1 + v.seq)
+        return (1, self._ops.index(reader), v.seq)
+
+    def _live(self) -> None:
+        if self._committed:
+            raise BuildError("the builder has committed; make a new one")
+
+
+# -- shapes and dtypes -----------------------------------------------------------------------------
+def _const_ints(t: Input) -> list[int] | None:
+    data = t.data if t is not None else None
+    return None if data is None else [int(v) for v in np.asarray(data).reshape(-1)]
+
+
+def infer_shape(type: str, inputs: list[Input], options: dict) -> tuple[int, ...] | None:
+    """The result's shape when the op's type and inputs decide it, else None."""
+    if not inputs or inputs[0] is None:
+        return None
+    x = tuple(inputs[0].shape)
+    if type in ELEMENTWISE_UNARY:
+        return x
+    if type in ELEMENTWISE_BINARY and len(inputs) == 2 and inputs[1] is not None:
+        try:
+            return tuple(int(d) for d in np.broadcast_shapes(x, tuple(inputs[1].shape)))
+        except ValueError:
+            raise BuildError(
+                f"{type} cannot broadcast {list(x)} with {list(inputs[1].shape)}"
+            ) from None
+    if type == "RESHAPE" and len(inputs) > 1:
+        shape = _const_ints(inputs[1])
+        if shape is not None and -1 not in shape:
+            if int(np.prod(shape)) != int(np.prod(x)):
+                raise BuildError(f"RESHAPE {list(x)} to {shape} changes the element count")
+            return tuple(shape)
+    if type == "TRANSPOSE" and len(inputs) > 1:
+        perm = _const_ints(inputs[1])
+        if perm is not None:
+            if sorted(p % len(x) for p in perm) != list(range(len(x))):
+                raise BuildError(f"TRANSPOSE perm {perm} is not a permutation of {len(x)} axes")
+            return tuple(x[p % len(x)] for p in perm)
+    if type == "SLICE" and len(inputs) > 2:
+        begin, size = _const_ints(inputs[1]), _const_ints(inputs[2])
+        if begin is not None and size is not None:
+            size = [d - b if s == -1 else s for s, b, d in zip(size, begin, x, strict=True)]
+            if any(b < 0 or b + s > d for b, s, d in zip(begin, size, x, strict=True)):
+                raise BuildError(f"SLICE {begin} + {size} leaves {list(x)}")
+            return tuple(size)
+    if type == "CONCATENATION":
+        axis = int(options.get("axis", 0)) % len(x)
+        shapes = [tuple(t.shape) for t in inputs]
+        if any(len(s) != len(x) or s[:axis] + s[axis + 1 :] != x[:axis] + x[axis + 1 :]
+               for s in shapes):  # fmt: skip
+            raise BuildError(f"CONCATENATION along {axis} of {[list(s) for s in shapes]}")
+        return (*x[:axis], sum(s[axis] for s in shapes), *x[axis + 1 :])
+    return None
+
+
+def _check_dtypes(type: str, inputs: list[Input]) -> None:
+    if type in ELEMENTWISE_BINARY or type == "CONCATENATION":
+        dtypes = {t.dtype for t in inputs if t is not None}
+        if len(dtypes) > 1:
+            raise BuildError(f"{type} reads {sorted(dtypes)}: one type expected")
