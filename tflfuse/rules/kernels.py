@@ -147,4 +147,4 @@ class SpellOutInt8HardSwish(Rule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        spell_out_hard_swish(m.graph, m.root)
+        spell_out_hard_swish(m)

@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from tflfuse.ir import Graph, Op, Quantization, Tensor
+from tflfuse.ir import Graph, Quantization, Tensor
 from tflfuse.rewrite import (
+    Builder,
     Match,
     OpPattern,
     Pass,
     PatternBuilder,
     Refusal,
     Rule,
+    Value,
     refuse,
 )
 from tflfuse.rewrite.common import NotApplicable, is_float, single_reader
@@ -68,11 +71,15 @@ def after_the_cut(m: Match) -> Refusal | None:
     )
 
 
-def _gated(check: Callable[..., Refusal | None]) -> Callable[..., Refusal | None]:
-    """A legalization's `check`, then `after_the_cut` (last: it reads the whole graph)."""
+def _gated(check: Callable[..., Refusal | Any]) -> Callable[..., Refusal | Any]:
+    """A legalization's `check`, then `after_the_cut` (last: it reads the whole graph); a plan
+    the check made goes to `rewrite` when the cut lets the rule fire."""
 
-    def gated(self: Rule, m: Match) -> Refusal | None:
-        return check(self, m) or after_the_cut(m)
+    def gated(self: Rule, m: Match) -> Refusal | Any:
+        verdict = check(self, m)
+        if isinstance(verdict, Refusal):
+            return verdict
+        return after_the_cut(m) or verdict
 
     gated.__doc__ = check.__doc__
     return gated
@@ -99,24 +106,6 @@ def _quant(scale: float, zero_point: int) -> Quantization:
     )
 
 
-def _like(g: Graph, name: str, ref: Tensor, shape=None, q: Quantization | None = None) -> Tensor:
-    """A new activation with `ref`'s type (and the given quantization when integer)."""
-    return g.add_tensor(name, ref.shape if shape is None else shape, ref.dtype, quantization=q)
-
-
-def _scalar(g: Graph, name: str, value: float, ref: Tensor) -> Tensor:
-    """A constant `value` of `ref`'s type: float32, or int8/uint8 holding it exactly."""
-    if ref.dtype == "FLOAT32":
-        return g.add_constant(name, np.array([value], np.float32), "FLOAT32")
-    top = 127 if ref.dtype == "INT8" else 255
-    return g.add_constant(
-        name,
-        np.array([top], np.int8 if top == 127 else np.uint8),
-        ref.dtype,
-        _quant(value / top, 0),
-    )
-
-
 def _range_q(ref: Tensor, low: float, high: float) -> Quantization:
     """Per-tensor quantization of `ref`'s integer type covering [low, high] (0 included)."""
     low, high = min(low, 0.0), max(high, 0.0)
@@ -124,18 +113,6 @@ def _range_q(ref: Tensor, low: float, high: float) -> Quantization:
     scale = (high - low) / (qmax - qmin) or 1.0
     zero = round(qmin - low / scale)
     return _quant(scale, max(qmin, min(qmax, zero)))
-
-
-def _mul(g: Graph, x: Tensor, c: Tensor, out: Tensor, before: Op | None) -> None:
-    g.add_op("MUL", [x, c], [out], {"fused_activation_function": "NONE"}, before=before)
-
-
-def _take_out(g: Graph, op: Op) -> Op | None:
-    """Remove `op` and return the op that followed it (new ops go before it: same place)."""
-    i = g.ops.index(op)
-    after = g.ops[i + 1] if i + 1 < len(g.ops) else None
-    g.remove_op(op)
-    return after
 
 
 def _refusal_of(op_type: str, ins: list[Tensor], out_shape, options=None, consts=()) -> str | None:
@@ -180,26 +157,20 @@ class LegalizeLeakyRelu(Rule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        g, op, x = m.graph, m.root, m.x
-        alpha = float(op.options.get("alpha", 0.2))
-        out = op.output
-        at = _take_out(g, op)
+        x, alpha = m.x, float(m.root.options.get("alpha", 0.2))
+        b = m.builder(constants="last")
         if _kind(x) == "int":
-            top, np_type = (127, np.int8) if x.dtype == "INT8" else (255, np.uint8)
+            top = 127 if x.dtype == "INT8" else 255
             # alpha broadcasts to x exactly: (1, 1, C) for NHWC, (C,) for (N, C); the kernel
             # refuses an alpha of higher rank than x
             alpha_shape = (*[1] * max(len(x.shape) - 2, 0), x.shape[-1])
-            values = np.full(alpha_shape, top, np_type)
-            slope = g.add_constant(f"{out.name}/alpha", values, x.dtype, _quant(alpha / top, 0))
-            g.add_op("PRELU", [x, slope], [out], before=at)
+            slope = b.const(np.full(alpha_shape, top), "alpha", x.dtype, _quant(alpha / top, 0))
+            b.replace(m.root, b.PRELU(x, slope))
             return
-        scaled = _like(g, f"{out.name}/alpha_x", x)
-        relu = _like(g, f"{out.name}/relu", x)
-        kept = _like(g, f"{out.name}/relu_part", x)
-        _mul(g, x, _scalar(g, f"{out.name}/alpha", alpha, x), scaled, at)
-        g.add_op("RELU", [x], [relu], before=at)
-        _mul(g, relu, _scalar(g, f"{out.name}/one_minus_alpha", 1 - alpha, x), kept, at)
-        g.add_op("ADD", [scaled, kept], [out], {"fused_activation_function": "NONE"}, before=at)
+        scaled = b.MUL(x, b.scalar(alpha, "alpha", like=x), name="alpha_x")
+        relu = b.RELU(x, name="relu")
+        kept = b.MUL(relu, b.scalar(1 - alpha, "one_minus_alpha", like=x), name="relu_part")
+        b.replace(m.root, b.ADD(scaled, kept))
 
 
 class LegalizeHardSwish(Rule):
@@ -227,31 +198,30 @@ class LegalizeHardSwish(Rule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        spell_out_hard_swish(m.graph, m.root)
+        spell_out_hard_swish(m)
 
 
-def spell_out_hard_swish(g: Graph, op: Op) -> None:
-    """Replace HARD_SWISH `op` (float, or int8/uint8 per tensor) in place by
+def spell_out_hard_swish(m: Match) -> None:
+    """Replace the HARD_SWISH root of `m` (float, or int8/uint8 per tensor) by
     MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6); see LegalizeHardSwish for the quantization of
     the intermediates. Also XNNPACK's form for int8 (rules/kernels.py: SpellOutInt8HardSwish)."""
-    x, out = op.inputs[0], op.output
+    x, out = m.root.inputs[0], m.root.output
     q_gate = q_prod = None
     if _kind(x) == "int":
         s_out, z_out = _scale_zp(out)
         q_gate, q_prod = _range_q(x, 0.0, 6.0), _quant(6 * s_out, z_out)
-    at = _take_out(g, op)
-    gate = _like(g, f"{out.name}/relu6_x_plus_3", x, q=q_gate)
-    prod = _like(g, f"{out.name}/x_times_gate", x, q=q_prod)
-    three = _scalar(g, f"{out.name}/three", 3.0, x)
-    g.add_op("ADD", [x, three], [gate], {"fused_activation_function": "RELU6"}, before=at)
-    _mul(g, x, gate, prod, at)
-    _mul(g, prod, _scalar(g, f"{out.name}/one_sixth", 1.0 / 6.0, x), out, at)
+    b = m.builder(constants="last")
+    three = b.scalar(3.0, "three", like=x)
+    gate = b.ADD(x, three, name="relu6_x_plus_3", quant=q_gate, fused_activation_function="RELU6")
+    prod = b.MUL(x, gate, name="x_times_gate", quant=q_prod)
+    b.replace(m.root, b.MUL(prod, b.scalar(1.0 / 6.0, "one_sixth", like=x)))
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 _GELU_TANH_VS_ERF = 4.74e-4
+_GELU_IN_FLOAT = "GELU is legalized on the float model, before quantization"
 
 
 class LegalizeGelu(Rule):
@@ -266,12 +236,11 @@ class LegalizeGelu(Rule):
     int8_error_steps = 0  # refuses int8
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.GELU(p.x)
+        return p.GELU(p.x.of("float", because=_GELU_IN_FLOAT))
 
     @_gated
     def check(self, m: Match) -> Refusal | None:
-        if _kind(m.x) != "float":
-            return refuse("GELU is legalized on the float model, before quantization")
+        """The float test is the pattern's; what is left is where the cut falls."""
         return None
 
     def error_bound(self, m: Match) -> float:
@@ -279,29 +248,17 @@ class LegalizeGelu(Rule):
         return 0.0 if m.root.options.get("approximate") else _GELU_TANH_VS_ERF
 
     def rewrite(self, m: Match) -> None:
-        g, op, x = m.graph, m.root, m.x
-        out, name = op.output, op.output.name
+        x, b = m.x, m.builder(constants="last")
 
-        def t(suffix: str) -> Tensor:
-            return _like(g, f"{name}/{suffix}", x)
+        def c(name: str, value: float) -> Value:
+            return b.scalar(value, name, like=x)
 
-        def c(suffix: str, v: float) -> Tensor:
-            return _scalar(g, f"{name}/{suffix}", v, x)
-
-        none = {"fused_activation_function": "NONE"}
-        op = _take_out(g, op)  # new ops go where GELU was
-        x2, x3, cubic, inner, arg, th, one_plus, half_x = (
-            t("x2"), t("x3"), t("cubic"), t("inner"), t("arg"), t("tanh"), t("1_plus"), t("half_x")
-        )  # fmt: skip
-        g.add_op("MUL", [x, x], [x2], none, before=op)
-        g.add_op("MUL", [x2, x], [x3], none, before=op)
-        g.add_op("MUL", [x3, c("k", 0.044715)], [cubic], none, before=op)
-        g.add_op("ADD", [x, cubic], [inner], none, before=op)
-        g.add_op("MUL", [inner, c("sqrt_2_over_pi", _SQRT_2_OVER_PI)], [arg], none, before=op)
-        g.add_op("TANH", [arg], [th], before=op)
-        g.add_op("ADD", [th, c("one", 1.0)], [one_plus], none, before=op)
-        g.add_op("MUL", [x, c("half", 0.5)], [half_x], none, before=op)
-        g.add_op("MUL", [half_x, one_plus], [out], none, before=op)
+        x3 = b.MUL(b.MUL(x, x, name="x2"), x, name="x3")
+        inner = b.ADD(x, b.MUL(x3, c("k", 0.044715), name="cubic"), name="inner")
+        th = b.TANH(b.MUL(inner, c("sqrt_2_over_pi", _SQRT_2_OVER_PI), name="arg"), name="tanh")
+        one_plus = b.ADD(th, c("one", 1.0), name="1_plus")
+        half_x = b.MUL(x, c("half", 0.5), name="half_x")
+        b.replace(m.root, b.MUL(half_x, one_plus))
 
 
 # -- reductions ----------------------------------------------------------------------------------
@@ -330,31 +287,28 @@ def _pool_stages(h: int, w: int, limit: int) -> list[tuple[int, int]] | None:
     return [best, (h // best[0], w // best[1])]
 
 
-def _pool(g: Graph, x: Tensor, window: tuple[int, int], out: Tensor, before: Op | None) -> None:
-    fh, fw = window
-    options = {
-        "padding": "VALID",
-        "stride_h": fh,
-        "stride_w": fw,
-        "filter_height": fh,
-        "filter_width": fw,
-        "fused_activation_function": "NONE",
-    }
-    g.add_op("AVERAGE_POOL_2D", [x], [out], options, before=before)
-
-
-def _average_pool_chain(g: Graph, x: Tensor, stages, final: Tensor, anchor: Op) -> None:
-    """x -> AVERAGE_POOL_2D per stage -> final, inserted before `anchor`. Integer pools keep x's
-    parameters (the int8 kernel wants equal input and output scales)."""
+def _average_pool_chain(
+    b: Builder, x: Tensor, stages, final: Value | None, names: str = ""
+) -> Value:
+    """x -> AVERAGE_POOL_2D per stage; the last writes `final` (a declared tensor) or is
+    returned (to replace the root). Integer pools keep x's parameters (the int8 kernel wants
+    equal input and output scales); the stages between are named `<names>pool<i>`."""
     current, (n, h, w, ch) = x, x.shape
     for i, (fh, fw) in enumerate(stages):
         h, w = h // fh, w // fw
         last = i == len(stages) - 1
-        target = final if last else _like(g, f"{final.name}/pool{i}", x, (n, h, w, ch))
-        if target.quantization is None and x.quantization is not None:
-            target.quantization = x.quantization
-        _pool(g, current, (fh, fw), target, anchor)
-        current = target
+        current = b.AVERAGE_POOL_2D(
+            current, name=f"{names}pool{i}", shape=(n, h, w, ch), like=x,
+            out=final if last else None, padding="VALID", stride_h=fh, stride_w=fw,
+            filter_height=fh, filter_width=fw,
+        )  # fmt: skip
+    return current
+
+
+def _keep_input_quantization(out: Tensor, x: Tensor) -> None:
+    """A pool written straight to `out` keeps x's parameters when `out` has none."""
+    if out.quantization is None and x.quantization is not None:
+        out.quantization = x.quantization
 
 
 class MeanToAveragePool(Rule):
@@ -379,7 +333,7 @@ class MeanToAveragePool(Rule):
         property test: 5 steps for a 3x3 mean whose output scale is 8x finer)."""
         if _kind(m.x) != "int":
             return 0
-        stages = _pool_stages(m.x.shape[1], m.x.shape[2], _pool_limit()) or [()]
+        stages = m.plan or [()]
         ratio = _scale_zp(m.x)[0] / _scale_zp(m.root.output)[0]
         return max(self.int8_error_steps, math.floor(len(stages) * ratio / 2 + 1))
 
@@ -387,7 +341,8 @@ class MeanToAveragePool(Rule):
         return p.MEAN(p.x, p.const("axes"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | list[tuple[int, int]]:
+        """A refusal, or the pool stages (the plan)."""
         x = m.x
         if len(x.shape) != 4 or x.shape[0] != 1:
             return refuse(f"MEAN input {list(x.shape)} is not a batch-1 image tensor")
@@ -404,34 +359,26 @@ class MeanToAveragePool(Rule):
                 f" the {mean_limit} px of delegates/edgetpu.toml [ops.MEAN]): a pool would add ops"
                 " and roundings"
             )
-        if _pool_stages(x.shape[1], x.shape[2], _pool_limit()) is None:
+        stages = _pool_stages(x.shape[1], x.shape[2], _pool_limit())
+        if stages is None:
             return refuse(f"no exact tiling of the {x.shape[1]}x{x.shape[2]} plane fits the limit")
-        return None
+        return stages
 
     def rewrite(self, m: Match) -> None:
-        g, op, x = m.graph, m.root, m.x
-        out = op.output
-        stages = _pool_stages(x.shape[1], x.shape[2], _pool_limit())
+        x, out, b = m.x, m.root.output, m.builder()
         pooled_shape = (1, 1, 1, x.shape[3])
         requant = _kind(x) == "int" and not out.quantization.same_as(x.quantization)
-        if out.shape == pooled_shape and not requant:
-            pooled = out
-        else:
-            pooled = _like(g, f"{out.name}/pooled", x, pooled_shape, x.quantization)
-        anchor = _take_out(g, op)
-        _average_pool_chain(g, x, stages, pooled, anchor)
-        current = pooled
+        if out.shape == pooled_shape and not requant:  # the pools write the MEAN's output
+            _keep_input_quantization(out, x)
+            b.replace(m.root, _average_pool_chain(b, x, m.plan, None))
+            return
+        pooled = b.tensor("pooled", pooled_shape, like=x)
+        y = _average_pool_chain(b, x, m.plan, pooled, "pooled/")
         if requant:
-            target = (
-                out
-                if out.shape == pooled_shape
-                else _like(g, f"{out.name}/requantized", x, pooled_shape, out.quantization)
-            )
-            g.add_op("QUANTIZE", [current], [target], before=anchor)
-            current = target
-        if current is not out:
-            shape = g.add_constant(f"{out.name}/shape", np.array(out.shape, np.int32), "INT32")
-            g.add_op("RESHAPE", [current, shape], [out], before=anchor)
+            y = b.QUANTIZE(y, name="requantized", quant=out.quantization)
+        if y.shape != out.shape:
+            y = b.RESHAPE(y, b.ints(out.shape, "shape"))
+        b.replace(m.root, y)
 
 
 class SplitOversizedAveragePool(Rule):
@@ -445,7 +392,8 @@ class SplitOversizedAveragePool(Rule):
         return p.AVERAGE_POOL_2D(p.x)
 
     @_gated
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | list[tuple[int, int]]:
+        """A refusal, or the pool stages (the plan)."""
         op, x = m.root, m.x
         fh, fw = int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
         if fh * fw <= _pool_limit():
@@ -456,25 +404,22 @@ class SplitOversizedAveragePool(Rule):
             return refuse("the pool has a fused activation")
         if _kind(x) == "int" and not op.output.quantization.same_as(x.quantization):
             return refuse("int8 pool changes the scale")
-        if _pool_stages(fh, fw, _pool_limit()) is None:
+        stages = _pool_stages(fh, fw, _pool_limit())
+        if stages is None:
             return refuse(f"no exact tiling of the {fh}x{fw} plane fits the limit")
-        return None
+        return stages
 
     def rewrite(self, m: Match) -> None:
-        g, op, x = m.graph, m.root, m.x
-        out = op.output
-        stages = _pool_stages(x.shape[1], x.shape[2], _pool_limit())
-        anchor = _take_out(g, op)
-        _average_pool_chain(g, x, stages, out, anchor)
+        _keep_input_quantization(m.root.output, m.x)
+        b = m.builder()
+        b.replace(m.root, _average_pool_chain(b, m.x, m.plan, None))
 
 
 # -- resize ----------------------------------------------------------------------------------------
-def _slice(g: Graph, x: Tensor, begin, size, name: str, q, at: Op | None) -> Tensor:
-    out = g.add_tensor(name, tuple(size), x.dtype, quantization=q)
-    b = g.add_constant(f"{name}/begin", np.array(begin, np.int32), "INT32")
-    s = g.add_constant(f"{name}/size", np.array(size, np.int32), "INT32")
-    g.add_op("SLICE", [x, b, s], [out], before=at)
-    return out
+def _slice(b: Builder, x: Tensor | Value, begin, size, name: str, q) -> Value:
+    """SLICE(x, begin, size) named `name`, quantized `q` (its constants `<name>/begin|size`)."""
+    return b.SLICE(x, b.ints(begin, f"{name}/begin"), b.ints(size, f"{name}/size"), name=name,
+                   quant=q)  # fmt: skip
 
 
 class SplitOversizedResize(Rule):
@@ -521,37 +466,31 @@ class SplitOversizedResize(Rule):
         return fh, rows, extra
 
     @_gated
-    def check(self, m: Match) -> Refusal | None:
-        plan = self._plan(m)
-        return plan if isinstance(plan, Refusal) else None
+    def check(self, m: Match) -> Refusal | tuple[int, int, int]:
+        return self._plan(m)
 
     def rewrite(self, m: Match) -> None:
-        g, op, x = m.graph, m.root, m.x
-        fh, rows, extra = self._plan(m)
+        op, x, (fh, rows, extra) = m.root, m.x, m.plan
         out = op.output
         _, h, w, c = x.shape
         big_w = out.shape[2]
-        at = _take_out(g, op)
+        b = m.builder(constants="after_reader")
         tiles = []
         for i, a in enumerate(range(0, h, rows)):
-            b = min(h, a + rows)
-            ext = min(h, b + extra)
-            name = f"{out.name}/tile{i}"
-            piece = _slice(g, x, [0, a, 0, 0], [1, ext - a, w, c], name, x.quantization, at)
-            full = g.add_tensor(f"{name}/resized", (1, (ext - a) * fh, big_w, c), out.dtype)
-            full.quantization = out.quantization
-            size = g.add_constant(
-                f"{name}/out_size", np.array([(ext - a) * fh, big_w], np.int32), "INT32"
-            )
-            g.add_op(op.type, [piece, size], [full], dict(op.options), before=at)
-            if ext > b:
-                full = _slice(
-                    g, full, [0, 0, 0, 0], [1, (b - a) * fh, big_w, c], f"{name}/rows",
-                    out.quantization, at,
-                )  # fmt: skip
+            end = min(h, a + rows)
+            ext = min(h, end + extra)
+            name = f"tile{i}"
+            piece = _slice(b, x, [0, a, 0, 0], [1, ext - a, w, c], name, x.quantization)
+            full = b.op(
+                op.type, piece, b.ints([(ext - a) * fh, big_w], f"{name}/out_size"),
+                name=f"{name}/resized", shape=(1, (ext - a) * fh, big_w, c), dtype=out.dtype,
+                quant=out.quantization, options=op.options,
+            )  # fmt: skip
+            if ext > end:
+                full = _slice(b, full, [0, 0, 0, 0], [1, (end - a) * fh, big_w, c],
+                              f"{name}/rows", out.quantization)  # fmt: skip
             tiles.append(full)
-        options = {"axis": 1, "fused_activation_function": "NONE"}
-        g.add_op("CONCATENATION", tiles, [out], options, before=at)
+        b.replace(op, b.CONCATENATION(*tiles, axis=1))
 
 
 def _resize_limit(op_type: str) -> int:
@@ -700,42 +639,21 @@ class ConcatFlattenedMapsInNHWC(Rule):
         return f"its one TRANSPOSE would stay on the CPU: {why}" if why else None
 
     @_gated
-    def check(self, m: Match) -> Refusal | None:
-        maps = self._maps(m)
-        return maps if isinstance(maps, Refusal) else None
+    def check(self, m: Match) -> Refusal | list[tuple[Tensor, Quantization | None]]:
+        """A refusal, or each input's map and requantization (the plan)."""
+        return self._maps(m)
 
     def rewrite(self, m: Match) -> None:
-        g, op = m.graph, m.root
-        maps = self._maps(m)
-        out = op.output
-        c = maps[0][0].shape[3]
-        at = _take_out(g, op)
+        out, b = m.root.output, m.builder(constants="after_reader")
         rows = []
-        for i, (x, requant) in enumerate(maps):
-            shape = (1, x.shape[1] * x.shape[2], c)
-            row = g.add_tensor(f"{out.name}/nhwc{i}", shape, x.dtype, quantization=x.quantization)
-            target = g.add_constant(f"{row.name}/shape", np.array(shape, np.int32), "INT32")
-            g.add_op("RESHAPE", [x, target], [row], before=at)
+        for i, (x, requant) in enumerate(m.plan):
+            shape = (1, x.shape[1] * x.shape[2], x.shape[3])
+            row = b.RESHAPE(x, b.ints(shape, f"nhwc{i}/shape"), name=f"nhwc{i}", like=x)
             if requant is not None:  # the same requantization, on the NHWC rows
-                moved = g.add_tensor(
-                    f"{row.name}/requantized", shape, x.dtype, quantization=requant
-                )
-                g.add_op("QUANTIZE", [row], [moved], before=at)
-                row = moved
+                row = b.QUANTIZE(row, name=f"nhwc{i}/requantized", quant=requant)
             rows.append(row)
-        n = sum(r.shape[1] for r in rows)
-        joined = g.add_tensor(
-            f"{out.name}/nhwc", (1, n, c), out.dtype, quantization=out.quantization
-        )
-        g.add_op(
-            "CONCATENATION",
-            rows,
-            [joined],
-            {"axis": 1, "fused_activation_function": "NONE"},
-            before=at,
-        )
-        perm = g.add_constant(f"{out.name}/perm", np.array([0, 2, 1], np.int32), "INT32")
-        g.add_op("TRANSPOSE", [joined, perm], [out], before=at)
+        joined = b.CONCATENATION(*rows, name="nhwc", like=out, axis=1)
+        b.replace(m.root, b.TRANSPOSE(joined, b.ints([0, 2, 1], "perm")))
 
 
 # -- data movement over the compiler's limits ------------------------------------------------------
@@ -812,31 +730,24 @@ class SplitOversizedTranspose(Rule):
         return axis, sizes
 
     @_gated
-    def check(self, m: Match) -> Refusal | None:
-        plan = self._plan(m)
-        return plan if isinstance(plan, Refusal) else None
+    def check(self, m: Match) -> Refusal | tuple[int, list[int]]:
+        """A refusal, or the axis to cut and the sizes of the pieces (the plan)."""
+        return self._plan(m)
 
     def rewrite(self, m: Match) -> None:
-        g, op, x = m.graph, m.root, m.x
-        axis, sizes = self._plan(m)
+        x, (axis, sizes) = m.x, m.plan
         perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
-        out = op.output
-        j = perm.index(axis)
-        at = _take_out(g, op)
+        b = m.builder(constants="after_reader")
         pieces, start = [], 0
         for i, size in enumerate(sizes):
             begin = [start if k == axis else 0 for k in range(len(x.shape))]
             shape = [size if k == axis else d for k, d in enumerate(x.shape)]
-            name = f"{out.name}/piece{i}"
-            part = _slice(g, x, begin, shape, name, x.quantization, at)
-            moved = g.add_tensor(f"{name}/moved", tuple(shape[k] for k in perm), x.dtype)
-            moved.quantization = out.quantization
-            order = g.add_constant(f"{name}/perm", np.array(perm, np.int32), "INT32")
-            g.add_op("TRANSPOSE", [part, order], [moved], before=at)
-            pieces.append(moved)
+            part = _slice(b, x, begin, shape, f"piece{i}", x.quantization)
+            order = b.ints(perm, f"piece{i}/perm")
+            pieces.append(b.TRANSPOSE(part, order, name=f"piece{i}/moved",
+                                      quant=m.root.output.quantization))  # fmt: skip
             start += size
-        options = {"axis": j, "fused_activation_function": "NONE"}
-        g.add_op("CONCATENATION", pieces, [out], options, before=at)
+        b.replace(m.root, b.CONCATENATION(*pieces, axis=perm.index(axis)))
 
 
 # -- fusions the compiler would refuse -------------------------------------------------------------
