@@ -20,48 +20,23 @@ import math
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite import (
+    Builder,
+    Match,
+    OpPattern,
+    PatternBuilder,
+    Refusal,
+    Rule,
+    Value,
+    common,
+    refuse,
+)
 from tflfuse.rewrite.common import NotApplicable
 
 _MOVEMENT = ("RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS")
 _RESHAPES = ("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
 _SCALAR_ELEMENTWISE = ("MUL", "ADD", "SUB", "DIV")
 _MAX_MAP_ELEMENTS = 1 << 22  # index maps are int64 arrays: at most 32 MiB
-
-
-# -- building new ops ----------------------------------------------------------------------------
-class _Builder:
-    """Adds ops before `anchor` (None: at the end); new tensors copy the dtype and quantization
-    of `like`."""
-
-    def __init__(self, graph: Graph, anchor: Op | None, name: str) -> None:
-        self.g, self.anchor, self.name = graph, anchor, name
-
-    def tensor(self, suffix: str, shape, like: Tensor) -> Tensor:
-        return self.g.add_tensor(
-            f"{self.name}/{suffix}", shape, like.dtype, None, like.quantization
-        )
-
-    def ints(self, suffix: str, values) -> Tensor:
-        return self.g.add_constant(f"{self.name}/{suffix}", np.asarray(values, np.int32), "INT32")
-
-
-def _add(b: _Builder, type: str, inputs, out: Tensor, **options) -> Tensor:
-    b.g.add_op(type, inputs, [out], options, before=b.anchor)
-    return out
-
-
-def _replace(graph: Graph, op: Op) -> tuple[_Builder, Tensor, str]:
-    """Remove op; a builder placing new ops where it was, its output and fused activation."""
-    out, act = op.output, op.fused_activation
-    i = graph.ops.index(op)
-    after = graph.ops[i + 1] if i + 1 < len(graph.ops) else None
-    graph.remove_op(op)
-    return _Builder(graph, after, out.name), out, act
-
-
-def _replace_root(m: Match) -> tuple[_Builder, Tensor, str]:
-    return _replace(m.graph, m.root)
 
 
 def _only_inside(graph: Graph, tensors: list[Tensor], ops: set[Op]) -> bool:
@@ -220,26 +195,19 @@ class ShortenLayerNorm(Rule):
         inner = [t for op in ln.ops if op is not m.root for t in op.outputs]
         if not _only_inside(m.graph, inner, set(ln.ops)):
             return refuse("a LayerNorm intermediate (mean or variance) is read elsewhere")
-        return None
+        return ln
 
     def rewrite(self, m: Match) -> None:
-        ln = _match_layer_norm(m.root)
-        x = ln.x
-        b, out, act = _replace_root(m)
-        axis = b.ints("axis", [len(x.shape) - 1])
+        x, b = m.plan.x, m.builder()
+        axis = b.ints([len(x.shape) - 1], "axis")
         reduced = (*x.shape[:-1], 1)
-        mu = _add(b, "MEAN", [x, axis], b.tensor("mean", reduced, x), keep_dims=True)
-        sq = _add(b, "SQUARED_DIFFERENCE", [x, mu], b.tensor("sq", x.shape, x))
-        var = _add(b, "MEAN", [sq, axis], b.tensor("var", reduced, x), keep_dims=True)
-        eps = b.g.add_constant(f"{b.name}/eps", np.array(ln.eps, np.float32), "FLOAT32")
-        var_eps = _add(
-            b, "ADD", [var, eps], b.tensor("var_eps", reduced, x), fused_activation_function="NONE"
-        )
-        r = _add(b, "RSQRT", [var_eps], b.tensor("rsqrt", reduced, x))
-        centred = _add(
-            b, "SUB", [x, mu], b.tensor("centred", x.shape, x), fused_activation_function="NONE"
-        )
-        _add(b, "MUL", [centred, r], out, fused_activation_function=act)
+        mu = b.MEAN(x, axis, name="mean", shape=reduced, like=x, keep_dims=True)
+        sq = b.SQUARED_DIFFERENCE(x, mu, name="sq", like=x)
+        var = b.MEAN(sq, axis, name="var", shape=reduced, like=x, keep_dims=True)
+        eps = b.const(np.array(m.plan.eps, np.float32), "eps")
+        r = b.RSQRT(b.ADD(var, eps, name="var_eps", like=x), name="rsqrt", like=x)
+        centred = b.SUB(x, mu, name="centred", like=x)
+        b.replace(m.root, b.MUL(centred, r, fused_activation_function=m.root.fused_activation))
 
 
 # -- layout chains -------------------------------------------------------------------------------
@@ -431,28 +399,23 @@ def _same_layout_q(tensors: list[Tensor]) -> bool:
     return True
 
 
-def _emit(b: _Builder, source: Tensor, plan: _Plan, out: Tensor) -> None:
-    """Build the plan's ops from source to out."""
+def _emit(b: Builder, source: Tensor, plan: _Plan, out: Tensor) -> Value:
+    """The plan's ops from source; the last one's result is to replace `out`. (The builder
+    orders constants "after_reader": each op's result, then its begin/size/perm/shape.)"""
     steps = plan.ops(source.shape, out.shape) or ["RESHAPE"]  # a copy when nothing moves
     current = source
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
         if step == "SLICE":
-            target = out if last else b.tensor("slice", plan.box, source)
-            _add(
-                b, "SLICE", [current, b.ints("begin", plan.begin), b.ints("size", plan.box)], target
-            )
+            begin, size = b.ints(plan.begin, "begin"), b.ints(plan.box, "size")
+            current = b.SLICE(current, begin, size, name="slice", like=source)
         elif step == "TRANSPOSE":
-            shape = [plan.dims[p] for p in plan.perm]
-            target = out if last else b.tensor("transpose", shape, source)
-            _add(b, "TRANSPOSE", [current, b.ints("perm", plan.perm)], target)
+            current = b.TRANSPOSE(current, b.ints(plan.perm, "perm"), name="transpose", like=source)
         else:
-            shape = out.shape if last else plan.dims
-            target = out if last else b.tensor("reshape", shape, source)
-            _add(
-                b, "RESHAPE", [current, b.ints("shape", list(shape))], target, new_shape=list(shape)
-            )
-        current = target
+            shape = list(out.shape if last else plan.dims)
+            current = b.RESHAPE(current, b.ints(shape, "shape"), name="reshape", like=source,
+                                new_shape=shape)  # fmt: skip
+    return current
 
 
 def _nontrivial(shape) -> int:
@@ -519,17 +482,17 @@ class CanonicalizeLayoutChain(Rule):
             return NotApplicable("the chain is already as short as it gets")
         return chain, plan
 
-    def check(self, m: Match) -> Refusal | None:
-        plan = self._plan(m)
-        return plan if isinstance(plan, Refusal) else None
+    def check(self, m: Match) -> Refusal | tuple[list[Op], _Plan]:
+        """A refusal, or the chain and the plan that replaces it."""
+        return self._plan(m)
 
     def rewrite(self, m: Match) -> None:
-        chain, plan = self._plan(m)
+        chain, plan = m.plan
         source, out = chain[0].inputs[0], m.root.output
         if not plan.ops(source.shape, out.shape) and common.forward(m.graph, out, source):
             return  # the chain moves nothing: its readers read the source
-        b, out, _ = _replace_root(m)
-        _emit(b, source, plan, out)
+        b = m.builder(constants="after_reader")
+        b.replace(m.root, _emit(b, source, plan, out))
 
 
 def _free_reshape_after(t: Tensor) -> bool:
@@ -597,15 +560,15 @@ class SliceBeforeLayout(Rule):
             return refuse(f"slicing first would leave {after} ops for {before}")
         return source, plans
 
-    def check(self, m: Match) -> Refusal | None:
-        plans = self._plans(m)
-        return plans if isinstance(plans, Refusal) else None
+    def check(self, m: Match) -> Refusal | tuple[Tensor, list[tuple[Op, _Plan]]]:
+        """A refusal, or the chain's source and each SLICE's plan."""
+        return self._plans(m)
 
     def rewrite(self, m: Match) -> None:
-        source, plans = self._plans(m)
+        source, plans = m.plan
         for reader, plan in plans:
-            b, out, _ = _replace(m.graph, reader)
-            _emit(b, source, plan, out)
+            b = m.builder(at=reader, constants="after_reader")
+            b.replace(reader, _emit(b, source, plan, reader.output))
 
 
 def _reshaped_input(op: Op) -> Tensor | None:
@@ -674,17 +637,13 @@ class SoftmaxThroughReshape(Rule):
             return refuse("the reshapes do not give the SOFTMAX input's shape back")
         if m.inner.shape[-1] != m.x.shape[-1]:
             return refuse("the reshape changes the softmax axis")
-        for t in (m.inner, m.soft):
-            if not common.single_reader(m.graph, t):
-                return refuse("an intermediate is read elsewhere")
         if not _same_layout_q([m.x, m.inner]) or not _same_layout_q([m.soft, out]):
             return refuse("a reshape changes type or quantization")
         return None
 
     def rewrite(self, m: Match) -> None:
-        b, out, _ = _replace_root(m)
-        soft = m.soft.producer
-        _add(b, "SOFTMAX", [m.x], out, **soft.options)
+        b = m.builder()
+        b.replace(m.root, b.SOFTMAX(m.x, options=m.soft.producer.options))
 
 
 # -- clamps, padded max pool, constant matmul ----------------------------------------------------
@@ -739,12 +698,12 @@ class RecognizeClamp(Rule):
         x, _ = found
         if not common.is_float(x) or x.shape != m.root.output.shape:
             return refuse("the clamp input is not float or is broadcast")
-        return None
+        return found
 
     def rewrite(self, m: Match) -> None:
-        x, act = _clamp(m.root)
-        b, out, _ = _replace_root(m)
-        _add(b, act, [x], out)
+        x, activation = m.plan
+        b = m.builder()
+        b.replace(m.root, b.op(activation, x))
 
 
 def _non_negative(t: Tensor) -> bool:
@@ -826,19 +785,18 @@ class LegalizePadV2BeforeMaxPool(Rule):
             f"the PADV2 pads with {value:g} and the input may be negative: zeros could win"
         )
 
-    def check(self, m: Match) -> Refusal | None:
-        plan = self._plan(m)
-        return plan if isinstance(plan, Refusal) else None
+    def check(self, m: Match) -> Refusal | str:
+        """A refusal, or "same" (the pool pads) or "pad" (a PAD with zeros)."""
+        return self._plan(m)
 
     def rewrite(self, m: Match) -> None:
-        plan = self._plan(m)
-        pad = m.padded.op
-        if plan == "same":
+        if m.plan == "same":
             m.root.options["padding"] = "SAME"
             m.root.set_input(0, m.x)
             return
-        b, out, _ = _replace(m.graph, pad)
-        _add(b, "PAD", [m.x, m.pads], out)
+        pad = m.padded.op
+        b = m.builder(at=pad)
+        b.replace(pad, b.PAD(m.x, m.pads, shape=m.padded.shape, like=m.padded))
 
 
 def _is_type_min(c: Tensor) -> bool:
@@ -882,18 +840,13 @@ class BatchMatmulToFullyConnected(Rule):
         w = common.float_constant(m.w)
         w2 = w.reshape(w.shape[-2:])
         weights = w2 if m.root.options.get("adj_y") else w2.T
-        b, out, _ = _replace_root(m)
-        filt = common.new_constant(b.g, f"{b.name}/weights", np.ascontiguousarray(weights))
-        _add(
-            b,
-            "FULLY_CONNECTED",
-            [m.x, filt, None],
-            out,
-            fused_activation_function="NONE",
-            weights_format=0,
-            keep_num_dims=True,
-            asymmetric_quantize_inputs=False,
-        )
+        b = m.builder()
+        filt = b.const(np.ascontiguousarray(weights), "weights", "FLOAT32")
+        fc = b.FULLY_CONNECTED(
+            m.x, filt, None, shape=m.root.output.shape, fused_activation_function="NONE",
+            weights_format=0, keep_num_dims=True, asymmetric_quantize_inputs=False,
+        )  # fmt: skip
+        b.replace(m.root, fc)
 
 
 def _widened(
@@ -972,12 +925,12 @@ class FoldPadByWidenedKernel(Rule):
             return refuse("no SAME window of any size lines up with the PAD's windows")
         return h, w
 
-    def check(self, m: Match) -> Refusal | None:
-        plan = self._plan(m)
-        return plan if isinstance(plan, Refusal) else None
+    def check(self, m: Match) -> Refusal | tuple[tuple[int, int], tuple[int, int]]:
+        """A refusal, or the widened kernel and its leading zero rows, per axis."""
+        return self._plan(m)
 
     def rewrite(self, m: Match) -> None:
-        (wh, lh), (ww, lw) = self._plan(m)
+        (wh, lh), (ww, lw) = m.plan
         op = m.root
         w = common.weights(op)
         kh, kw = w.shape[1], w.shape[2]
