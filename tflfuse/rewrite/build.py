@@ -14,7 +14,16 @@ quantization, `quant=` sets the quantization. Ops that carry a fused activation 
 `fused_activation_function="NONE"` unless told otherwise. Nothing touches the graph until
 `replace` (or `commit`): then the replacement's shape and dtype must equal the tensor it replaces,
 the tensors are made, and the ops go where the anchor op was (the root by default), in the order
-they were built.
+they were built
+(`after=op`: right after that op instead).
+
+Ops that stay can be edited too, at commit and before the new ops are placed:
+`b.set_input(op, i, v)`, `b.set_output(op, i, v)`, and for a conv, depthwise conv, fully
+connected or transpose conv `b.set_weights(op, w)` (a new constant "<old weights>_fused") and
+`b.set_bias(op, c)` (a new constant "<op>_bias"; the op's version rises to what the bias needs).
+Rules never edit a constant's array in place (a buffer may be shared by several tensors): they
+make a new constant and point the op at it. A builder made with `prefix=""` names new tensors
+exactly as told.
 
 Why tensors are made in a chosen order: a tensor's index in the subgraph (and a constant's buffer
 index) is its place in `graph.tensors`, and it decides the bytes of the file. Rules written before
@@ -81,6 +90,21 @@ ELEMENTWISE_UNARY = frozenset(
 )
 ORDERS = ("calls", "after_reader", "last")
 
+# Where ops that carry (weights, bias) read them: input index of the weights and of the bias.
+WEIGHTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV")
+WEIGHT_INDEX = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 1, "FULLY_CONNECTED": 1, "TRANSPOSE_CONV": 1}
+BIAS_INDEX = {"CONV_2D": 2, "DEPTHWISE_CONV_2D": 2, "FULLY_CONNECTED": 2, "TRANSPOSE_CONV": 3}
+
+
+def fit_version(op: Op) -> None:
+    """Raise `op.version` to what TFLite's op_version gives for what a rule made of it, so that
+    an older runtime refuses the model instead of ignoring a feature: TRANSPOSE_CONV with a
+    fused activation is version 4, with a bias input version 3."""
+    if op.type == "TRANSPOSE_CONV":
+        has_bias = len(op.inputs) > 3 and op.inputs[3] is not None
+        need = 4 if op.fused_activation != "NONE" else 3 if has_bias else 1
+        op.version = max(op.version, need)
+
 
 class BuildError(IRError):
     """A rule built something inconsistent (shapes, dtypes, a value used twice as a result)."""
@@ -135,18 +159,24 @@ class Builder:
     """New ops for one rewrite, placed where `at` is (see the module docstring)."""
 
     def __init__(
-        self, graph: Graph, at: Op | None, prefix: str | None = None, constants: str = "calls"
+        self,
+        graph: Graph,
+        at: Op | None,
+        prefix: str | None = None,
+        constants: str = "calls",
+        after: Op | None = None,
     ) -> None:
         if constants not in ORDERS:
             raise ValueError(f"constants must be one of {ORDERS}, not {constants!r}")
         self.graph = graph
         self.at = at
+        self.after = after
         self.prefix = prefix if prefix is not None else (at.output.name if at else graph.name)
         self.order = constants
         self._seq = itertools.count()
         self._values: list[Value] = []
         self._ops: list[_PendingOp] = []
-        self._replaced: list[tuple[Op | None, Value, Tensor]] = []
+        self._edits: list[tuple[Op, str, int, Input]] = []
         self._committed = False
 
     # -- values ----------------------------------------------------------------------------------
@@ -197,9 +227,40 @@ class Builder:
             quant = like.quantization
         return self._value(name, shape, dtype, quant)
 
+    # -- ops that stay ----------------------------------------------------------------------------
+    def set_input(self, op: Op, index: int, value: Input) -> None:
+        """At commit, `op` reads `value` as input `index` (missing inputs before it: None)."""
+        self._edits.append((op, "in", index, value))
+
+    def set_output(self, op: Op, index: int, value: Tensor | Value) -> None:
+        """At commit, `op` writes `value` as output `index` (before the new ops are placed, so
+        one of them may write what `op` wrote)."""
+        self._edits.append((op, "out", index, value))
+
+    def set_weights(self, op: Op, value: np.ndarray) -> Value:
+        """`op` reads new float32 weights `value`, named after the old ones ("<name>_fused")."""
+        index = WEIGHT_INDEX[op.type]
+        name = op.inputs[index].name + "_fused"
+        w = self._named_const(name, value)
+        self.set_input(op, index, w)
+        return w
+
+    def set_bias(self, op: Op, value: np.ndarray) -> Value:
+        """`op` reads a new float32 bias `value` ("<op>_bias"), added when it had none."""
+        b = self._named_const(f"{op.name}_bias", value)
+        self._edits.append((op, "bias", BIAS_INDEX[op.type], b))
+        return b
+
+    def _named_const(self, name: str, value: np.ndarray) -> Value:
+        arr = np.array(np.asarray(value, dtype=np.float32), order="C")
+        self._live()
+        v = Value(self, name, arr.shape, "FLOAT32", None, arr)
+        self._values.append(v)
+        return v
+
     def _value(self, name, shape, dtype, quant, data=None) -> Value:
         self._live()
-        v = Value(self, f"{self.prefix}/{name}", shape, dtype, quant, data)
+        v = Value(self, f"{self.prefix}/{name}" if self.prefix else name, shape, dtype, quant, data)
         self._values.append(v)
         return v
 
@@ -289,6 +350,9 @@ class Builder:
         self._committed = True
         g = self.graph
         anchor = self.at
+        if self.after is not None:
+            i = g.ops.index(self.after)
+            anchor = g.ops[i + 1] if i + 1 < len(g.ops) else None
         if remove is not None:
             if anchor is remove:
                 i = g.ops.index(remove)
@@ -301,6 +365,18 @@ class Builder:
                 v.tensor = g.add_constant(v.name, v.data, v.dtype, v.quantization)
             else:
                 v.tensor = g.add_tensor(v.name, v.shape, v.dtype, quantization=v.quantization)
+        for op, where, index, value in self._edits:
+            tensor = value.tensor if isinstance(value, Value) else value
+            if where in ("in", "bias"):
+                ins = list(op.inputs) + [None] * (index + 1 - len(op.inputs))
+                ins[index] = tensor
+                op.inputs = ins
+                if where == "bias":
+                    fit_version(op)
+            else:
+                outs = list(op.outputs)
+                outs[index] = tensor
+                op.outputs = outs
         made = []
         for p in self._ops:
             ins = [t.tensor if isinstance(t, Value) else t for t in p.inputs]

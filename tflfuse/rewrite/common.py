@@ -9,13 +9,12 @@ from __future__ import annotations
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
+from tflfuse.rewrite.build import BIAS_INDEX as _BIAS_INDEX
+from tflfuse.rewrite.build import WEIGHT_INDEX as _WEIGHT_INDEX
+from tflfuse.rewrite.build import WEIGHTED, fit_version  # noqa: F401 - re-exported
 from tflfuse.rewrite.rule import NotApplicable, Refusal  # noqa: F401 - NotApplicable re-exported
 
-# Ops that carry (weights, bias) and where each lives: input index of the weights, of the bias,
-# and the weight axis that indexes output channels / input channels (None: depthwise, see below).
-WEIGHTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV")
-_WEIGHT_INDEX = {"CONV_2D": 1, "DEPTHWISE_CONV_2D": 1, "FULLY_CONNECTED": 1, "TRANSPOSE_CONV": 1}
-_BIAS_INDEX = {"CONV_2D": 2, "DEPTHWISE_CONV_2D": 2, "FULLY_CONNECTED": 2, "TRANSPOSE_CONV": 3}
+# Where the data input of a weighted op (`WEIGHTED`) lives.
 _DATA_INDEX = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 0, "FULLY_CONNECTED": 0, "TRANSPOSE_CONV": 2}
 
 
@@ -102,16 +101,6 @@ def set_bias(graph: Graph, op: Op, value: np.ndarray) -> None:
     else:
         op.inputs = [*op.inputs, *([None] * (index - len(op.inputs))), tensor]
     fit_version(op)
-
-
-def fit_version(op: Op) -> None:
-    """Raise `op.version` to what TFLite's op_version gives for what a rule made of it, so that
-    an older runtime refuses the model instead of ignoring a feature: TRANSPOSE_CONV with a
-    fused activation is version 4, with a bias input version 3."""
-    if op.type == "TRANSPOSE_CONV":
-        has_bias = len(op.inputs) > 3 and op.inputs[3] is not None
-        need = 4 if op.fused_activation != "NONE" else 3 if has_bias else 1
-        op.version = max(op.version, need)
 
 
 def pads_for_same(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:

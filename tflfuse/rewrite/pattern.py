@@ -115,11 +115,16 @@ class Match:
         self.plan: Any = None
 
     def builder(
-        self, at: Op | None = None, prefix: str | None = None, constants: str = "calls"
+        self,
+        at: Op | None = None,
+        prefix: str | None = None,
+        constants: str = "calls",
+        after: Op | None = None,
     ) -> Builder:
-        """A builder placing new ops where `at` (default: the root) is, naming new tensors
-        `<prefix>/<name>` (default: the output name of `at`); see `tflfuse.rewrite.build`."""
-        return Builder(self.graph, at or self.root, prefix, constants)
+        """A builder placing new ops where `at` (default: the root) is, or right after `after`,
+        naming new tensors `<prefix>/<name>` (default: the output name of `at`; `prefix=""`:
+        the names as given); see `tflfuse.rewrite.build`."""
+        return Builder(self.graph, at or after or self.root, prefix, constants, after)
 
     def __getattr__(self, name: str) -> Any:
         try:

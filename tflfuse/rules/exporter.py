@@ -587,12 +587,10 @@ class SinkReshapeBelowScalarOp(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any(*_SCALAR_ELEMENTWISE)(p.a, p.b)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | Tensor:
+        """A refusal, or the RESHAPE's output the op reads."""
         root = m.root
-        r = next(
-            (t for t in root.inputs if t.producer is not None and t.producer.type == "RESHAPE"),
-            None,
-        )
+        r = _reshaped_input(root)
         if r is None or _scalar_operand(root, r) is None:
             return NotApplicable("not an element-wise op of a RESHAPE and a number")
         readers = root.output.consumers
@@ -606,18 +604,20 @@ class SinkReshapeBelowScalarOp(Rule):
             return refuse("the RESHAPE is read elsewhere")
         if not (common.is_float(r) and common.is_float(root.output)):
             return refuse("not float")
-        return None
+        return r
 
     def rewrite(self, m: Match) -> None:
-        root, g = m.root, m.graph
-        r = _reshaped_input(root)
-        x = r.producer.inputs[0]
-        out = root.output
-        inner = g.add_tensor(out.name + "/unreshaped", x.shape, out.dtype)
-        shape = g.add_constant(out.name + "/shape", np.asarray(out.shape, np.int32), "INT32")
-        root.inputs = [x if t is r else t for t in root.inputs]
-        root.outputs = [inner]
-        g.add_op("RESHAPE", [inner, shape], [out], {"new_shape": list(out.shape)}, after=root)
+        root, r = m.root, m.plan
+        x, out = r.producer.inputs[0], root.output
+        b = m.builder(after=root)
+        inner = b.tensor("unreshaped", x.shape, dtype=out.dtype)
+        shape = b.ints(out.shape, "shape")
+        for i, t in enumerate(root.inputs):
+            if t is r:
+                b.set_input(root, i, x)
+        b.set_output(root, 0, inner)
+        b.RESHAPE(inner, shape, out=out, new_shape=list(out.shape))
+        b.commit()
 
 
 class SoftmaxThroughReshape(Rule):
@@ -935,9 +935,11 @@ class FoldPadByWidenedKernel(Rule):
         w = common.weights(op)
         kh, kw = w.shape[1], w.shape[2]
         wide = np.pad(w, [(0, 0), (lh, wh - kh - lh), (lw, ww - kw - lw), (0, 0)])
-        common.set_weights(m.graph, op, wide.astype(np.float32))
+        b = m.builder()
+        b.set_weights(op, wide)
+        b.set_input(op, 0, m.x)
         op.options["padding"] = "SAME"
-        op.set_input(0, m.x)
+        b.commit()
 
 
 def exporter_rules(target: str) -> tuple[Rule, ...]:
