@@ -115,29 +115,17 @@ class FactorCommonMultiplier(Rule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        g, add = m.graph, m.root
+        add, bld = m.root, m.builder(prefix="")
         neg = m.b.producer is not None and m.b.producer.type == "NEG"
         b = _negated(m.b)
         shape = tuple(np.broadcast_shapes(m.a.shape, b.shape))
-        inner = g.add_tensor(add.output.name + "_factored", shape)
-        out, act = add.output, add.fused_activation
-        position = g.ops.index(add)
-        g.remove_op(add)
-        new_ops = []
+        inner = bld.tensor(add.output.name + "_factored", shape)
         if neg and not cost.fast_sub(self.target):
-            negated = g.add_tensor(b.name + "_negated", b.shape)
-            minus_one = common.new_constant(g, "minus_one", np.float32(-1.0))
-            new_ops.append(g.add_op("MUL", [b, minus_one], [negated], _no_act()))
-            b, neg = negated, False
-        new_ops.append(g.add_op("SUB" if neg else "ADD", [m.a, b], [inner], _no_act()))
-        new_ops.append(g.add_op("MUL", [inner, m.k], [out], {"fused_activation_function": act}))
-        for op in new_ops:
-            g.ops.remove(op)
-        g.ops[position:position] = new_ops
-
-
-def _no_act() -> dict:
-    return {"fused_activation_function": "NONE"}
+            negated = bld.tensor(b.name + "_negated", b.shape)
+            b = bld.MUL(b, bld.const(np.float32(-1.0), "minus_one"), out=negated)
+            neg = False
+        bld.op("SUB" if neg else "ADD", m.a, b, out=inner)
+        bld.replace(add, bld.MUL(inner, m.k, fused_activation_function=add.fused_activation))
 
 
 class SquareExistingDifference(Rule):
@@ -155,7 +143,8 @@ class SquareExistingDifference(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.SQUARED_DIFFERENCE(p.x, p.m, out="y")
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | Tensor:
+        """A refusal, or the tensor that holds x - m."""
         if not all(common.is_float(t) for t in (m.x, m.m, m.y)):
             return refuse("not float")
         d = _difference(m.x, m.m)
@@ -165,17 +154,12 @@ class SquareExistingDifference(Rule):
             return refuse("the difference has another shape than the square")
         if d.producer in _descendants(m.root):
             return refuse("the difference is computed from the square")
-        return None
+        return d
 
     def rewrite(self, m: Match) -> None:
-        g, old = m.graph, m.root
-        d = _difference(m.x, m.m)
-        position = g.ops.index(old)
-        g.remove_op(old)
-        op = g.add_op("MUL", [d, d], [m.y], _no_act())
-        g.ops.remove(op)
-        g.ops.insert(position, op)
-        g.toposort()  # the difference may be computed after the square was
+        d, b = m.plan, m.builder()
+        b.replace(m.root, b.MUL(d, d))
+        m.graph.toposort()  # the difference may be computed after the square was
 
 
 def _difference(x: Tensor, m: Tensor) -> Tensor | None:
@@ -234,8 +218,10 @@ class CancelTransposePair(Rule):
         if list(perm) == list(range(len(perm))):
             common.forward(m.graph, m.y, m.x)
             return
-        const = m.graph.add_constant("perm", np.asarray(perm, dtype=np.int32))
-        m.root.inputs = [m.x, const]
+        b = m.builder(prefix="")
+        b.set_input(m.root, 0, m.x)
+        b.set_input(m.root, 1, b.ints(perm, "perm"))
+        b.commit()
 
 
 def _composed(m: Match) -> list[int]:
@@ -265,9 +251,10 @@ class CollapseReshapeChain(Rule):
         if m.x.shape == m.y.shape and _same_q(m.x, m.y):
             common.forward(m.graph, m.y, m.x)
             return
-        source = m.x.producer.inputs[0]
-        shape = m.graph.add_constant("shape", np.asarray(m.y.shape, dtype=np.int32))
-        m.root.inputs = [source, shape]
+        b = m.builder(prefix="")
+        b.set_input(m.root, 0, m.x.producer.inputs[0])
+        b.set_input(m.root, 1, b.ints(m.y.shape, "shape"))
+        b.commit()
         m.root.options = {"new_shape": list(m.y.shape)} if m.root.options else {}
 
 
@@ -393,29 +380,24 @@ class _Recognize(Rule):
 
     builtin = ""
 
-    def _source(self, root: Op) -> Tensor | None:
+    def _find(self, root: Op) -> tuple[Tensor, dict] | None:
+        """The activation's input and the builtin's options, when root ends one written out."""
         raise NotImplementedError
 
-    def _options(self, m: Match) -> dict:
-        return {}
-
-    def check(self, m: Match) -> Refusal | None:
-        x = self._source(m.root)
-        if x is None:
+    def check(self, m: Match) -> Refusal | tuple[Tensor, dict]:
+        """A refusal, or the activation's input and options."""
+        found = self._find(m.root)
+        if found is None:
             return NotApplicable(f"not a {self.builtin} written out")
+        x = found[0]
         if not common.is_float(x) or x.shape != m.root.output.shape:
             return refuse(f"the {self.builtin} input is not float or is broadcast")
-        return None
+        return found
 
     def rewrite(self, m: Match) -> None:
-        x = self._source(m.root)
-        g, out = m.graph, m.root.output
-        options = self._options(m)
-        position = g.ops.index(m.root)
-        g.remove_op(m.root)
-        op = g.add_op(self.builtin, [x], [out], options)
-        g.ops.remove(op)
-        g.ops.insert(position, op)
+        x, options = m.plan
+        b = m.builder()
+        b.replace(m.root, b.op(self.builtin, x, options=options))
 
 
 class RecognizeHardSwish(_Recognize):
@@ -429,8 +411,9 @@ class RecognizeHardSwish(_Recognize):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MUL", "DIV")(p.a, p.b)
 
-    def _source(self, root: Op) -> Tensor | None:
-        return match_hard_swish(root)
+    def _find(self, root: Op) -> tuple[Tensor, dict] | None:
+        x = match_hard_swish(root)
+        return None if x is None else (x, {})
 
 
 def _leaky(root: Op) -> tuple[Tensor, float] | None:
@@ -473,12 +456,9 @@ class RecognizeLeakyRelu(_Recognize):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MAXIMUM", "ADD")(p.a, p.b)
 
-    def _source(self, root: Op) -> Tensor | None:
+    def _find(self, root: Op) -> tuple[Tensor, dict] | None:
         found = _leaky(root)
-        return None if found is None else found[0]
-
-    def _options(self, m: Match) -> dict:
-        return {"alpha": float(_leaky(m.root)[1])}
+        return None if found is None else (found[0], {"alpha": float(found[1])})
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -567,8 +547,6 @@ class RecognizeGelu(_Recognize):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MUL(p.a, p.b)
 
-    def _source(self, root: Op) -> Tensor | None:
-        return _gelu(root)
-
-    def _options(self, m: Match) -> dict:
-        return {"approximate": True}
+    def _find(self, root: Op) -> tuple[Tensor, dict] | None:
+        x = _gelu(root)
+        return None if x is None else (x, {"approximate": True})
