@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from tflfuse.ir import Graph, Op
-from tflfuse.rewrite import Pass, common
+from tflfuse.rewrite import Builder, Pass, common
 
 # Ops whose fused activation is applied to their output (LSTM/RNN-style ops use it inside).
 _EPILOGUE_OPS = frozenset(
@@ -62,11 +62,13 @@ class Defuse(Pass):
     @staticmethod
     def _split_activation(graph: Graph, op: Op, act: str) -> None:
         out = op.output
-        pre = graph.add_tensor(out.name + "_preact", out.shape, out.dtype, None, out.quantization)
-        pre.shape_signature = out.shape_signature
-        op.outputs = [pre, *op.outputs[1:]]
+        b = Builder(graph, op, prefix="", after=op)
+        pre = b.tensor(out.name + "_preact", out.shape, out)
+        b.set_output(op, 0, pre)
+        b.op(_ACTIVATION_OPS[act], pre, out=out)
+        b.commit()
+        pre.tensor.shape_signature = out.shape_signature
         op.fused_activation = "NONE"
-        graph.add_op(_ACTIVATION_OPS[act], [pre], [out], after=op)
 
     @staticmethod
     def _split_bias(graph: Graph, op: Op) -> bool:
@@ -76,13 +78,12 @@ class Defuse(Pass):
         index = 3 if op.type == "TRANSPOSE_CONV" else 2
         if len(op.inputs) <= index or op.inputs[index] is None or not np.any(b):
             return False
-        bias_const = op.inputs[index]
-        common.set_bias(graph, op, np.zeros_like(b))
-        out = op.output
-        pre = graph.add_tensor(out.name + "_prebias", out.shape, out.dtype)
-        pre.shape_signature = out.shape_signature
-        op.outputs = [pre]
-        graph.add_op(
-            "ADD", [pre, bias_const], [out], {"fused_activation_function": "NONE"}, after=op
-        )
+        bias_const, out = op.inputs[index], op.output
+        bld = Builder(graph, op, prefix="", after=op)
+        bld.set_bias(op, np.zeros_like(b))
+        pre = bld.tensor(out.name + "_prebias", out.shape, dtype=out.dtype)
+        bld.set_output(op, 0, pre)
+        bld.ADD(pre, bias_const, out=out)
+        bld.commit()
+        pre.tensor.shape_signature = out.shape_signature
         return True
