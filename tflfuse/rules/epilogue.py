@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 from tflfuse.ir import Op, Quantization, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite.build import fit_version
 from tflfuse.targets.edgetpu.rules import fused_activation_refusal
 
 # Producers whose TFLite kernels apply a fused activation, and the activations they take.
@@ -75,12 +76,7 @@ class FuseActivationIntoProducer(Rule):
         return activation_fusion_refusal(m.y.op, m.y, m.root.type, m.root.output, self.target)
 
     def rewrite(self, m: Match) -> None:
-        producer, act = m.y.op, m.root
-        out = act.output
-        m.graph.remove_op(act)
-        producer.outputs = [out]
-        producer.fused_activation = act.type
-        common.fit_version(producer)
+        _adopt(m, m.builder(), m.root.type)
 
 
 _CLAMP_RANGE = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
@@ -165,14 +161,15 @@ def _affine_check(m: Match, kind: str) -> Refusal | None:
     return None
 
 
-def _adopt(m: Match) -> None:
-    """The producer takes over the root's output and activation."""
+def _adopt(m: Match, b: Builder, act: str | None = None) -> None:
+    """The producer takes over the root's output and `act` (default: the root's fused
+    activation); the root goes, with what `b` built committed."""
     producer, root = m.y.op, m.root
-    out, act = root.output, root.fused_activation
-    m.graph.remove_op(root)
-    producer.outputs = [out]
+    act = root.fused_activation if act is None else act
+    b.set_output(producer, 0, root.output)
+    b.commit(remove=root)
     producer.fused_activation = act
-    common.fit_version(producer)
+    fit_version(producer)
 
 
 class FoldBiasIntoProducer(Rule):
@@ -194,8 +191,9 @@ class FoldBiasIntoProducer(Rule):
         producer = m.y.op
         c = common.channel_vector(m.c, common.out_channels(producer), len(m.y.shape))
         sign = -1.0 if m.root.type == "SUB" else 1.0
-        common.set_bias(m.graph, producer, common.bias(producer) + sign * c)
-        _adopt(m)
+        b = m.builder()
+        b.set_bias(producer, common.bias(producer) + sign * c)
+        _adopt(m, b)
 
 
 class FoldScaleIntoProducer(Rule):
@@ -221,6 +219,7 @@ class FoldScaleIntoProducer(Rule):
             scaled = w * s.reshape(1, 1, 1, -1)
         else:
             scaled = w * s.reshape(-1, *([1] * (w.ndim - 1)))
-        common.set_weights(m.graph, producer, scaled.astype(np.float32))
-        common.set_bias(m.graph, producer, common.bias(producer) * s)
-        _adopt(m)
+        b = m.builder()
+        b.set_weights(producer, scaled)
+        b.set_bias(producer, common.bias(producer) * s)
+        _adopt(m, b)
