@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tflfuse.ir import Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.ir import Tensor
+from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets import cost
 from tflfuse.targets.edgetpu.rules import LegalizeHardSwish, spell_out_hard_swish
@@ -54,13 +54,13 @@ class MeanKeepDims(Rule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        g, mean, y = m.graph, m.root, m.y
-        kept = g.add_tensor(y.name + "_kept", (m.x.shape[0], 1, 1, m.x.shape[3]), y.dtype,
-                            quantization=y.quantization)  # fmt: skip
-        mean.outputs = [kept]
+        mean, y = m.root, m.y
+        b = m.builder(prefix="", after=mean)
+        kept = b.tensor(y.name + "_kept", (m.x.shape[0], 1, 1, m.x.shape[3]), y)
+        b.set_output(mean, 0, kept)
         mean.options["keep_dims"] = True
-        shape = g.add_constant(y.name + "_shape", np.asarray(y.shape, np.int32), "INT32")
-        g.add_op("RESHAPE", [kept, shape], [y], {"new_shape": list(y.shape)}, after=mean)
+        b.RESHAPE(kept, b.ints(y.shape, y.name + "_shape"), out=y, new_shape=list(y.shape))
+        b.commit()
 
 
 class MeanLastAxisAsRows(Rule):
@@ -95,21 +95,24 @@ class MeanLastAxisAsRows(Rule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        g, mean, x, y = m.graph, m.root, m.x, m.y
+        mean, x, y = m.root, m.x, m.y
         rows, cols = x.shape[1], x.shape[2]
 
-        def reshape(src: Tensor, dst: Tensor, shape: tuple[int, ...], **where: Op) -> Op:
-            const = g.add_constant(dst.name + "_shape", np.asarray(shape, np.int32), "INT32")
-            return g.add_op("RESHAPE", [src, const], [dst], {"new_shape": list(shape)}, **where)
+        def reshape(b: Builder, src: Tensor | Value, dst: Tensor | Value) -> None:
+            shape = b.ints(dst.shape, dst.name + "_shape")
+            b.RESHAPE(src, shape, out=dst, new_shape=list(dst.shape))
 
-        q_in, q_out = x.quantization, y.quantization
-        pooled_in = g.add_tensor(x.name + "_rows", (rows, 1, cols, 1), x.dtype, quantization=q_in)
-        pooled = g.add_tensor(y.name + "_rows", (rows, 1, 1, 1), y.dtype, quantization=q_out)
-        reshape(x, pooled_in, (rows, 1, cols, 1), before=mean)
-        axes = g.add_constant(y.name + "_axes", np.array([1, 2], np.int32), "INT32")
-        mean.inputs = [pooled_in, axes]
-        mean.outputs = [pooled]
-        reshape(pooled, y, (1, rows, 1), after=mean)
+        before = m.builder(prefix="")  # the rows go in before the MEAN, the result after it
+        pooled_in = before.tensor(x.name + "_rows", (rows, 1, cols, 1), x)
+        pooled = before.tensor(y.name + "_rows", (rows, 1, 1, 1), y)
+        reshape(before, x, pooled_in)
+        before.set_input(mean, 0, pooled_in)
+        before.set_input(mean, 1, before.ints([1, 2], y.name + "_axes"))
+        before.set_output(mean, 0, pooled)
+        before.commit()
+        after = m.builder(prefix="", after=mean)
+        reshape(after, pooled.tensor, y)
+        after.commit()
 
 
 _INT_RANGE = {"INT8": (-128, 127), "UINT8": (0, 255)}
