@@ -150,6 +150,7 @@ class _PendingOp:
             kwargs,
         )
         self.seq = out.seq
+        self.more: list[Value] = []  # further outputs (SPLIT, SPLIT_V, UNPACK)
 
 
 Input = Tensor | Value | None
@@ -322,6 +323,29 @@ class Builder:
             return lambda *inputs, **kw: self.op(name, *inputs, **kw)
         raise AttributeError(name)
 
+    def split(
+        self, type: str, *inputs: Input, outs: Sequence[Tensor | Value], **options: Any
+    ) -> list[Value]:
+        """An op of several outputs (SPLIT, SPLIT_V, UNPACK) writing `outs`, tensors of the
+        graph or declared values (`tensor`)."""
+        if not outs:
+            raise BuildError(f"{type} needs outputs")
+        first, *rest = outs
+        values = [self.op(type, *inputs, out=first, **options)]
+        pending = values[0].producer
+        for out in rest:
+            if isinstance(out, Tensor):
+                v = Value(self, out.name, out.shape, out.dtype, out.quantization)
+                v.tensor = out
+            elif out.producer is not None or out.is_constant:
+                raise BuildError(f"{out} already has a value")
+            else:
+                v = out
+            v.producer = pending
+            pending.more.append(v)
+            values.append(v)
+        return values
+
     # -- committing ------------------------------------------------------------------------------
     def replace(self, old: Op | Tensor, value: Value | Tensor) -> None:
         """Make `value` stand for `old` (an op: its one output; a tensor) and commit: the op
@@ -343,21 +367,23 @@ class Builder:
         value.tensor = target
         self.commit(remove=dying)
 
-    def commit(self, remove: Op | None = None) -> list[Op]:
-        """Make the tensors and ops (once); `remove` (an op being replaced) goes first, and the
-        new ops take its place. Returns the new ops in graph order."""
+    def commit(self, remove: Op | Sequence[Op] | None = None) -> list[Op]:
+        """Make the tensors and ops (once); `remove` (the ops being replaced) go first, and the
+        new ops take the place of the anchor (the first op after it that stays, when it goes).
+        Returns the new ops in graph order."""
         self._live()
         self._committed = True
         g = self.graph
+        dying = [] if remove is None else [remove] if isinstance(remove, Op) else list(remove)
         anchor = self.at
         if self.after is not None:
             i = g.ops.index(self.after)
             anchor = g.ops[i + 1] if i + 1 < len(g.ops) else None
-        if remove is not None:
-            if anchor is remove:
-                i = g.ops.index(remove)
-                anchor = g.ops[i + 1] if i + 1 < len(g.ops) else None
-            g.remove_op(remove)
+        if anchor is not None and any(anchor is op for op in dying):
+            i = g.ops.index(anchor)
+            anchor = next((op for op in g.ops[i:] if all(op is not d for d in dying)), None)
+        for op in dying:
+            g.remove_op(op)
         for v in sorted(self._values, key=self._order_key):
             if v.tensor is not None:
                 continue
@@ -380,7 +406,8 @@ class Builder:
         made = []
         for p in self._ops:
             ins = [t.tensor if isinstance(t, Value) else t for t in p.inputs]
-            made.append(g.add_op(p.type, ins, [p.out.tensor], p.options, before=anchor, **p.kwargs))
+            outs = [p.out.tensor, *(v.tensor for v in p.more)]
+            made.append(g.add_op(p.type, ins, outs, p.options, before=anchor, **p.kwargs))
         return made
 
     def _order_key(self, v: Value) -> tuple:

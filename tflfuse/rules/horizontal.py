@@ -13,7 +13,17 @@ from typing import Any
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite import (
+    Builder,
+    Match,
+    OpPattern,
+    PatternBuilder,
+    Refusal,
+    Rule,
+    Value,
+    common,
+    refuse,
+)
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets import cost
 
@@ -95,20 +105,18 @@ class MergeSiblingOps(Rule):
         concat = _absorbing_concat(m.graph, group)
         sizes = [op.output.shape[-1] for op in group]
         weight_bytes = sum(op.inputs[1].nbytes for op in group)
-        return refuse_or_none(
-            cost.horizontal_pays(
-                self.target,
-                len(group),
-                weight_bytes,
-                absorbs_concat=concat is not None,
-                equal_parts=len(set(sizes)) == 1,
-            )
+        reason = cost.horizontal_pays(
+            self.target,
+            len(group),
+            weight_bytes,
+            absorbs_concat=concat is not None,
+            equal_parts=len(set(sizes)) == 1,
         )
+        return refuse(reason) if reason is not None else (group, concat)
 
     def rewrite(self, m: Match) -> None:
         g, x = m.graph, m.x
-        group = _siblings(m.root, x)
-        concat = _absorbing_concat(g, group)
+        group, concat = m.plan
         if concat is not None:
             order = {t: i for i, t in enumerate(concat.inputs)}
             group.sort(key=lambda op: order[op.output])
@@ -117,49 +125,36 @@ class MergeSiblingOps(Rule):
         b = np.concatenate([common.bias(op) for op in group], axis=0)
         outs = [op.output for op in group]
         proto = group[0]
+        bld = m.builder(at=first, prefix="")
         if concat is not None:
             merged_out = concat.output
-            g.remove_op(concat)
         else:
-            merged_out = g.add_tensor(
+            merged_out = bld.tensor(
                 proto.output.name + "_merged", (*proto.output.shape[:-1], w.shape[0])
             )
-        merged = g.add_op(
+        merged = bld.op(
             proto.type,
-            [
-                x,
-                common.new_constant(g, proto.inputs[1].name + "_merged", w),
-                common.new_constant(g, proto.name + "_merged_bias", b),
-            ],
-            [merged_out],
-            dict(proto.options),
-            before=first,
+            x,
+            bld.const(w, proto.inputs[1].name + "_merged"),
+            bld.const(b, proto.name + "_merged_bias"),
+            out=merged_out,
+            options=dict(proto.options),
             version=proto.version,
         )
-        for op in group:
-            g.remove_op(op)
         if concat is None:
-            _split_after(g, merged, outs)
+            _split(bld, merged, outs)
+        bld.commit(remove=[op for op in (concat, *group) if op is not None])
 
 
-def _split_after(g: Graph, merged: Op, outs: list[Tensor]) -> None:
-    axis = g.add_constant("split_axis", np.array(len(outs[0].shape) - 1, dtype=np.int32))
+def _split(b: Builder, merged: Value, outs: list[Tensor]) -> None:
+    """SPLIT (equal parts) or SPLIT_V of `merged` along its last axis into `outs`."""
+    axis = b.const(np.array(len(outs[0].shape) - 1, dtype=np.int32), "split_axis")
     sizes = [t.shape[-1] for t in outs]
     if len(set(sizes)) == 1:
-        g.add_op("SPLIT", [axis, merged.output], outs, {"num_splits": len(outs)}, after=merged)
+        b.split("SPLIT", axis, merged, outs=outs, num_splits=len(outs))
     else:
-        size_splits = g.add_constant("split_sizes", np.array(sizes, dtype=np.int32))
-        g.add_op(
-            "SPLIT_V",
-            [merged.output, size_splits, axis],
-            outs,
-            {"num_splits": len(outs)},
-            after=merged,
-        )
-
-
-def refuse_or_none(reason: str | None) -> Refusal | None:
-    return None if reason is None else refuse(reason)
+        size_splits = b.const(np.array(sizes, dtype=np.int32), "split_sizes")
+        b.split("SPLIT_V", merged, size_splits, axis, outs=outs, num_splits=len(outs))
 
 
 def _pad_kernel(w: np.ndarray, kh: int, kw: int) -> np.ndarray:
@@ -227,20 +222,17 @@ class MergeSiblingSum(Rule):
         out, act = add.output, add.fused_activation
         options = dict(a.options)
         options["fused_activation_function"] = act
-        g.remove_op(add)
-        first = min((a, b), key=g.ops.index)
-        g.add_op(
+        bld = m.builder(at=min((a, b), key=g.ops.index), prefix="")
+        bld.op(
             a.type,
-            [
-                m.x,
-                common.new_constant(g, a.inputs[1].name + "_sum", wa + wb),
-                common.new_constant(g, a.name + "_sum_bias", bias),
-            ],
-            [out],
-            options,
-            before=first,
+            m.x,
+            bld.const(wa + wb, a.inputs[1].name + "_sum"),
+            bld.const(bias, a.name + "_sum_bias"),
+            out=out,
+            options=options,
             version=max(a.version, b.version),
         )
+        bld.commit(remove=add)
 
 
 def _perm(op: Op) -> list[int] | None:
@@ -280,7 +272,8 @@ class HoistLayoutAboveSplit(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.SPLIT(p.const("axis"), p.x)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | Any:
+        """A refusal, or the plan of `_hoist_plan`."""
         plan = _hoist_plan(m)
         if isinstance(plan, Refusal):
             return plan
@@ -291,11 +284,11 @@ class HoistLayoutAboveSplit(Rule):
                 f"the merged head layout {list(shape)} has more non-trivial dimensions than "
                 f"the {self.target} maps ({cost.MAX_NONTRIVIAL_DIMS[self.target]})"
             )
-        return None
+        return plan
 
     def rewrite(self, m: Match) -> None:
-        g, split = m.graph, m.root
-        base, mid, split_c, chains = _hoist_plan(m)
+        split = m.root
+        base, mid, split_c, chains = m.plan
         n, rank = len(chains), len(chains[0][1].output.shape)
         m_len = len(mid)
         axis_map = {0: m_len, **{k: k - 1 for k in range(1, m_len + 1)}}
@@ -309,30 +302,14 @@ class HoistLayoutAboveSplit(Rule):
                 matmul.options[flag] = not matmul.options.get(flag, False)
                 out.shape = (*out.shape[:-2], out.shape[-1], out.shape[-2])
             outs.append(out)
-        position = g.ops.index(split)
-        for reshape, transpose, _ in chains:
-            g.remove_op(transpose)
-            g.remove_op(reshape)
-        g.remove_op(split)
+        b = m.builder(prefix="")
         shape = (*mid, n, *split_c)
-        r = g.add_tensor(m.x.name + "_heads", shape, m.x.dtype, quantization=m.x.quantization)
-        t_shape = tuple(shape[a] for a in q)
-        t = g.add_tensor(m.x.name + "_heads_t", t_shape, m.x.dtype, quantization=m.x.quantization)
-        ops = [
-            g.add_op(
-                "RESHAPE",
-                [m.x, g.add_constant("shape", np.array(shape, np.int32))],
-                [r],
-                {"new_shape": list(shape)},
-            ),
-            g.add_op("TRANSPOSE", [r, g.add_constant("perm", np.array(q, np.int32))], [t]),
-            g.add_op(
-                "SPLIT", [g.add_constant("axis", np.array(0, np.int32)), t], outs, {"num_splits": n}
-            ),
-        ]
-        for op in ops:
-            g.ops.remove(op)
-        g.ops[position:position] = ops
+        r = b.tensor(m.x.name + "_heads", shape, m.x)
+        t = b.tensor(m.x.name + "_heads_t", tuple(shape[a] for a in q), m.x)
+        b.RESHAPE(m.x, b.ints(shape, "shape"), out=r, new_shape=list(shape))
+        b.TRANSPOSE(r, b.ints(q, "perm"), out=t)
+        b.split("SPLIT", b.const(np.array(0, np.int32), "axis"), t, outs=outs, num_splits=n)
+        b.commit(remove=[*(op for r_op, t_op, _ in chains for op in (t_op, r_op)), split])
 
 
 def _hoist_plan(m: Match) -> Any:
