@@ -108,13 +108,15 @@ class FoldAffineIntoFollowing(Rule):
 
     def rewrite(self, m: Match) -> None:
         c = common.channel_vector(m.c, m.y.shape[-1], len(m.y.shape))
+        b = m.builder()
         for op in m.y.consumers:
             if m.root.type == "MUL":
-                common.set_weights(m.graph, op, _scale_input_channels(op, c))
+                b.set_weights(op, _scale_input_channels(op, c))
             else:
                 sign = -1.0 if m.root.type == "SUB" else 1.0
-                common.set_bias(m.graph, op, _bias_from_input_offset(op, sign * c))
-            op.set_input(0, m.x)
+                b.set_bias(op, _bias_from_input_offset(op, sign * c))
+            b.set_input(op, 0, m.x)
+        b.commit()
 
 
 class MoveScaleThroughRelu(Rule):
@@ -153,25 +155,11 @@ class MoveScaleThroughRelu(Rule):
         channels, rank = m.y.shape[-1], len(m.y.shape)
         s = common.channel_vector(m.s, channels, rank)
         b = common.channel_vector(m.b, channels, rank)
-        g, add = m.graph, m.root
-        shifted = g.add_tensor(add.output.name + "_shifted", m.y.shape)
-        new_add = g.add_op(
-            "ADD",
-            [m.x, common.new_constant(g, add.name + "_offset", b / s)],
-            [shifted],
-            {"fused_activation_function": "RELU"},
-            before=add,
-        )
-        new_add.version = add.version
-        out = add.output
-        g.remove_op(add)
-        g.add_op(
-            "MUL",
-            [shifted, common.new_constant(g, out.name + "_scale", s)],
-            [out],
-            {"fused_activation_function": "NONE"},
-            after=new_add,
-        )
+        add, bld = m.root, m.builder(prefix="")
+        shifted = bld.tensor(add.output.name + "_shifted", m.y.shape)
+        offset = bld.const(b / s, add.name + "_offset")
+        bld.ADD(m.x, offset, out=shifted, fused_activation_function="RELU", version=add.version)
+        bld.replace(add, bld.MUL(shifted, bld.const(s, add.output.name + "_scale")))
 
 
 def _spatial_mean(op: Op, t: Tensor) -> bool:
@@ -209,18 +197,13 @@ class MoveScaleThroughMean(Rule):
         return _absorbing_readers(m, m.y, needs_no_padding=False)
 
     def rewrite(self, m: Match) -> None:
-        g, mean = m.graph, m.root
+        mean, b = m.root, m.builder(prefix="", after=m.root)
         s = common.channel_vector(m.s, m.x.shape[-1], len(m.x.shape))
-        averaged = g.add_tensor(m.y.name + "_unscaled", m.y.shape)
-        mean.outputs = [averaged]
-        mean.set_input(0, m.x)
-        g.add_op(
-            "MUL",
-            [averaged, common.new_constant(g, m.y.name + "_scale", s)],
-            [m.y],
-            {"fused_activation_function": "NONE"},
-            after=mean,
-        )
+        averaged = b.tensor(m.y.name + "_unscaled", m.y.shape)
+        b.set_output(mean, 0, averaged)
+        b.set_input(mean, 0, m.x)
+        b.MUL(averaged, b.const(s, m.y.name + "_scale"), out=m.y)
+        b.commit()
 
 
 class FoldBiasThroughAdd(Rule):
@@ -254,12 +237,13 @@ class FoldBiasThroughAdd(Rule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        g, inner, producer, outer = m.graph, m.sum.op, m.w.op, m.root
+        inner, producer, outer = m.sum.op, m.w.op, m.root
         c = common.channel_vector(m.c, common.out_channels(producer), len(m.sum.shape))
-        common.set_bias(g, producer, common.bias(producer) + c)
-        out, act = outer.output, outer.fused_activation
-        g.remove_op(outer)
-        inner.outputs = [out]
+        b = m.builder()
+        b.set_bias(producer, common.bias(producer) + c)
+        b.set_output(inner, 0, outer.output)
+        act = outer.fused_activation
+        b.commit(remove=outer)
         inner.fused_activation = act
 
 
@@ -329,7 +313,7 @@ class MergeLinearChain(Rule):
         return tuple(out.shape) == tuple(want)
 
     def rewrite(self, m: Match) -> None:
-        first, second, g = m.mid.op, m.root, m.graph
+        first, second = m.mid.op, m.root
         w1 = common.weights(first).astype(np.float64)
         w2 = common.weights(second).astype(np.float64)
         b1 = common.bias(first).astype(np.float64)
@@ -346,9 +330,11 @@ class MergeLinearChain(Rule):
             second.options["keep_num_dims"] = bool(second.options.get("keep_num_dims")) and bool(
                 first.options.get("keep_num_dims")
             )
-        common.set_weights(g, second, w.astype(np.float32))
-        common.set_bias(g, second, b.astype(np.float32))
-        second.set_input(0, m.x)
+        bld = m.builder()
+        bld.set_weights(second, w)
+        bld.set_bias(second, b)
+        bld.set_input(second, 0, m.x)
+        bld.commit()
 
 
 class FoldPadIntoConv(Rule):
@@ -461,7 +447,8 @@ class FoldScaleIntoMatmulOperand(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MUL(p.BATCH_MATMUL(p.a, p.b, out="mm"), p.const("c"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | Op:
+        """A refusal, or the projection whose weights take the factor."""
         if m.root.fused_activation != "NONE":
             return refuse(f"the MUL has fused {m.root.fused_activation}")
         if common.scalar_value(m.c) is None:
@@ -472,15 +459,16 @@ class FoldScaleIntoMatmulOperand(Rule):
             return refuse("the matmul result is read elsewhere")
         if m.graph.is_graph_output(m.y):
             return refuse("the scaled result is a model output")
-        if m.a is m.b or all(_scalable_producer(m, t) is None for t in (m.a, m.b)):
+        op = None if m.a is m.b else _scalable_producer(m, m.a) or _scalable_producer(m, m.b)
+        if op is None:
             return refuse("no matmul operand comes from a projection through layout ops only")
-        return None
+        return op
 
     def rewrite(self, m: Match) -> None:
-        c = common.scalar_value(m.c)
-        op = _scalable_producer(m, m.a) or _scalable_producer(m, m.b)
-        common.set_weights(m.graph, op, common.weights(op) * np.float32(c))
-        common.set_bias(m.graph, op, common.bias(op) * np.float32(c))
+        c, op, b = common.scalar_value(m.c), m.plan, m.builder()
+        b.set_weights(op, common.weights(op) * np.float32(c))
+        b.set_bias(op, common.bias(op) * np.float32(c))
+        b.commit()
         common.forward(m.graph, m.y, m.mm)
 
 
