@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from tflfuse.ir import Graph, Op, Tensor
+from tflfuse.ir import Op
 from tflfuse.rewrite import (
     DeadCodeElimination,
     Match,
@@ -28,6 +26,7 @@ from tflfuse.rewrite import (
     Refusal,
     Rule,
     TopologicalSort,
+    Value,
     refuse,
 )
 from tflfuse.rewrite.common import is_float
@@ -43,34 +42,6 @@ _AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _GELU_ERF_BOUND = 2.2e-7
 _GELU_TANH_VS_ERF = 4.74e-4  # max |erf form - tanh form| (targets/edgetpu/rules.py, LegalizeGelu)
 _ACTIVATION_OP = {"RELU": "RELU", "RELU6": "RELU6", "RELU_N1_TO_1": "RELU_N1_TO_1"}
-
-
-class _Builder:
-    """Builds ops before `anchor` in `g`: each call makes one op and returns its output, named
-    after `base` (the tensor the rewrite finally writes) and typed like `ref`."""
-
-    def __init__(self, g: Graph, anchor: Op | None, base: str, ref: Tensor) -> None:
-        self.g, self.anchor, self.base, self.ref = g, anchor, base, ref
-
-    def const(self, name: str, value: float) -> Tensor:
-        return self.g.add_constant(f"{self.base}/{name}", np.array([value], np.float32), "FLOAT32")
-
-    def op(self, kind: str, *inputs: Tensor, name: str, out: Tensor | None = None) -> Tensor:
-        result = out or self.g.add_tensor(f"{self.base}/{name}", self.ref.shape, self.ref.dtype)
-        options = {"fused_activation_function": "NONE"} if kind in _BINARY else None
-        self.g.add_op(kind, list(inputs), [result], options, before=self.anchor)
-        return result
-
-
-_BINARY = ("ADD", "SUB", "MUL", "DIV")
-
-
-def _take_out(g: Graph, op: Op) -> Op | None:
-    """Remove `op`; the op that followed it (new ops go before it: the same place)."""
-    i = g.ops.index(op)
-    after = g.ops[i + 1] if i + 1 < len(g.ops) else None
-    g.remove_op(op)
-    return after
 
 
 class _RuntimeRule(Rule):
@@ -134,22 +105,24 @@ class SpellOutGelu(_RuntimeRule):
         if m.root.options.get("approximate") or self.tanh_form:
             LegalizeGelu().rewrite(m)  # the tanh form (exactly this GELU when approximate)
             return
-        g, x, out = m.graph, m.x, m.root.output
-        b = _Builder(g, _take_out(g, m.root), out.name, x)
-        ax = b.op("ABS", x, name="abs_x")
-        scaled = b.op("MUL", ax, b.const("p_over_sqrt2", _AS_P / math.sqrt(2.0)), name="p_abs_x")
-        denominator = b.op("ADD", scaled, b.const("one", 1.0), name="1_plus_p_abs_x")
-        t = b.op("DIV", b.const("one_", 1.0), denominator, name="t")
-        poly = b.op("MUL", t, b.const("a5", _AS_A[4]), name="poly5")
+        x, b = m.x, m.builder()
+
+        def c(name: str, value: float) -> Value:
+            return b.scalar(value, name, like=x)
+
+        ax = b.ABS(x, name="abs_x")
+        scaled = b.MUL(ax, c("p_over_sqrt2", _AS_P / math.sqrt(2.0)), name="p_abs_x")
+        denominator = b.ADD(scaled, c("one", 1.0), name="1_plus_p_abs_x")
+        t = b.DIV(c("one_", 1.0), denominator, name="t")
+        poly = b.MUL(t, c("a5", _AS_A[4]), name="poly5")
         for i in (3, 2, 1, 0):
-            poly = b.op("ADD", poly, b.const(f"a{i + 1}", _AS_A[i]), name=f"poly{i + 1}_sum")
-            poly = b.op("MUL", poly, t, name=f"poly{i + 1}")
-        square = b.op("MUL", x, x, name="x2")
-        gauss = b.op("EXP", b.op("MUL", square, b.const("minus_half", -0.5), name="minus_half_x2"),
-                     name="gauss")  # fmt: skip
-        tail = b.op("MUL", b.op("MUL", ax, poly, name="abs_x_poly"), gauss, name="tail2")
-        half_tail = b.op("MUL", tail, b.const("half", 0.5), name="tail")
-        b.op("SUB", b.op("RELU", x, name="relu_x"), half_tail, name="gelu", out=out)
+            poly = b.ADD(poly, c(f"a{i + 1}", _AS_A[i]), name=f"poly{i + 1}_sum")
+            poly = b.MUL(poly, t, name=f"poly{i + 1}")
+        square = b.MUL(x, x, name="x2")
+        gauss = b.EXP(b.MUL(square, c("minus_half", -0.5), name="minus_half_x2"), name="gauss")
+        tail = b.MUL(b.MUL(ax, poly, name="abs_x_poly"), gauss, name="tail2")
+        half_tail = b.MUL(tail, c("half", 0.5), name="tail")
+        b.replace(m.root, b.SUB(b.RELU(x, name="relu_x"), half_tail, name="gelu"))
 
 
 class SplitTransposeConvActivation(_RuntimeRule):
@@ -184,15 +157,15 @@ class SplitTransposeConvActivation(_RuntimeRule):
         return None
 
     def rewrite(self, m: Match) -> None:
-        g, op = m.graph, m.root
+        op = m.root
         act, out = op.fused_activation, op.output
-        q = out.quantization
-        raw = g.add_tensor(f"{out.name}/linear", out.shape, out.dtype, quantization=q)
+        b = m.builder(after=op)
+        raw = b.tensor("linear", out.shape, out)
+        b.set_output(op, 0, raw)
+        b.op(_ACTIVATION_OP[act], raw, out=out)
+        b.commit()
         op.fused_activation = "NONE"
-        op.outputs = [raw]
         op.version = _transpose_conv_version(op)
-        at = g.ops.index(op) + 1
-        g.add_op(_ACTIVATION_OP[act], [raw], [out], before=g.ops[at] if at < len(g.ops) else None)
 
 
 def _transpose_conv_version(op: Op) -> int:
