@@ -1,7 +1,7 @@
 """Helpers the rules share: reading constants, per-channel vectors, weights and biases, rewiring.
 
-Rules never edit a constant's array in place (a buffer may be shared by several tensors): they
-build new constants with `new_constant` and point the op at them.
+New weights and biases are made by the match's builder (`b.set_weights`, `b.set_bias` in
+`tflfuse.rewrite.build`), which never edits a constant's array in place.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 from tflfuse.ir import Graph, Op, Tensor
 from tflfuse.rewrite.build import BIAS_INDEX as _BIAS_INDEX
 from tflfuse.rewrite.build import WEIGHT_INDEX as _WEIGHT_INDEX
-from tflfuse.rewrite.build import WEIGHTED, fit_version  # noqa: F401 - re-exported
+from tflfuse.rewrite.build import WEIGHTED  # noqa: F401 - the rules read it here
 from tflfuse.rewrite.rule import NotApplicable, Refusal  # noqa: F401 - NotApplicable re-exported
 
 # Where the data input of a weighted op (`WEIGHTED`) lives.
@@ -82,25 +82,6 @@ def bias(op: Op) -> np.ndarray | None:
 def has_float_params(op: Op) -> bool:
     """Weights and bias are plain float32 constants, so they can be recomputed exactly."""
     return weights(op) is not None and bias(op) is not None and is_float(op.output)
-
-
-def new_constant(graph: Graph, base: str, value: np.ndarray) -> Tensor:
-    return graph.add_constant(base, np.asarray(value, dtype=np.float32), "FLOAT32")
-
-
-def set_weights(graph: Graph, op: Op, value: np.ndarray) -> None:
-    index = _WEIGHT_INDEX[op.type]
-    op.set_input(index, new_constant(graph, op.inputs[index].name + "_fused", value))
-
-
-def set_bias(graph: Graph, op: Op, value: np.ndarray) -> None:
-    index = _BIAS_INDEX[op.type]
-    tensor = new_constant(graph, f"{op.name}_bias", value)
-    if len(op.inputs) > index:
-        op.set_input(index, tensor)
-    else:
-        op.inputs = [*op.inputs, *([None] * (index - len(op.inputs))), tensor]
-    fit_version(op)
 
 
 def pads_for_same(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
