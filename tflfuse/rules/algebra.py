@@ -141,12 +141,13 @@ class SquareExistingDifference(Rule):
     int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.SQUARED_DIFFERENCE(p.x, p.m, out="y")
+        # float inputs give a float square; a quantized one the engine refuses first
+        return p.SQUARED_DIFFERENCE(
+            p.x.of("float", because="not float"), p.m.of("float", because="not float"), out="y"
+        )
 
     def check(self, m: Match) -> Refusal | Tensor:
         """A refusal, or the tensor that holds x - m."""
-        if not all(common.is_float(t) for t in (m.x, m.m, m.y)):
-            return refuse("not float")
         d = _difference(m.x, m.m)
         if d is None:
             return NotApplicable("x - m is not computed elsewhere")

@@ -182,11 +182,12 @@ class MoveScaleThroughMean(Rule):
     int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.MEAN(p.MUL(p.x, p.const("s"), out="scaled"), p.const("axes"), out="y")
+        why = "the scale has an activation or is read elsewhere"
+        scale = p.MUL(p.x, p.const("s"), out="scaled").where(fused_activation="NONE", because=why)
+        return p.MEAN(scale, p.const("axes"), out="y")
 
     def check(self, m: Match) -> Refusal | None:
-        mul = m.scaled.op
-        if mul.fused_activation != "NONE" or not common.single_reader(m.graph, m.scaled):
+        if not common.single_reader(m.graph, m.scaled):
             return refuse("the scale has an activation or is read elsewhere")
         if not common.is_float(m.x) or m.x.shape != m.scaled.shape or not m.x.shape:
             return refuse("the scale broadcasts or is not float")
