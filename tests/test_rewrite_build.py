@@ -142,6 +142,68 @@ def test_replace_checks_shape_and_dtype_and_commits_once() -> None:
         b2.TANH(x)
 
 
+def test_kept_ops_get_new_weights_and_bias_and_outputs_at_commit() -> None:
+    g = Graph()
+    x = g.add_tensor("x", (1, 4, 4, 3))
+    c = conv(g, x, 2, k=1)
+    t = unary(g, "TANH", c.output, "z")
+    old_w, old_out = c.inputs[1], c.output
+    b = Builder(g, c, prefix="", after=c)
+    w = b.set_weights(c, old_w.data * 2)
+    bias = b.set_bias(c, np.ones(2, np.float32))
+    pre = b.tensor("conv_pre", old_out.shape)
+    b.set_output(c, 0, pre)
+    b.RELU(pre, out=old_out)
+    assert c.inputs[1] is old_w and c.output is old_out  # nothing changes before the commit
+    b.commit()
+    assert [op.type for op in g.ops] == ["CONV_2D", "RELU", "TANH"]  # right after the conv
+    assert c.inputs[1] is w.tensor and w.tensor.name == "conv/w_fused"
+    assert np.array_equal(w.tensor.data, old_w.data * 2) and w.tensor.dtype == "FLOAT32"
+    assert c.inputs[2] is bias.tensor and bias.tensor.name == "conv_bias"  # named at the call
+    assert c.output.name == "conv_pre" and g.ops[1].output is old_out is t.inputs[0]
+    assert old_w.data is not w.tensor.data  # the old constant is not edited in place
+    g.validate()
+
+
+def test_set_bias_adds_a_missing_bias_and_raises_the_version() -> None:
+    g = Graph()
+    x = g.add_tensor("x", (1, 4, 4, 3))
+    w = g.add_constant("w", np.ones((2, 3, 3, 3), np.float32))
+    shape = g.add_constant("shape", np.array([1, 8, 8, 2], np.int32))
+    y = g.add_tensor("y", (1, 8, 8, 2))
+    op = g.add_op("TRANSPOSE_CONV", [shape, w, x], [y], {"padding": "SAME"})
+    b = Builder(g, op)
+    b.set_bias(op, np.zeros(2, np.float32))
+    b.commit()
+    assert len(op.inputs) == 4 and op.inputs[3].name == "y_bias" and op.version == 3
+
+
+def test_split_writes_several_outputs_and_commit_removes_several_ops() -> None:
+    g = Graph()
+    x = g.add_tensor("x", (1, 4))
+    a = unary(g, "RELU", x, "a")
+    c = unary(g, "TANH", x, "c")
+    z = unary(g, "ABS", a.output, "z")
+    outs = [a.output, c.output]
+    b = Builder(g, a, prefix="")
+    both = b.CONCATENATION(x, x, axis=-1, name="both")
+    parts = b.split("SPLIT", b.const(np.array(1, np.int32), "axis"), both, outs=outs, num_splits=2)
+    assert [v.tensor for v in parts] == outs
+    b.commit(remove=[a, c])
+    assert [op.type for op in g.ops] == ["CONCATENATION", "SPLIT", "ABS"]
+    assert list(g.ops[1].outputs) == outs and z.inputs[0] is outs[0]
+    assert g.ops[0].output.name == "both" and g.tensors[-1].name == "axis"
+    g.validate()
+
+
+def test_an_empty_prefix_names_tensors_as_told() -> None:
+    g, x, r, _ = _relu_graph()
+    m = _match(g, p.RELU(p.x), r)
+    b = m.builder(prefix="")
+    b.replace(m.root, b.MUL(x, b.scalar(2.0, "two", like=x), name="twice"))
+    assert g.ops[0].inputs[1].name == "two"
+
+
 def test_scalar_of_an_int8_tensor_holds_the_value_exactly() -> None:
     g = Graph()
     q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([3], np.int64))
