@@ -206,17 +206,18 @@ class CancelTransposePair(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.TRANSPOSE(p.TRANSPOSE(p.x, p.const("p1"), out="mid"), p.const("p2"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | list[int]:
+        """A refusal, or the composed permutation."""
         if not common.single_reader(m.graph, m.mid):
             return refuse("the first TRANSPOSE is read elsewhere")
         perm = _composed(m)
-        if list(perm) == list(range(len(perm))):
-            return _forwardable(m.graph, m.y, m.x)
-        return None
+        if perm == list(range(len(perm))):
+            return _forwardable(m.graph, m.y, m.x) or perm
+        return perm
 
     def rewrite(self, m: Match) -> None:
-        perm = _composed(m)
-        if list(perm) == list(range(len(perm))):
+        perm = m.plan
+        if perm == list(range(len(perm))):
             common.forward(m.graph, m.y, m.x)
             return
         b = m.builder(prefix="")
