@@ -13,9 +13,8 @@ op) or given (`shape=`), and checked when both are known. `like=t` copies t's dt
 quantization, `quant=` sets the quantization. Ops that carry a fused activation get
 `fused_activation_function="NONE"` unless told otherwise. Nothing touches the graph until
 `replace` (or `commit`): then the replacement's shape and dtype must equal the tensor it replaces,
-the tensors are made, and the ops go where the anchor op was (the root by default), in the order
-they were built
-(`after=op`: right after that op instead).
+the tensors are made, and the ops go where the anchor op was (the root by default; `after=op`:
+right after that op), in the order they were built.
 
 Ops that stay can be edited too, at commit and before the new ops are placed:
 `b.set_input(op, i, v)`, `b.set_output(op, i, v)`, and for a conv, depthwise conv, fully
@@ -173,6 +172,7 @@ class Builder:
         self.at = at
         self.after = after
         self.prefix = prefix if prefix is not None else (at.output.name if at else graph.name)
+        self.as_told = prefix == ""  # asked for no prefix (an empty output name still gives "/")
         self.order = constants
         self._seq = itertools.count()
         self._values: list[Value] = []
@@ -261,7 +261,8 @@ class Builder:
 
     def _value(self, name, shape, dtype, quant, data=None) -> Value:
         self._live()
-        v = Value(self, f"{self.prefix}/{name}" if self.prefix else name, shape, dtype, quant, data)
+        full = name if self.as_told else f"{self.prefix}/{name}"
+        v = Value(self, full, shape, dtype, quant, data)
         self._values.append(v)
         return v
 
