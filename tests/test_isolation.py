@@ -209,10 +209,15 @@ def test_a_crash_over_an_earlier_result_keeps_it_byte_for_byte(
 
 # -- killed children and parents -----------------------------------------------------------------
 _SLOW_STAGE = """
-    import os, sys, time
+    import os, signal, sys, time
     from pathlib import Path
     from tflfuse.convert import pipeline as convert
     from tflfuse.cli import main
+
+    # Ctrl-C as a terminal delivers it: a job a non-interactive shell starts in the background
+    # (`pytest &`, a CI runner) inherits SIGINT ignored (POSIX), Python keeps an inherited
+    # SIG_IGN, and tflfuse rightly leaves an ignored signal ignored (a nohup'd run).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def quantize(rec, ctx):  # the quantize stage, slow
         (ctx.folder / "model.tflite").write_bytes(b"x" * 1000)
