@@ -60,6 +60,20 @@ def test_toposort_keeps_a_valid_order_and_detects_cycles() -> None:
         g.toposort()
 
 
+def test_topological_order_reads_only_and_breaks_ties_by_current_position() -> None:
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 4))
+    a = unary(g, "RELU", x)
+    b = unary(g, "TANH", x)
+    s = add(g, a.output, b.output)
+    model_of(g, [x], [s.output])
+    g.ops = [s, b, a]  # the sum first: out of order, two independent producers
+    assert g.topological_order() == [b, a, s]  # b stays before a, as it is now
+    assert g.ops == [s, b, a]  # nothing moved
+    assert g.toposort() is True and g.ops == [b, a, s]
+    assert g.topological_order() == g.ops
+
+
 def test_validate_rejects_foreign_tensors_and_bad_constants() -> None:
     g, x, c, r = small_graph()
     stray = Tensor("stray", (1, 4, 4, 4))

@@ -392,6 +392,18 @@ class Graph:
 
         Returns True when the order changed. Raises IRError on a cycle.
         """
+        order = self.topological_order()
+        changed = order != self.ops
+        self.ops = order
+        return changed
+
+    def topological_order(self) -> list[Op]:
+        """The ops, each after its producers; ties go to the op that comes first now.
+
+        The project's one topological sort (Kahn's, stable): an order that already puts producers
+        first comes back unchanged, so a parsed model keeps its file order. Reads only; raises
+        IRError on a cycle.
+        """
         position = {op: i for i, op in enumerate(self.ops)}
         indegree = {op: 0 for op in self.ops}
         users: dict[Op, list[Op]] = {op: [] for op in self.ops}
@@ -413,9 +425,7 @@ class Graph:
                     heapq.heappush(ready, (position[u], id(u), u))
         if len(order) != len(self.ops):
             raise IRError(f"subgraph {self.name!r} has a cycle")
-        changed = order != self.ops
-        self.ops = order
-        return changed
+        return order
 
     def validate(self) -> None:
         """Raise IRError unless wiring, order and constants are consistent."""

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tflfuse.ir import Graph, Model, Op, Tensor
+from tflfuse.ir import Model, Op, Tensor
 
 MAX_STEPS = 255
 _MOVES = frozenset(
@@ -175,30 +175,6 @@ def _requantizes(op: Op, out: Tensor) -> bool:
     return True
 
 
-def _topological(graph: Graph) -> list[Op]:
-    order, seen = [], set()
-    produced = {id(t): op for op in graph.ops for t in op.outputs}
-
-    def visit(op: Op) -> None:
-        stack = [(op, False)]
-        while stack:
-            cur, done = stack.pop()
-            if done:
-                order.append(cur)
-                continue
-            if id(cur) in seen:
-                continue
-            seen.add(id(cur))
-            stack.append((cur, True))
-            for t in cur.inputs:
-                if t is not None and id(t) in produced and id(produced[id(t)]) not in seen:
-                    stack.append((produced[id(t)], False))
-
-    for op in graph.ops:
-        visit(op)
-    return order
-
-
 def output_bounds(model: Model, events: Sequence) -> dict[str, float]:
     """{output name: bound in the output's steps (int8) or real units (float outputs)}."""
     graph = model.main
@@ -216,7 +192,7 @@ def output_bounds(model: Model, events: Sequence) -> dict[str, float]:
         for t in placed:
             site[t.name] = site.get(t.name, 0.0) + e.int8_steps * (scale(t) or 0.0)
     error: dict[int, float] = {}
-    for op in _topological(graph):
+    for op in graph.topological_order():
         ins = [0.0 if t is None else error.get(id(t), 0.0) for t in op.inputs]
         carried = _propagated(op, ins) if any(ins) else 0.0
         for out in op.outputs:
