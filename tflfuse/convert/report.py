@@ -288,6 +288,23 @@ def _kib(n: int) -> str:
 
 
 def markdown(r: dict[str, Any]) -> str:
+    """report.md: the report's sections, in the order a reader checks a conversion."""
+    lines = _summary_lines(r)
+    lines += _models_lines(r["models"])
+    lines += _agreement_lines(r)
+    lines += _grappler_lines(r.get("grappler") or {})
+    lines += _rules_lines(r["rules"])
+    lines += _quantization_lines(r["quantization"])
+    lines += _legalization_lines(r.get("legalization") or {})
+    lines += _edgetpu_lines(r.get("edgetpu"))
+    lines += _delegate_lines(r["delegate_check"])
+    lines += ["", f"Unfused baseline: {r['unfused_route']}."]
+    lines += ["", f"Stock baseline: {r['quantization']['stock_route']}.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_lines(r: dict[str, Any]) -> list[str]:
+    """The title, the recipe in one sentence, then notices, warnings and an interface change."""
     rec = r["recipe"]
     q = r["quantization"]
     lines = [
@@ -313,19 +330,29 @@ def markdown(r: dict[str, Any]) -> str:
     iface = r.get("interface", {})
     if iface.get("interface_change"):
         lines += ["", "**Interface change** (--channels-last): " + "; ".join(iface["details"])]
-    lines += [
+    return lines
+
+
+def _models_lines(models: dict[str, Any]) -> list[str]:
+    """The table of the written models: ops, activation and parameter bytes, file size."""
+    lines = [
         "",
         "## Models",
         "",
         "| model | ops | activation bytes | parameter bytes | file | quantization |",
         "|---|---:|---:|---:|---:|---|",
     ]
-    for name, m in r["models"].items():
+    for name, m in models.items():
         lines.append(
             f"| {name} | {m['op_count']} | {_kib(m['activation_bytes'])} |"
             f" {_kib(m['parameter_bytes'])} | {_kib(m['file_bytes'])} | {m['quantization']} |"
         )
-    lines += [
+    return lines
+
+
+def _agreement_lines(r: dict[str, Any]) -> list[str]:
+    """Each model's error against the source, and which outputs top-1 was computed for."""
+    lines = [
         "",
         "## Agreement with the source model",
         "",
@@ -349,14 +376,22 @@ def markdown(r: dict[str, Any]) -> str:
             " FULLY_CONNECTED / BATCH_MATMUL head that is the model's only output. Here:"
             f" {', '.join(scores) or 'none'}.",
         ]
-    lines += _grappler_lines(r.get("grappler") or {})
-    rules = r["rules"]
-    lines += ["", "## Rules", ""]
+    return lines
+
+
+def _rules_lines(rules: dict[str, Any]) -> list[str]:
+    """The rules that fired, with counts, and the first 30 refusals."""
+    lines = ["", "## Rules", ""]
     fired = rules.get("fired", {})
     lines.append("Fired: " + (", ".join(f"{k} x{v}" for k, v in fired.items()) or "none"))
     for ref in rules.get("refusals", [])[:30]:
         lines.append(f"- refused {ref.get('rule')} at {ref.get('where')!r}: {ref.get('reason')}")
-    lines += [
+    return lines
+
+
+def _quantization_lines(q: dict[str, Any]) -> list[str]:
+    """The quantization routes, ops left in float and the ten worst tensors."""
+    lines = [
         "",
         "## Quantization",
         "",
@@ -381,17 +416,17 @@ def markdown(r: dict[str, Any]) -> str:
                 if k not in ("tensor", "kind") and isinstance(v, float)
             )
             lines.append(f"| {row.get('tensor', '')} | {row.get('kind', '')} | {metrics} |")
-    lines += _legalization_lines(r.get("legalization") or {})
-    lines += _edgetpu_lines(r.get("edgetpu"))
-    d = r["delegate_check"]
-    lines += ["", "## Delegate check", ""]
+    return lines
+
+
+def _delegate_lines(d: dict[str, Any]) -> list[str]:
+    """How many ops the recipe's delegate takes, or why that was not checked."""
+    lines = ["", "## Delegate check", ""]
     if d.get("checked"):
         lines.append(f"{d['delegate']}: {d['mapped']} ops mapped, {d['cpu']} on the CPU.")
     else:
         lines.append(f"{d['delegate']}: not checked ({d.get('reason')}).")
-    lines += ["", f"Unfused baseline: {r['unfused_route']}."]
-    lines += ["", f"Stock baseline: {q['stock_route']}.", ""]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _top1(row: dict[str, Any]) -> str:
