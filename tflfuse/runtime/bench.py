@@ -220,12 +220,7 @@ def run_benchmark(
         raise TflfuseError("no models to benchmark")
     check_arguments(runs=runs, warmup=warmup, threads=threads)
     check_delegate_name(delegate)
-    paths = [Path(m) for m in models]
-    for p in paths:
-        if not p.is_file():
-            raise TflfuseError(f"{p}: no such model file")
-        if p.stat().st_size == 0:
-            raise TflfuseError(f"{p}: the model file is empty")
+    paths = _model_files(models)
     labels = list(names) if names else [p.name for p in paths]
     if len(set(labels)) != len(labels):
         labels = [str(p) for p in paths]
@@ -233,30 +228,81 @@ def run_benchmark(
     entries: list[dict[str, Any]] = []
     interps, feeds = [], []
     for label, path in zip(labels, paths):
-        entry: dict[str, Any] = {"name": label, "path": str(path)}
-        entry.update(static_facts(path))
-        rss0 = current_rss_bytes()
-        t0 = time.perf_counter_ns()
-        try:
-            interp = make_interpreter(path, delegate=delegate, threads=threads)
-        except TflfuseError as exc:
-            if str(exc).startswith(str(path)):
-                raise
-            raise TflfuseError(f"{path}: {exc}") from None
-        entry["init_ms"] = (time.perf_counter_ns() - t0) / 1e6
-        details = interp.get_input_details()
-        values = seeded_input_values(details, seed)
-        for d, v in zip(details, values):
-            interp.set_tensor(d["index"], v)
-        t0 = time.perf_counter_ns()
-        interp.invoke()
-        entry["first_invoke_ms"] = (time.perf_counter_ns() - t0) / 1e6
-        rss1 = current_rss_bytes()
-        entry["rss_delta_bytes"] = rss1 - rss0 if rss0 is not None and rss1 is not None else None
+        entry, interp, feed = _load(label, path, delegate=delegate, threads=threads, seed=seed)
         entries.append(entry)
         interps.append(interp)
-        feeds.append(list(zip(details, values)))
+        feeds.append(feed)
 
+    samples = _interleaved_rounds(interps, feeds, runs, warmup, progress, on_round)
+    for entry, s in zip(entries, samples):
+        entry["latency_ms"] = latency_stats(s)
+        entry["samples_ms"] = s
+    ratios(entries)
+    return {
+        "protocol": {
+            "delegate": delegate,
+            "threads": threads,
+            "runs": runs,
+            "warmup": warmup,
+            "seed": seed,
+            "order": "interleaved",
+            "timer": "time.perf_counter_ns around invoke()",
+        },
+        "environment": environment(),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "models": entries,
+    }
+
+
+def _model_files(models: Sequence[str | Path]) -> list[Path]:
+    """The model paths, refused in one line when one is missing or empty (before any loading)."""
+    paths = [Path(m) for m in models]
+    for p in paths:
+        if not p.is_file():
+            raise TflfuseError(f"{p}: no such model file")
+        if p.stat().st_size == 0:
+            raise TflfuseError(f"{p}: the model file is empty")
+    return paths
+
+
+def _load(
+    label: str, path: Path, *, delegate: str, threads: int | None, seed: int
+) -> tuple[dict[str, Any], Any, list[tuple[dict[str, Any], np.ndarray]]]:
+    """(entry, interpreter, feed) of one model: its static facts, init time, first invoke time and
+    resident memory growth, measured as it loads; the feed is its seeded inputs, set each round."""
+    entry: dict[str, Any] = {"name": label, "path": str(path)}
+    entry.update(static_facts(path))
+    rss0 = current_rss_bytes()
+    t0 = time.perf_counter_ns()
+    try:
+        interp = make_interpreter(path, delegate=delegate, threads=threads)
+    except TflfuseError as exc:
+        if str(exc).startswith(str(path)):
+            raise
+        raise TflfuseError(f"{path}: {exc}") from None
+    entry["init_ms"] = (time.perf_counter_ns() - t0) / 1e6
+    details = interp.get_input_details()
+    values = seeded_input_values(details, seed)
+    for d, v in zip(details, values):
+        interp.set_tensor(d["index"], v)
+    t0 = time.perf_counter_ns()
+    interp.invoke()
+    entry["first_invoke_ms"] = (time.perf_counter_ns() - t0) / 1e6
+    rss1 = current_rss_bytes()
+    entry["rss_delta_bytes"] = rss1 - rss0 if rss0 is not None and rss1 is not None else None
+    return entry, interp, list(zip(details, values))
+
+
+def _interleaved_rounds(
+    interps: list[Any],
+    feeds: list[list[tuple[dict[str, Any], np.ndarray]]],
+    runs: int,
+    warmup: int,
+    progress: bool,
+    on_round: Callable[[int], None] | None,
+) -> list[list[float]]:
+    """Milliseconds of each model's timed invokes: every round invokes every model once, in turn,
+    so drift in the machine's load falls on all of them alike; warm-up rounds are not kept."""
     samples: list[list[float]] = [[] for _ in interps]
     bar = _progress((warmup + runs) * len(interps), progress)
     try:
@@ -276,25 +322,7 @@ def run_benchmark(
     finally:
         if bar is not None:
             bar.close()
-
-    for entry, s in zip(entries, samples):
-        entry["latency_ms"] = latency_stats(s)
-        entry["samples_ms"] = s
-    ratios(entries)
-    return {
-        "protocol": {
-            "delegate": delegate,
-            "threads": threads,
-            "runs": runs,
-            "warmup": warmup,
-            "seed": seed,
-            "order": "interleaved",
-            "timer": "time.perf_counter_ns around invoke()",
-        },
-        "environment": environment(),
-        "peak_rss_bytes": peak_rss_bytes(),
-        "models": entries,
-    }
+    return samples
 
 
 # -- output --------------------------------------------------------------------------------------
