@@ -62,7 +62,7 @@ from tflfuse.rules.vertical import (
     MoveScaleThroughMean,
     MoveScaleThroughRelu,
 )
-from tflfuse.targets import TARGETS
+from tflfuse.targets import TARGETS, Target
 from tflfuse.targets import target as target_named
 
 
@@ -82,13 +82,7 @@ def pipeline(
     legalize = traits.legalization_rules()
     if quantized:
         return (*legalize, DeadCodeElimination(), TopologicalSort()) if legalize else ()
-    cleanup: tuple[Rule | Pass, ...] = (
-        FoldConstants(),
-        MergeDuplicateConstants(),
-        EliminateCommonSubexpressions(),
-        DeadCodeElimination(),
-        TopologicalSort(),
-    )
+    cleanup = _cleanup()
     epilogue: tuple[Rule | Pass, ...] = (
         FoldBiasIntoProducer(),
         FoldScaleIntoProducer(),
@@ -96,6 +90,30 @@ def pipeline(
     )
     if level == 1:
         return (*epilogue, *cleanup)
+    return _level2(target, traits, legalize, epilogue, cleanup)
+
+
+def _cleanup() -> tuple[Rule | Pass, ...]:
+    """What every level ends with: fold and share constants, drop dead ops, restore the order."""
+    return (
+        FoldConstants(),
+        MergeDuplicateConstants(),
+        EliminateCommonSubexpressions(),
+        DeadCodeElimination(),
+        TopologicalSort(),
+    )
+
+
+def _level2(
+    target: str,
+    traits: Target,
+    legalize: tuple[Rule | Pass, ...],
+    epilogue: tuple[Rule | Pass, ...],
+    cleanup: tuple[Rule | Pass, ...],
+) -> tuple[Rule | Pass, ...]:
+    """Level 2: the target's legalization and the exporter's cleanups first, then algebra,
+    activation recognition, the epilogue, vertical and horizontal fusion, the CPU kernels' own
+    rewrites, and the cleanup."""
     algebra: tuple[Rule | Pass, ...] = (
         RemoveIdentityArithmetic(),
         CancelTransposePair(),
