@@ -125,6 +125,23 @@ def compare(
     `UnverifiableError` when the reference does not run here, `CandidateFailedError` when only
     the candidate fails.
     """
+    inputs, names, ref, cand = _run_pair(
+        reference, candidate, seed=seed, runs=runs, delegate=delegate
+    )
+    bounds, noise = (
+        _roundoff_bounds(reference, inputs, ref, cand, names, delegate=delegate, seed=seed)
+        if roundoff
+        else ({}, {})
+    )
+    tolerances = [(per_output or {}).get(name, OutputTolerance(int_atol, 0.0)) for name in names]
+    return _measure(ref, cand, names, tolerances, int_atol, atol, rtol, bounds, noise, runs)
+
+
+def _run_pair(
+    reference: bytes, candidate: bytes, *, seed: int, runs: int, delegate: str
+) -> tuple[list, list[str], list, list]:
+    """(inputs, output names, reference outputs, candidate outputs) on `runs` seeded input sets;
+    a failure of the reference is `UnverifiableError`, of the candidate `CandidateFailedError`."""
     try:
         in_details, names, ref_interp = _details(reference, delegate)
         inputs = [seeded_input_values(in_details, seed + i) for i in range(runs)]
@@ -135,21 +152,50 @@ def compare(
         cand = run(candidate, inputs, delegate)
     except TflfuseError as exc:
         raise CandidateFailedError(str(exc)) from None
-    bounds: dict[str, np.ndarray] = {}
-    noise: dict[str, Any] = {}
+    return inputs, names, ref, cand
+
+
+def _roundoff_bounds(
+    reference: bytes,
+    inputs: list,
+    ref: list,
+    cand: list,
+    names: list[str],
+    *,
+    delegate: str,
+    seed: int,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """({output name: per-element round-off bound}, {output name: its summary}) measured on the
+    reference; empty when the outputs are bit-identical or none is float (no bound needed)."""
     same = all(
         r.dtype == c.dtype and r.tobytes() == c.tobytes()
         for r_set, c_set in zip(ref, cand)
         for r, c in zip(r_set, c_set)
     )
     floats = any(r.dtype.kind == "f" for r in ref[0]) if ref else False
-    if roundoff and floats and not same:  # (bit-identical or integer outputs need no bound)
-        try:
-            estimated = estimate(reference, inputs, ref, names=names, delegate=delegate, seed=seed)
-        except TflfuseError as exc:
-            raise UnverifiableError(f"the round-off estimate failed: {exc}") from None
-        bounds, noise = estimated.bounds, estimated.summary
-    tolerances = [(per_output or {}).get(name, OutputTolerance(int_atol, 0.0)) for name in names]
+    if not floats or same:
+        return {}, {}
+    try:
+        estimated = estimate(reference, inputs, ref, names=names, delegate=delegate, seed=seed)
+    except TflfuseError as exc:
+        raise UnverifiableError(f"the round-off estimate failed: {exc}") from None
+    return estimated.bounds, estimated.summary
+
+
+def _measure(
+    ref: list,
+    cand: list,
+    names: list[str],
+    tolerances: list[OutputTolerance],
+    int_atol: int,
+    atol: float,
+    rtol: float,
+    bounds: Mapping[str, np.ndarray],
+    noise: Mapping[str, Any],
+    runs: int,
+) -> Agreement:
+    """The worst differences of every output over every run, each held to its tolerance; a
+    mismatch of output count or shape is an `Agreement` that failed without a number."""
     max_abs = max_rel = 0.0
     identical = ok = True
     mismatch = Agreement(float("inf"), float("inf"), False, True, runs, False)
