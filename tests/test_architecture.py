@@ -9,7 +9,9 @@ importer sits inside them. The checks:
   - the modules a device bundle ships import, at module level, only each other;
   - TensorFlow, Keras and the quantizer only in `sources/keras*`, `convert/quantize*` and the
     few places TF_ALLOWED names (with the reason), and only lazily, inside functions;
-  - device_scripts/ load nothing of rewriting, conversion or TensorFlow.
+  - device_scripts/ load nothing of rewriting, conversion or TensorFlow;
+  - no function or method in tflfuse/ is longer than MAX_FUNCTION_LINES (a longer one is
+    several jobs: split it into named helpers).
 Each failure names the importing file and line and the import itself. The checker is tried on
 small synthetic trees with one planted violation each, so a check that cannot fail is caught.
 """
@@ -67,6 +69,7 @@ TF_ALLOWED = {  # module prefix -> why it may import HEAVY (always lazily, insid
     "examples.": "the example models are Keras models",
 }
 NOT_ON_DEVICE = {"rewrite", "rules", "convert", "sources"}  # what device scripts never load
+MAX_FUNCTION_LINES = 80  # from `def` to its last line, docstring and comments included
 
 
 # -- reading the imports -------------------------------------------------------------------------
@@ -296,6 +299,20 @@ def device_script_loads(imports: list[Import]) -> list[str]:
 CHECKS = (cycles, upward_imports, device_side_imports, heavy_imports, device_script_loads)
 
 
+def long_functions(root: Path) -> list[str]:
+    """'path:line: name is N lines' for each function or method under root/tflfuse longer than
+    MAX_FUNCTION_LINES (nested ones too; decorators not counted)."""
+    found = []
+    for path in sorted((root / "tflfuse").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    where = f"{path.relative_to(root)}:{node.lineno}"
+                    found.append(f"{where}: {node.name} is {length} lines")
+    return found
+
+
 # -- the project ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def project() -> list[Import]:
@@ -306,6 +323,28 @@ def project() -> list[Import]:
 def test_the_project_keeps_its_layering(project: list[Import], check) -> None:
     findings = check(project)
     assert not findings, "\n".join(findings)
+
+
+def test_no_function_is_longer_than_the_limit() -> None:
+    findings = long_functions(REPO)
+    assert not findings, "\n".join(findings)
+
+
+def test_the_length_check_finds_a_planted_long_function(tmp_path: Path) -> None:
+    def lines(indent: str, n: int) -> str:
+        return "".join(f"{indent}x{i} = {i}\n" for i in range(n))
+
+    _tree(
+        tmp_path,
+        {  # def line + body: exactly the limit, then one line more (a method)
+            "tflfuse/ir/fits.py": "def fits():\n" + lines("    ", MAX_FUNCTION_LINES - 1),
+            "tflfuse/ir/long.py": "class C:\n    def long(self):\n"
+            + lines("        ", MAX_FUNCTION_LINES),
+        },
+    )
+    assert long_functions(tmp_path) == [
+        f"tflfuse/ir/long.py:2: long is {MAX_FUNCTION_LINES + 1} lines"
+    ]
 
 
 def test_every_module_belongs_to_a_part(project: list[Import]) -> None:
