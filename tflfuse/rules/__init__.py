@@ -111,9 +111,9 @@ def _level2(
     epilogue: tuple[Rule | Pass, ...],
     cleanup: tuple[Rule | Pass, ...],
 ) -> tuple[Rule | Pass, ...]:
-    """Level 2: the target's legalization and the exporter's cleanups first, then algebra,
-    activation recognition, the epilogue, vertical and horizontal fusion, the CPU kernels' own
-    rewrites, and the cleanup."""
+    """Level 2: the target's legalization and its exporter rules first, then algebra, activation
+    recognition, the epilogue, vertical fusion (then the CPU kernels' two operand rewrites),
+    horizontal fusion, the CPU kernels' own rewrites, and the cleanup."""
     algebra: tuple[Rule | Pass, ...] = (
         RemoveIdentityArithmetic(),
         CancelTransposePair(),
