@@ -296,7 +296,27 @@ def device_script_loads(imports: list[Import]) -> list[str]:
     return list(dict.fromkeys(found))  # one line per import
 
 
-CHECKS = (cycles, upward_imports, device_side_imports, heavy_imports, device_script_loads)
+PIPELINES = ("tflfuse.convert.pipeline", "tflfuse.convert.optimize")  # behind api's door
+
+
+def cli_bypassing_api(imports: list[Import]) -> list[str]:
+    """The CLI reaching a conversion pipeline itself: it parses and prints, `api` validates the
+    arguments and calls the pipelines (one door, one set of checks)."""
+    found = []
+    for imp in imports:
+        if imp.importer == "tflfuse.cli" and imp.target in PIPELINES:
+            found.append(f"{imp}: cli must reach {imp.target} through tflfuse.api")
+    return list(dict.fromkeys(found))  # one line per import
+
+
+CHECKS = (
+    cycles,
+    upward_imports,
+    device_side_imports,
+    heavy_imports,
+    device_script_loads,
+    cli_bypassing_api,
+)
 
 
 def long_functions(root: Path) -> list[str]:
@@ -450,6 +470,14 @@ PLANTED = [
         },
         device_script_loads,
         "device_scripts.run loads tflfuse.rewrite",
+    ),
+    (  # the CLI calling the optimize pipeline itself, beside the API
+        {
+            "tflfuse/cli.py": "def run():\n    from tflfuse.convert.optimize import run\n",
+            "tflfuse/convert/optimize.py": "",
+        },
+        cli_bypassing_api,
+        "tflfuse/cli.py:2: from tflfuse.convert.optimize import run  (in a function)",
     ),
 ]
 

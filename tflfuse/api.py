@@ -23,6 +23,7 @@ from tflfuse.files import atomic_write_bytes, same_file
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.runtime.bench import run_benchmark
 from tflfuse.targets import Prediction
+from tflfuse.targets.runtimes import resolve
 
 ModelSource = Any  # a .tflite path (str or Path), its bytes, or a tflfuse.ir.Model
 COMPILER_VERSION = re.compile(r"\d+(\.\d+){0,2}")  # "16.0", "14.1", "16.0.384591198"
@@ -61,6 +62,7 @@ def convert(
     allow_lambda: bool = False,
     channels_last: bool = False,
     progress: bool = True,
+    notes: bool | None = None,
     verify: bool = True,
     disabled: Sequence[str] = (),
     **overrides: Any,
@@ -79,6 +81,8 @@ def convert(
     `output_dir` is refused unless `force` (then only the files of an earlier result go).
     `channels_last` gives a .tflite with NCHW inputs NHWC inputs instead (an interface change).
     `disabled` turns rules off (as `optimize`'s); `verify=False` skips the numeric checks.
+    `notes` prints the pipeline's one-line notes to stderr (default: when `progress`; the CLI
+    keeps them under --json, which turns the progress bar off).
     Returns a `ConversionResult`: the three model paths and the report as a dict."""
     if output_dir is None or str(output_dir) == "":
         raise UsageError("output_dir is required")
@@ -96,7 +100,7 @@ def convert(
         batch=batch,
         allow_lambda=allow_lambda,
         progress=progress,
-        quiet=not progress,
+        quiet=not (progress if notes is None else notes),
         force=force,
         channels_last=channels_last,
         verify=verify,
@@ -113,6 +117,7 @@ def optimize(
     disabled: Sequence[str] = (),
     verify: bool = True,
     runtime: str | None = None,
+    in_place: bool = False,
 ) -> OptimizeResult:
     """Fuse and simplify a .tflite (path or bytes) for `target` (xnnpack, edgetpu, gpu, cpu) at
     `level` (0: load and save, 1: safe fusions, 2: everything), without the rules named in
@@ -120,12 +125,16 @@ def optimize(
     is False (a mismatch raises VerificationError and nothing is written). `runtime` (e.g.
     "tflite-runtime==2.5.0") lowers the result to the op versions that interpreter release has,
     or refuses in one line (TflfuseError) when it cannot. Writes `output` when
-    given. Returns an `OptimizeResult`: `.data` (the new .tflite bytes), `.before`/`.after`
+    given; `output` may be the input file only with `in_place`. Returns an `OptimizeResult`:
+    `.data` (the new .tflite bytes), `.before`/`.after`
     (op counts, activation bytes, cost), `.result` (rules fired, refusals with reasons),
     `.verification`."""
     check_options(level=level, target=target, disabled=disabled)
+    if runtime is not None:
+        resolve(runtime)  # a bad name is refused before the model is read
     data, source = _model_bytes(model)
-    if output is not None and isinstance(model, (str, Path)) and same_file(Path(model), output):
+    overwrites = output is not None and isinstance(model, (str, Path))
+    if overwrites and not in_place and same_file(Path(model), output):
         raise UsageError(f"{output}: output would overwrite the input model")
     result = optimize_bytes(
         data,

@@ -24,7 +24,6 @@ from tflfuse import quiet
 from tflfuse.errors import TflfuseError, UsageError
 from tflfuse.files import (
     Terminated,
-    atomic_write_bytes,
     atomic_write_text,
     check_destination,
     check_input,
@@ -180,10 +179,8 @@ def _add_runtime_option(p: argparse.ArgumentParser) -> None:
 
 
 def _run_optimize(args: argparse.Namespace) -> int:
-    from tflfuse.convert.optimize import optimize_bytes
-    from tflfuse.ir import flatbuffer
+    from tflfuse import api
     from tflfuse.rewrite import FLOAT_ONLY
-    from tflfuse.rules import all_rule_names
 
     src, dst = check_input(args.model), Path(args.output)
     if same_file(src, dst) and not args.in_place:
@@ -191,24 +188,16 @@ def _run_optimize(args: argparse.Namespace) -> int:
     check_destination(args.output, "optimized model")  # before the work, not after it
     if args.json not in (None, "-"):
         check_destination(args.json, "--json report")
-    unknown = sorted(set(args.disable) - set(all_rule_names()))
-    if unknown:
-        raise UsageError(f"unknown rule {unknown[0]!r} (rules: {', '.join(all_rule_names())})")
-    if args.runtime:
-        from tflfuse.targets.runtimes import resolve
-
-        resolve(args.runtime)  # a bad name is refused before the model is read
-    data = flatbuffer.read_model_bytes(src)
-    result = optimize_bytes(
-        data,
+    result = api.optimize(  # validates the options, then runs the pipeline and writes dst
+        src,
+        dst,
         level=args.level,
         target=args.target,
-        disabled=tuple(args.disable),
+        disabled=tuple(sorted(set(args.disable))),  # of unknown names, the first sorted is named
         verify=not args.no_verify,
-        source=str(src),
         runtime=args.runtime or None,
+        in_place=True,  # same_file(src, dst) was refused above unless --in-place
     )
-    atomic_write_bytes(dst, result.data)
     report = {
         "input": str(src),
         "output": str(dst),
@@ -576,7 +565,7 @@ def _recipe_from_args(args: argparse.Namespace) -> Any:
 
 
 def _run_convert(args: argparse.Namespace) -> int:
-    from tflfuse.convert.pipeline import convert
+    from tflfuse import api
 
     if args.batch < 1:
         raise UsageError(f"--batch must be at least 1, not {args.batch}")
@@ -588,20 +577,20 @@ def _run_convert(args: argparse.Namespace) -> int:
         from tflfuse.convert.calibration import split_pick
 
         check_input(split_pick(args.calib)[0], "calibration", folder_ok=True)
-    result = convert(
+    result = api.convert(
         str(model),
+        Path(args.output),
         recipe=recipe,
         calibration=args.calib,
-        output_dir=Path(args.output),
+        force=args.force,
         seed=args.seed,
         batch=args.batch,
         allow_lambda=args.allow_lambda,
+        channels_last=args.channels_last,
+        progress=not args.json,
+        notes=True,  # the pipeline's notes go to stderr even under --json
         verify=not args.no_verify,
         disabled=tuple(args.disable),
-        progress=not args.json,
-        quiet=False,
-        force=args.force,
-        channels_last=args.channels_last,
     )
     r = result.report
     if args.json:  # (files of OUTDIR tflfuse did not write, and kept, under "kept")
