@@ -6,6 +6,7 @@ MediaPipe models of the corpus that $TFLFUSE_CORPUS points at, when present)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -28,27 +29,17 @@ PYTORCH = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "py
 CORPUS = Path(os.environ.get("TFLFUSE_CORPUS", "/nonexistent"))
 
 
-def off_by(data: bytes, rel: float = 1e-3) -> bytes | None:
-    """`data` with its first output's largest channel (last axis, by mean magnitude over the
-    check inputs) multiplied by 1 + rel: a rewrite that got one channel wrong by `rel` (None
-    when every channel is zero)."""
-    interp = make_interpreter(data, delegate="none")
-    ref = runs.run(data, verify.seeded_inputs(interp, 0, 3))
-    first = np.stack([np.abs(r[0].astype(np.float64)) for r in ref])
-    channels = first.reshape(-1, first.shape[-1]).mean(0)
-    j = int(channels.argmax())
-    if not channels[j] > 0:
-        return None
-    model = flatbuffer.from_bytes(data)
-    g = model.main
-    out = g.outputs[0]
-    scale = np.ones(out.shape[-1], np.float32)
-    scale[j] = 1.0 + rel
-    wrong = g.add_tensor(out.name + "_off", out.shape)
-    g.add_op("MUL", [out, g.add_constant("one_channel_off", scale)], [wrong])
-    g.outputs[0] = wrong
-    model.retarget_signatures({out: wrong})
-    return flatbuffer.to_bytes(model)
+def _roundoff_bench():
+    """benchmarks/roundoff_bench.py, which ROUNDOFF.md is written by: the tests assert on the
+    perturbation it measures (`off_by`), not on a copy of it."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "roundoff_bench.py"
+    spec = importlib.util.spec_from_file_location("roundoff_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+off_by = _roundoff_bench().off_by  # one output channel wrong by 1e-3 (None: all zero)
 
 
 def strict(reference: bytes, candidate: bytes, **kw) -> verify.Agreement:
