@@ -66,14 +66,9 @@ def _refused(proc: subprocess.CompletedProcess, *needles: str) -> str:
 
 
 @pytest.fixture
-def model(tmp_path: Path) -> Path:
-    """CONV_2D -> RELU (float, no signature)."""
-    g = Graph("main")
-    x = g.add_tensor("x", (1, 8, 8, 3))
-    y = unary(g, "RELU", conv(g, x, 4, name="c").outputs[0]).outputs[0]
-    path = tmp_path / "tiny.tflite"
-    path.write_bytes(to_bytes(model_of(g, [x], [y])))
-    return path
+def model(tiny_tflite: Path) -> Path:
+    """CONV_2D -> RELU (float, no signature): conftest's tiny_tflite."""
+    return tiny_tflite
 
 
 def _big_model(tmp_path: Path, n: int = 1500) -> Path:

@@ -124,11 +124,10 @@ def optimize(
     `disabled`; the result is checked on seeded inputs against the input model unless `verify`
     is False (a mismatch raises VerificationError and nothing is written). `runtime` (e.g.
     "tflite-runtime==2.5.0") lowers the result to the op versions that interpreter release has,
-    or refuses in one line (TflfuseError) when it cannot. Writes `output` when
-    given; `output` may be the input file only with `in_place`. Returns an `OptimizeResult`:
-    `.data` (the new .tflite bytes), `.before`/`.after`
-    (op counts, activation bytes, cost), `.result` (rules fired, refusals with reasons),
-    `.verification`."""
+    or refuses in one line (TflfuseError) when it cannot. Writes `output` when given;
+    `output` may be the input file only with `in_place`. Returns an `OptimizeResult`: `.data`
+    (the new .tflite bytes), `.before`/`.after` (op counts, activation bytes, cost), `.result`
+    (rules fired, refusals with reasons), `.verification`."""
     check_options(level=level, target=target, disabled=disabled)
     if runtime is not None:
         resolve(runtime)  # a bad name is refused before the model is read
