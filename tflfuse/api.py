@@ -76,9 +76,9 @@ def convert(
     `recipe`: a shipped name (edgetpu, xnnpack-int8, cpu-float, gpu-fp16), a .toml file or a
     `tflfuse.convert.recipe.Recipe`; `overrides` replace its fields (quant_mode, input_type,
     output_type, target, level, samples, scale, offset). `calibration` (needed for int8): an array
-    (N, H, W, C), a .npy/.npz file, a folder of images or a callable returning samples. An existing
-    non-empty
-    `output_dir` is refused unless `force` (then only the files of an earlier result go).
+    (N, H, W, C), a .npy/.npz file, a folder of images or a callable returning samples. An
+    existing non-empty `output_dir` is refused unless `force` (then only the files of an earlier
+    result go).
     `channels_last` gives a .tflite with NCHW inputs NHWC inputs instead (an interface change).
     `disabled` turns rules off (as `optimize`'s); `verify=False` skips the numeric checks.
     `notes` prints the pipeline's one-line notes to stderr (default: when `progress`; the CLI
