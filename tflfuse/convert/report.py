@@ -97,9 +97,8 @@ def agreement(
 
 
 def _classifier_outputs(ctx: Any, reference: list[np.ndarray], parse: ParseOnce) -> list[bool]:
-    """Which outputs of the source are class scores (tflfuse.convert.caveats.class_scores), judged
-    on
-    the float model the rules started from."""
+    """Which outputs of the source are class scores (tflfuse.convert.caveats.class_scores),
+    judged on the float model the rules started from."""
     producers = caveats.output_producers(parse(ctx.float_data))
     sizes = [int(np.prod(s)) for s in ctx.source.input_shapes]
     only = len(reference) == 1
