@@ -95,6 +95,14 @@ def _kind(t: Tensor) -> str | None:
     return None
 
 
+def _kind_refusal(what: str, x: Tensor, out: Tensor) -> Refusal | None:
+    """Refused unless `x` and `out` are both float or both per-tensor int8/uint8 (`_kind`)."""
+    kind = _kind(x)
+    if kind is None or _kind(out) != kind:
+        return refuse(f"{what} on {x.dtype} with per-channel or no quantization")
+    return None
+
+
 def _scale_zp(t: Tensor) -> tuple[float, int]:
     q = t.quantization
     return float(q.scale.reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
@@ -148,11 +156,11 @@ class LegalizeLeakyRelu(Rule):
 
     @_gated
     def check(self, m: Match) -> Refusal | None:
-        kind = _kind(m.x)
-        if kind is None or _kind(m.root.output) != kind:
-            return refuse(f"LEAKY_RELU on {m.x.dtype} with per-channel or no quantization")
+        refusal = _kind_refusal("LEAKY_RELU", m.x, m.root.output)
+        if refusal is not None:
+            return refusal
         alpha = float(m.root.options.get("alpha", 0.2))
-        if kind == "int" and not 0.0 < alpha <= 1.0:
+        if _kind(m.x) == "int" and not 0.0 < alpha <= 1.0:
             return refuse(f"int8 LEAKY_RELU with alpha {alpha} outside (0, 1]")
         return None
 
@@ -192,10 +200,7 @@ class LegalizeHardSwish(Rule):
 
     @_gated
     def check(self, m: Match) -> Refusal | None:
-        kind = _kind(m.x)
-        if kind is None or _kind(m.root.output) != kind:
-            return refuse(f"HARD_SWISH on {m.x.dtype} with per-channel or no quantization")
-        return None
+        return _kind_refusal("HARD_SWISH", m.x, m.root.output)
 
     def rewrite(self, m: Match) -> None:
         spell_out_hard_swish(m)
@@ -349,9 +354,9 @@ class MeanToAveragePool(Rule):
         axes = sorted({int(a) % 4 for a in np.asarray(m.axes.data).reshape(-1)})
         if axes != [1, 2]:
             return refuse(f"MEAN reduces axes {axes}, not height and width")
-        kind = _kind(x)
-        if kind is None or _kind(m.root.output) != kind:
-            return refuse(f"MEAN on {x.dtype} with per-channel or no quantization")
+        refusal = _kind_refusal("MEAN", x, m.root.output)
+        if refusal is not None:
+            return refusal
         plane, mean_limit = x.shape[1] * x.shape[2], _mean_limit()
         if plane <= mean_limit:
             return refuse(
