@@ -15,6 +15,7 @@ from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination, PassManager, TopologicalSort
 from tflfuse.runtime import verify
+from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.targets import predict
 from tflfuse.targets.edgetpu.predict import statuses_once_quantized
 from tflfuse.targets.edgetpu.rules import (
@@ -122,6 +123,49 @@ def test_hard_swish_int8_within_one_step_and_maps() -> None:
     agreement = verify.compare(before, after, int_atol=1, runs=4)
     assert agreement.ok and agreement.varies, agreement
     assert mapped(before) == (0, 1) and mapped(after) == (3, 0)
+
+
+def _every_code_through(data: bytes) -> np.ndarray:
+    """The int8 output codes of a (1, 256) int8 model fed every input code once."""
+    interpreter = make_interpreter(data, delegate="none")
+    interpreter.allocate_tensors()
+    x, y = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
+    interpreter.set_tensor(x["index"], np.arange(-128, 128, dtype=np.int8).reshape(1, 256))
+    interpreter.invoke()
+    return interpreter.get_tensor(y["index"]).astype(int).ravel()
+
+
+@pytest.mark.parametrize(
+    "x_low, x_high, bound",
+    [
+        (-6.0, 6.0, 2),  # reaches past +3: the common case, 2 steps
+        (-1.0, 9.0, 2),
+        (-4.43, 0.0, 4),  # the int8 property test's case: 3 steps off, 2 declared, before
+        (-8.0, 0.1, 4),
+        (-2.2, 0.01, 3),
+    ],
+)
+def test_int8_hard_swish_bound_holds_for_every_input_code(x_low, x_high, bound) -> None:
+    """Over all 256 input codes, the spelled form is within the bound it declares for the match's
+    scales (hard_swish_int8_steps); that bound is 2 where x reaches past +3 and larger where x is
+    mostly negative (a tiny output step). The gate quantized over [0, relu6(x_max + 3)] keeps
+    even those within 2 steps (measured: 3 to 4 with the gate over [0, 6])."""
+    g = Q8()
+    x_scale = (x_high - x_low) / 255
+    x = g.input((1, 256), x_scale, round(-128 - x_low / x_scale))
+    reals = x_scale * (np.arange(-128, 128) - round(-128 - x_low / x_scale))
+    swish = reals * np.clip(reals + 3, 0, 6) / 6
+    y_low, y_high = min(float(swish.min()), 0.0), max(float(swish.max()), 0.0)
+    y_scale = (y_high - y_low) / 255
+    y = g.op("HARD_SWISH", [x], x.shape, y_scale, round(-128 - y_low / y_scale))
+    before = g.bytes(y)
+    after, model, result = apply(before, LegalizeHardSwish())
+    assert ops(model) == ["ADD", "MUL", "MUL"]
+    (event,) = [e for e in result.events if e.rule == "LegalizeHardSwish"]
+    assert event.int8_steps == bound
+    kernel, spelled = _every_code_through(before), _every_code_through(after)
+    assert len(set(kernel.tolist())) > 32  # the output varies with the input
+    assert np.abs(kernel - spelled).max() <= min(bound, 2)
 
 
 # -- GELU ----------------------------------------------------------------------------------------

@@ -14,7 +14,11 @@ from tflfuse.ir import Tensor
 from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets import cost
-from tflfuse.targets.edgetpu.rules import LegalizeHardSwish, spell_out_hard_swish
+from tflfuse.targets.edgetpu.rules import (
+    LegalizeHardSwish,
+    hard_swish_int8_steps,
+    spell_out_hard_swish,
+)
 
 
 class MeanKeepDims(Rule):
@@ -148,6 +152,10 @@ class SpellOutInt8HardSwish(Rule):
             runtime = cost.runtime_label(self.target)
             return refuse(f"{runtime} run the int8 HARD_SWISH as fast (cost table)")
         return None
+
+    def int8_error(self, m: Match) -> int:
+        """The spelled form's bound for this match's scales (hard_swish_int8_steps)."""
+        return hard_swish_int8_steps(m.x, m.y)
 
     def rewrite(self, m: Match) -> None:
         spell_out_hard_swish(m)

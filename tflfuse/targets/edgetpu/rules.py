@@ -185,14 +185,14 @@ class LegalizeHardSwish(Rule):
     """HARD_SWISH(x)  =>  MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6).
 
     x * relu6(x + 3) / 6 exactly; the RELU6 rides on the ADD as its fused activation (the Edge TPU
-    and the quantizer both take ADD with RELU6). int8: relu6(x + 3) spans [0, 6]; x * relu6(..) is
-    6 y, quantized at 6x the output scale with the output's zero point.
+    and the quantizer both take ADD with RELU6). int8: the gate relu6(x + 3) is quantized over
+    [0, relu6(x_max + 3)], x_max the largest value x's quantization holds (the gate never exceeds
+    it, and a finer gate step is a smaller error); x * relu6(..) is 6 y, quantized at 6x the
+    output scale with the output's zero point.
     """
 
     quantized_ok = True
-    # Against the HARD_SWISH kernel's one rounding, in output steps: the gate's rounding (half a
-    # gate step, 3/255, times |x|/6 is at most half an output step), the product's (half of 6
-    # output steps, divided by 6) and the output's own; the int8 property test found 2.
+    # The least `int8_error` gives (inputs whose range reaches past +3); see int8_error.
     int8_error_steps = 2
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
@@ -201,6 +201,12 @@ class LegalizeHardSwish(Rule):
     @_gated
     def check(self, m: Match) -> Refusal | None:
         return _kind_refusal("HARD_SWISH", m.x, m.root.output)
+
+    def int8_error(self, m: Match) -> int:
+        """hard_swish_int8_steps for this match's scales; 0 on a float HARD_SWISH."""
+        if _kind(m.x) != "int":
+            return 0
+        return hard_swish_int8_steps(m.x, m.root.output)
 
     def rewrite(self, m: Match) -> None:
         spell_out_hard_swish(m)
@@ -214,12 +220,47 @@ def spell_out_hard_swish(m: Match) -> None:
     q_gate = q_prod = None
     if _kind(x) == "int":
         s_out, z_out = _scale_zp(out)
-        q_gate, q_prod = _range_q(x, 0.0, 6.0), _quant(6 * s_out, z_out)
+        q_gate, q_prod = _range_q(x, 0.0, _gate_top(x)), _quant(6 * s_out, z_out)
     b = m.builder(constants="last")
     three = b.scalar(3.0, "three", like=x)
     gate = b.ADD(x, three, name="relu6_x_plus_3", quant=q_gate, fused_activation_function="RELU6")
     prod = b.MUL(x, gate, name="x_times_gate", quant=q_prod)
     b.replace(m.root, b.MUL(prod, b.scalar(1.0 / 6.0, "one_sixth", like=x)))
+
+
+def _real_range(t: Tensor) -> tuple[float, float]:
+    """The least and largest real values an int8/uint8 per-tensor quantization holds."""
+    s, z = _scale_zp(t)
+    qmin, qmax = (-128, 127) if t.dtype == "INT8" else (0, 255)
+    return s * (qmin - z), s * (qmax - z)
+
+
+def _gate_top(x: Tensor) -> float:
+    """The largest relu6(x + 3) an int8 x can give: the top of the gate's quantized range."""
+    return min(6.0, max(0.0, _real_range(x)[1] + 3.0))
+
+
+def hard_swish_int8_steps(x: Tensor, out: Tensor) -> int:
+    """How far, in output steps, the spelled-out int8 HARD_SWISH may be from the kernel's.
+
+    Against the exact x relu6(x + 3) / 6 (x as quantized, the same for both forms): the gate
+    rounds by half its step s_g, which moves y by |x| s_g / 12, and only where -3 < x < 3 (the
+    RELU6 clamps exactly to 0 and to the gate's top elsewhere); the product rounds by half of
+    its 6 output steps, divided by 6: half a step; the output rounds by half a step; the kernel
+    rounds once (half a step; its fixed-point gate is finer than ours). So
+
+        steps <= 1.5 + min(3, max |x|) s_g / (12 s_y)
+
+    which is 2 when x reaches past +3 (s_g = 6/255, s_y >= (x_max + 0.375)/255 and |x| in the
+    gate's active range <= 3: the common case) and grows when x's range is mostly negative, so
+    that the output's range, and step, are small: x in [-4.4, 0] gives y in [-0.375, 0] with a
+    gate span 3, 4 steps (found by the int8 property test at 3, where 2 were declared).
+    """
+    lo, hi = _real_range(x)
+    s_g = float(_range_q(x, 0.0, _gate_top(x)).scale[0])
+    s_y = _scale_zp(out)[0]
+    active = min(3.0, max(-lo, hi))
+    return max(2, math.ceil(1.5 + active * s_g / (12.0 * s_y)))
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
