@@ -2,13 +2,14 @@
 
 The pipeline is a list of stages, each a small function over one `Recipe` and one `Context`:
 
-  load -> TF graph -> float .tflite -> fuse -> unfused -> quantize -> legalize -> baselines
-  -> report
+  load -> TF graph -> float .tflite -> fuse -> unfused -> quantize -> legalize -> runtime
+  -> baselines -> report
 
-A source is either a Keras model / SavedModel / tf.function
-(`tflfuse.sources.keras_route.KerasSource`: TF graph by Grappler, float .tflite by the converter) or
-a .tflite from anywhere (`tflfuse.sources.tflite.TfliteSource`), which enters at the float stage; an
-int8 .tflite skips quantization. Models:
+Each stage leaves one typed record on the Context (`tflfuse.convert.records`), which the later
+stages and the report read. A source (`tflfuse.sources.protocol.Source`) is either a Keras model /
+SavedModel / tf.function (`tflfuse.sources.keras_route.KerasSource`: TF graph by Grappler, float
+.tflite by the converter) or a .tflite from anywhere (`tflfuse.sources.tflite.TfliteSource`),
+which enters at the float stage; an int8 .tflite skips quantization. Models:
   fused    the recipe's rules on the float graph (exact float arithmetic), quantized with
            litert-quantizer, then the int8 legalization of the target (Edge TPU: the rules that
            need int8 tensors, e.g. SplitOversizedTranspose); every step is verified
@@ -39,6 +40,7 @@ from tflfuse.convert import report as report_mod
 from tflfuse.convert.optimize import (
     NOT_VERIFIED,
     PROPAGATION,
+    OptimizeResult,
     check_options,
     describe_failure,
     optimize_bytes,
@@ -47,6 +49,15 @@ from tflfuse.convert.optimize import (
 )
 from tflfuse.convert.quantize import Quantized, aeq_unsupported, set_io_types
 from tflfuse.convert.recipe import Recipe
+from tflfuse.convert.records import (
+    BaselinesRecord,
+    FloatRecord,
+    LegalizeRecord,
+    LoadRecord,
+    QuantizedRecord,
+    RuntimeRecord,
+    UnfusedRecord,
+)
 from tflfuse.errors import TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import flatbuffer
@@ -61,6 +72,7 @@ from tflfuse.sources.keras import (
     source_kind,
 )
 from tflfuse.sources.keras_route import KerasSource
+from tflfuse.sources.protocol import Source
 from tflfuse.sources.tflite import check_defused
 from tflfuse.targets import Target, find, runtimes
 from tflfuse.targets.runtimes import resolve
@@ -99,38 +111,31 @@ class Options:
 
 @dataclass
 class Context:
-    """What the stages hand on to each other; each stage fills its own fields."""
+    """What the stages hand on to each other: what the user gave and how to run it, then one
+    typed record per stage (tflfuse.convert.records), each set by its own stage. A record is
+    absent until its stage ran: reading it earlier is an AttributeError naming it, not a default
+    that would hide a stage run out of order."""
 
     model: Any  # what the user gave
     calibration: Any  # the calibration source as given
     options: Options
     folder: Path  # the temporary output folder
     timings: dict[str, float] = field(default_factory=dict)
-    source: Any = None  # KerasSource or TfliteSource
-    calib: list[np.ndarray] | None = None  # in the source's own layout
-    graph_info: dict[str, Any] = field(default_factory=dict)
-    float_data: bytes = b""  # the float (or, for an int8 input, int8) model the rules start from
-    fused: Any = None  # OptimizeResult of the rules on float_data
-    unfused_float: bytes = b""
-    unfused_route: str = ""
-    baseline_check: dict[str, Any] = field(default_factory=dict)
-    quantized: dict[str, Any] = field(default_factory=dict)  # fused/unfused -> quantize.Quantized
-    rules_pending: bool = False  # the fused int8 model still needs the target's rules
-    legalization: dict[str, Any] = field(default_factory=dict)
-    models: dict[str, bytes] = field(default_factory=dict)  # the three written models
-    routes: dict[str, str] = field(default_factory=dict)
-    runtime: dict[str, Any] = field(default_factory=dict)  # --runtime: made for, rules fired
+    # the stages' records (tflfuse.convert.records), in the order the stages set them
+    loaded: LoadRecord = field(init=False, repr=False)  # the source and its calibration data
+    float_model: FloatRecord = field(init=False, repr=False)  # what the rules start from
+    fused: OptimizeResult = field(init=False, repr=False)  # the recipe's rules on it, verified
+    unfused: UnfusedRecord = field(init=False, repr=False)  # the float baseline and its check
+    quantized: QuantizedRecord = field(init=False, repr=False)
+    legalization: LegalizeRecord = field(init=False, repr=False)  # the int8 rules
+    runtime: RuntimeRecord | None = None  # --runtime only
+    baselines: BaselinesRecord = field(init=False, repr=False)  # the three models as written
     report: dict[str, Any] = field(default_factory=dict)
 
-    def interface(self, which: str) -> Any:
-        """The layout change between the source and model `which` (None: the same interface)."""
-        layout = getattr(self.source, "layout", None)
-        return None if which == "stock" else layout
-
-    def inputs_for(self, which: str, arrays: list[np.ndarray] | None) -> list[np.ndarray] | None:
-        """Arrays in the source's layout, laid out for model `which`."""
-        change = self.interface(which)
-        return arrays if arrays is None or change is None else change.adapt_inputs(arrays)
+    @property
+    def source(self) -> Source:
+        """The source the load stage made."""
+        return self.loaded.source
 
 
 def _note(message: str, quiet: bool) -> None:
@@ -148,28 +153,31 @@ def load(rec: Recipe, ctx: Context) -> None:
                 "--batch pins a dynamic batch of a Keras/SavedModel source; a .tflite keeps its"
                 " stored batch"
             )
-        ctx.source = tflite_frontend.load(ctx.model)
+        tflite_source = tflite_frontend.load(ctx.model)
         if opts.channels_last:
-            change = ctx.source.use_channels_last(opts.seed, opts.verify)
-            ctx.source.notices.append(
+            change = tflite_source.use_channels_last(opts.seed, opts.verify)
+            tflite_source.notices.append(
                 "interface change (--channels-last): " + "; ".join(change.details)
             )
+        src: Source = tflite_source
     else:
         if opts.channels_last:
             raise TflfuseError("--channels-last applies to .tflite inputs (NCHW PyTorch exports)")
         front = load_model(
             ctx.model, batch=opts.batch, allow_lambda=opts.allow_lambda, quiet=opts.quiet
         )
-        ctx.source = KerasSource(front)
-    src = ctx.source  # (its notices are printed once the conversion succeeded: see convert)
+        src = KerasSource(front)
+    # (its notices are printed once the conversion succeeded: see convert)
     needs_calib = rec.quant_mode == "int8" and not src.quantized
     if needs_calib and ctx.calibration is None:
         raise _no_calibration(rec)
-    ctx.calib = _calibration(rec, ctx) if needs_calib or ctx.calibration is not None else None
-    if ctx.calib is not None and len(ctx.calib[0]) < src.batch:
+    given = needs_calib or ctx.calibration is not None
+    calib = _calibration(rec, src, ctx.calibration, opts.seed) if given else None
+    if calib is not None and len(calib[0]) < src.batch:
         raise TflfuseError(
-            f"{len(ctx.calib[0])} calibration samples cannot fill one batch of {src.batch}"
+            f"{len(calib[0])} calibration samples cannot fill one batch of {src.batch}"
         )
+    ctx.loaded = LoadRecord(src, calib)
 
 
 def _no_calibration(rec: Recipe) -> TflfuseError:
@@ -179,14 +187,14 @@ def _no_calibration(rec: Recipe) -> TflfuseError:
     )
 
 
-def _calibration(rec: Recipe, ctx: Context) -> list[np.ndarray] | None:
-    """Calibration arrays in the source's own layout. With --channels-last, data already laid
-    out NHWC is accepted too (and put back in the source's layout)."""
-    src = ctx.source
-    load_args = dict(samples=rec.samples, seed=ctx.options.seed, scale=rec.scale, offset=rec.offset)
-    layout = getattr(src, "layout", None)
+def _calibration(rec: Recipe, src: Source, calibration: Any, seed: int) -> list[np.ndarray] | None:
+    """Calibration arrays (from `calibration`, as given) in the source's own layout. With
+    --channels-last, data already laid out NHWC is accepted too (and put back in the source's
+    layout)."""
+    load_args = dict(samples=rec.samples, seed=seed, scale=rec.scale, offset=rec.offset)
+    layout = src.layout
     try:
-        return calib_mod.load(ctx.calibration, src.input_shapes, src.input_names, **load_args)
+        return calib_mod.load(calibration, src.input_shapes, src.input_names, **load_args)
     except TflfuseError:
         if layout is None:
             raise
@@ -194,7 +202,7 @@ def _calibration(rec: Recipe, ctx: Context) -> list[np.ndarray] | None:
             (s[1], s[2], s[0]) if i in layout.inputs else s for i, s in enumerate(src.input_shapes)
         ]
         try:
-            nhwc = calib_mod.load(ctx.calibration, shapes, src.input_names, **load_args)
+            nhwc = calib_mod.load(calibration, shapes, src.input_names, **load_args)
         except TflfuseError:
             pass
         else:
@@ -203,20 +211,22 @@ def _calibration(rec: Recipe, ctx: Context) -> list[np.ndarray] | None:
 
 
 def tf_graph(rec: Recipe, ctx: Context) -> None:
-    """Grappler on the TF graph (nothing for a .tflite source)."""
-    ctx.graph_info = ctx.source.tf_graph(rec)
+    """Grappler on the TF graph (nothing for a .tflite source); the source keeps its record
+    (`graph_info`), which the float stage hands on."""
+    ctx.source.tf_graph(rec)
 
 
 def float_tflite(rec: Recipe, ctx: Context) -> None:
-    """The float .tflite the rules start from (the converter's, or the one given)."""
-    ctx.float_data = ctx.source.float_tflite(rec)
-    ctx.graph_info = getattr(ctx.source, "graph_info", ctx.graph_info) or ctx.graph_info
+    """The float .tflite the rules start from (the converter's, or the one given), and the
+    source's Grappler record as it stands after it (an optimizer dropped is said there)."""
+    data = ctx.source.float_tflite(rec)
+    ctx.float_model = FloatRecord(data, ctx.source.graph_info)
 
 
 def fuse(rec: Recipe, ctx: Context) -> None:
     """The recipe's rules for its target on the float graph, verified."""
     ctx.fused = optimize_bytes(
-        ctx.float_data,
+        ctx.float_model.data,
         level=rec.level,
         target=rec.target,
         disabled=ctx.options.disabled,
@@ -235,21 +245,19 @@ def unfused(rec: Recipe, ctx: Context) -> None:
     verified against (a .tflite defused) is not checked twice. --no-verify skips the check and
     the report says so."""
     verify = ctx.options.verify
-    ctx.unfused_float, ctx.unfused_route = ctx.source.unfused_float(
-        rec, ctx.fused.data, verify=verify
-    )
+    data, route = ctx.source.unfused_float(rec, ctx.fused.data, verify=verify)
     if not verify:
-        ctx.baseline_check = {"verified": False, "reason": "--no-verify"}
+        ctx.unfused = UnfusedRecord(data, route, {"verified": False, "reason": "--no-verify"})
         return
-    checked = getattr(ctx.source, "baseline_check", None)
+    checked = ctx.source.baseline_check
     if checked is not None:  # (a .tflite defused: checked against the input the fused model was)
-        ctx.baseline_check = checked
+        ctx.unfused = UnfusedRecord(data, route, checked)
         return
     atol = PROPAGATION * sum(e.error for e in ctx.fused.result.events)
     steps = 1 + len(ctx.fused.result.events)
     check = verify_mod.compare(
         ctx.fused.data,
-        ctx.unfused_float,
+        data,
         atol=atol,
         rtol=0.0,
         int_atol=steps,
@@ -262,47 +270,59 @@ def unfused(rec: Recipe, ctx: Context) -> None:
             f" unfused one) failed: {describe_failure(check)}; nothing written (--no-verify"
             " skips the check)"
         )
-    ctx.baseline_check = check.to_dict()
+    ctx.unfused = UnfusedRecord(data, route, check.to_dict())
 
 
 def quantize(rec: Recipe, ctx: Context) -> None:
     """Fused and unfused quantized with litert-quantizer (the recipe's mode). A model with ops
     it has no int8 config for takes the converter's PTQ where there is a TF graph (so it is fully
     int8); without one (a .tflite) the unfused baseline is the stock model defused."""
+    fused, unfused = ctx.fused.data, ctx.unfused.data
     if ctx.source.quantized:
         route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
-        for which, data in (("fused", ctx.fused.data), ("unfused", ctx.unfused_float)):
-            ctx.quantized[which] = Quantized(_with_io_types(data, rec), route)
+        ctx.quantized = QuantizedRecord(
+            Quantized(_with_io_types(fused, rec), route),
+            Quantized(_with_io_types(unfused, rec), route),
+        )
         return
     if rec.quant_mode == "none":
-        ctx.quantized = {"fused": Quantized(ctx.fused.data, "none (float32)")}
-        ctx.quantized["unfused"] = Quantized(ctx.unfused_float, "none (float32)")
+        ctx.quantized = QuantizedRecord(
+            Quantized(fused, "none (float32)"), Quantized(unfused, "none (float32)")
+        )
         return
-    for which, data in (("fused", ctx.fused.data), ("unfused", ctx.unfused_float)):
-        ctx.quantized[which] = _quantize_one(rec, ctx, which, data)
+    fused_q, _, by_converter = _quantize_one(rec, ctx, "fused", fused)
+    unfused_q, left, _ = _quantize_one(rec, ctx, "unfused", unfused)
+    assert fused_q is not None  # (only the unfused baseline is left to the baselines stage)
+    ctx.quantized = QuantizedRecord(
+        fused_q,
+        unfused_q,
+        rules_pending=by_converter,  # the converter's PTQ ran no rules: the int8 stage runs them
+        unfused_left=", ".join(left) if unfused_q is None else "",
+    )
 
 
-def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
-    """One model quantized (quantize.Quantized), or None for an unfused baseline `baselines`
-    makes from the stock model."""
-    calib = ctx.inputs_for(which, ctx.calib)
+def _quantize_one(
+    rec: Recipe, ctx: Context, which: str, data: bytes
+) -> tuple[Quantized | None, list[str], bool]:
+    """One model quantized, the ops litert-quantizer has no int8 config for, and whether the
+    converter's PTQ made it instead. None for an unfused baseline `baselines` makes from the
+    stock model."""
+    calib = ctx.loaded.inputs_for(which, ctx.loaded.calib)
     parsed = flatbuffer.from_bytes(data)  # (only read, by both)
     left = aeq_unsupported(data, parsed) if rec.quant_mode == "int8" else []
     if left:
         fallback = ctx.source.converter_ptq(which, rec, calib, ctx.options.progress)
         if fallback is not None:
-            ctx.rules_pending |= which == "fused"
             then = ", then the target's rules on the int8 graph" if which == "fused" else ""
-            return Quantized(
-                fallback,
+            route = (
                 f"TFLite converter PTQ{then} (litert-quantizer has no int8 config for"
-                f" {', '.join(left)})",
+                f" {', '.join(left)})"
             )
+            return Quantized(fallback, route), left, True
         if which == "unfused":
-            ctx.routes["unfused_left"] = ", ".join(left)
-            return None
+            return None, left, False
     # (a fused .tflite with such ops: the quantizer leaves them in float; the report names them)
-    return quantize_mod.quantize(
+    quantized = quantize_mod.quantize(
         data,
         rec.quant_mode,
         calib,
@@ -316,6 +336,7 @@ def _quantize_one(rec: Recipe, ctx: Context, which: str, data: bytes) -> Any:
         target=rec.target,  # where the int8 op pays (an int8 PRELU on XNNPACK does not)
         parsed=parsed,
     )
+    return quantized, left, False
 
 
 def _with_io_types(data: bytes, rec: Recipe) -> bytes:
@@ -347,11 +368,11 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     """The int8 rules on the fused model, verified like `optimize` verifies (each output within
     the int8 error its rewrites declare); a result outside tolerance is not kept, and the report
     says so."""
-    q = ctx.quantized["fused"]
+    q = ctx.quantized.fused
     is_int8 = rec.quant_mode == "int8" or ctx.source.quantized
-    rules = int8_rules(rec, ctx.rules_pending) if is_int8 else ()
+    rules = int8_rules(rec, ctx.quantized.rules_pending) if is_int8 else ()
     if not rules:
-        ctx.legalization = {"ran": False, "reason": "no int8 rules for this recipe"}
+        ctx.legalization = LegalizeRecord(ran=False, reason="no int8 rules for this recipe")
         return
     model = flatbuffer.from_bytes(q.data, "quantized")
     before = [op.type for op in model.main.ops]  # (what the passes start from)
@@ -362,7 +383,6 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     data = flatbuffer.to_bytes(model)
     off = set(ctx.options.disabled)
     summary = {
-        "ran": True,
         "rules": sorted({p.name for p in rules} - off),
         "disabled": sorted({p.name for p in rules} & off),
         **result.to_dict(),
@@ -379,11 +399,10 @@ def legalize(rec: Recipe, ctx: Context) -> None:
         failure, summary["verification"] = None, {"verified": False, "reason": NOT_VERIFIED}
     if failure is not None:
         # not kept: the model stays as quantized (on the converter-PTQ route: without rules)
-        summary.update(kept=False, reason=failure)
+        ctx.legalization = LegalizeRecord(ran=True, kept=False, reason=failure, details=summary)
     else:
         q.data = data
-        summary["kept"] = True
-    ctx.legalization = summary
+        ctx.legalization = LegalizeRecord(ran=True, kept=True, details=summary)
 
 
 def runtime(rec: Recipe, ctx: Context) -> None:
@@ -393,7 +412,7 @@ def runtime(rec: Recipe, ctx: Context) -> None:
     if not rec.runtime:
         return
     target = resolve(rec.runtime)
-    q = ctx.quantized["fused"]
+    q = ctx.quantized.fused
     model = flatbuffer.from_bytes(q.data, "quantized")
     result = PassManager(runtime_legalization(target)).run(model)
     section = runtime_section(model, target, ctx.source.name)  # refuses what it cannot run
@@ -411,7 +430,7 @@ def runtime(rec: Recipe, ctx: Context) -> None:
         q.data = data
     section["fired"] = {**ctx.fused.result.fired(), **result.fired()}
     section["fired"] = {k: v for k, v in section["fired"].items() if k in _RUNTIME_RULES}
-    ctx.runtime = section
+    ctx.runtime = RuntimeRecord(section)
 
 
 _RUNTIME_RULES = ("SpellOutGelu", "SplitTransposeConvActivation")
@@ -419,32 +438,30 @@ _RUNTIME_RULES = ("SpellOutGelu", "SplitTransposeConvActivation")
 
 def baselines(rec: Recipe, ctx: Context) -> None:
     """The stock model, and the unfused int8 baseline where quantize could not make it."""
-    stock, ctx.routes["stock"] = ctx.source.stock(rec, ctx.calib, ctx.options.progress)
-    if ctx.quantized.get("unfused") is None:
-        left = ctx.routes.pop("unfused_left", "?")
-        if ctx.interface("unfused") is None:
+    loaded = ctx.loaded
+    stock, stock_route = ctx.source.stock(rec, loaded.calib, ctx.options.progress)
+    unfused = ctx.quantized.unfused
+    if unfused is None:
+        left = ctx.quantized.unfused_left
+        if loaded.interface("unfused") is None:
             base, what = stock, "the stock model"
         else:  # the stock model keeps the source's interface: quantize the one convert gives
             base = quantize_mod.quantize(
-                ctx.float_data,
+                ctx.float_model.data,
                 rec.quant_mode,
-                ctx.inputs_for("unfused", ctx.calib),
+                loaded.inputs_for("unfused", loaded.calib),
                 input_type=rec.input_type,
                 output_type=rec.output_type,
                 desc="calibrating unfused",
                 progress=ctx.options.progress,
             ).data
             what = "the input (channels-last) quantized as stock is"
-        ctx.quantized["unfused"] = Quantized(
+        unfused = Quantized(
             _defused(base, ctx.source.name, ctx.options.verify),
             f"{what}, then defused (litert-quantizer has no int8 config for {left} once they"
             " are split off)",
         )
-    ctx.models = {
-        "fused": ctx.quantized["fused"].data,
-        "unfused": ctx.quantized["unfused"].data,
-        "stock": stock,
-    }
+    ctx.baselines = BaselinesRecord(ctx.quantized.fused.data, unfused, stock, stock_route)
 
 
 def _defused(data: bytes, name: str, verify: bool = True) -> bytes:
@@ -458,14 +475,26 @@ def _defused(data: bytes, name: str, verify: bool = True) -> bytes:
 
 def report(rec: Recipe, ctx: Context) -> None:
     """Write the models, measure them against the source and assemble the report."""
-    for name, data in zip((FUSED, UNFUSED, STOCK), (ctx.models[m] for m in MODELS)):
+    models = ctx.baselines.models
+    for name, data in zip((FUSED, UNFUSED, STOCK), (models[m] for m in MODELS)):
         (ctx.folder / name).write_bytes(data)
     parse = report_mod.ParseOnce()
-    ctx.report = report_mod.assemble(rec, ctx, parse)
-    if ctx.runtime:
-        section = dict(ctx.runtime)
+    ctx.report = report_mod.assemble(
+        rec,
+        ctx.loaded,
+        ctx.float_model,
+        ctx.fused,
+        ctx.unfused,
+        ctx.quantized,
+        ctx.legalization,
+        ctx.baselines,
+        seed=ctx.options.seed,
+        parse=parse,
+    )
+    if ctx.runtime is not None:
+        section = dict(ctx.runtime.section)
         for name in MODELS:  # which of the three the runtime runs (only fused is required to)
-            check = runtimes.check(parse(ctx.models[name]), rec.runtime)
+            check = runtimes.check(parse(models[name]), rec.runtime)
             section[name] = {"runtime_ok": check.runtime_ok, "refusal": check.refusal() or None}
         ctx.report["runtime"] = section
 

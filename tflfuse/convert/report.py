@@ -1,5 +1,6 @@
 """The conversion report: facts about each model, agreement with the source model, and the
-report.json / report.md files `tflfuse convert` writes.
+report.json / report.md files `tflfuse convert` writes, assembled from the records the
+conversion's stages left (`tflfuse.convert.records`).
 
 Agreement is measured in output units: an int8/uint8 model's inputs are quantized and its outputs
 dequantized with their own scales, so float and integer models are compared on the same scale.
@@ -19,12 +20,24 @@ import numpy as np
 
 from tflfuse import targets
 from tflfuse.convert import caveats
+from tflfuse.convert.optimize import OptimizeResult
 from tflfuse.convert.quantize import float_compute_ops
+from tflfuse.convert.recipe import Recipe
+from tflfuse.convert.records import (
+    BaselinesRecord,
+    FloatRecord,
+    LegalizeRecord,
+    LoadRecord,
+    QuantizedRecord,
+    UnfusedRecord,
+)
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.summary import activation_bytes, parameter_bytes, quantization_summary
 from tflfuse.runtime.runs import run_float
 from tflfuse.sources import layout
+from tflfuse.sources.layout import LayoutChange
+from tflfuse.sources.protocol import Source
 
 
 class ParseOnce:
@@ -96,11 +109,13 @@ def agreement(
     return out
 
 
-def _classifier_outputs(ctx: Any, reference: list[np.ndarray], parse: ParseOnce) -> list[bool]:
+def _classifier_outputs(
+    start: FloatRecord, source: Source, reference: list[np.ndarray], parse: ParseOnce
+) -> list[bool]:
     """Which outputs of the source are class scores (tflfuse.convert.caveats.class_scores),
     judged on the float model the rules started from."""
-    producers = caveats.output_producers(parse(ctx.float_data))
-    sizes = [int(np.prod(s)) for s in ctx.source.input_shapes]
+    producers = caveats.output_producers(parse(start.data))
+    sizes = [int(np.prod(s)) for s in source.input_shapes]
     only = len(reference) == 1
     return [
         caveats.class_scores(ref.shape, producers[k] if k < len(producers) else None, sizes, only)
@@ -108,14 +123,19 @@ def _classifier_outputs(ctx: Any, reference: list[np.ndarray], parse: ParseOnce)
     ]
 
 
-def warnings(ctx: Any, reference: list[np.ndarray], classifier: list[bool], agree: dict) -> list:
+def warnings(
+    loaded: LoadRecord,
+    legalization: LegalizeRecord,
+    reference: list[np.ndarray],
+    classifier: list[bool],
+    agree: dict,
+) -> list:
     """Every caveat of this conversion, one line each (tflfuse.convert.caveats)."""
-    names = list(ctx.source.output_names)
-    leg = ctx.legalization or {}
-    kept = not leg.get("ran") or leg.get("kept", True)
-    dropped = [] if kept else [f"the int8 legalization was not kept: {leg.get('reason')}"]
+    names = list(loaded.source.output_names)
+    why = legalization.dropped
+    dropped = [] if why is None else [f"the int8 legalization was not kept: {why}"]
     return [
-        *caveats.calibration_warnings(ctx.calib, list(ctx.source.input_names)),
+        *caveats.calibration_warnings(loaded.calib, list(loaded.source.input_names)),
         *caveats.reference_warnings(reference, names, classifier),
         *caveats.error_warnings(agree, names),
         *dropped,
@@ -173,15 +193,16 @@ def edgetpu_cut(data: bytes, model: Model | None = None) -> dict[str, Any]:
     return out
 
 
-def _edgetpu_section(ctx: Any, parse: ParseOnce) -> dict[str, Any]:
+def _edgetpu_section(
+    models: dict[str, bytes], change: LayoutChange | None, parse: ParseOnce
+) -> dict[str, Any]:
     """Stock against fused on the Edge TPU: mapped ops, the cut and its reason, and what the
-    channels-last interface changed for the mapping."""
-    per = {k: edgetpu_cut(ctx.models[k], parse(ctx.models[k])) for k in ("fused", "stock")}
-    change = getattr(ctx.source, "layout", None)
+    channels-last interface (`change`) changed for the mapping."""
+    per = {k: edgetpu_cut(models[k], parse(models[k])) for k in ("fused", "stock")}
     section: dict[str, Any] = {}
     if change is not None:
         section["channels_last"] = layout.edgetpu_effect(
-            parse(ctx.models["stock"]),
+            parse(models["stock"]),
             per["stock"]["_prediction"],
             per["fused"]["_prediction"],
             change,
@@ -192,28 +213,39 @@ def _edgetpu_section(ctx: Any, parse: ParseOnce) -> dict[str, Any]:
     return section
 
 
-def assemble(rec: Any, ctx: Any, parse: ParseOnce | None = None) -> dict[str, Any]:
-    """The report of one conversion from the recipe and the conversion context (convert.Context):
-    sources and routes, each model's facts, agreement with the source, rules, quantization, the
-    int8 legalization and the delegate check. `parse` parses each model once (the caller may
-    share it)."""
+def assemble(
+    rec: Recipe,
+    loaded: LoadRecord,
+    start: FloatRecord,
+    fused: OptimizeResult,
+    unfused: UnfusedRecord,
+    quantized: QuantizedRecord,
+    legalization: LegalizeRecord,
+    written: BaselinesRecord,
+    *,
+    seed: int,
+    parse: ParseOnce | None = None,
+) -> dict[str, Any]:
+    """The report of one conversion from the recipe and the records its stages left
+    (tflfuse.convert.records): sources and routes, each model's facts, agreement with the
+    source, rules, quantization, the int8 legalization and the delegate check. `seed`: the
+    conversion's; `parse` parses each model once (the caller may share it)."""
     parse = parse if parse is not None else ParseOnce()
-    src = ctx.source
-    eval_inputs = src.eval_inputs(ctx.calib, ctx.options.seed)
+    src = loaded.source
+    eval_inputs = src.eval_inputs(loaded.calib, seed)
     reference = src.reference(eval_inputs)
-    models = ctx.models
-    floats = {"fused": ctx.fused.data, "unfused": ctx.unfused_float}
-    scores = _classifier_outputs(ctx, reference, parse)
+    models = written.models
+    floats = {"fused": fused.data, "unfused": unfused.data}
+    scores = _classifier_outputs(start, src, reference, parse)
     agree = {
-        k: agreement(v, eval_inputs, reference, ctx.interface(k), scores) for k, v in models.items()
+        k: agreement(v, eval_inputs, reference, loaded.interface(k), scores)
+        for k, v in models.items()
     }
     float_agree = {
-        k: agreement(v, eval_inputs, reference, ctx.interface(k), scores) for k, v in floats.items()
+        k: agreement(v, eval_inputs, reference, loaded.interface(k), scores)
+        for k, v in floats.items()
     }
-    q = {k: ctx.quantized[k] for k in ("fused", "unfused")}
-    float_ops = float_compute_ops(parse(models["fused"]).main)
-    int8 = rec.quant_mode == "int8" or src.quantized
-    change = getattr(src, "layout", None)
+    change = src.layout
     out: dict[str, Any] = {
         "source": src.name,
         "source_kind": src.describe(),
@@ -228,28 +260,18 @@ def assemble(rec: Any, ctx: Any, parse: ParseOnce | None = None) -> dict[str, An
         ],
         "outputs": list(src.output_names),
         "interface": change.to_dict() if change is not None else {"interface_change": False},
-        "grappler": ctx.graph_info,
-        "rules": {**ctx.fused.result.to_dict(), "verification": ctx.fused.verification},
-        "unfused_route": ctx.unfused_route,
-        "quantization": {
-            "mode": "int8 (input already quantized)" if src.quantized else rec.quant_mode,
-            "fused_route": q["fused"].route,
-            "unfused_route": q["unfused"].route,
-            "stock_route": ctx.routes.get("stock", ""),
-            "float_ops_left": float_ops,
-            "edgetpu_valid": (not float_ops) if int8 else False,
-            "calibration_samples": 0 if ctx.calib is None else len(ctx.calib[0]),
-            "seed": ctx.options.seed,
-            "layer_error": q["fused"].layer_error[:20],
-        },
-        "legalization": ctx.legalization,
+        "grappler": start.grappler,
+        "rules": {**fused.result.to_dict(), "verification": fused.verification},
+        "unfused_route": unfused.route,
+        "quantization": _quantization(rec, loaded, quantized, written, seed, parse),
+        "legalization": legalization.to_dict(),
         "models": {k: model_facts(v, parse(v)) for k, v in models.items()},
         "float_models": {k: model_facts(v, parse(v)) for k, v in floats.items()},
         "agreement": agree,
         "float_agreement": float_agree,
-        "baseline_check": ctx.baseline_check,
+        "baseline_check": unfused.check,
         "class_score_outputs": [n for n, c in zip(src.output_names, scores) if c],
-        "warnings": warnings(ctx, reference, scores, agree),
+        "warnings": warnings(loaded, legalization, reference, scores, agree),
         "delegate_check": delegate_check(models["fused"], rec.delegate, parse(models["fused"])),
         "files": {
             "fused": "model.tflite",
@@ -260,11 +282,37 @@ def assemble(rec: Any, ctx: Any, parse: ParseOnce | None = None) -> dict[str, An
     }
     compiled = compiled_target(rec)
     if compiled is not None:
-        out[compiled.name] = _edgetpu_section(ctx, parse)
+        out[compiled.name] = _edgetpu_section(models, change, parse)
     return out
 
 
-def compiled_target(rec: Any) -> targets.Target | None:
+def _quantization(
+    rec: Recipe,
+    loaded: LoadRecord,
+    quantized: QuantizedRecord,
+    written: BaselinesRecord,
+    seed: int,
+    parse: ParseOnce,
+) -> dict[str, Any]:
+    """The report's quantization section: the mode, each model's route, the ops the fused model
+    still computes in float, the calibration and the worst per-tensor errors."""
+    src = loaded.source
+    float_ops = float_compute_ops(parse(written.fused).main)
+    int8 = rec.quant_mode == "int8" or src.quantized
+    return {
+        "mode": "int8 (input already quantized)" if src.quantized else rec.quant_mode,
+        "fused_route": quantized.fused.route,
+        "unfused_route": written.unfused.route,
+        "stock_route": written.stock_route,
+        "float_ops_left": float_ops,
+        "edgetpu_valid": (not float_ops) if int8 else False,
+        "calibration_samples": 0 if loaded.calib is None else len(loaded.calib[0]),
+        "seed": seed,
+        "layer_error": quantized.fused.layer_error[:20],
+    }
+
+
+def compiled_target(rec: Recipe) -> targets.Target | None:
     """The target an ahead-of-time compiler maps that the recipe builds for (or, failing that,
     checks against as its delegate): the report then shows the compiler's predicted mapping and
     where it cuts. The Edge TPU is the one such target (`Target.compiler`), so the section is its

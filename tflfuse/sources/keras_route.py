@@ -28,6 +28,7 @@ from tflfuse.ir import Model, Signature, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.sources.keras import Frontend, every_op_output
 from tflfuse.sources.keras_calibration import statistics_by_interpreter
+from tflfuse.sources.layout import LayoutChange
 from tflfuse.targets import find
 
 
@@ -269,7 +270,8 @@ def _eval_noise(shapes: list[tuple[int, ...]], batch: int, seed: int) -> list[np
 
 
 class KerasSource:
-    """A Keras model, SavedModel or tf.function taken through TensorFlow to a float .tflite.
+    """A Keras model, SavedModel or tf.function taken through TensorFlow to a float .tflite
+    (a `tflfuse.sources.protocol.Source`).
 
     The steps keep what the later ones need (the Grappler-optimized function for the converter's
     PTQ, the output-blocked function for the unfused baseline), so nothing is traced twice."""
@@ -286,19 +288,21 @@ class KerasSource:
         self.batch = front.batch
         self.notices = list(front.notices)
         self.graph_info: dict[str, Any] = {}
+        self.layout: LayoutChange | None = None  # the rules' models keep the source's interface
+        self.baseline_check: dict[str, Any] | None = None  # convert checks the unfused baseline
         self._optimizers: tuple[str, ...] = ()
         self._pruned: Any = None
         self._keep: Any = None
         self._unfused: tuple[Any, Any, list[str]] | None = None
 
     # -- TF graph and float .tflite ----------------------------------------------------------
-    def tf_graph(self, rec: Recipe) -> dict[str, Any]:
-        """Grappler with the recipe's optimizers (remapper off); the node counts for the report."""
+    def tf_graph(self, rec: Recipe) -> None:
+        """Grappler with the recipe's optimizers (remapper off); the node counts for the report
+        in `graph_info`."""
         self._optimizers = tuple(rec.grappler)
         (self._pruned, self._keep), self.graph_info = run_grappler(
             self.front.function, self._optimizers
         )
-        return self.graph_info
 
     def float_tflite(self, rec: Recipe) -> bytes:
         """The converter on the optimized graph, outputs ordered and signed as the source's. If it

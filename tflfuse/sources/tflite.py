@@ -167,7 +167,8 @@ def _missing_kernels(data: bytes, custom: list[str]) -> str:
 
 
 class TfliteSource:
-    """A checked .tflite, entering `convert` at the float stage (or the int8 one, see above)."""
+    """A checked .tflite, entering `convert` at the float stage (or the int8 one, see above): a
+    `tflfuse.sources.protocol.Source`."""
 
     kind = "tflite"
 
@@ -187,6 +188,7 @@ class TfliteSource:
         self.notices = notices
         self.layout: LayoutChange | None = None
         self.baseline_check: dict[str, Any] | None = None  # the defused baseline's, once made
+        self.graph_info: dict[str, Any] = {}  # no TF graph: no Grappler
         g = model.main
         sig = model.signatures[0]
         self.quantized = quantization_summary(g)["kind"] in INT_KINDS
@@ -197,8 +199,8 @@ class TfliteSource:
         self._data = data
 
     # -- the float .tflite stage ----------------------------------------------------------------
-    def tf_graph(self, rec: Recipe) -> dict[str, Any]:
-        return {}
+    def tf_graph(self, rec: Recipe) -> None:
+        """No TF graph: nothing for Grappler (`graph_info` stays empty)."""
 
     def float_tflite(self, rec: Recipe) -> bytes:
         """The model the rules start from: as given, or channels-last when asked for."""
@@ -238,7 +240,9 @@ class TfliteSource:
         how, self.baseline_check = check_defused(start, data, self.name, "defused baseline")
         return data, f"{route}, {how}"
 
-    def converter_ptq(self, which: str, rec: Recipe, calib: Any, progress: bool) -> bytes | None:
+    def converter_ptq(
+        self, which: str, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
+    ) -> bytes | None:
         return None  # no TF function behind a .tflite: litert-quantizer is the only route
 
     def stock(
