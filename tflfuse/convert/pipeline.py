@@ -191,7 +191,9 @@ def _calibration(rec: Recipe, src: Source, calibration: Any, seed: int) -> list[
     """Calibration arrays (from `calibration`, as given) in the source's own layout. With
     --channels-last, data already laid out NHWC is accepted too (and put back in the source's
     layout)."""
-    load_args = dict(samples=rec.samples, seed=seed, scale=rec.scale, offset=rec.offset)
+    load_args: dict[str, Any] = dict(
+        samples=rec.samples, seed=seed, scale=rec.scale, offset=rec.offset
+    )
     layout = src.layout
     try:
         return calib_mod.load(calibration, src.input_shapes, src.input_names, **load_args)
