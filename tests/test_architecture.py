@@ -11,7 +11,10 @@ importer sits inside them. The checks:
     few places TF_ALLOWED names (with the reason), and only lazily, inside functions;
   - device_scripts/ load nothing of rewriting, conversion or TensorFlow;
   - no function or method in tflfuse/ is longer than MAX_FUNCTION_LINES (a longer one is
-    several jobs: split it into named helpers).
+    several jobs: split it into named helpers);
+  - no rule (nor the engine) compares anything with a target's name: what differs per target
+    is a trait of its `Target` (tflfuse/targets/registry.py), so a new target needs no edit
+    of the rules.
 Each failure names the importing file and line and the import itself. The checker is tried on
 small synthetic trees with one planted violation each, so a check that cannot fail is caught.
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tflfuse.runtime.bundle import SHIPPED_MODULES
+from tflfuse.targets import TARGETS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -333,6 +337,33 @@ def long_functions(root: Path) -> list[str]:
     return found
 
 
+TARGET_NEUTRAL = ("rules", "rewrite")  # the parts that ask a `Target`, never a name
+
+
+def _string_literals(node: ast.AST) -> list[str]:
+    """The strings a comparison operand spells out: "gpu", or each of ("cpu", "gpu")."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [s for element in node.elts for s in _string_literals(element)]
+    return []
+
+
+def target_name_branches(root: Path) -> list[str]:
+    """'path:line: comparison' for each comparison under root/tflfuse/{rules,rewrite} with a
+    target's name as a literal operand (`target == "edgetpu"`, `target in ("xnnpack", "cpu")`)."""
+    found = []
+    for part in TARGET_NEUTRAL:
+        for path in sorted((root / "tflfuse" / part).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if not isinstance(node, ast.Compare):
+                    continue
+                operands = (node.left, *node.comparators)
+                if any(s in TARGETS for o in operands for s in _string_literals(o)):
+                    found.append((str(path.relative_to(root)), node.lineno, ast.unparse(node)))
+    return [f"{where}:{line}: {text}" for where, line, text in sorted(found)]
+
+
 # -- the project ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def project() -> list[Import]:
@@ -348,6 +379,36 @@ def test_the_project_keeps_its_layering(project: list[Import], check) -> None:
 def test_no_function_is_longer_than_the_limit() -> None:
     findings = long_functions(REPO)
     assert not findings, "\n".join(findings)
+
+
+def test_no_rule_branches_on_a_target_name() -> None:
+    findings = target_name_branches(REPO)
+    assert not findings, "ask the target's trait in tflfuse/targets/registry.py:\n" + "\n".join(
+        findings
+    )
+
+
+def test_the_target_name_check_finds_a_planted_branch(tmp_path: Path) -> None:
+    rules = tmp_path / "tflfuse" / "rules"
+    rules.mkdir(parents=True)
+    (tmp_path / "tflfuse" / "rewrite").mkdir()
+    (rules / "fuse.py").write_text(
+        textwrap.dedent(
+            """\
+            def limit(target="xnnpack", kind="cpu-float"):  # a default is no branch
+                if kind == "int8" or target is None:
+                    return None
+                return 3 if target == "edgetpu" else None
+
+            def pays(target):
+                return target in ("xnnpack", "cpu")
+            """
+        )
+    )
+    assert target_name_branches(tmp_path) == [
+        "tflfuse/rules/fuse.py:4: target == 'edgetpu'",
+        "tflfuse/rules/fuse.py:7: target in ('xnnpack', 'cpu')",
+    ]
 
 
 def test_the_length_check_finds_a_planted_long_function(tmp_path: Path) -> None:

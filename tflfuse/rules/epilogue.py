@@ -13,7 +13,7 @@ import numpy as np
 from tflfuse.ir import Op, Quantization, Tensor
 from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
 from tflfuse.rewrite.build import fit_version
-from tflfuse.targets.edgetpu.rules import fused_activation_refusal
+from tflfuse.targets import find
 
 # Producers whose TFLite kernels apply a fused activation, and the activations they take.
 _ACTIVATION_OPS = ("RELU", "RELU6", "RELU_N1_TO_1", "TANH")
@@ -41,8 +41,9 @@ class FuseActivationIntoProducer(Rule):
     2-D pool. Float: exact (the kernel clamps the same values). int8: the fused op writes the
     activation's output tensor, so it requantizes once to the activation's scale instead of
     twice: equal to within one step. TANH is matched only to say why it stays: these kernels
-    clamp, they do not apply a fused TANH. For the Edge TPU a fusion its table forbids (a pool
-    with a fused activation) is refused: the separate RELU maps, the fused pool would not.
+    clamp, they do not apply a fused TANH. A fusion the target's `fused_activation_limit` forbids
+    is refused (the Edge TPU's table: a pool with a fused activation; the separate RELU maps, the
+    fused pool would not).
     """
 
     quantized_ok = True
@@ -100,10 +101,10 @@ def activation_fusion_refusal(
         return refuse(f"{producer.type} takes no fused activation")
     if activation not in _CLAMPS:
         return refuse(f"{producer.type} kernels do not apply a fused {activation}")
-    if target == "edgetpu":
-        refusal = fused_activation_refusal(producer.type, activation)
-        if refusal is not None:
-            return refusal
+    limited = find(target)  # a name the registry does not know: no limit
+    refusal = limited.fused_activation_refusal(producer.type, activation) if limited else None
+    if refusal is not None:
+        return refusal
     if producer.fused_activation != "NONE":
         return refuse(f"{producer.type} already has fused activation {producer.fused_activation}")
     if y.dtype != out.dtype:

@@ -32,6 +32,7 @@ from tflfuse.rewrite import (
     refuse,
 )
 from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets import find
 
 _MOVEMENT = ("RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS")
 _RESHAPES = ("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
@@ -945,22 +946,22 @@ class FoldPadByWidenedKernel(Rule):
 def exporter_rules(target: str) -> tuple[Rule, ...]:
     """The exporter rules a target's level-2 pipeline runs, each where it was measured to pay
     (benchmarks/exporter_rules_bench.py; `cpu` is the plain kernels): fewer kernels everywhere.
-    A constant BATCH_MATMUL as FULLY_CONNECTED: the same speed on float XNNPACK, 13x faster int8
-    (XNNPACK does not take an int8 BATCH_MATMUL) and on the plain kernels; not measured on a GPU.
-    FoldPadByWidenedKernel is in no pipeline: it is slower wherever it matters (see its
-    docstring). PADV2 and BATCH_MATMUL are Edge TPU legalizations too (half-pixel resizes are
-    in targets/edgetpu/rules.py); the Edge TPU keeps every tensor within 3 non-trivial
-    dimensions."""
-    limit = 3 if target == "edgetpu" else None
+    A constant BATCH_MATMUL as FULLY_CONNECTED where the target's
+    `batch_matmul_as_fully_connected` says so. FoldPadByWidenedKernel is in no pipeline: it is
+    slower wherever it matters (see its docstring). PADV2 and BATCH_MATMUL are Edge TPU
+    legalizations too (half-pixel resizes are in targets/edgetpu/rules.py); a layout chain keeps
+    within the target's `max_nontrivial_dims` (the Edge TPU: 3). A name the registry does not
+    know gets neither."""
+    traits = find(target)
     rules: list[Rule] = [
         ShortenLayerNorm(),
         RecognizeClamp(),
         SliceBeforeLayout(),
         SinkReshapeBelowScalarOp(),
-        CanonicalizeLayoutChain(limit),
+        CanonicalizeLayoutChain(traits.cost.max_nontrivial_dims if traits else None),
         SoftmaxThroughReshape(),
         LegalizePadV2BeforeMaxPool(),
     ]
-    if target in ("xnnpack", "edgetpu", "cpu"):
+    if traits is not None and traits.batch_matmul_as_fully_connected:
         rules.append(BatchMatmulToFullyConnected())
     return tuple(rules)

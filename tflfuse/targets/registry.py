@@ -3,7 +3,8 @@
 A target is everything the rest of tflfuse asks by name: what the user calls it (`name`, the
 CLI's `--target` choices), what it is called in sentences (`label`), its capability table
 (`delegates/NAME.toml`), its predictor (where each op runs), how its rule pipeline differs
-(`rules.pipeline` reads `legalization`, `recognizes_activations`, `kernel_rewrites`), its cost
+(`rules.pipeline` reads `legalization`, `recognizes_activations`, `kernel_rewrites`,
+`batch_matmul_as_fully_connected`; FuseActivationIntoProducer `fused_activation_limit`), its cost
 profile (the budgets `targets.cost` answers from), the recipes made for it (`converters/`), and
 whether an ahead-of-time compiler decides its mapping (the Edge TPU's `edgetpu_compiler`: the
 options and the report section that only make sense for one).
@@ -84,6 +85,19 @@ class Target:
     # The rewrites that pay on CPU/GPU kernels (scale into a matmul operand, MEAN keep_dims, ...),
     # not for a target whose compiler makes its own mapping-driven choices.
     kernel_rewrites: bool = True
+    # A constant-weight BATCH_MATMUL becomes FULLY_CONNECTED (BatchMatmulToFullyConnected) where
+    # that was measured to pay (benchmarks/exporter_rules_bench.py): the same speed on float
+    # XNNPACK, 13x faster int8 (XNNPACK takes no int8 BATCH_MATMUL) and on the plain kernels,
+    # and an Edge TPU legalization. False where it was not measured (the GPU).
+    batch_matmul_as_fully_connected: bool = True
+    # Why fusing an activation into an op would cost the target that op (None: it may). A
+    # function of (op type, activation) returning a `tflfuse.rewrite.Refusal` or None (this
+    # module imports no rewrite code: the device scripts load it), loaded on first use; the
+    # Edge TPU's reads its table's `fused_activations` rows (delegates/edgetpu.toml): a pool
+    # maps only with NONE, so MAX_POOL_2D + RELU stays two mapped ops rather than one fused
+    # pool the compiler leaves on the CPU. FuseActivationIntoProducer and the int8 completion
+    # ask it (`fused_activation_refusal`).
+    fused_activation_limit: Callable[[str, str], Any] | None = None
 
     def predict(
         self, model: Model, compiler_version: str | None = None, multiple_subgraphs: bool = False
@@ -107,6 +121,12 @@ class Target:
     def legalization_rules(self) -> tuple[Any, ...]:
         """Its legalization rules (empty for a target that needs none)."""
         return self.legalization() if self.legalization is not None else ()
+
+    def fused_activation_refusal(self, op_type: str, activation: str) -> Any:
+        """Why an `op_type` op with fused `activation` would not map on it (a `Refusal`), or
+        None."""
+        limit = self.fused_activation_limit
+        return limit(op_type, activation) if limit is not None else None
 
 
 # -- the predictors and rules, imported on first use (this module stays light) -------------------
@@ -132,6 +152,12 @@ def _predict_gpu(model: Model, compiler_version: str | None, multiple: bool) -> 
     return predict_gpu(model, flatbuffer.to_bytes(model))
 
 
+def _edgetpu_fused_activation_limit(op_type: str, activation: str) -> Any:
+    from tflfuse.targets.edgetpu.rules import fused_activation_refusal
+
+    return fused_activation_refusal(op_type, activation)
+
+
 def _edgetpu_legalization() -> tuple[Any, ...]:
     from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
 
@@ -154,6 +180,7 @@ _TARGETS: tuple[Target, ...] = (
         legalization=_edgetpu_legalization,
         recognizes_activations=False,  # it maps none of HARD_SWISH, LEAKY_RELU, GELU
         kernel_rewrites=False,  # its pipeline keeps its own mapping-driven choices
+        fused_activation_limit=_edgetpu_fused_activation_limit,
     ),
     Target(
         name="xnnpack",
@@ -176,6 +203,7 @@ _TARGETS: tuple[Target, ...] = (
         predictor=_predict_gpu,
         cost=CostProfile(on_chip_bytes=4 * MIB),  # mobile GPUs: keep one layer's weights modest
         recipes=("gpu-fp16",),
+        batch_matmul_as_fully_connected=False,  # not measured on a GPU
     ),
     Target(
         name="cpu",
