@@ -102,7 +102,7 @@ class FactorCommonMultiplier(Rule):
         for t in (m.ma, m.mb):
             if t.op.fused_activation != "NONE":
                 return refuse(f"a product has fused {t.op.fused_activation}")
-            if not common.single_reader(m.graph, t):
+            if not common.single_reader(m.graph, t):  # the engine's check, in this rule's words
                 return refuse("a product is read elsewhere")
         if not all(common.is_float(t) for t in (m.a, m.b, m.k, m.root.output)):
             return refuse("not float")
@@ -208,8 +208,6 @@ class CancelTransposePair(Rule):
 
     def check(self, m: Match) -> Refusal | list[int]:
         """A refusal, or the composed permutation."""
-        if not common.single_reader(m.graph, m.mid):
-            return refuse("the first TRANSPOSE is read elsewhere")
         perm = _composed(m)
         if perm == list(range(len(perm))):
             return _forwardable(m.graph, m.y, m.x) or perm

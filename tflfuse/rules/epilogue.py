@@ -148,7 +148,7 @@ def _affine_check(m: Match, kind: str) -> Refusal | None:
     producer = m.y.op
     if producer.fused_activation != "NONE":
         return refuse(f"{producer.type} has fused {producer.fused_activation} before the {kind}")
-    if not common.single_reader(m.graph, m.y):
+    if not common.single_reader(m.graph, m.y):  # the engine's check, in this rule's words
         return refuse(f"{producer.type} output is also read elsewhere")
     if not common.has_float_params(producer) or not common.is_float(m.root.output):
         return refuse(f"{producer.type} weights or bias are not float constants")

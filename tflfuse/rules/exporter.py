@@ -779,6 +779,7 @@ class LegalizePadV2BeforeMaxPool(Rule):
         if same and (lowest or (nonneg and value <= 0.0)):
             return "same"
         if nonneg and value <= 0.0:
+            # the engine's check, in this rule's words
             if not common.single_reader(m.graph, m.padded):
                 return refuse("the PADV2 output is also read by an op that needs its value")
             return "pad"
@@ -918,8 +919,6 @@ class FoldPadByWidenedKernel(Rule):
             return refuse(
                 f"a {op.type} with a widened kernel does more multiply-adds than the PAD costs"
             )
-        if not common.single_reader(m.graph, m.padded):
-            return refuse("the PAD is read elsewhere, so it would stay")
         h = _widened(m.x.shape[1], kh, sh, *pads[1])
         w = _widened(m.x.shape[2], kw, sw, *pads[2])
         if h is None or w is None:

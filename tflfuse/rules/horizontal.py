@@ -190,8 +190,6 @@ class MergeSiblingSum(Rule):
                 return refuse(f"an addend has fused {op.fused_activation}")
             if not _mergeable(op, m.x):
                 return refuse("an addend's weights are not float constants")
-            if not common.single_reader(m.graph, op.output):
-                return refuse("an addend is read elsewhere")
         if m.root.output.shape != m.a.shape:
             return refuse("the ADD broadcasts")
         geometry = [k for k in _GEOMETRY if k != "fused_activation_function"]

@@ -138,6 +138,7 @@ class MoveScaleThroughRelu(Rule):
         if m.root.fused_activation != "RELU":
             act = m.root.fused_activation
             return refuse(f"only RELU commutes with a positive scale, not {act}")
+        # the engine's check (read elsewhere) and an activation, in one sentence
         if m.scaled.op.fused_activation != "NONE" or not common.single_reader(m.graph, m.scaled):
             return refuse("the scale is read elsewhere or has an activation")
         if not common.is_float(m.x) or m.x.shape != m.y.shape or not m.x.shape:
@@ -187,7 +188,7 @@ class MoveScaleThroughMean(Rule):
         return p.MEAN(scale, p.const("axes"), out="y")
 
     def check(self, m: Match) -> Refusal | None:
-        if not common.single_reader(m.graph, m.scaled):
+        if not common.single_reader(m.graph, m.scaled):  # the engine's check, in this rule's words
             return refuse("the scale has an activation or is read elsewhere")
         if not common.is_float(m.x) or m.x.shape != m.scaled.shape or not m.x.shape:
             return refuse("the scale broadcasts or is not float")
@@ -224,6 +225,7 @@ class FoldBiasThroughAdd(Rule):
         inner, producer = m.sum.op, m.w.op
         if inner.fused_activation != "NONE":
             return refuse(f"the residual ADD has fused {inner.fused_activation}")
+        # the engine's checks, in this rule's words (the sum: often the next shortcut's input)
         if not common.single_reader(m.graph, m.sum):
             return refuse("the residual sum is read elsewhere (e.g. the next shortcut)")
         if not common.single_reader(m.graph, m.w) or producer.fused_activation != "NONE":
@@ -273,7 +275,7 @@ class MergeLinearChain(Rule):
             return refuse("a conv and an FC do not merge")
         if first.fused_activation != "NONE":
             return refuse(f"{first.fused_activation} between the two ops is not linear")
-        if not common.single_reader(m.graph, m.mid):
+        if not common.single_reader(m.graph, m.mid):  # the engine's check, in this rule's words
             return refuse("the intermediate is read elsewhere")
         if second.inputs[0] is not m.mid:
             return refuse("the first op feeds the weights of the second")
@@ -456,8 +458,6 @@ class FoldScaleIntoMatmulOperand(Rule):
             return NotApplicable("the factor is not one float number")
         if not common.is_float(m.mm) or m.mm.shape != m.y.shape:
             return refuse("the product is not float or the MUL broadcasts")
-        if not common.single_reader(m.graph, m.mm):
-            return refuse("the matmul result is read elsewhere")
         if m.graph.is_graph_output(m.y):
             return refuse("the scaled result is a model output")
         op = None if m.a is m.b else _scalable_producer(m, m.a) or _scalable_producer(m, m.b)
@@ -491,8 +491,6 @@ class DropReshapeBeforeFullyConnected(Rule):
         fc = m.root
         if fc.options.get("keep_num_dims", False):
             return refuse("the FC keeps its input's dimensions")
-        if not common.single_reader(m.graph, m.flat):
-            return refuse("the reshaped value is read elsewhere")
         inputs = m.w.shape[-1] if m.w.shape else 0
         if len(m.flat.shape) != 2 or m.flat.shape[-1] != inputs:
             return refuse("the RESHAPE does more than flatten to [rows, input size]")
