@@ -8,13 +8,16 @@ import subprocess
 import sys
 
 import pytest
+from rulekit import G, apply, ops, refusals
 
 from tflfuse import targets
 from tflfuse.cli import build_parser
 from tflfuse.convert import recipe
 from tflfuse.errors import TflfuseError
 from tflfuse.rules import pipeline
-from tflfuse.targets import TARGETS, capability, cost, find, names
+from tflfuse.rules.epilogue import FuseActivationIntoProducer
+from tflfuse.rules.exporter import exporter_rules
+from tflfuse.targets import TARGETS, capability, cost, find, names, registry
 
 
 def test_every_recipe_names_a_target_that_lists_it_and_every_listed_recipe_exists() -> None:
@@ -56,6 +59,44 @@ def test_pipeline_traits_decide_what_differs_by_target() -> None:
         assert pipeline(2, name, quantized=True) == ()
     with pytest.raises(TflfuseError, match="unknown target"):
         pipeline(2, "tpu")
+
+
+def test_the_rules_ask_the_traits_not_the_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    def exporter(name: str) -> dict[str, object]:
+        return {r.name: r for r in exporter_rules(name)}
+
+    for name in TARGETS:  # as measured: a constant BATCH_MATMUL as FC everywhere but the GPU
+        t, rules = find(name), exporter(name)
+        assert ("BatchMatmulToFullyConnected" in rules) == t.batch_matmul_as_fully_connected
+        assert rules["CanonicalizeLayoutChain"].max_nontrivial_dims == t.cost.max_nontrivial_dims
+    assert not find("gpu").batch_matmul_as_fully_connected
+    assert exporter("edgetpu")["CanonicalizeLayoutChain"].max_nontrivial_dims == 3
+    assert "BatchMatmulToFullyConnected" not in exporter("no such target")
+    pool = "the Edge TPU maps MAX_POOL_2D only with fused activation NONE: RELU stays a separate op"
+    assert str(find("edgetpu").fused_activation_refusal("MAX_POOL_2D", "RELU")).startswith(pool)
+    assert find("edgetpu").fused_activation_refusal("CONV_2D", "RELU") is None
+    assert all(find(n).fused_activation_refusal("MAX_POOL_2D", "RELU") is None for n in TARGETS[1:])
+    # another target with the same traits gets the same rules: nothing asks for the name
+    tpu = find("edgetpu")
+    as_tpu = dataclasses.replace(
+        find("gpu"), cost=tpu.cost, batch_matmul_as_fully_connected=True,
+        fused_activation_limit=tpu.fused_activation_limit,
+    )  # fmt: skip
+    fused = ["CONV_2D", "MAX_POOL_2D"]
+    assert ops(apply(_conv_pool_relu(), FuseActivationIntoProducer("gpu"))[1]) == fused
+    monkeypatch.setitem(registry._BY_NAME, "gpu", as_tpu)
+    assert "BatchMatmulToFullyConnected" in exporter("gpu")
+    assert exporter("gpu")["CanonicalizeLayoutChain"].max_nontrivial_dims == 3
+    _, model, result = apply(_conv_pool_relu(), FuseActivationIntoProducer("gpu"))
+    assert ops(model) == [*fused, "RELU"]
+    assert refusals(result, "FuseActivationIntoProducer")[0].startswith(pool)
+
+
+def _conv_pool_relu() -> bytes:
+    g = G()
+    pool = {"padding": "VALID", "stride_h": 2, "stride_w": 2, "filter_height": 2, "filter_width": 2}
+    pooled = g.op("MAX_POOL_2D", [g.conv(g.input((1, 8, 8, 4)), 8, 3)], (1, 4, 4, 8), **pool)
+    return g.bytes(g.unary("RELU", pooled))
 
 
 def test_cost_profiles_answer_the_cost_questions() -> None:
