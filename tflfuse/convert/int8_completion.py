@@ -54,13 +54,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tflfuse.convert.optimize import NOT_VERIFIED, verify_rewrite
+from tflfuse.convert import verified
 from tflfuse.ir import Op, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import (
     DeadCodeElimination,
     Match,
     OpPattern,
-    PassManager,
     PatternBuilder,
     Refusal,
     Rule,
@@ -303,17 +302,17 @@ def complete(data: bytes, *, verify: bool = True, target: str | None = None) -> 
     if not any(op.type in COMPLETED_OPS for op in model.main.ops):
         return Completion(data)
     rules = rules_for(target)
-    result = PassManager((*rules, DeadCodeElimination(), TopologicalSort())).run(model)
+    candidate = verified.apply(
+        data, lambda: [(*rules, DeadCodeElimination(), TopologicalSort())], model=model
+    )
+    result = candidate.result
     refusals = [f"{r.rule} at {r.where!r}: {r.reason}" for r in result.refusals]
     kept_float = _kept_float(rules, result.refusals)
     if not result.events:
         return Completion(data, refusals=refusals, kept_float=kept_float)
-    out = flatbuffer.to_bytes(model)
+    out = candidate.data
     made = {r.completes: n for r in rules for name, n in result.fired().items() if name == r.name}
-    if verify:
-        failure, record = verify_rewrite(data, out, model, result)
-    else:
-        failure, record = None, {"verified": False, "reason": NOT_VERIFIED}
+    failure, record = verified.judge(candidate, verify)
     if failure is not None:
         return Completion(data, made, refusals, kept_float, {**record, "failure": failure}, False)
     return Completion(out, made, refusals, kept_float, record)

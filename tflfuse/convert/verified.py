@@ -1,0 +1,222 @@
+"""The one verified-apply service: passes applied to a model, the result checked numerically
+against the model before, then kept or refused, with the rule to blame named.
+
+Every rewrite tflfuse makes goes through here: `optimize` (the target's pipeline, then a
+`--runtime` legalization), `convert`'s stages (the int8 legalization, the runtime
+legalization, the defused baselines of a .tflite) and int8 completion in `quantize`. The three
+steps are separate because the callers differ only in what they do between them and with a
+failure (a conversion keeps the model before the int8 rules, `optimize` and the runtime stage
+refuse; `optimize` first refuses what a runtime cannot run):
+
+  apply     `apply(reference, stages)`: the reference parsed once (or its parse given), each
+            stage a list of passes run to its fixed point by a `PassManager`, one after the
+            other on the same IR; a `Candidate` (the IR, what fired, its bytes when asked for)
+  judge     `judge(candidate, enabled, check)`: (why it fails or None, the verification
+            record); `enabled=False` (--no-verify) records that nothing was checked
+  blame     `culprit(candidate)`: the first fired rule without which the result passes
+
+Two checks, both on the interpreter (`runtime.verify.compare`, the same seeded inputs):
+  within_declared_error       a float output element within its float32 round-off bound
+                              (`runtime.roundoff`) plus PROPAGATION times the declared error of
+                              the approximations that fired; an int8 output within the summed
+                              `int8_error_steps` of the rewrites on its paths
+                              (`rewrite.int8_error_bounds`): an output no rewrite reached matches
+                              exactly. Candidate bytes equal to the reference pass as they are.
+  on_reference_kernels        bit-identical on the reference kernels (BUILTIN_REF), where
+                              splitting an epilogue off rounds exactly as the fused op did
+                              (floats held to the round-off bound, int8 to 0 steps): `rules.defuse`
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from tflfuse.errors import TflfuseError
+from tflfuse.ir import Model, flatbuffer
+from tflfuse.rewrite import Pass, PassManager, PassResult, Rule, int8_error_bounds
+from tflfuse.runtime import verify as verify_mod
+from tflfuse.runtime.verify import CandidateFailedError, OutputTolerance, UnverifiableError
+
+PROPAGATION = 10.0  # allowance for an approximation's error growing through later layers
+NOT_VERIFIED = "--no-verify: written without the numeric check"
+
+Stages = Callable[[], Sequence[Sequence[Rule | Pass]]]  # fresh passes, stage by stage
+
+
+@dataclass
+class Candidate:
+    """A model after passes, not yet judged: the reference bytes it was made from, its IR,
+    what the passes did, and how to make it again (for `culprit`)."""
+
+    reference: bytes
+    model: Model
+    result: PassResult
+    stages: Stages
+    disabled: tuple[str, ...] = ()
+    name: str = "<bytes>"
+
+    @cached_property
+    def data(self) -> bytes:
+        """The candidate's bytes (serialized once, when first asked for)."""
+        return flatbuffer.to_bytes(self.model)
+
+
+Check = Callable[[Candidate], tuple[str | None, dict[str, Any]]]
+
+
+def apply(
+    reference: bytes,
+    stages: Stages,
+    *,
+    disabled: Sequence[str] = (),
+    name: str = "<bytes>",
+    model: Model | None = None,
+) -> Candidate:
+    """`reference` (or `model`, its parse, which is rewritten in place) through each stage of
+    passes in turn; a later stage may undo what an earlier one made (a runtime legalization
+    after the target's pipeline). One PassResult: the events, refusals and rounds of all."""
+    model = model if model is not None else flatbuffer.from_bytes(reference, name)
+    result: PassResult | None = None
+    for passes in stages():
+        ran = PassManager(passes, disabled=disabled).run(model)
+        if result is None:
+            result = ran
+            continue
+        result.events += ran.events
+        result.refusals += ran.refusals
+        result.not_applicable += ran.not_applicable
+        result.rounds = max(result.rounds, ran.rounds)
+    assert result is not None, "apply needs at least one stage"
+    return Candidate(reference, model, result, stages, tuple(disabled), name)
+
+
+def judge(
+    candidate: Candidate, enabled: bool = True, check: Check | None = None
+) -> tuple[str | None, dict[str, Any]]:
+    """(why `candidate` fails `check` or None, the verification record); with `enabled` off
+    (--no-verify) nothing runs and the record says it was written unchecked."""
+    if not enabled:
+        return None, {"verified": False, "reason": NOT_VERIFIED}
+    return (check or within_declared_error)(candidate)
+
+
+def culprit(candidate: Candidate, check: Check | None = None) -> str:
+    """' (rule R: ...)' naming the first fired rule without which the stages' result passes
+    `check`, or the list of rules fired when no single one is to blame."""
+    check = check or within_declared_error
+    result = candidate.result
+    fired = list(result.fired())
+    for rule in fired[:16]:
+        trial = apply(
+            candidate.reference,
+            candidate.stages,
+            disabled=(*candidate.disabled, rule),
+            name=candidate.name,
+        )
+        try:
+            failure, _ = check(trial)
+        except TflfuseError:
+            continue
+        if failure is None:
+            where = [e.where for e in result.events if e.rule == rule][:3]
+            at = f" at {', '.join(repr(w) for w in where)}" if where else ""
+            return f" (rule {rule}{at}: the result passes without it; --disable {rule})"
+    return f" (rules fired: {', '.join(fired) or 'none'})"
+
+
+# -- the checks ------------------------------------------------------------------------------------
+def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, Any]]:
+    """(float atol for every output, {output name: OutputTolerance}) for a pipeline's result, on
+    top of the round-off bound `compare` measures.
+
+    An approximation's error can grow through the layers after it: PROPAGATION times the summed
+    per-op bounds (0 when every rewrite is exact). Int8 outputs get the bound of
+    `int8_error_bounds` in steps; a float output of an int8 graph (after DEQUANTIZE) gets its
+    real-valued bound on top of the atol.
+    """
+    atol = PROPAGATION * sum(e.error for e in result.events)
+    bounds = int8_error_bounds(model, result)
+    per_output = {}
+    for t in model.main.outputs:
+        bound = bounds.get(t.name, 0.0)
+        if t.dtype in ("FLOAT32", "FLOAT16"):
+            per_output[t.name] = OutputTolerance(0, bound)
+        else:
+            per_output[t.name] = OutputTolerance(int(bound), 0.0)
+    return atol, per_output
+
+
+def within_declared_error(candidate: Candidate) -> tuple[str | None, dict[str, Any]]:
+    """Each output of `candidate` against its reference within the error its rewrites declare
+    (the module docstring). TflfuseError when the reference does not run on this host."""
+    reference, data = candidate.reference, candidate.data
+    if reference == data:
+        return None, {"verified": True, "ok": True, "identical_bytes": True}
+    atol, per_output = tolerances(candidate.model, candidate.result)
+    try:
+        agreement = verify_mod.compare(
+            reference, data, atol=atol, rtol=0.0, per_output=per_output, roundoff=True
+        )
+    except UnverifiableError as exc:
+        raise TflfuseError(
+            f"cannot verify the result on this host ({exc}); pass --no-verify to write it"
+            " unverified"
+        ) from None
+    except CandidateFailedError as exc:
+        return f"verification failed: the optimized model does not run ({exc})", {}
+    tolerance = {
+        "atol": atol,
+        "roundoff": "float32 round-off bound per element (tflfuse.runtime.roundoff)",
+        "int8_steps": {name: tol.int_steps for name, tol in per_output.items()},
+    }
+    record = {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
+    if agreement.ok:
+        return None, record
+    return f"verification failed: {describe_failure(agreement)}", record
+
+
+def on_reference_kernels(candidate: Candidate) -> tuple[str | None, dict[str, Any]]:
+    """`candidate` against its reference on the reference kernels, expected bit-identical
+    (float outputs held to the round-off bound, int8 ones to 0 steps); the failure is what was
+    measured, the record says against what it was checked."""
+    # two input sets: the reference kernels are slow, and identity is expected
+    check = verify_mod.compare(
+        candidate.reference,
+        candidate.data,
+        runs=2,
+        delegate="ref",
+        atol=0.0,
+        rtol=0.0,
+        int_atol=0,
+        roundoff=True,
+    )
+    record = {"against": "the input, on the reference kernels", **check.to_dict()}
+    return (None if check.ok else describe_failure(check)), record
+
+
+def describe_failure(agreement: Any) -> str:
+    """One clause saying which output failed and what was measured against what was allowed."""
+    bad = agreement.failed_outputs() or list(agreement.outputs)[:1] or ["?"]
+    detail = agreement.outputs.get(bad[0], {})
+    if "allowed_steps" in detail:
+        return (
+            f"output {bad[0]!r} differs by {detail.get('max_abs', float('inf')):.3g} quantization"
+            f" steps (allowed {detail['allowed_steps']})"
+        )
+    if "allowed_atol" not in detail:
+        return "the outputs differ in number or shape"
+    where = ""
+    roundoff = detail.get("roundoff")
+    if roundoff:
+        where = (
+            f"; float32 round-off there, measured: {roundoff['noise_max']:.3g} at most on an"
+            f" output of scale {roundoff['output_scale']:.3g}, {roundoff['depth']} ops deep"
+        )
+    return (
+        f"output {bad[0]!r} differs by {detail['diff_there']:.3g} where"
+        f" {detail['allowed_atol']:.3g} is allowed ({detail['ratio']:.3g}x its bound; worst"
+        f" difference {detail.get('max_abs', 0.0):.3g}{where})"
+    )
