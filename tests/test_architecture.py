@@ -5,7 +5,8 @@ functions alike (a lazy import is still a dependency), and importing `tflfuse.a.
 importing the packages `tflfuse.a` and `tflfuse.a.b` too (their __init__ runs first) unless the
 importer sits inside them. The checks:
   - no import cycle between modules;
-  - each part imports only the parts below it (ALLOWED);
+  - each part imports only the parts below it (ALLOWED): e.g. `sources` nothing of `convert`
+    (the pipeline asks a source for its data and does the converting);
   - the modules a device bundle ships import, at module level, only each other;
   - TensorFlow, Keras and the quantizer only in `sources/keras*`, `convert/quantize*` and the
     few places TF_ALLOWED names (with the reason), and only lazily, inside functions;
@@ -44,7 +45,8 @@ ALLOWED: dict[str, set[str]] = {
     "targets": {"ir", "rewrite", "runtime.device"},  # probes ask the interpreter
     "rules": {"ir", "rewrite", "targets", "runtime.device"},  # constants fold on the interpreter
     "runtime": {"ir", "targets", "runtime.device"},  # host side: verification, bundles, deploy
-    "sources": {"ir", "rewrite", "rules", "targets", "runtime", "runtime.device", "convert"},
+    # a source gives models and facts; quantizing, verifying and recipes are convert's
+    "sources": {"ir", "rewrite", "rules", "targets", "runtime", "runtime.device"},
     "convert": {"ir", "rewrite", "rules", "targets", "runtime", "runtime.device", "sources"},
     "examples": set(),
     "api": {"ir", "targets", "runtime", "runtime.device", "convert"},

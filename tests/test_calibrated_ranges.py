@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 from rulekit import G
 
-from tflfuse.convert import qparams
 from tflfuse.convert.calibrated_ranges import RangeError, usable_ranges
 from tflfuse.errors import TflfuseError
-from tflfuse.ir import Quantization, flatbuffer
+from tflfuse.ir import Quantization, flatbuffer, qparams
 
 FLT_MAX = float(np.finfo(np.float32).max)
 

@@ -22,8 +22,10 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
+
+from tqdm import tqdm
 
 # modules whose frames are plumbing between the code that writes and the stream
 _PLUMBING = ("io", "_io", "codecs", "encodings", "logging", "warnings", "tqdm", "contextlib")
@@ -164,3 +166,11 @@ def captured() -> Iterator[Capture]:
         log_text.flush()
         log_text.detach()
         capture._close()
+
+
+def progress_bar(samples: Iterable[Any], total: int, desc: str, enabled: bool) -> Iterable[Any]:
+    """`samples` behind one of tflfuse's own progress bars (calibration: litert-quantizer's and
+    the converter's), or as they are when progress is off."""
+    if not enabled:
+        return samples
+    return tqdm(samples, total=total, desc=desc, unit="sample", leave=False)

@@ -33,20 +33,13 @@ from typing import Any
 import numpy as np
 
 from tflfuse import isolation
+from tflfuse.convert import baselines as baselines_mod
 from tflfuse.convert import calibration as calib_mod
 from tflfuse.convert import quantize as quantize_mod
 from tflfuse.convert import recipe as recipe_mod
 from tflfuse.convert import report as report_mod
-from tflfuse.convert.optimize import (
-    NOT_VERIFIED,
-    PROPAGATION,
-    OptimizeResult,
-    check_options,
-    describe_failure,
-    optimize_bytes,
-    runtime_section,
-    verify_rewrite,
-)
+from tflfuse.convert import verified
+from tflfuse.convert.optimize import OptimizeResult, check_options, optimize_bytes, runtime_section
 from tflfuse.convert.quantize import Quantized, aeq_unsupported, set_io_types
 from tflfuse.convert.recipe import Recipe
 from tflfuse.convert.records import (
@@ -61,8 +54,6 @@ from tflfuse.convert.records import (
 from tflfuse.errors import TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import flatbuffer
-from tflfuse.rewrite import PassManager, TopologicalSort
-from tflfuse.rules import defuse as defuse_mod
 from tflfuse.rules import pipeline
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.runtime import verify as verify_mod
@@ -73,7 +64,6 @@ from tflfuse.sources.keras import (
 )
 from tflfuse.sources.keras_route import KerasSource
 from tflfuse.sources.protocol import Source
-from tflfuse.sources.tflite import check_defused
 from tflfuse.targets import Target, find, runtimes
 from tflfuse.targets.runtimes import resolve
 
@@ -247,15 +237,19 @@ def unfused(rec: Recipe, ctx: Context) -> None:
     verified against (a .tflite defused) is not checked twice. --no-verify skips the check and
     the report says so."""
     verify = ctx.options.verify
-    data, route = ctx.source.unfused_float(rec, ctx.fused.data, verify=verify)
+    made = ctx.source.unfused_float(rec, ctx.fused.data, verify=verify)
+    checked = None
+    if made is None:  # a .tflite: its float model defused, checked on the reference kernels
+        data, route, checked = baselines_mod.defused_input(ctx.source, rec, verify)
+    else:
+        data, route = made
     if not verify:
         ctx.unfused = UnfusedRecord(data, route, {"verified": False, "reason": "--no-verify"})
         return
-    checked = ctx.source.baseline_check
     if checked is not None:  # (a .tflite defused: checked against the input the fused model was)
         ctx.unfused = UnfusedRecord(data, route, checked)
         return
-    atol = PROPAGATION * sum(e.error for e in ctx.fused.result.events)
+    atol = verified.PROPAGATION * sum(e.error for e in ctx.fused.result.events)
     steps = 1 + len(ctx.fused.result.events)
     check = verify_mod.compare(
         ctx.fused.data,
@@ -269,8 +263,8 @@ def unfused(rec: Recipe, ctx: Context) -> None:
     if not check.ok:
         raise TflfuseError(
             f"{ctx.source.name}: the unfused baseline check (the fused float model against the"
-            f" unfused one) failed: {describe_failure(check)}; nothing written (--no-verify"
-            " skips the check)"
+            f" unfused one) failed: {verified.describe_failure(check)}; nothing written"
+            " (--no-verify skips the check)"
         )
     ctx.unfused = UnfusedRecord(data, route, check.to_dict())
 
@@ -381,8 +375,8 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     compiled = find(rec.target)
     compiled = compiled if compiled is not None and compiled.compiler else None
     mapped_before = _mapped(q.data, compiled, model) if compiled is not None else 0
-    result = PassManager(rules, disabled=ctx.options.disabled).run(model)
-    data = flatbuffer.to_bytes(model)
+    candidate = verified.apply(q.data, lambda: [rules], disabled=ctx.options.disabled, model=model)
+    result, data = candidate.result, candidate.data
     off = set(ctx.options.disabled)
     summary = {
         "rules": sorted({p.name for p in rules} - off),
@@ -395,10 +389,7 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     summary["reordered"] = before != after and sorted(before) == sorted(after)
     if compiled is not None:  # its compiler's mapping is the question
         summary[f"{compiled.name}_mapped"] = [mapped_before, _mapped(data, compiled)]
-    if ctx.options.verify:
-        failure, summary["verification"] = verify_rewrite(q.data, data, model, result)
-    else:
-        failure, summary["verification"] = None, {"verified": False, "reason": NOT_VERIFIED}
+    failure, summary["verification"] = verified.judge(candidate, ctx.options.verify)
     if failure is not None:
         # not kept: the model stays as quantized (on the converter-PTQ route: without rules)
         ctx.legalization = LegalizeRecord(ran=True, kept=False, reason=failure, details=summary)
@@ -415,21 +406,16 @@ def runtime(rec: Recipe, ctx: Context) -> None:
         return
     target = resolve(rec.runtime)
     q = ctx.quantized.fused
-    model = flatbuffer.from_bytes(q.data, "quantized")
-    result = PassManager(runtime_legalization(target)).run(model)
-    section = runtime_section(model, target, ctx.source.name)  # refuses what it cannot run
+    candidate = verified.apply(q.data, lambda: [runtime_legalization(target)], name="quantized")
+    result = candidate.result
+    section = runtime_section(candidate.model, target, ctx.source.name)  # (refuses: raises)
     if result.changed:
-        data = flatbuffer.to_bytes(model)
-        failure, section["verification"] = (
-            verify_rewrite(q.data, data, model, result)
-            if ctx.options.verify
-            else (None, {"verified": False, "reason": NOT_VERIFIED})
-        )
+        failure, section["verification"] = verified.judge(candidate, ctx.options.verify)
         if failure is not None:
             raise TflfuseError(
                 f"{ctx.source.name}: runtime legalization: {failure}; nothing written"
             )
-        q.data = data
+        q.data = candidate.data
     section["fired"] = {**ctx.fused.result.fired(), **result.fired()}
     section["fired"] = {k: v for k, v in section["fired"].items() if k in _RUNTIME_RULES}
     ctx.runtime = RuntimeRecord(section)
@@ -441,7 +427,10 @@ _RUNTIME_RULES = ("SpellOutGelu", "SplitTransposeConvActivation")
 def baselines(rec: Recipe, ctx: Context) -> None:
     """The stock model, and the unfused int8 baseline where quantize could not make it."""
     loaded = ctx.loaded
-    stock, stock_route = ctx.source.stock(rec, loaded.calib, ctx.options.progress)
+    made = ctx.source.stock(rec, loaded.calib, ctx.options.progress)
+    if made is None:  # a .tflite: litert-quantizer's default recipe on the input
+        made = baselines_mod.litert_stock(ctx.source, rec, loaded.calib, ctx.options.progress)
+    stock, stock_route = made
     unfused = ctx.quantized.unfused
     if unfused is None:
         left = ctx.quantized.unfused_left
@@ -467,12 +456,8 @@ def baselines(rec: Recipe, ctx: Context) -> None:
 
 
 def _defused(data: bytes, name: str, verify: bool = True) -> bytes:
-    model = flatbuffer.from_bytes(data, name)
-    PassManager((defuse_mod.Defuse(), TopologicalSort())).run(model)
-    out = flatbuffer.to_bytes(model)
-    if verify:
-        check_defused(data, out, name, "defused int8 baseline")  # raises when it fails
-    return out
+    """`data` defused, checked on the reference kernels (raises when the check fails)."""
+    return baselines_mod.defused(data, name, "defused int8 baseline", verify)[0]
 
 
 def report(rec: Recipe, ctx: Context) -> None:

@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from tflfuse import isolation
-from tflfuse.convert import qparams
 from tflfuse.convert.calibrated_ranges import usable_ranges
 from tflfuse.convert.int8_completion import COMPLETED_OPS, complete
 from tflfuse.errors import TflfuseError
-from tflfuse.ir import Graph, Model, Quantization, flatbuffer
+from tflfuse.ir import Graph, Model, Quantization, flatbuffer, qparams
+from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.runtime import run_memo
 
@@ -53,12 +51,6 @@ class Quantized:
     layer_error: list[dict[str, Any]] = field(default_factory=list)
     ranges_adjusted: dict[str, str] = field(default_factory=dict)  # tensor -> what changed
     completion: dict[str, Any] = field(default_factory=dict)  # int8_completion's record
-
-
-def _progress(samples: Iterable[Any], total: int, desc: str, enabled: bool) -> Iterable[Any]:
-    if not enabled:
-        return samples
-    return tqdm(samples, total=total, desc=desc, unit="sample", leave=False)
 
 
 def _aeq_recipe(mode: str) -> Any:
@@ -178,7 +170,7 @@ def _statistics(
     digest = run_memo.digest(float_model, (sample[n] for sample in samples for n in names))
 
     def calibrate() -> Any:
-        feed = list(_progress(samples, len(samples), desc, progress))
+        feed = list(progress_bar(samples, len(samples), desc, progress))
         return _calibrate(q, float_model, {key: feed})
 
     return copy.deepcopy(

@@ -1,5 +1,6 @@
 """The graph IR: `Model` / `Graph` / `Op` / `Tensor` (`graph`), the flatbuffer door, the
-only user of the TFLite schema (`flatbuffer`), and facts about a model (`summary`).
+only user of the TFLite schema (`flatbuffer`), facts about a model (`summary`) and whether its
+quantization parameters are usable (`qparams`).
 Imports nothing of tflfuse but `errors` and `files`. The IR's names are re-exported here:
 `from tflfuse.ir import Graph, Op, Tensor`.
 """

@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse.convert.quantize import _progress
-from tflfuse.convert.recipe import Recipe
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, Signature, flatbuffer
+from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.sources.keras import Frontend, every_op_output
 from tflfuse.sources.keras_calibration import statistics_by_interpreter
 from tflfuse.sources.layout import LayoutChange
+from tflfuse.sources.recipe_fields import RecipeFields
 from tflfuse.targets import find
 
 
@@ -196,7 +196,11 @@ def trim_outputs(data: bytes, wanted: list[str], front: Frontend) -> bytes:
 
 # -- the converter's own quantization (stock, and the fallback route) ---------------------------
 def ptq_configure(
-    recipe: Any, calibration: list[np.ndarray] | None, progress: bool, desc: str, batch: int = 1
+    recipe: RecipeFields,
+    calibration: list[np.ndarray] | None,
+    progress: bool,
+    desc: str,
+    batch: int = 1,
 ) -> Callable[[Any], None]:
     """A converter set-up applying the recipe's quantization with the converter's own PTQ."""
     tf = _tf()
@@ -214,7 +218,7 @@ def ptq_configure(
             n = len(calibration[0]) // b
 
             def representative() -> Any:
-                for i in _progress(range(n), n, desc, progress):
+                for i in progress_bar(range(n), n, desc, progress):
                     yield [a[i * b : (i + 1) * b] for a in calibration]
 
             converter.representative_dataset = representative
@@ -228,7 +232,7 @@ def ptq_configure(
 
 
 def stock_model(
-    front: Frontend, recipe: Any, calibration: list[np.ndarray] | None, progress: bool
+    front: Frontend, recipe: RecipeFields, calibration: list[np.ndarray] | None, progress: bool
 ) -> bytes:
     """The plain converter on the original function with its own quantization."""
     configure = ptq_configure(recipe, calibration, progress, "calibrating stock", front.batch)
@@ -289,14 +293,13 @@ class KerasSource:
         self.notices = list(front.notices)
         self.graph_info: dict[str, Any] = {}
         self.layout: LayoutChange | None = None  # the rules' models keep the source's interface
-        self.baseline_check: dict[str, Any] | None = None  # convert checks the unfused baseline
         self._optimizers: tuple[str, ...] = ()
         self._pruned: Any = None
         self._keep: Any = None
         self._unfused: tuple[Any, Any, list[str]] | None = None
 
     # -- TF graph and float .tflite ----------------------------------------------------------
-    def tf_graph(self, rec: Recipe) -> None:
+    def tf_graph(self, rec: RecipeFields) -> None:
         """Grappler with the recipe's optimizers (remapper off); the node counts for the report
         in `graph_info`."""
         self._optimizers = tuple(rec.grappler)
@@ -304,7 +307,7 @@ class KerasSource:
             self.front.function, self._optimizers
         )
 
-    def float_tflite(self, rec: Recipe) -> bytes:
+    def float_tflite(self, rec: RecipeFields) -> bytes:
         """The converter on the optimized graph, outputs ordered and signed as the source's. If it
         is left with TF ops only because of an order-sensitive Grappler pass, retry without it."""
         try:
@@ -326,7 +329,7 @@ class KerasSource:
             }
         return self._signed(data, "converter")
 
-    def _convert(self, rec: Recipe, configure: Callable[[Any], None] | None = None) -> bytes:
+    def _convert(self, rec: RecipeFields, configure: Callable[[Any], None] | None = None) -> bytes:
         return tflite_convert(
             self._pruned,
             self._keep,
@@ -342,7 +345,7 @@ class KerasSource:
 
     # -- baselines -----------------------------------------------------------------------------
     def unfused_float(
-        self, rec: Recipe, fused_float: bytes, verify: bool = True
+        self, rec: RecipeFields, fused_float: bytes, verify: bool = True
     ) -> tuple[bytes, str]:
         """The output-blocked graph converted and trimmed back to the real outputs (checked by
         convert's unfused stage, unless `verify` is off)."""
@@ -357,7 +360,7 @@ class KerasSource:
         return trim_outputs(data, wanted, self.front), route
 
     def converter_ptq(
-        self, which: str, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
+        self, which: str, rec: RecipeFields, calib: list[np.ndarray] | None, progress: bool
     ) -> bytes:
         """`which` ("fused" or "unfused") quantized with the converter's own PTQ, without rules:
         the route for a model litert-quantizer cannot make fully int8."""
@@ -374,7 +377,7 @@ class KerasSource:
         return trim_outputs(data, wanted, self.front)
 
     def stock(
-        self, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
+        self, rec: RecipeFields, calib: list[np.ndarray] | None, progress: bool
     ) -> tuple[bytes, str]:
         """What the user gets without tflfuse: the plain converter on the original function with
         its own quantization (int8: its own PTQ and calibration on the same data, with the

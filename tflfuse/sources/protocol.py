@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tflfuse.convert.recipe import Recipe
 from tflfuse.sources.layout import LayoutChange
+from tflfuse.sources.recipe_fields import RecipeFields
 
 
 class Source(Protocol):
@@ -39,36 +39,35 @@ class Source(Protocol):
     # Grappler's record of the TF graph (optimizers, node counts; {} without a TF graph), final
     # once float_tflite returned (an order-sensitive optimizer dropped is added there)
     graph_info: dict[str, Any]
-    # the check of the unfused baseline when the source made and checked it itself, against
-    # the model the fused one was verified against (a .tflite defused); None: convert checks it
-    baseline_check: dict[str, Any] | None
 
-    def tf_graph(self, rec: Recipe) -> None:
+    def tf_graph(self, rec: RecipeFields) -> None:
         """Grappler on the TF graph with the recipe's optimizers, recorded in `graph_info`
         (nothing without a TF graph)."""
         ...
 
-    def float_tflite(self, rec: Recipe) -> bytes:
+    def float_tflite(self, rec: RecipeFields) -> bytes:
         """The float .tflite the rules start from (int8 for an int8 input)."""
         ...
 
     def unfused_float(
-        self, rec: Recipe, fused_float: bytes, verify: bool = True
-    ) -> tuple[bytes, str]:
-        """The unfused float baseline and a sentence saying how it was made."""
+        self, rec: RecipeFields, fused_float: bytes, verify: bool = True
+    ) -> tuple[bytes, str] | None:
+        """The unfused float baseline and a sentence saying how it was made; None: the source
+        has no unfused graph of its own and convert defuses the float model (a .tflite)."""
         ...
 
     def converter_ptq(
-        self, which: str, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
+        self, which: str, rec: RecipeFields, calib: list[np.ndarray] | None, progress: bool
     ) -> bytes | None:
         """`which` ("fused" or "unfused") quantized by the converter's own PTQ, for a model
         litert-quantizer cannot make fully int8; None where there is no converter route."""
         ...
 
     def stock(
-        self, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
-    ) -> tuple[bytes, str]:
-        """What the user gets without tflfuse, and a sentence saying how it was made."""
+        self, rec: RecipeFields, calib: list[np.ndarray] | None, progress: bool
+    ) -> tuple[bytes, str] | None:
+        """What the user gets without tflfuse, and a sentence saying how it was made; None:
+        convert makes it from the source's model (litert-quantizer on a .tflite)."""
         ...
 
     def eval_inputs(self, calib: list[np.ndarray] | None, seed: int) -> list[np.ndarray]:

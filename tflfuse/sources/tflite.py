@@ -16,11 +16,10 @@ with it is decided here, once, with a one-line error for what it cannot:
   ops the built-in kernels lack        refused: convert runs the model to calibrate and verify
                                        (the refusal says which kernels have them, if any)
 A batch left dynamic only in `shape_signature` (-1 at axis 0, stored shape static) is taken at
-the stored size, with a notice. The baselines: `unfused` is the input defused (rules.defuse),
-checked bit-identical on the reference kernels; `stock` is litert-quantizer's default static
-int8 recipe on the input as given, in the op order the quantizer writes, with only its I/O given
-the recipe's types in place (what a user gets without tflfuse; for float16 weights, which it
-cannot quantize through their DEQUANTIZE, on the widened input, and the route says so).
+the stored size, with a notice. A .tflite has no TF graph to convert unfused or to quantize with
+the converter's PTQ: its baselines (`unfused`, the input defused; `stock`, litert-quantizer's
+default recipe on the input as given) are conversions, made by `tflfuse.convert.baselines` from
+the data this source gives (`float_tflite`, `given`, `widened_data`).
 """
 
 from __future__ import annotations
@@ -31,20 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse.convert import qparams
-from tflfuse.convert.optimize import describe_failure
-from tflfuse.convert.quantize import quantize
-from tflfuse.convert.recipe import Recipe
 from tflfuse.errors import ModelError, TflfuseError
-from tflfuse.ir import Model, Signature, flatbuffer, summary
+from tflfuse.ir import Model, Signature, flatbuffer, qparams, summary
 from tflfuse.ir.summary import quantization_summary
-from tflfuse.rewrite import PassManager, TopologicalSort
-from tflfuse.rules import defuse as defuse_mod
 from tflfuse.runtime import verify as verify_mod
 from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.runtime.runs import run_float
 from tflfuse.sources import float16_weights, layout
 from tflfuse.sources.layout import LayoutChange
+from tflfuse.sources.recipe_fields import RecipeFields
 
 INT_KINDS = ("int8", "uint8")
 _IO_DTYPES = {"FLOAT32", "INT8", "UINT8"}
@@ -187,7 +181,6 @@ class TfliteSource:
         self.name = name
         self.notices = notices
         self.layout: LayoutChange | None = None
-        self.baseline_check: dict[str, Any] | None = None  # the defused baseline's, once made
         self.graph_info: dict[str, Any] = {}  # no TF graph: no Grappler
         g = model.main
         sig = model.signatures[0]
@@ -199,10 +192,10 @@ class TfliteSource:
         self._data = data
 
     # -- the float .tflite stage ----------------------------------------------------------------
-    def tf_graph(self, rec: Recipe) -> None:
+    def tf_graph(self, rec: RecipeFields) -> None:
         """No TF graph: nothing for Grappler (`graph_info` stays empty)."""
 
-    def float_tflite(self, rec: Recipe) -> bytes:
+    def float_tflite(self, rec: RecipeFields) -> bytes:
         """The model the rules start from: as given, or channels-last when asked for."""
         return self.layout.data if self.layout is not None else self._data
 
@@ -222,77 +215,29 @@ class TfliteSource:
         self.layout = change
         return change
 
-    # -- baselines -------------------------------------------------------------------------------
+    # -- baselines (made by convert.baselines from this source's data) --------------------------
     def unfused_float(
-        self, rec: Recipe, fused_float: bytes, verify: bool = True
-    ) -> tuple[bytes, str]:
-        """The input (in the interface convert gives the fused model) defused, and checked on the
-        reference kernels, where splitting an epilogue off changes no rounding: the defused model
-        is expected bit-identical there, and is held to the float32 round-off bound otherwise
-        (`verify=False`, --no-verify: not checked, and the route says so)."""
-        start = self.float_tflite(rec)
-        model = flatbuffer.from_bytes(start, self.name)
-        PassManager((defuse_mod.Defuse(), TopologicalSort())).run(model)
-        data = flatbuffer.to_bytes(model)
-        route = "the input defused (rules.defuse: fused activations and float biases split off)"
-        if not verify:
-            return data, f"{route}, not checked (--no-verify)"
-        how, self.baseline_check = check_defused(start, data, self.name, "defused baseline")
-        return data, f"{route}, {how}"
+        self, rec: RecipeFields, fused_float: bytes, verify: bool = True
+    ) -> tuple[bytes, str] | None:
+        """None: a .tflite has no unfused graph of its own; convert defuses its float model."""
+        return None
 
     def converter_ptq(
-        self, which: str, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
+        self, which: str, rec: RecipeFields, calib: list[np.ndarray] | None, progress: bool
     ) -> bytes | None:
         return None  # no TF function behind a .tflite: litert-quantizer is the only route
 
     def stock(
-        self, rec: Recipe, calib: list[np.ndarray] | None, progress: bool
-    ) -> tuple[bytes, str]:
-        """What the user gets without tflfuse: litert-quantizer's default recipe for the mode on
-        the input as given, in the op order the quantizer writes. Only the I/O types are set to
-        the recipe's, in place (quantize.set_io_types moves no op); the route says how."""
-        if self.quantized or rec.quant_mode == "none":
-            kind = "already quantized" if self.quantized else "float"
-            return self.given, f"the input as given ({kind}, its own I/O types)"
+        self, rec: RecipeFields, calib: list[np.ndarray] | None, progress: bool
+    ) -> tuple[bytes, str] | None:
+        """None: the stock model of a .tflite is litert-quantizer's on the input, which convert
+        makes (convert.baselines.litert_stock)."""
+        return None
 
-        def stock_of(data: bytes) -> Any:
-            return quantize(
-                data,
-                rec.quant_mode,
-                calib,
-                input_type=rec.input_type,
-                output_type=rec.output_type,
-                desc="calibrating stock",
-                progress=progress,
-            )
-
-        recipe = {"int8": "static_wi8_ai8", "dynamic": "dynamic_wi8_afp32"}.get(rec.quant_mode)
-        calibrated = (
-            ", calibrated on the same data with the same range rule as the fused model (the"
-            " global min/max of every tensor)"
-            if rec.quant_mode == "int8"
-            else ""
-        )
-        io = _io_route(rec.input_type, rec.output_type) if rec.quant_mode == "int8" else ""
-        how = f"no tflfuse rule{calibrated}; ops in the order the quantizer wrote them{io}"
-        default = f"with its default recipe{f' ({recipe})' if recipe else ''}"
-        if self.widened is None:
-            q = stock_of(self.given)
-            return q.data, f"{q.route} {default} on the input as given, {how}"
-        # litert-quantizer 0.11 fails on weights behind DEQUANTIZE, or quantizes them as
-        # activations into a model the interpreter refuses; a later one may read them
-        try:
-            q = stock_of(self.given)
-            make_interpreter(q.data, delegate="none")
-        except Exception as exc:  # any failure of the quantizer or its result on this form
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            q = stock_of(self._data)
-            return q.data, (
-                f"{q.route} {default} on the input with its float16 weights widened to float32"
-                f" (on the input as given it fails: {type(exc).__name__}"
-                f"{': ' + why if why else ''}), {how}"
-            )
-        return q.data, f"{q.route} {default} on the input as given (float16 weights), {how}"
+    @property
+    def widened_data(self) -> bytes:
+        """The input with its float16 weights widened to float32 (as given when it had none)."""
+        return self._data
 
     # -- the function all three models are measured against -------------------------------------
     def eval_inputs(self, calib: list[np.ndarray] | None, seed: int) -> list[np.ndarray]:
@@ -319,47 +264,6 @@ class TfliteSource:
             w = self.widened
             out["float16_weights"] = {"constants": w.constants, "sparse": w.sparse}
         return out
-
-
-def _io_route(input_type: str, output_type: str) -> str:
-    """What giving the quantizer's float-I/O model the recipe's I/O types changed (nothing moves:
-    quantize.set_io_types)."""
-    if input_type == output_type == "float32":
-        return "; float I/O as the quantizer leaves it"
-    parts = []
-    for side, io, op in (("input", input_type, "QUANTIZE"), ("output", output_type, "DEQUANTIZE")):
-        if io == "int8":
-            parts.append(f"its {side} {op} removed ({side} int8)")
-        elif io == "uint8":
-            parts.append(
-                f"its {side} {op} replaced in place by a QUANTIZE between uint8 and int8 (same"
-                " scale, zero point + 128)"
-            )
-    return f"; I/O {input_type} -> {output_type} for the recipe: " + ", ".join(parts)
-
-
-def check_defused(reference: bytes, defused: bytes, name: str, what: str) -> tuple[str, dict]:
-    """How `defused` (`reference` through rules.defuse) was checked against it (a clause for
-    the route, and the agreement), or a one-line TflfuseError naming the check and what it
-    measured. On the reference kernels (BUILTIN_REF) a split-off activation or bias rounds
-    exactly as the fused epilogue did, so the two are expected bit-identical; float outputs are
-    held to the round-off bound (tflfuse.runtime.roundoff) and int8 ones to 0 steps."""
-    # two input sets: the reference kernels are slow, and identity is expected
-    check = verify_mod.compare(
-        reference, defused, runs=2, delegate="ref", atol=0.0, rtol=0.0, int_atol=0, roundoff=True
-    )
-    if not check.ok:
-        raise TflfuseError(
-            f"{name}: the {what} check (the input against its defused copy, reference kernels)"
-            f" failed: {describe_failure(check)}; nothing written (--no-verify skips the check)"
-        )
-    record = {"against": "the input, on the reference kernels", **check.to_dict()}
-    if check.identical:
-        return "verified bit-identical to it on the reference kernels", record
-    return (
-        f"verified against it on the reference kernels (max abs {check.max_abs:.3g}, within"
-        " float32 round-off)"
-    ), record
 
 
 def load(model: bytes | str | Path) -> TfliteSource:
