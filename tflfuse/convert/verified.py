@@ -25,6 +25,10 @@ Two checks, both on the interpreter (`runtime.verify.compare`, the same seeded i
   on_reference_kernels        bit-identical on the reference kernels (BUILTIN_REF), where
                               splitting an epilogue off rounds exactly as the fused op did
                               (floats held to the round-off bound, int8 to 0 steps): `rules.defuse`
+
+It sits in `convert/` because it needs both the rewrite engine and the interpreter: `rewrite`
+may import only `ir`, the host `runtime` never imports `rewrite`, and `sources` (which gives
+models, never converts them) sits below `convert`.
 """
 
 from __future__ import annotations
