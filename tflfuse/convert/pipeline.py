@@ -233,9 +233,9 @@ def unfused(rec: Recipe, ctx: Context) -> None:
     """The unfused float baseline, checked against the fused float model: float outputs within
     the float32 round-off of both (tflfuse.runtime.roundoff) plus the fused model's declared
     approximations (e.g. erf GELU in the tanh form for the Edge TPU), the bound its own
-    verification used. A source that checked its baseline against the model the fused one was
-    verified against (a .tflite defused) is not checked twice. --no-verify skips the check and
-    the report says so."""
+    verification used. A source with no unfused graph of its own (a .tflite) is defused here
+    (convert.baselines), checked against the model the fused one was verified against, and not
+    checked twice. --no-verify skips the check and the report says so."""
     verify = ctx.options.verify
     made = ctx.source.unfused_float(rec, ctx.fused.data, verify=verify)
     checked = None
