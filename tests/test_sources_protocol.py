@@ -85,14 +85,14 @@ def conformance_problems(source: object) -> list[str]:
 
 def test_the_protocol_declares_what_convert_asks_of_a_source() -> None:
     declared = set(typing.get_type_hints(Source)) | set(_protocol_methods())
-    for member in ("layout", "graph_info", "baseline_check", "unfused_float", "stock"):
+    for member in ("layout", "graph_info", "unfused_float", "stock"):
         assert member in declared
 
 
 def test_the_tflite_source_implements_the_protocol(tiny_tflite: Path) -> None:
     source = tflite.load(tiny_tflite)
     assert conformance_problems(source) == []
-    assert source.layout is None and source.graph_info == {} and source.baseline_check is None
+    assert source.layout is None and source.graph_info == {}
 
 
 def test_the_keras_source_implements_the_protocol() -> None:
@@ -103,7 +103,7 @@ def test_the_keras_source_implements_the_protocol() -> None:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
     source = KerasSource(load_model(model))
     assert conformance_problems(source) == []
-    assert source.layout is None and source.baseline_check is None
+    assert source.layout is None
 
 
 def test_the_check_finds_a_missing_member_and_a_changed_signature(tiny_tflite: Path) -> None:
