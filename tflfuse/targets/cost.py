@@ -361,12 +361,12 @@ def int8_completion_refusal(target: str, float_op: str, elements: int) -> str | 
     """Why the float island around `float_op` should stay on `target`, or None when the int8 op
     is the better spelling there.
 
-    The Edge TPU: always None (a float op cuts its graph; the compiler maps the int8 op). A CPU
-    target: the int8 op must not be slower than the island on its runtime at this size
-    (measured: an int8 PRELU or RELU runs on the plain kernels, XNNPACK takes neither, and costs
-    ~20x the island; an int8 DEPTH_TO_SPACE is faster than the island on both runtimes). A
-    target with no measured runtime keeps the fully-int8 default."""
-    if target == "edgetpu":
+    A target that computes in int8 only (the Edge TPU: a float op cuts its graph, the compiler
+    maps the int8 op): always None. A CPU target: the int8 op must not be slower than the island
+    on its runtime at this size (measured: an int8 PRELU or RELU runs on the plain kernels,
+    XNNPACK takes neither, and costs ~20x the island; an int8 DEPTH_TO_SPACE is faster than the
+    island on both runtimes). A target with no measured runtime keeps the fully-int8 default."""
+    if cost_profile(target).int8_only:
         return None
     times = int8_completion_us(target, float_op, elements)
     if times is None:
