@@ -193,7 +193,8 @@ class QuantizeRelu0To1(_Completion):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.QUANTIZE(p.RELU_0_TO_1(p.DEQUANTIZE(p.x), out="float_out"))
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | Op | None:
+        """A refusal, the producer the clamp fuses into (the plan), or None: a separate RELU."""
         refusal = _island_check(m)
         if refusal is not None:
             return refusal
@@ -203,8 +204,8 @@ class QuantizeRelu0To1(_Completion):
             return refuse(
                 f"the output's range reaches {top:.4g} > 1, so saturation is not the clamp at 1"
             )
-        m.fuse_into = self._fusable_producer(m)  # the plan, carried to rewrite
-        return None if m.fuse_into is not None else self.target_refusal(m)
+        producer = self._fusable_producer(m)
+        return producer if producer is not None else self.target_refusal(m)
 
     def _fusable_producer(self, m: Match) -> Op | None:
         """x's producer, when it can take the clamp as its fused RELU (FuseActivationIntoProducer's
@@ -220,13 +221,13 @@ class QuantizeRelu0To1(_Completion):
         return producer if refusal is None else None
 
     def int8_error(self, m: Match) -> int:
-        if getattr(m, "fuse_into", None) is None:
+        if m.plan is None:
             return self.int8_error_steps
         ratio = _scale_zp(m.x)[0] / _scale_zp(m.root.output)[0]
         return max(1, math.floor(ratio / 2 + 1))
 
     def rewrite(self, m: Match) -> None:
-        producer = getattr(m, "fuse_into", None)
+        producer = m.plan
         if producer is None:
             _replace(m, "RELU", [m.x], version=2)  # TFLite's op version of an int8 RELU
             return
