@@ -172,6 +172,15 @@ class Tensor:
         q = self.quantization
         return q is not None and q.scale is not None and q.scale.size > 0
 
+    def real_range(self) -> tuple[float, float]:
+        """The least and largest real values a quantized integer tensor can hold: its type's
+        extremes through its (first) scale and zero point."""
+        info = np.iinfo(self.np_dtype)
+        q = self.quantization
+        scale = float(np.asarray(q.scale).reshape(-1)[0])
+        zero = 0 if q.zero_point is None else int(np.asarray(q.zero_point).reshape(-1)[0])
+        return scale * (info.min - zero), scale * (info.max - zero)
+
     def __repr__(self) -> str:
         kind = "const " if self.is_constant else ""
         return f"<{kind}Tensor {self.name!r} {self.dtype}{list(self.shape)}>"

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from tflfuse.ir import Op, Quantization, Tensor
+from tflfuse.ir import Op, Tensor
 from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
 from tflfuse.rewrite.build import fit_version
 from tflfuse.targets import find
@@ -61,7 +61,7 @@ class FuseActivationIntoProducer(Rule):
         if abs(ratio - 1.0) < 1e-6:
             # same scale: the RELU's requantization is exact, so fusing changes nothing unless
             # y saturates inside the activation's range (the check allows one step of that)
-            (y_lo, y_hi), (z_lo, z_hi) = _real_range(y), _real_range(z)
+            (y_lo, y_hi), (z_lo, z_hi) = y.real_range(), z.real_range()
             lo, hi = _CLAMP_RANGE.get(m.root.type, (-np.inf, np.inf))
             covered = y_lo <= max(lo, z_lo) and y_hi >= min(hi, z_hi)
             return 0 if covered else 1
@@ -81,14 +81,6 @@ class FuseActivationIntoProducer(Rule):
 
 
 _CLAMP_RANGE = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
-
-
-def _real_range(t: Tensor) -> tuple[float, float]:
-    """The real values a per-tensor quantized tensor can hold."""
-    info = np.iinfo(t.np_dtype)
-    q = t.quantization
-    scale, zero = float(q.scale[0]), int(q.zero_point[0]) if q.zero_point is not None else 0
-    return scale * (info.min - zero), scale * (info.max - zero)
 
 
 def activation_fusion_refusal(
@@ -127,13 +119,7 @@ def _saturation_refusal(producer: str, y: Tensor, activation: str, z: Tensor) ->
     qy, qz = y.quantization, z.quantization
     if qy.per_channel or qz.per_channel or y.np_dtype is None:
         return refuse("per-channel quantized activations: saturation cannot be compared")
-    info = np.iinfo(y.np_dtype)
-
-    def real_range(q: Quantization) -> tuple[float, float]:
-        scale, zero = float(q.scale[0]), int(q.zero_point[0]) if q.zero_point is not None else 0
-        return scale * (info.min - zero), scale * (info.max - zero)
-
-    (y_lo, y_hi), (z_lo, z_hi) = real_range(qy), real_range(qz)
+    (y_lo, y_hi), (z_lo, z_hi) = y.real_range(), z.real_range()
     lo, hi = _CLAMP_RANGE[activation]
     need_lo, need_hi, step = max(lo, z_lo), min(hi, z_hi), float(qz.scale[0])
     if y_lo > need_lo + step or y_hi < need_hi - step:

@@ -228,16 +228,9 @@ def spell_out_hard_swish(m: Match) -> None:
     b.replace(m.root, b.MUL(prod, b.scalar(1.0 / 6.0, "one_sixth", like=x)))
 
 
-def _real_range(t: Tensor) -> tuple[float, float]:
-    """The least and largest real values an int8/uint8 per-tensor quantization holds."""
-    s, z = _scale_zp(t)
-    qmin, qmax = (-128, 127) if t.dtype == "INT8" else (0, 255)
-    return s * (qmin - z), s * (qmax - z)
-
-
 def _gate_top(x: Tensor) -> float:
     """The largest relu6(x + 3) an int8 x can give: the top of the gate's quantized range."""
-    return min(6.0, max(0.0, _real_range(x)[1] + 3.0))
+    return min(6.0, max(0.0, x.real_range()[1] + 3.0))
 
 
 def hard_swish_int8_steps(x: Tensor, out: Tensor) -> int:
@@ -256,7 +249,7 @@ def hard_swish_int8_steps(x: Tensor, out: Tensor) -> int:
     that the output's range, and step, are small: x in [-4.4, 0] gives y in [-0.375, 0] with a
     gate span 3, 4 steps (found by the int8 property test at 3, where 2 were declared).
     """
-    lo, hi = _real_range(x)
+    lo, hi = x.real_range()
     s_g = float(_range_q(x, 0.0, _gate_top(x)).scale[0])
     s_y = _scale_zp(out)[0]
     active = min(3.0, max(-lo, hi))
