@@ -94,10 +94,6 @@ def available() -> bool:
     return _channel is None and "tensorflow" not in sys.modules
 
 
-def in_child() -> bool:
-    return _channel is not None
-
-
 # -- what the child is doing -------------------------------------------------------------------
 _where = {"stage": "", "detail": ""}
 

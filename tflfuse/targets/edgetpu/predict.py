@@ -521,12 +521,6 @@ def cut_origins(graph: Graph, compiler_version: str | None = None) -> dict[int, 
     return _single_segment(graph, statuses_once_quantized(graph, compiler_version))[2]
 
 
-def computed_after_the_segment(graph: Graph, compiler_version: str | None = None) -> set[int]:
-    """ids of the tensors a one-segment compile computes on the CPU from the segment's outputs
-    (the keys of `cut_origins`)."""
-    return set(cut_origins(graph, compiler_version))
-
-
 def _segments(graph: Graph, mapped: list[bool]) -> int:
     """Edge TPU segments: connected groups of mapped ops (joined by the tensors between them)."""
     index = {op: i for i, op in enumerate(graph.ops)}
