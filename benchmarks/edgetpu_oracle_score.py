@@ -88,6 +88,34 @@ def _status_misses(s: PairScore, show_path: bool) -> str:
     return f"    {where}: log has [{missing}]; predicted [{extra}]"
 
 
+def _print_memory(name: str, half: str, scores: list[PairScore], show_path: bool) -> None:
+    """Parameter memory against the twins' packages: exact on chip and streamed as predicted,
+    the total exact, and the layout alone exact (on the ops the twin maps); each miss."""
+    parsed = [s for s in scores if s.memory is not None]
+    if not parsed:
+        return
+    n = len(parsed)
+    exact = sum(s.memory["exact"] for s in parsed)
+    total = sum(s.memory["total_exact"] for s in parsed)
+    layout = sum(s.memory["layout_exact"] for s in parsed)
+    print(
+        f"{name:<12} {half:<8} memory: on-chip and streamed exact {exact}/{n},"
+        f" total exact {total}/{n}, layout on the twin's ops exact {layout}/{n}"
+        f" ({len(scores) - n} packages unreadable)"
+    )
+    for s in parsed:
+        m = s.memory
+        if m["exact"]:
+            continue
+        digest = hashlib.sha256(s.pair.key.encode()).hexdigest()[:8]
+        where = s.pair.key if show_path else f"pair {digest}"
+        print(
+            f"    {where}: package {m['on_chip_bytes']} on chip + {m['off_chip_bytes']} streamed;"
+            f" predicted {m['predicted_on_chip_bytes']} + {m['predicted_off_chip_bytes']};"
+            f" layout on the twin's ops {m['layout_bytes']}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -103,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     total_status = [0, 0]
     for name, root in found.items():
         licensed = name in LICENSED
+        shown = licensed or args.misses
         scores = [score_pair(p) for p in find_pairs(root, all_dev=name == "edgetpu")]
         for half in ("dev", "holdout"):
             if args.half and half != args.half:
@@ -120,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                 for s in group:
                     if not s.exact:
                         print(_miss_line(s, licensed or args.misses))
+        for half in ("dev", "holdout"):
+            if not args.half or half == args.half:
+                _print_memory(name, half, [s for s in scores if s.pair.half == half], shown)
         for half in ("dev", "holdout"):
             logged = [s for s in scores if s.status and s.pair.half == half]
             if not logged or (args.half and half != args.half):

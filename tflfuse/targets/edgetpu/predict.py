@@ -32,6 +32,7 @@ from tflfuse.targets.capabilities import (
     capability,
     op_label,
 )
+from tflfuse.targets.edgetpu.memory import predicted_memory
 
 Check = Callable[[Op, dict[str, Any]], str | None]
 
@@ -606,18 +607,5 @@ def predict_edgetpu(
 
 
 def _edgetpu_memory(mapped_ops: list[Op], table: dict[str, Any]) -> dict[str, int]:
-    """Estimated parameter bytes of the mapped ops and how much fits in the on-chip cache."""
-    seen: set[int] = set()
-    total = 0
-    for op in mapped_ops:
-        for t in op.inputs:
-            if t is not None and t.is_constant and id(t) not in seen:
-                seen.add(id(t))
-                total += int(t.data.nbytes)
-    cache = int(table["meta"]["parameter_cache_bytes"])
-    return {
-        "parameter_bytes": total,
-        "cache_bytes": cache,
-        "on_chip_bytes": min(total, cache),
-        "off_chip_bytes": max(0, total - cache),
-    }
+    """Parameter bytes of the mapped ops in the compiler's layout (`edgetpu.memory`)."""
+    return predicted_memory(mapped_ops, table)

@@ -18,14 +18,17 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from struct import error as struct_error
+from typing import Any
 
 from flatbuffers import encode
 from flatbuffers import number_types as fb_types
 from flatbuffers.table import Table
 
 from tflfuse.ir import Model, Op, flatbuffer
-from tflfuse.targets.capabilities import OpPrediction, Prediction, op_label
+from tflfuse.targets.capabilities import OpPrediction, Prediction, capability, op_label
 from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP, CompilerLog, parse_log
+from tflfuse.targets.edgetpu.memory import predicted_memory
+from tflfuse.targets.edgetpu.package import package_memory
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 
 COMPILED_SUFFIX = "_edgetpu"
@@ -121,6 +124,7 @@ class Truth:
     unmatched: int
     log: CompilerLog | None
     runtime_version: int | None = None  # min_runtime_version of the twin's custom op
+    memory: dict[str, Any] | None = None  # parameter memory read from the twin's packages
 
     @property
     def total(self) -> int:
@@ -165,7 +169,8 @@ def truth_of(model: Model, compiled: Model, log: CompilerLog | None = None) -> T
     unmatched = sum(1 for op in outside if not any(t.name in matched for t in op.outputs))
     types = Counter(op_label(model.main.ops[i]) for i in cpu_ops)
     runtime = compiled_runtime_version(compiled)
-    return Truth(model, cpu_ops, types, segments, unmatched, log, runtime)
+    memory = package_memory(compiled)
+    return Truth(model, cpu_ops, types, segments, unmatched, log, runtime, memory)
 
 
 def is_exact(prediction: Prediction, truth: Truth, *, count_segments: bool = False) -> bool:
@@ -299,6 +304,7 @@ class PairScore:
     baseline_exact: bool = False
     status: tuple[int, int] | None = None  # (agreeing, listed) per-op statuses against the log
     error: str | None = None
+    memory: dict[str, Any] | None = None  # `memory_comparison`, when the twin's package parses
 
 
 def score_pair(pair: Pair) -> PairScore:
@@ -325,7 +331,32 @@ def score_pair(pair: Pair) -> PairScore:
     )
     if truth.log is not None and truth.log.rows:
         score.status = status_agreement(prediction, truth.log)
+    score.memory = memory_comparison(prediction, truth)
     return score
+
+
+def memory_comparison(prediction: Prediction, truth: Truth) -> dict[str, Any] | None:
+    """The predicted parameter memory against the twin's packages (None when they do not parse):
+    the bytes on chip and streamed as predicted (with the predicted placement), and the layout
+    alone (`layout_bytes`: the compiler's layout applied to the ops the twin maps), so that a
+    placement miss and a layout miss are told apart."""
+    if truth.memory is None:
+        return None
+    cpu = set(truth.cpu_ops)
+    mapped = [op for i, op in enumerate(truth.model.main.ops) if i not in cpu]
+    layout = predicted_memory(mapped, capability("edgetpu"))
+    on, off = truth.memory["on_chip_bytes"], truth.memory["off_chip_bytes"]
+    predicted = prediction.memory
+    return {
+        "on_chip_bytes": on,
+        "off_chip_bytes": off,
+        "predicted_on_chip_bytes": predicted.get("on_chip_bytes"),
+        "predicted_off_chip_bytes": predicted.get("off_chip_bytes"),
+        "layout_bytes": layout["parameter_bytes"],
+        "exact": predicted.get("on_chip_bytes") == on and predicted.get("off_chip_bytes") == off,
+        "total_exact": predicted.get("parameter_bytes") == on + off,
+        "layout_exact": layout["parameter_bytes"] == on + off,
+    }
 
 
 # -- a compiled model on its own, and a model beside its twin (`tflfuse check`) --------------------
@@ -366,7 +397,37 @@ def compiled_summary(compiled: Model) -> dict[str, object]:
         "runtime_version": runtime,
         "compiler": compiler,
         "cpu_ops": cpu,
+        "package": package_memory(compiled),
     }
+
+
+def format_package(package: dict[str, object] | None) -> list[str]:
+    """The lines `check` prints of the Edge TPU packages (`package.package_memory`): what the
+    compiler's console said of parameter memory, the executables and the caching token."""
+    if not package:
+        return ["Edge TPU package: not readable (an older compiler's layout)"]
+    kinds = package["executables_by_type"]
+    assert isinstance(kinds, dict)
+    kinds_text = ", ".join(f"{k.replace('_', ' ')} x{n}" for k, n in kinds.items())
+    tokens = package["caching_tokens"]
+    assert isinstance(tokens, list)
+    lines = [
+        f"On-chip memory used for caching model parameters: {package['on_chip_bytes']:,} B",
+        f"Off-chip memory used for streaming uncached model parameters:"
+        f" {package['off_chip_bytes']:,} B",
+        f"Executables: {package['executables']}"
+        f" ({kinds_text});"
+        f" caching token {', '.join(tokens) or 'none'}",
+    ]
+    packages = package["packages"]
+    assert isinstance(packages, list)
+    for i, pkg in enumerate(packages):
+        if not pkg:
+            continue
+        ins = ", ".join(f"{x['name']} {x['yxz']}" for x in pkg["inputs"])
+        outs = ", ".join(f"{x['name']} {x['yxz']}" for x in pkg["outputs"])
+        lines.append(f"  segment {i}: inputs {ins or '-'}; outputs {outs or '-'}")
+    return lines
 
 
 def format_compiled(summary: dict[str, object], name: str) -> str:
@@ -380,6 +441,7 @@ def format_compiled(summary: dict[str, object], name: str) -> str:
         f"Needs Edge TPU runtime: {summary['runtime_version']} ({summary['compiler']})",
         f"Operations left on the CPU: {len(cpu)}"
         + (f" ({', '.join(f'{op} x{n}' for op, n in counts.items())})" if cpu else ""),
+        *format_package(summary.get("package")),  # type: ignore[arg-type]
         "predict the CPU model it was compiled from (`check X.tflite --twin X_edgetpu.tflite`)",
     ]
     return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""The parameter bytes `edgetpu_compiler` writes for the ops it maps: the compiler's own layout.
+
+Read from the parameter streams of compiled packages (`tflfuse.targets.edgetpu.package`), by
+finding each layer's weights in them (see `delegates/edgetpu.toml`, [memory]):
+
+- CONV_2D, FULLY_CONNECTED, and a DEPTHWISE_CONV_2D that reads one channel (a depth multiplier
+  makes it a convolution): output channels in groups of 64; a layer of at most 64 outputs is
+  one group padded to a multiple of 16, a larger one is padded to whole groups of 64. Per group
+  and per kernel tap, the input channels in chunks of 4 bytes for every (padded) output: a
+  1x1 layer of 256 inputs and 64 outputs stores 64 chunks x 64 outputs x 4 = 16,384 bytes.
+  Before each group, a header per padded output channel: its float scale when the weights'
+  per-channel scales differ, its int32 bias when the bias is not all zero, and one more
+  word when the weights are quantized per channel (the weights' zero point in the stream,
+  which stores int8 weights offset by 128).
+- DEPTHWISE_CONV_2D: per channel, 4 bytes per kernel tap and the same header.
+- Each layer's section padded to 64 bytes.
+
+Exact on 28 of the 38 compiled pairs of `../shared/oracle` whose twin's placement is used (the
+score: `benchmarks/edgetpu_oracle_score.py`); what the layout does not cover yet is in the
+[memory] block of the table. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tflfuse.ir import Op
+
+GROUP = 64  # output channels per group
+SMALL_PAD = 16  # a layer of at most GROUP outputs is padded to a multiple of this
+CHUNK = 4  # input channels per 4-byte chunk
+ALIGN = 64  # every layer's section starts on this boundary
+_LAID_OUT = ("CONV_2D", "FULLY_CONNECTED", "DEPTHWISE_CONV_2D")
+
+
+def _pad(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def header_words(op: Op) -> int:
+    """32-bit words the compiler stores per (padded) output channel before a group's weights."""
+    w = op.inputs[1]
+    q = w.quantization
+    scales = np.asarray(q.scale).reshape(-1) if q is not None and q.scale is not None else None
+    per_channel = scales is not None and scales.size > 1
+    distinct = per_channel and np.unique(scales).size > 1
+    bias = op.inputs[2] if len(op.inputs) > 2 else None
+    nonzero_bias = bias is not None and (bias.is_raw or bool(np.any(np.asarray(bias.data))))
+    return int(distinct) + int(nonzero_bias) + int(per_channel)
+
+
+def _convolution(outputs: int, taps: int, inputs: int, words: int) -> int:
+    total = 0
+    for start in range(0, outputs, GROUP):
+        real = min(GROUP, outputs - start)
+        padded = _pad(real, SMALL_PAD) if outputs <= GROUP else GROUP
+        total += 4 * words * padded + taps * _pad(inputs, CHUNK) * padded
+    return _pad(total, ALIGN)
+
+
+def layer_bytes(op: Op) -> int | None:
+    """Parameter bytes of one mapped op in the compiler's layout; 0 for ops without weights the
+    layout is known for, None for an op with constant operands the layout does not cover."""
+    if op.type not in _LAID_OUT:
+        weights = [t for t in op.inputs if t is not None and t.is_constant and t.dtype != "INT32"]
+        return None if weights else 0  # e.g. an LSTM's gates, an ADD of a constant
+    w = op.inputs[1] if len(op.inputs) > 1 else None
+    if w is None or not w.is_constant or len(w.shape) not in (2, 4):
+        return None
+    words = header_words(op)
+    if op.type == "CONV_2D":
+        outputs, kh, kw, inputs = w.shape
+        return _convolution(outputs, kh * kw, inputs, words)
+    if op.type == "FULLY_CONNECTED":
+        outputs, inputs = w.shape
+        return _convolution(outputs, 1, inputs, words)
+    _, kh, kw, channels = w.shape
+    if op.inputs[0].shape[-1] == 1 and channels > 1:  # a depth multiplier: a convolution
+        return _convolution(channels, kh * kw, 1, words)
+    return _pad(channels * (4 * kh * kw + 4 * words), ALIGN)
+
+
+def predicted_memory(mapped_ops: list[Op], table: dict[str, Any]) -> dict[str, int]:
+    """Parameter bytes of the mapped ops in the compiler's layout, and how they split between the
+    on-chip cache and streaming (the cache's size from the table; which layers of a model that
+    fits the compiler still streams is not predicted: see the table's [memory] block)."""
+    total = 0
+    raw = 0
+    unknown = 0
+    seen: set[int] = set()
+    for op in mapped_ops:
+        size = layer_bytes(op)
+        if size is None:
+            unknown += 1
+            size = 0
+        total += size
+        for t in op.inputs:
+            if t is not None and t.is_constant and id(t) not in seen:
+                seen.add(id(t))
+                raw += int(t.data.nbytes) if not t.is_raw else 0
+    cache = int(table["meta"]["parameter_cache_bytes"])
+    memory = {
+        "parameter_bytes": total,
+        "tensor_bytes": raw,
+        "cache_bytes": cache,
+        "on_chip_bytes": min(total, cache),
+        "off_chip_bytes": max(0, total - cache),
+    }
+    if unknown:
+        memory["layers_not_laid_out"] = unknown
+    return memory
