@@ -361,11 +361,18 @@ def _run_check(args: argparse.Namespace) -> int:
         payload = {**prediction.to_dict(), "runtime": payload}
         if runtime is not None:
             payload["runtime_ok"] = payload["runtime"]["runtime_ok"]
+    modes = _compile_modes(model, args) if compiled else None
+    if modes is not None:
+        payload["compile_modes"] = modes.to_dict()
     if args.json:
         _emit_json(payload, "-")
     else:
         if prediction is not None:
             print(targets.format_prediction(prediction, args.model))
+        if modes is not None:
+            from tflfuse.targets.edgetpu.modes import format_modes
+
+            print("\n".join(format_modes(modes, Path(args.model).name)))
         print(text)
     if args.overlay:
         from tflfuse.targets.edgetpu import overlay
@@ -374,6 +381,15 @@ def _run_check(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"node data for Model Explorer: {args.overlay}")
     return 1 if runtime is not None and not payload.get("runtime_ok", True) else 0
+
+
+def _compile_modes(model: Any, args: argparse.Namespace) -> Any:
+    """The compiler's modes predicted side by side (`targets.edgetpu.modes`), for a model with
+    something to map; None for a float model (every mode maps nothing)."""
+    from tflfuse.targets.edgetpu.modes import compare_modes
+
+    choice = compare_modes(model, args.compiler_version)
+    return choice if any(o.mapped for o in choice.outcomes) else None
 
 
 def _compare_with_twin(model: Any, args: argparse.Namespace) -> int:
@@ -745,6 +761,13 @@ def _add_compile(sub: Any) -> None:
         help="let the compiler build several Edge TPU subgraphs (edgetpu_compiler -a)"
         " and compare with that prediction",
     )
+    p.add_argument(
+        "--mode",
+        choices=("single", "multi", "auto"),
+        help="one Edge TPU subgraph (single, the default), several (multi: -a), or the one"
+        " `check` predicts best (auto: the most ops mapped, then the fewest CPU<->Edge TPU"
+        " crossings)",
+    )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=_run_compile)
 
@@ -758,6 +781,7 @@ def _run_compile(args: argparse.Namespace) -> int:
         num_segments=args.num_segments,
         search_delegate=args.search_delegate,
         multiple_subgraphs=args.multiple_subgraphs,
+        mode=args.mode,
     )
     if args.json:
         _emit_json(result.to_dict(), "-")

@@ -38,6 +38,7 @@ from tflfuse.runtime.runs import run_float
 from tflfuse.sources import layout
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.protocol import Source
+from tflfuse.targets.edgetpu.modes import compare_modes
 
 
 class ParseOnce:
@@ -189,6 +190,8 @@ def edgetpu_cut(data: bytes, model: Model | None = None) -> dict[str, Any]:
         out["other_readings"] = [
             {**r.to_dict(), "where": r.where} for r in prediction.other_readings
         ]
+    parsed = model if model is not None else flatbuffer.from_bytes(data)
+    out["compile_modes"] = compare_modes(parsed).to_dict()
     out["_prediction"] = prediction
     return out
 
@@ -541,4 +544,30 @@ def _edgetpu_lines(section: dict[str, Any] | None) -> list[str]:
     for name in ("fused", "stock"):
         for reading in section[name].get("other_readings", []):
             lines += ["", f"{name}: {reading['reading']}."]
+    return lines + _mode_lines(section)
+
+
+def _mode_lines(section: dict[str, Any]) -> list[str]:
+    """The compile modes of the fused and stock models (`targets.edgetpu.modes`): mapped ops,
+    segments, CPU <-> Edge TPU crossings and their bytes, and the mode to compile with."""
+    rows = [(name, section[name].get("compile_modes")) for name in ("fused", "stock")]
+    if not any(modes for _, modes in rows):
+        return []
+    lines = [
+        "",
+        "| model | mode | flags | mapped | segments | crossings | bytes crossing |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for name, modes in rows:
+        for m in (modes or {}).get("modes", []):
+            best = " (best)" if m["mode"] == modes["best"] else ""
+            lines.append(
+                f"| {name} | {m['mode']}{best} | `{' '.join(m['flags']) or '(none)'}` |"
+                f" {m['mapped']}/{m['ops']} | {m['segments']} | {m['crossings']} |"
+                f" {m['crossing_bytes']:,} |"
+            )
+    fused = section["fused"].get("compile_modes")
+    if fused:
+        flags = " ".join(["edgetpu_compiler", *fused["best_flags"], "fused.tflite"])
+        lines += ["", f"Compile the fused model with `{flags}`."]
     return lines

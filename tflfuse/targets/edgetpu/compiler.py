@@ -33,6 +33,7 @@ from tflfuse.files import atomic_write_text
 from tflfuse.ir import Model, Op, flatbuffer
 from tflfuse.targets.capabilities import OpPrediction, Prediction, op_label
 from tflfuse.targets.edgetpu.compiler_log import CompilerLog, _status, parse_log
+from tflfuse.targets.edgetpu.modes import ModeChoice, compare_modes
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 from tflfuse.targets.edgetpu.truth import (
     Truth,
@@ -98,6 +99,7 @@ class CompileResult:
     prediction: Prediction
     truth: Truth | None
     multiple_subgraphs: bool = False
+    modes: ModeChoice | None = None  # with mode "auto": every mode predicted, and the one chosen
 
     @property
     def actual(self) -> Prediction | None:
@@ -165,6 +167,7 @@ class CompileResult:
             else {"mode": self.truth.mode, "runtime_version": self.truth.runtime_version},
             "status_agreement": None if status is None else list(status),
             "agrees": self.agrees(),
+            "mode_choice": None if self.modes is None else self.modes.to_dict(),
         }
 
 
@@ -175,6 +178,23 @@ def find_compiler() -> str:
     return path
 
 
+MODES = ("single", "multi", "auto")
+
+
+def choose_mode(model: Model, mode: str) -> tuple[bool, int | None, ModeChoice | None]:
+    """(multiple subgraphs, number of segments, the modes compared) for `--mode`: "single" (the
+    compiler's default), "multi" (`-a`) or "auto", the mode `modes.compare_modes` predicts
+    best (the most ops mapped, then the fewest CPU <-> Edge TPU crossings)."""
+    if mode not in MODES:
+        raise TflfuseError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+    if mode != "auto":
+        return mode == "multi", None, None
+    choice = compare_modes(model)
+    chosen = choice.chosen
+    pieces = int(chosen.flags[1]) if chosen.mode == "pipelined" else None
+    return chosen.mode == "multi", pieces, choice
+
+
 def compile_model(
     model: Path,
     out_dir: Path | None = None,
@@ -182,18 +202,26 @@ def compile_model(
     num_segments: int | None = None,
     search_delegate: bool = False,
     multiple_subgraphs: bool = False,
+    mode: str | None = None,
     timeout: int = 600,
 ) -> CompileResult:
     """Run `edgetpu_compiler -s` on `model`, keep its output, parse it, predict alongside.
 
     `multiple_subgraphs` passes `-a` (`--enable_multiple_subgraphs`, the compiler's experimental
-    mode that lets it build several Edge TPU segments) and predicts that mode. The prediction
-    uses the compiler version the log names."""
+    mode that lets it build several Edge TPU segments) and predicts that mode; `mode` ("single",
+    "multi", "auto": `choose_mode`) sets it instead. The prediction uses the compiler version
+    the log names."""
     compiler = find_compiler()
     model = Path(model)
     cpu = flatbuffer.load(model)  # a readable model, or a one-line ModelError
     if num_segments is not None and num_segments < 1:
         raise TflfuseError("--num-segments must be at least 1")
+    choice = None
+    if mode is not None:
+        if multiple_subgraphs and mode != "multi":
+            raise TflfuseError(f"--multiple-subgraphs is --mode multi, not --mode {mode}")
+        multiple_subgraphs, pieces, choice = choose_mode(cpu, mode)
+        num_segments = num_segments or pieces
     out_dir = Path(out_dir) if out_dir is not None else model.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     command = [compiler, "-s", "-o", str(out_dir)]
@@ -221,7 +249,9 @@ def compile_model(
     prediction = predict_edgetpu(
         cpu, log.header.get("version"), multiple_subgraphs=multiple_subgraphs
     )
-    return CompileResult(model, outputs, console, log, prediction, truth, multiple_subgraphs)
+    return CompileResult(
+        model, outputs, console, log, prediction, truth, multiple_subgraphs, choice
+    )
 
 
 def format_comparison(result: CompileResult) -> str:
@@ -235,6 +265,13 @@ def format_comparison(result: CompileResult) -> str:
         f"  output: {', '.join(str(p) for p in result.outputs) or 'none'}",
         f"  console log kept in {result.console}",
     ]
+    if result.modes is not None:
+        chosen = result.modes.chosen
+        lines.append(
+            f"  --mode auto chose {chosen.mode}: {chosen.command(result.model.name)}"
+            f" ({chosen.mapped}/{chosen.total} predicted mapped,"
+            f" {chosen.crossings.count} CPU<->Edge TPU crossings)"
+        )
     for key in ("on_chip_memory", "off_chip_memory"):
         if key in h:
             lines.append(f"  {key.replace('_', ' ')}: {h[key]}")

@@ -1,0 +1,260 @@
+"""The Edge TPU package inside a compiled model (targets/edgetpu/package.py), the compiler's
+parameter layout (memory.py), and the compile modes (modes.py, `check`, `compile --mode`).
+
+The reader is tested on a package this file writes from the schema's field order (no ../shared
+needed) and on the real twins of ../shared/oracle; the layout against the bytes those twins'
+packages hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import flatbuffers
+import numpy as np
+import pytest
+from conftest import ORACLE, needs_oracle
+from flatbuffers import flexbuffers
+from test_edgetpu_compiler import _chain_with_a_custom_op, stand_in  # noqa: F401
+
+from tflfuse.cli import main
+from tflfuse.ir import Graph, Model, Quantization, flatbuffer
+from tflfuse.targets import capability
+from tflfuse.targets.edgetpu.memory import layer_bytes, predicted_memory
+from tflfuse.targets.edgetpu.modes import compare_modes, crossings
+from tflfuse.targets.edgetpu.package import (
+    PackageError,
+    model_packages,
+    package_memory,
+    read_package,
+)
+from tflfuse.targets.edgetpu.truth import read_truth, truth_of
+
+MORE = ORACLE.parent / "edgetpu-more"
+
+
+# -- a package written here, field by field -------------------------------------------------
+def _executable(kind: int, params: int, token: int, layer: str) -> bytes:
+    b = flatbuffers.Builder(0)
+    name = b.CreateString(layer)
+    b.StartObject(12)  # Layer
+    b.PrependUOffsetTRelativeSlot(0, name, 0)
+    b.PrependInt32Slot(1, 64, 0)  # size_bytes
+    b.PrependInt32Slot(4, 64, 0)  # z_dim
+    layer_at = b.EndObject()
+    b.StartVector(4, 1, 4)
+    b.PrependUOffsetTRelative(layer_at)
+    layers = b.EndVector()
+    data = b.CreateByteVector(bytes(params))
+    b.StartObject(17)  # Executable
+    b.PrependUOffsetTRelativeSlot(6, data, 0)
+    b.PrependUOffsetTRelativeSlot(8, layers, 0)
+    b.PrependInt16Slot(13, kind, 0)
+    b.PrependUint64Slot(14, token, 0)
+    b.Finish(b.EndObject())
+    return bytes(b.Output())
+
+
+def _custom_options(executables: list[bytes], runtime: int = 14) -> bytes:
+    multi = flatbuffers.Builder(0)
+    strings = [multi.CreateByteVector(e) for e in executables]
+    multi.StartVector(4, len(strings), 4)
+    for s in reversed(strings):
+        multi.PrependUOffsetTRelative(s)
+    vec = multi.EndVector()
+    multi.StartObject(1)
+    multi.PrependUOffsetTRelativeSlot(0, vec, 0)
+    multi.Finish(multi.EndObject())
+    pkg = flatbuffers.Builder(0)
+    blob = pkg.CreateByteVector(bytes(multi.Output()))
+    pkg.StartObject(8)
+    pkg.PrependInt32Slot(0, runtime, 0)
+    pkg.PrependUOffsetTRelativeSlot(1, blob, 0)
+    pkg.Finish(pkg.EndObject(), file_identifier=b"DWN1")
+    fx = flexbuffers.Builder()
+    with fx.Map():
+        fx.Int("1", 0)
+        fx.Key("4")
+        fx.String(_Raw(pkg.Output()))  # the compiler writes the package as a string's bytes
+    return bytes(fx.Finish())
+
+
+class _Raw(bytes):
+    """Bytes that flexbuffers' `String` writes as they are (it encodes a str to UTF-8)."""
+
+    def encode(self, *_: object) -> bytes:
+        return bytes(self)
+
+
+def test_a_written_package_is_read_back() -> None:
+    token = 0x1234_5678_9ABC_DEF0
+    options = _custom_options(
+        [_executable(2, 576, token, "x"), _executable(1, 43_968, token, "x")], runtime=14
+    )
+    pkg = read_package(options)
+    assert pkg.runtime_version == 14
+    assert [e.type for e in pkg.executables] == ["EXECUTION_ONLY", "PARAMETER_CACHING"]
+    assert (pkg.cached_bytes, pkg.streamed_bytes) == (43_968, 576)
+    assert pkg.caching_tokens == [token]
+    assert [layer.name for layer in pkg.inputs] == ["x"] and pkg.inputs[0].shape == (0, 0, 64)
+
+
+def test_options_without_a_package_are_refused() -> None:
+    with pytest.raises(PackageError):
+        read_package(b"not a package at all")
+
+
+# -- the real twins -------------------------------------------------------------------------------
+def _pairs() -> list[tuple[Path, Path]]:
+    found = []
+    for root in (ORACLE, MORE):
+        for twin in sorted(root.rglob("*_edgetpu.tflite")) if root.is_dir() else []:
+            cpu = twin.with_name(twin.name.replace("_edgetpu.tflite", ".tflite"))
+            if cpu.is_file():
+                found.append((cpu, twin))
+    return found
+
+
+@needs_oracle()
+def test_every_shared_twin_has_a_readable_package_naming_its_segment_tensors() -> None:
+    pairs = _pairs()
+    assert pairs
+    for _, twin in pairs:
+        compiled = flatbuffer.load(twin)
+        packages = model_packages(compiled)
+        custom = [op for op in compiled.main.ops if op.custom_code == "edgetpu-custom-op"]
+        assert len(packages) == len(custom) and all(packages)
+        for pkg, op in zip(packages, custom):
+            kinds = {e.type for e in pkg.executables}
+            assert kinds <= {"PARAMETER_CACHING", "EXECUTION_ONLY", "STAND_ALONE"}
+            assert len(pkg.caching_tokens) <= 1  # one token per package
+            names = {t.name for t in op.inputs if t is not None}
+            assert {layer.name for layer in pkg.inputs} <= names
+            # every output of the custom op is a layer (an LSTM's package also outputs its state)
+            assert {t.name for t in op.outputs} <= {layer.name for layer in pkg.outputs}
+
+
+@needs_oracle()
+def test_lstm_twin_caches_and_streams_as_its_package_says() -> None:
+    twin = flatbuffer.load(ORACLE / "keras_lstm_mnist_ptq_edgetpu.tflite")
+    memory = package_memory(twin)
+    assert memory is not None
+    assert memory["executables_by_type"] == {"parameter_caching": 1, "execution_only": 1}
+    assert memory["on_chip_bytes"] + memory["off_chip_bytes"] > 0
+    assert memory["off_chip_bytes"] < memory["on_chip_bytes"]
+
+
+@needs_oracle()
+@pytest.mark.parametrize(
+    "name",
+    ["deeplabv3_mnv2_dm05_pascal_quant", "posenet_mobilenet_v1_075_353_481_16_quant_decoder"],
+)
+def test_layout_gives_the_packages_bytes(name: str) -> None:
+    """The compiler's layout (channel groups, 4-byte input chunks, per-channel header words)
+    applied to the ops the twin maps gives the bytes its package holds, to the byte."""
+    cpu = flatbuffer.load(ORACLE / f"{name}.tflite")
+    truth = truth_of(cpu, flatbuffer.load(ORACLE / f"{name}_edgetpu.tflite"))
+    mapped = [op for i, op in enumerate(cpu.main.ops) if i not in set(truth.cpu_ops)]
+    predicted = predicted_memory(mapped, capability("edgetpu"))
+    assert truth.memory is not None
+    actual = truth.memory["on_chip_bytes"] + truth.memory["off_chip_bytes"]
+    assert predicted["parameter_bytes"] == actual
+    assert predicted["parameter_bytes"] != predicted["tensor_bytes"]  # not the raw tensors
+
+
+@pytest.mark.skipif(not MORE.is_dir(), reason="../shared/oracle/edgetpu-more is absent")
+def test_check_json_on_a_compiled_model_shows_the_package(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    twin = next(MORE.rglob("dense_256_edgetpu.tflite"))
+    assert main(["check", str(twin), "--target", "edgetpu", "--json"]) == 0
+    package = json.loads(capsys.readouterr().out)["compiled"]["package"]
+    cpu = flatbuffer.load(twin.with_name("dense_256.tflite"))
+    fc = next(op for op in cpu.main.ops if op.type == "FULLY_CONNECTED")
+    assert package["on_chip_bytes"] == layer_bytes(fc)  # 256 x 256 weights + 8 B per output
+    assert package["executables"] == 2 and len(package["caching_tokens"]) == 1
+    assert main(["check", str(twin), "--target", "edgetpu"]) == 0
+    text = capsys.readouterr().out
+    assert "On-chip memory used for caching model parameters: 67,584 B" in text
+
+
+@needs_oracle()
+def test_score_reads_memory_of_every_pair() -> None:
+    from tflfuse.targets.edgetpu.truth import find_pairs, score_pair
+
+    scores = [score_pair(p) for p in find_pairs(ORACLE, all_dev=True)]
+    assert all(s.memory is not None for s in scores)
+    assert any(s.memory["layout_exact"] for s in scores)
+    truth = read_truth(find_pairs(ORACLE, all_dev=True)[0])
+    assert truth.memory is not None and truth.memory["readable_packages"] == truth.segments
+
+
+# -- layout on tiny layers -------------------------------------------------------------------------
+def _fc(outputs: int, inputs: int, per_channel: bool, bias: bool) -> Model:
+    g = Graph("main")
+    q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    x = g.add_tensor("x", (1, inputs), "INT8", quantization=q)
+    scales = np.linspace(0.01, 0.02, outputs if per_channel else 1).astype(np.float32)
+    wq = Quantization(scale=scales, zero_point=np.zeros(scales.size, np.int64))
+    w = g.add_constant("w", np.ones((outputs, inputs), np.int8), quantization=wq)
+    b = g.add_constant("b", np.arange(outputs, dtype=np.int32)) if bias else None
+    y = g.add_tensor("y", (1, outputs), "INT8", quantization=q)
+    g.add_op("FULLY_CONNECTED", [x, w, b], [y])
+    g.inputs, g.outputs = [x], [y]
+    return Model([g])
+
+
+def test_layout_pads_outputs_and_adds_header_words() -> None:
+    # 256 outputs: 4 groups of 64; 64 input chunks x 64 outputs x 4 B each, and per output a
+    # float scale + the weights' zero point (per-channel, no bias) = 8 B
+    fc = _fc(256, 256, per_channel=True, bias=False).main.ops[0]
+    assert layer_bytes(fc) == 256 * 256 + 256 * 8
+    # one output is padded to 16; per-tensor without bias: no header
+    assert layer_bytes(_fc(1, 256, per_channel=False, bias=False).main.ops[0]) == 16 * 256
+    # 3 outputs, a bias: padded to 16 outputs x (4 B bias + 128 chunks x 4 B)
+    assert layer_bytes(_fc(3, 512, per_channel=False, bias=True).main.ops[0]) == 16 * (4 + 512)
+    # 100 outputs: two whole groups of 64; 10 inputs are 3 chunks of 4
+    assert layer_bytes(_fc(100, 10, per_channel=False, bias=True).main.ops[0]) == 2 * 64 * (4 + 12)
+
+
+# -- modes and crossings ---------------------------------------------------------------------------
+def test_modes_count_crossings_and_choose_multi_for_a_chain(tmp_path: Path) -> None:
+    model = flatbuffer.load(_chain_with_a_custom_op(tmp_path))
+    choice = compare_modes(model)
+    single, multi = choice.of("single"), choice.of("multi")
+    assert single is not None and multi is not None
+    assert (single.mapped, single.segments) == (1, 1)
+    assert (multi.mapped, multi.segments) == (2, 2)
+    # RELU -> MyOp crosses to the CPU (32 B) in both; MyOp -> RELU back to the Edge TPU with -a
+    assert (single.crossings.count, single.crossings.bytes) == (1, 32)
+    assert (multi.crossings.to_cpu, multi.crossings.to_edgetpu, multi.crossings.bytes) == (1, 1, 64)
+    assert choice.chosen.mode == "multi" and choice.chosen.flags == ["-a"]
+    assert crossings(model.main, [True, True, True]).count == 0
+
+
+def test_check_prints_the_modes_and_the_best_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _chain_with_a_custom_op(tmp_path)
+    assert main(["check", str(path), "--target", "edgetpu"]) == 0
+    text = capsys.readouterr().out
+    assert "Best mode: edgetpu_compiler -a chain.tflite" in text
+    assert main(["check", str(path), "--target", "edgetpu", "--json"]) == 0
+    modes = json.loads(capsys.readouterr().out)["compile_modes"]
+    assert modes["best"] == "multi" and [m["mode"] for m in modes["modes"]] == ["single", "multi"]
+
+
+def test_compile_mode_auto_passes_the_chosen_flags(
+    stand_in: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = _chain_with_a_custom_op(stand_in)
+    out = stand_in / "auto"
+    assert main(["compile", str(model), "-o", str(out), "--mode", "auto"]) == 0
+    assert "-a" in (stand_in / "argv.txt").read_text().split()
+    text = capsys.readouterr().out
+    assert "--mode auto chose multi" in text and "prediction and compiler agree" in text
+    assert main(["compile", str(model), "-o", str(out), "--mode", "single", "--json"]) == 0
+    assert "-a" not in (stand_in / "argv.txt").read_text().split()
+    assert json.loads(capsys.readouterr().out)["agrees"] is True

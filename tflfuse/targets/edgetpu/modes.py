@@ -1,0 +1,176 @@
+"""The compile modes of `edgetpu_compiler`, predicted side by side, and the one to use.
+
+- **one segment** (the default): one Edge TPU subgraph; an op the compiler refuses after the
+  segment has started cuts everything that depends on it (`predict_edgetpu`).
+- **several segments** (`-a`, `--enable_multiple_subgraphs`): every op that can map maps; the
+  segments are the connected groups of mapped ops (exact on the twins compiled with `-a`:
+  `benchmarks/edgetpu_oracle_score.py`).
+- **pipelined** (`-n N`, `--num_segments`): the model is cut into N pieces compiled one by one,
+  one Edge TPU each, for N devices. It applies when the parameters exceed one Edge TPU's cache.
+  Each piece is compiled in one segment, so at least the one-segment mapping maps; where the
+  compiler puts the N-1 cuts is not decided by the evidence (Coral's test data splits SSD
+  MobileNet v1/v2 into 2-4 pieces whose cached parameters range from 1.09 to 3.69 MB, not an
+  even split), so tflfuse predicts its segment count and says the mapping is at least the
+  one-segment one.
+
+Between the CPU and the Edge TPU, data crosses wherever a tensor written on one side is read on
+the other: `crossings` counts those tensors and their bytes (model inputs and outputs, which
+cross in every mode, are not counted). The best mode maps the most ops, then has the fewest
+crossings, then the fewest segments. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tflfuse.ir import Graph, Model
+from tflfuse.targets.capabilities import Prediction
+from tflfuse.targets.edgetpu.predict import predict_edgetpu
+
+COMPILER = "edgetpu_compiler"
+
+
+@dataclass
+class Crossings:
+    """Tensors written on one side (CPU or Edge TPU) and read on the other, and their bytes."""
+
+    to_cpu: int = 0
+    to_edgetpu: int = 0
+    bytes: int = 0
+
+    @property
+    def count(self) -> int:
+        return self.to_cpu + self.to_edgetpu
+
+
+def crossings(graph: Graph, mapped: list[bool]) -> Crossings:
+    """The CPU <-> Edge TPU crossings of a placement (`mapped[i]`: op i on the Edge TPU)."""
+    side = {id(op): mapped[i] for i, op in enumerate(graph.ops)}
+    found = Crossings()
+    seen: set[int] = set()
+    for op in graph.ops:
+        for t in op.outputs:
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            readers = {side[id(r)] for r in t.consumers if id(r) in side}
+            if side[id(op)] and False in readers:
+                found.to_cpu += 1
+            elif not side[id(op)] and True in readers:
+                found.to_edgetpu += 1
+            else:
+                continue
+            found.bytes += t.nbytes
+    return found
+
+
+@dataclass
+class ModeOutcome:
+    """One compile mode predicted: what maps, in how many segments, what crosses, the flags."""
+
+    mode: str  # "single", "multi" or "pipelined"
+    flags: list[str]
+    mapped: int
+    total: int
+    segments: int
+    crossings: Crossings
+    note: str = ""
+
+    def command(self, model_name: str = "MODEL.tflite") -> str:
+        return " ".join([COMPILER, *self.flags, model_name])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "flags": list(self.flags),
+            "mapped": self.mapped,
+            "ops": self.total,
+            "segments": self.segments,
+            "crossings": self.crossings.count,
+            "crossings_to_cpu": self.crossings.to_cpu,
+            "crossings_to_edgetpu": self.crossings.to_edgetpu,
+            "crossing_bytes": self.crossings.bytes,
+            **({"note": self.note} if self.note else {}),
+        }
+
+
+@dataclass
+class ModeChoice:
+    """Every mode that applies to a model, and the best of them (`best`: an index)."""
+
+    outcomes: list[ModeOutcome] = field(default_factory=list)
+    best: int = 0
+
+    @property
+    def chosen(self) -> ModeOutcome:
+        return self.outcomes[self.best]
+
+    def of(self, mode: str) -> ModeOutcome | None:
+        return next((o for o in self.outcomes if o.mode == mode), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "modes": [o.to_dict() for o in self.outcomes],
+            "best": self.chosen.mode,
+            "best_flags": list(self.chosen.flags),
+        }
+
+
+def _outcome(mode: str, flags: list[str], graph: Graph, prediction: Prediction) -> ModeOutcome:
+    mapped = [o.target != "cpu" for o in prediction.ops]
+    segments = prediction.segments if prediction.segments is not None else int(any(mapped))
+    return ModeOutcome(
+        mode, flags, prediction.mapped, len(prediction.ops), segments, crossings(graph, mapped)
+    )
+
+
+def pipeline_segments(prediction: Prediction) -> int | None:
+    """Edge TPUs a pipelined compile (`-n N`) needs to cache every parameter, when one is not
+    enough (None otherwise)."""
+    memory = prediction.memory
+    total, cache = memory.get("parameter_bytes", 0), memory.get("cache_bytes", 0)
+    if not cache or total <= cache:
+        return None
+    return -(-total // cache)
+
+
+def compare_modes(model: Model, compiler_version: str | None = None) -> ModeChoice:
+    """The one-segment and `-a` compiles predicted (and `-n N` where the parameters exceed the
+    cache), and the best: the most ops mapped, then the fewest crossings, then segments."""
+    graph = model.main
+    single = predict_edgetpu(model, compiler_version)
+    multi = predict_edgetpu(model, compiler_version, multiple_subgraphs=True)
+    outcomes = [
+        _outcome("single", [], graph, single),
+        _outcome("multi", ["-a"], graph, multi),
+    ]
+    pieces = pipeline_segments(single)
+    if pieces:
+        piped = _outcome("pipelined", ["-n", str(pieces)], graph, single)
+        piped.segments = pieces
+        piped.note = (
+            f"{pieces} Edge TPUs cache all {single.memory['parameter_bytes']:,} parameter bytes;"
+            " at least the one-segment mapping (where the compiler cuts is undecided)"
+        )
+        outcomes.append(piped)
+    ranked = sorted(
+        range(len(outcomes)),
+        key=lambda i: (-outcomes[i].mapped, outcomes[i].crossings.count, outcomes[i].segments),
+    )
+    return ModeChoice(outcomes, ranked[0])
+
+
+def format_modes(choice: ModeChoice, model_name: str = "MODEL.tflite") -> list[str]:
+    """The lines `check` and the report print: each mode, then the one to use and its command."""
+    names = {"single": "one segment", "multi": "-a", "pipelined": "-n"}
+    lines = ["Compile modes (predicted):"]
+    for o in choice.outcomes:
+        label = names[o.mode] + (f" {o.flags[1]}" if o.mode == "pipelined" else "")
+        lines.append(
+            f"  {label:<12} {o.mapped}/{o.total} mapped in {o.segments} Edge TPU segment"
+            f"{'s' * (o.segments != 1)}; {o.crossings.count} CPU<->Edge TPU crossings"
+            f" ({o.crossings.bytes:,} bytes)" + (f"; {o.note}" if o.note else "")
+        )
+    lines.append(f"Best mode: {choice.chosen.command(model_name)}")
+    return lines
