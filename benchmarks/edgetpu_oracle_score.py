@@ -14,6 +14,11 @@ fixed hash of each pair's path; checked only at the end), and into the two compi
 documented rule's (map in execution order until the first op outside Coral's op table or not
 int8/uint8 or not static). "Exact" is defined in `tflfuse.targets.edgetpu.truth.is_exact`. Where a
 pair has the compiler's `-s` log, the per-op status strings predicted are compared with the log's.
+
+Parameter memory: each twin's Edge TPU package (`tflfuse.targets.edgetpu.package`) says how many
+bytes the compiler caches on chip and streams; the prediction (`check --json`'s `on_chip_bytes`,
+`off_chip_bytes`) is exact when both match, and the layout alone
+(`tflfuse.targets.edgetpu.memory`, applied to the ops the twin maps) when their sum does.
 """
 
 from __future__ import annotations
@@ -98,10 +103,15 @@ def _print_memory(name: str, half: str, scores: list[PairScore], show_path: bool
     exact = sum(s.memory["exact"] for s in parsed)
     total = sum(s.memory["total_exact"] for s in parsed)
     layout = sum(s.memory["layout_exact"] for s in parsed)
+    near = sum(
+        abs(s.memory["layout_bytes"] - s.memory["on_chip_bytes"] - s.memory["off_chip_bytes"])
+        <= 0.01 * (s.memory["on_chip_bytes"] + s.memory["off_chip_bytes"])
+        for s in parsed
+    )
     print(
         f"{name:<12} {half:<8} memory: on-chip and streamed exact {exact}/{n},"
         f" total exact {total}/{n}, layout on the twin's ops exact {layout}/{n}"
-        f" ({len(scores) - n} packages unreadable)"
+        f" (within 1%: {near}/{n}; {len(scores) - n} packages unreadable)"
     )
     for s in parsed:
         m = s.memory

@@ -258,3 +258,23 @@ def test_compile_mode_auto_passes_the_chosen_flags(
     assert main(["compile", str(model), "-o", str(out), "--mode", "single", "--json"]) == 0
     assert "-a" not in (stand_in / "argv.txt").read_text().split()
     assert json.loads(capsys.readouterr().out)["agrees"] is True
+
+
+@needs_oracle()
+def test_compile_sets_predicted_memory_beside_the_package(
+    stand_in: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The stand-in returns the real compiler's twin of deeplab: the prediction's cached bytes
+    are the package's, and `compile` prints both."""
+    model = ORACLE / "deeplabv3_mnv2_dm05_pascal_quant.tflite"
+    assert main(["compile", str(model), "-o", str(stand_in / "o"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    package = report["twin"]["package"]
+    assert package["on_chip_bytes"] == report["prediction"]["memory"]["on_chip_bytes"]
+    assert package["off_chip_bytes"] == report["prediction"]["memory"]["off_chip_bytes"] == 0
+    assert main(["compile", str(model), "-o", str(stand_in / "o")]) == 0
+    text = capsys.readouterr().out
+    cached = f"{package['on_chip_bytes']:,} B cached"
+    assert f"parameter memory: predicted {cached}" in text
+    assert f"parameter memory in the compiled package: {cached}" in text

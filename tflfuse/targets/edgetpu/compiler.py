@@ -164,7 +164,11 @@ class CompileResult:
             "segments": {"predicted": self.predicted_segments, "actual": self.actual_segments},
             "twin": None
             if self.truth is None
-            else {"mode": self.truth.mode, "runtime_version": self.truth.runtime_version},
+            else {
+                "mode": self.truth.mode,
+                "runtime_version": self.truth.runtime_version,
+                "package": self.truth.memory,
+            },
             "status_agreement": None if status is None else list(status),
             "agrees": self.agrees(),
             "mode_choice": None if self.modes is None else self.modes.to_dict(),
@@ -281,9 +285,18 @@ def format_comparison(result: CompileResult) -> str:
             f" needs Edge TPU runtime {result.truth.runtime_version}"
         )
     p, log = result.prediction, result.log
-    mem = p.memory.get("parameter_bytes")
-    if mem is not None:
-        lines.append(f"  predicted parameter memory: {mem / 2**20:.2f}MiB")
+    mem = p.memory
+    if mem:
+        lines.append(
+            f"  parameter memory: predicted {mem['on_chip_bytes']:,} B cached,"
+            f" {mem['off_chip_bytes']:,} B streamed"
+        )
+    package = result.truth.memory if result.truth is not None else None
+    if package:
+        lines.append(
+            f"  parameter memory in the compiled package: {package['on_chip_bytes']:,} B cached,"
+            f" {package['off_chip_bytes']:,} B streamed"
+        )
     lines += [
         f"  mapped to Edge TPU: predicted {p.mapped}, actual {log.mapped}",
         f"  on the CPU:         predicted {p.cpu}, actual {log.cpu}",
