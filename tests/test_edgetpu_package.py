@@ -278,3 +278,19 @@ def test_compile_sets_predicted_memory_beside_the_package(
     cached = f"{package['on_chip_bytes']:,} B cached"
     assert f"parameter memory: predicted {cached}" in text
     assert f"parameter memory in the compiled package: {cached}" in text
+
+
+def test_an_activation_larger_than_any_compiled_is_said_undecided(tmp_path: Path) -> None:
+    def relu(shape: tuple[int, ...]) -> Model:
+        qp = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+        g = Graph("main")
+        x = g.add_tensor("x", shape, "UINT8", quantization=qp)
+        y = g.add_tensor("y", shape, "UINT8", quantization=qp)
+        g.add_op("RELU", [x], [y])
+        g.inputs, g.outputs = [x], [y]
+        return Model([g])
+
+    limit = capability("edgetpu")["meta"]["largest_activation_compiled"]
+    big = compare_modes(relu((1, 1000, 1000, 12)))  # 12,000,000 bytes
+    assert limit < 12_000_000 and len(big.notes) == 1 and "undecided" in big.notes[0]
+    assert compare_modes(relu((1, 100, 100, 12))).notes == []

@@ -570,4 +570,5 @@ def _mode_lines(section: dict[str, Any]) -> list[str]:
     if fused:
         flags = " ".join(["edgetpu_compiler", *fused["best_flags"], "fused.tflite"])
         lines += ["", f"Compile the fused model with `{flags}`."]
+        lines += [f"Note: {n}." for n in fused.get("notes", [])]
     return lines

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tflfuse.ir import Graph, Model
-from tflfuse.targets.capabilities import Prediction
+from tflfuse.targets.capabilities import Prediction, capability
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 
 COMPILER = "edgetpu_compiler"
@@ -101,6 +101,7 @@ class ModeChoice:
 
     outcomes: list[ModeOutcome] = field(default_factory=list)
     best: int = 0
+    notes: list[str] = field(default_factory=list)
 
     @property
     def chosen(self) -> ModeOutcome:
@@ -114,6 +115,7 @@ class ModeChoice:
             "modes": [o.to_dict() for o in self.outcomes],
             "best": self.chosen.mode,
             "best_flags": list(self.chosen.flags),
+            "notes": list(self.notes),
         }
 
 
@@ -158,7 +160,27 @@ def compare_modes(model: Model, compiler_version: str | None = None) -> ModeChoi
         range(len(outcomes)),
         key=lambda i: (-outcomes[i].mapped, outcomes[i].crossings.count, outcomes[i].segments),
     )
-    return ModeChoice(outcomes, ranked[0])
+    failure = failure_note(model, multi)
+    return ModeChoice(outcomes, ranked[0], [failure] if failure else [])
+
+
+def failure_note(model: Model, prediction: Prediction) -> str | None:
+    """What the evidence cannot decide about a whole-model failure ("Compilation failed due to
+    large activation tensors in model"), said when a mapped activation is larger than any the
+    dev pairs show compiled (`largest_activation_compiled` in the table); None otherwise."""
+    limit = capability("edgetpu")["meta"].get("largest_activation_compiled")
+    ops = model.main.ops
+    mapped = [ops[o.index] for o in prediction.ops if o.target != "cpu"]
+    tensors = [t for op in mapped for t in (*op.inputs, *op.outputs) if t is not None]
+    biggest = max((t for t in tensors if not t.is_constant), key=lambda t: t.nbytes, default=None)
+    if not limit or biggest is None or biggest.nbytes <= limit:
+        return None
+    return (
+        f"tensor {biggest.name!r} {list(biggest.shape)} holds {biggest.nbytes:,} bytes, more"
+        f" than any activation seen compiled ({limit:,}): whether edgetpu_compiler fails with"
+        " 'large activation tensors' is undecided by the evidence (YOLOv5s fails at 352 px and"
+        " compiles at 384 px, gh512)"
+    )
 
 
 def format_modes(choice: ModeChoice, model_name: str = "MODEL.tflite") -> list[str]:
@@ -173,4 +195,4 @@ def format_modes(choice: ModeChoice, model_name: str = "MODEL.tflite") -> list[s
             f" ({o.crossings.bytes:,} bytes)" + (f"; {o.note}" if o.note else "")
         )
     lines.append(f"Best mode: {choice.chosen.command(model_name)}")
-    return lines
+    return lines + [f"note: {n}" for n in choice.notes]
