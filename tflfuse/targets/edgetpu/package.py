@@ -237,7 +237,7 @@ def _package_bytes(custom_options: bytes) -> bytes:
         for key, value in zip(root.Keys, root.Values):
             if key.AsKey == _PACKAGE_KEY and value.IsString:
                 return bytes(value.AsStringBytes)
-    except (IndexError, ValueError, TypeError, struct_error, UnicodeDecodeError):
+    except (IndexError, KeyError, ValueError, TypeError, OverflowError, struct_error):
         pass
     at = custom_options.find(_PACKAGE_ID)
     if at < 4:
