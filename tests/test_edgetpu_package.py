@@ -294,3 +294,18 @@ def test_an_activation_larger_than_any_compiled_is_said_undecided(tmp_path: Path
     big = compare_modes(relu((1, 1000, 1000, 12)))  # 12,000,000 bytes
     assert limit < 12_000_000 and len(big.notes) == 1 and "undecided" in big.notes[0]
     assert compare_modes(relu((1, 100, 100, 12))).notes == []
+
+
+def test_a_cpu_op_between_two_joined_mapped_ops_makes_two_segments() -> None:
+    """x -> RELU a -> CUSTOM b -> ADD(a, b): the ADD reads the RELU directly and through the CPU
+    op, so one custom op holding both would wait on itself: -a makes two segments."""
+    qp = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    g = Graph("main")
+    x, a, b, y = (g.add_tensor(n, (1, 4, 4, 2), "UINT8", quantization=qp) for n in "xaby")
+    g.add_op("RELU", [x], [a])
+    g.add_op("CUSTOM", [a], [b], custom_code="MyOp")
+    g.add_op("ADD", [a, b], [y])
+    g.inputs, g.outputs = [x], [y]
+    multi = compare_modes(Model([g])).of("multi")
+    assert multi is not None and (multi.mapped, multi.segments) == (2, 2)
+    assert (multi.crossings.to_cpu, multi.crossings.to_edgetpu) == (1, 1)

@@ -523,25 +523,43 @@ def cut_origins(graph: Graph, compiler_version: str | None = None) -> dict[int, 
 
 
 def _segments(graph: Graph, mapped: list[bool]) -> int:
-    """Edge TPU segments: connected groups of mapped ops (joined by the tensors between them)."""
-    index = {op: i for i, op in enumerate(graph.ops)}
-    parent = list(range(len(graph.ops)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, op in enumerate(graph.ops):
-        if not mapped[i]:
-            continue
-        for t in op.inputs:
-            src = t.producer if t is not None else None
-            j = index.get(src) if src is not None else None
-            if j is not None and mapped[j]:
-                parent[find(i)] = find(j)
-    return len({find(i) for i in range(len(graph.ops)) if mapped[i]})
+    """Edge TPU segments of an `-a` compile: the delegated node subsets of TFLite's delegate
+    partitioning, which the compiler runs inside (its "Restored original execution plan after
+    delegate application failure" is the interpreter's message). Subsets alternate between
+    mapped and CPU ops; each takes, in execution order and until none is left, every op of its
+    kind whose inputs are ready. So mapped ops that a CPU op separates on some path land in
+    different segments even when a tensor joins them directly (one custom op holding both would
+    wait on itself: deeplab's pooling branch, attention blocks around a CPU BATCH_MATMUL), and
+    independent mapped ops ready together share one. Exact on the 18 twins compiled with -a, as
+    the connected groups of mapped ops were (they differ only where such a cycle exists)."""
+    ready = {id(t) for t in graph.inputs}
+    ready.update(
+        id(t)
+        for op in graph.ops
+        for t in op.inputs
+        if t is not None and (t.is_constant or t.producer is None)
+    )
+    left = set(range(len(graph.ops)))
+    segments = 0
+    while left:
+        kind: bool | None = None
+        taken = True
+        while taken:
+            taken = False
+            for i in sorted(left):
+                op = graph.ops[i]
+                if any(t is not None and id(t) not in ready for t in op.inputs):
+                    continue
+                kind = mapped[i] if kind is None else kind
+                if mapped[i] != kind:
+                    continue
+                left.discard(i)
+                ready.update(id(t) for t in op.outputs if t is not None)
+                taken = True
+        if kind is None:
+            break  # ops whose inputs never become ready (not a valid graph)
+        segments += int(kind)
+    return segments
 
 
 def predict_edgetpu(
