@@ -15,8 +15,8 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
 - DEPTHWISE_CONV_2D: per channel, 4 bytes per kernel tap and the same header.
 - Each layer's section padded to 64 bytes.
 
-Applied to the ops each twin maps, the bytes are exact on 91 of 185 compiled pairs (41/95 dev,
-50/90 holdout; Coral's own 71/92) and within 1% on 140 (`benchmarks/edgetpu_oracle_score.py`
+Applied to the ops each twin maps, the bytes are exact on 188 of 309 compiled pairs (84/146 dev,
+104/163 holdout; Coral's own 141/171) and within 1% on 247 (`benchmarks/edgetpu_oracle_score.py`
 with the local sets); what the layout does not cover yet is in the comment above [meta] in
 `delegates/edgetpu.toml`. No TensorFlow here.
 """
