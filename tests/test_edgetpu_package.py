@@ -309,3 +309,19 @@ def test_a_cpu_op_between_two_joined_mapped_ops_makes_two_segments() -> None:
     multi = compare_modes(Model([g])).of("multi")
     assert multi is not None and (multi.mapped, multi.segments) == (2, 2)
     assert (multi.crossings.to_cpu, multi.crossings.to_edgetpu) == (1, 1)
+
+
+def test_a_classifier_softmax_is_laid_out_for_compiler_16_only() -> None:
+    model = _fc(10, 512, per_channel=False, bias=True)
+    g = model.main
+    fc = g.ops[0]
+    q = Quantization(scale=np.array([1 / 256], np.float32), zero_point=np.array([-128], np.int64))
+    probs = g.add_tensor("p", (1, 10), "INT8", quantization=q)
+    g.add_op("SOFTMAX", [fc.outputs[0]], [probs])
+    g.outputs = [probs]
+    table = capability("edgetpu")
+    head = layer_bytes(fc)
+    assert head == 16 * (4 + 512)
+    # three sections of 16 bytes per class, 10 classes padded to 12: 3 x 192
+    assert predicted_memory(list(g.ops), table)["parameter_bytes"] == head + 576
+    assert predicted_memory(list(g.ops), table, compiler_major=15)["parameter_bytes"] == head

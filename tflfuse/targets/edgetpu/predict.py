@@ -605,7 +605,7 @@ def predict_edgetpu(
     prediction = Prediction(
         "edgetpu",
         ops,
-        memory=_edgetpu_memory(mapped_ops, table),
+        memory=_edgetpu_memory(mapped_ops, table, version),
         segments=_segments(graph, mapped) if multiple_subgraphs else int(any(mapped)),
         compiler_version=version,
         mode="multiple subgraphs (-a)" if multiple_subgraphs else "one Edge TPU subgraph",
@@ -624,6 +624,6 @@ def predict_edgetpu(
     return prediction
 
 
-def _edgetpu_memory(mapped_ops: list[Op], table: dict[str, Any]) -> dict[str, int]:
+def _edgetpu_memory(mapped_ops: list[Op], table: dict[str, Any], version: str) -> dict[str, int]:
     """Parameter bytes of the mapped ops in the compiler's layout (`edgetpu.memory`)."""
-    return predicted_memory(mapped_ops, table)
+    return predicted_memory(mapped_ops, table, compiler_version_key(version)[0])

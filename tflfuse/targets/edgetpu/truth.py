@@ -29,7 +29,7 @@ from tflfuse.targets.capabilities import OpPrediction, Prediction, capability, o
 from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP, CompilerLog, parse_log
 from tflfuse.targets.edgetpu.memory import predicted_memory
 from tflfuse.targets.edgetpu.package import package_memory
-from tflfuse.targets.edgetpu.predict import predict_edgetpu
+from tflfuse.targets.edgetpu.predict import compiler_version_key, predict_edgetpu
 
 COMPILED_SUFFIX = "_edgetpu"
 
@@ -344,7 +344,8 @@ def memory_comparison(prediction: Prediction, truth: Truth) -> dict[str, Any] | 
         return None
     cpu = set(truth.cpu_ops)
     mapped = [op for i, op in enumerate(truth.model.main.ops) if i not in cpu]
-    layout = predicted_memory(mapped, capability("edgetpu"))
+    major = compiler_version_key(prediction.compiler_version or "16")[0]
+    layout = predicted_memory(mapped, capability("edgetpu"), major)
     on, off = truth.memory["on_chip_bytes"], truth.memory["off_chip_bytes"]
     predicted = prediction.memory
     return {
