@@ -325,3 +325,16 @@ def test_a_classifier_softmax_is_laid_out_for_compiler_16_only() -> None:
     # three sections of 16 bytes per class, 10 classes padded to 12: 3 x 192
     assert predicted_memory(list(g.ops), table)["parameter_bytes"] == head + 576
     assert predicted_memory(list(g.ops), table, compiler_major=15)["parameter_bytes"] == head
+
+
+def test_the_report_tables_the_modes_and_names_the_flags(tmp_path: Path) -> None:
+    from tflfuse.convert import report
+
+    data = _chain_with_a_custom_op(tmp_path).read_bytes()
+    section = {name: report.edgetpu_cut(data) for name in ("fused", "stock")}
+    for v in section.values():
+        v.pop("_prediction")
+    text = "\n".join(report._edgetpu_lines(section))
+    assert "| fused | multi (best) | `-a` | 2/3 | 2 | 2 | 64 |" in text
+    assert "| stock | single | `(none)` | 1/3 | 1 | 1 | 32 |" in text
+    assert "Compile the fused model with `edgetpu_compiler -a fused.tflite`." in text
