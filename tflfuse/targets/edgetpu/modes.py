@@ -3,8 +3,8 @@
 - **one segment** (the default): one Edge TPU subgraph; an op the compiler refuses after the
   segment has started cuts everything that depends on it (`predict_edgetpu`).
 - **several segments** (`-a`, `--enable_multiple_subgraphs`): every op that can map maps; the
-  segments are the connected groups of mapped ops (exact on the twins compiled with `-a`:
-  `benchmarks/edgetpu_oracle_score.py`).
+  segments are TFLite's delegate partitioning of them (`predict._segments`; exact on the twins
+  compiled with `-a`: `benchmarks/edgetpu_oracle_score.py`).
 - **pipelined** (`-n N`, `--num_segments`): the model is cut into N pieces compiled one by one,
   one Edge TPU each, for N devices. It applies when the parameters exceed one Edge TPU's cache.
   Each piece is compiled in one segment, so at least the one-segment mapping maps; where the
