@@ -5,7 +5,7 @@ compiler's logs show (output data type, then op type, then inputs, shapes and th
 constraints); `predict_edgetpu` places every op of the main subgraph for a one-segment compile
 (an op maps when it can and nothing it reads comes from an op left on the CPU: the cut follows the
 data flow; float I/O conversions stay outside without cutting) or, with `multiple_subgraphs`, for
-`edgetpu_compiler -a` (every mappable op maps; segments are the connected groups of mapped ops).
+`edgetpu_compiler -a` (every mappable op maps; segments are TFLite's delegate partitioning of them).
 The evidence for each rule is cited in the table's semantics block and rows; the predictor is
 scored on real compiled pairs by `benchmarks/edgetpu_oracle_score.py` (see
 `tflfuse.targets.edgetpu.truth`).
@@ -571,7 +571,7 @@ def predict_edgetpu(
     say came later are refused. Default: the version the table describes (16.0).
     `multiple_subgraphs` predicts a compiler run that allows several Edge TPU subgraphs
     (`edgetpu_compiler -a`): every op that can map maps, with no cut, and the prediction counts
-    the segments (connected groups of mapped ops) the compiled model will hold.
+    the segments (TFLite's delegate partitioning, `_segments`) the compiled model will hold.
     """
     table = capability("edgetpu")
     status_text = table["status"]
