@@ -842,6 +842,40 @@ def _run_example(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- sweep ---------------------------------------------------------------------------------------
+def _add_sweep(sub: Any) -> None:
+    p = sub.add_parser(
+        "sweep", help="convert models x recipes x options (PLAN.toml) into one table, or on Ray"
+    )
+    p.add_argument("plan", help="PLAN.toml: recipes, option lists and [[model]] tables")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="the sweep's folder")
+    p.add_argument("--address", help="a Ray cluster (HOST:PORT) to run the cells on")
+    p.add_argument("--resume", action="store_true", help="reuse DIR's cells whose inputs match")
+    p.add_argument("--jobs", type=int, default=1, help="cells at once on this machine")
+    p.add_argument("--engine", choices=("auto", "ray", "pool"), default="auto", help="local engine")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(func=_run_sweep)
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from tflfuse.convert import sweep
+
+    result = sweep.sweep(
+        args.plan,
+        args.output,
+        address=args.address,
+        resume=args.resume,
+        jobs=args.jobs,
+        engine=args.engine,
+        progress=not args.json,
+    )
+    if args.json:
+        _emit_json(result.rows, "-")
+    else:
+        print("\n".join(sweep.summary(result)))
+    return 0
+
+
 # -- entry point ---------------------------------------------------------------------------------
 _COMMANDS = (
     _add_inspect,
@@ -852,6 +886,7 @@ _COMMANDS = (
     _add_compare,
     _add_compile,
     _add_example,
+    _add_sweep,
 )
 
 

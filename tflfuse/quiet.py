@@ -75,7 +75,10 @@ class _Router(io.TextIOBase):
         return previous
 
     def isatty(self) -> bool:
-        return self._shown.isatty()
+        try:
+            return self._shown.isatty()
+        except ValueError:  # closed with the capture; asked at exit (Ray's colorama)
+            return False
 
     def fileno(self) -> int:
         return self._shown.fileno()
