@@ -1,28 +1,29 @@
 #!/usr/bin/env python3
-"""Run `tflfuse convert` over the corpus of other people's models; write benchmarks/CORPUS.md.
+"""Run the corpus of other people's models through `tflfuse sweep`; write benchmarks/CORPUS.md.
 
-    .venv/bin/python benchmarks/corpus_bench.py                  # every model x recipe, cached
+    .venv/bin/python benchmarks/corpus_bench.py                  # every model x recipe, resumed
     .venv/bin/python benchmarks/corpus_bench.py --only yolo11n --recipes edgetpu
+    .venv/bin/python benchmarks/corpus_bench.py --address HOST:PORT  # the cells on a Ray cluster
     .venv/bin/python benchmarks/corpus_bench.py --tflfuse /work/main   # another checkout's venv
-    .venv/bin/python benchmarks/corpus_bench.py --report-only    # the tables from the cache
+    .venv/bin/python benchmarks/corpus_bench.py --report-only    # the tables from the sweep
 
 The corpus is built by `benchmarks/corpus_build.py` (its own venv; see its docstring) into
 `$TFLFUSE_CORPUS` (default /work/corpus/models): `NAME.tflite`, its `NAME.json` sidecar and
-`NAME.calib.npy`. Each cell (model x recipe in edgetpu, xnnpack-int8, each with and without
-`--channels-last`) runs `tflfuse convert MODEL --recipe R --calib NAME.calib.npy -o DIR --json`
-in its own process group with a timeout, in a fresh folder, and records: the exit code and the
-last line it printed (`tflfuse: error: ...`, a traceback's last line, or a signal), whether the
-failure was one line and whether anything was left behind in the folder; from report.json the op
-counts (unfused/stock/fused), the error of stock and fused against the float source (max abs,
-and relative to the source output's range), the Edge TPU mapping predicted for stock and fused,
-the rules that fired, the stage timings; the conversion's wall time and peak RSS (the child and
-its descendants, from wait4). A converted cell is then timed with a short interleaved
-`tflfuse bench STOCK FUSED` (XNNPACK, one thread, runs alternating) for p50 fused/stock.
+`NAME.calib.npy`. The cells (model x recipe in edgetpu, xnnpack-int8, each with and without
+`--channels-last`) are one plan, run by `tflfuse sweep PLAN -o benchmarks/out/corpus/sweep
+--resume` (locally, `--jobs` at a time, or on the Ray cluster at `--address`): each cell is one
+`tflfuse convert MODEL --recipe R --calib NAME.calib.npy --json` in its own process with a
+timeout, and its row holds the exit code and the one line it printed, whether it left files
+behind, the op counts, the Edge TPU mapping, the error of stock and fused against the float
+source, the wall and CPU time and peak RSS (the convert and its children, from wait4) and, unless
+`--no-latency`, the p50 fused / stock of a short interleaved `tflfuse bench` (XNNPACK, one
+thread). The relative error and the rules that fired are read from the cell's report.json. A
+crash is rerun here under Python's faulthandler to find where it happened (crash.json beside it).
 
-Cells are cached in benchmarks/out/corpus/cells/TREE/ (keyed by the model file and the recipe, per
-tree of the tflfuse package and its diff): a rerun only does what changed; `--rerun` redoes the
-selection. Of a converted cell, the stock and fused models are kept (models/TREE/, for `--retime`,
-which times them again without converting); the rest of its folder is deleted. Writes
+The sweep's --resume is the cache: a cell is converted again only when its inputs (the model's
+and calibration's bytes, the recipe, the options, tflfuse's package files) changed; `--rerun`
+redoes the selection. Each cell's folder (benchmarks/out/corpus/sweep/cells/MODEL.RECIPE[.cl])
+keeps the conversion's files, which `--retime` times again without converting. Writes
 benchmarks/CORPUS.md and benchmarks/out/corpus.json. Latency depends on the machine (shared
 here): the ratio between models timed in one run is the number to read.
 """
@@ -48,12 +49,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_CORPUS = Path(os.environ.get("TFLFUSE_CORPUS", "/work/corpus/models"))
-# Per tflfuse package tree: cells/TREE/MODEL__RECIPE.json, and the stock and fused models of
-# converted cells in models/TREE/MODEL__RECIPE/ (for --retime).
-CACHE = HERE / "out" / "corpus" / "cells"
-KEPT = HERE / "out" / "corpus" / "models"
+SWEEP = HERE / "out" / "corpus" / "sweep"  # the sweep's folder: its cells are the cache
 RECIPES = ("edgetpu", "xnnpack-int8", "edgetpu+cl", "xnnpack-int8+cl")  # +cl: --channels-last
-SCHEMA = 3  # bump when a cell's record changes shape
 
 
 # ---------------------------------------------------------------- running one cell
@@ -89,11 +86,6 @@ def checkout_id(checkout: Path | None, exe: list[str]) -> str:
     head = hashlib.sha1(" ".join(trees).encode()).hexdigest()[:12]
     diff = git("diff", "HEAD", "--", "tflfuse", "delegates", "converters")
     return head + ("+" + hashlib.sha1(diff.encode()).hexdigest()[:8] if diff else "")
-
-
-def file_id(path: Path) -> str:
-    st = path.stat()
-    return f"{st.st_size}-{int(st.st_mtime)}"
 
 
 def run_limited(cmd: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
@@ -244,47 +236,97 @@ def bench_pair(
     }
 
 
-def run_cell(model: Path, recipe: str, exe: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    base, channels_last = recipe.removesuffix("+cl"), recipe.endswith("+cl")
-    calib = model.with_suffix(".calib.npy")
-    with tempfile.TemporaryDirectory(prefix="corpus-cell-", dir=args.workdir) as tmp:
-        folder = Path(tmp)
-        cmd = [*exe, "convert", str(model), "--recipe", base, "-o", "out", "--json"]
-        if calib.exists():
-            cmd += ["--calib", str(calib)]
-        if channels_last:
-            cmd.append("--channels-last")
-        run = run_limited(cmd, folder, args.timeout)
-        status, why = classify(run)
-        cell: dict[str, Any] = {
-            "model": model.name,
-            "recipe": recipe,
-            "command": " ".join(["tflfuse", *cmd[len(exe) :]]),
-            "status": status,
-            "exit": run["exit"],
-            "why": why,
-            "lines_printed": len(printed_lines(run["stderr"])),
-            "stderr_tail": printed_lines(run["stderr"])[-15:],
-            "seconds": round(run["seconds"], 2),
-            "peak_rss_mib": round(run["peak_rss_mib"], 1),
-            "cpu_s": round(run["cpu_s"], 2),
-        }
-        report = folder / "out" / "report.json"
-        if status == "converted" and not report.exists():
-            status = cell["status"] = "failed"
-            cell["why"] = "exit 0 but no report.json written"
-        cell["left_behind"] = [] if status == "converted" else leftovers(folder)
-        if status == "converted":
-            cell.update(summarize_report(json.loads(report.read_text())))
-            if not args.no_latency:
-                cell["latency"] = bench_pair(exe, folder, args.runs, args.timeout)
-            kept = KEPT / args.tool / cell_key(model, recipe)
-            kept.mkdir(parents=True, exist_ok=True)
-            for name in ("model.tflite", "model_stock.tflite"):
-                shutil.copyfile(folder / "out" / name, kept / name)
-        elif status == "crash" and not args.no_crash_rerun:
-            cell.update(crash_stack(exe, cmd[len(exe) :], folder, args.timeout))
+def write_plan(models: list[Path], recipes: list[str], args: argparse.Namespace) -> Path:
+    """PLAN.toml for the selection: per model, one table per --channels-last value asked for."""
+    lines = [f"timeout_s = {args.timeout}", f"bench_runs = {0 if args.no_latency else args.runs}"]
+    lines.append(f"recipes = {json.dumps(sorted({r.removesuffix('+cl') for r in recipes}))}")
+    for model in models:
+        calib = model.with_suffix(".calib.npy")
+        for cl in (False, True):
+            bases = [r.removesuffix("+cl") for r in recipes if r.endswith("+cl") == cl]
+            if not bases:
+                continue
+            lines += ["", "[[model]]", f"name = {json.dumps(model.stem)}"]
+            lines += [f"path = {json.dumps(str(model))}", f"recipes = {json.dumps(bases)}"]
+            lines += [f"calib = {json.dumps(str(calib))}"] if calib.exists() else []
+            lines += ["channels_last = true"] if cl else []
+    plan = SWEEP.parent / "plan.toml"
+    plan.parent.mkdir(parents=True, exist_ok=True)
+    plan.write_text("\n".join(lines) + "\n")
+    return plan
+
+
+def cell_dir(model: Path, recipe: str) -> Path:
+    """The sweep's folder of one cell (tflfuse.convert.sweep_plan.cell_name)."""
+    from tflfuse.convert.sweep_plan import cell_name
+
+    base, cl = recipe.removesuffix("+cl"), recipe.endswith("+cl")
+    return SWEEP / "cells" / cell_name(model.stem, base, {"channels_last": cl})
+
+
+def run_sweep(exe: list[str], plan: Path, args: argparse.Namespace) -> int:
+    """`tflfuse sweep PLAN -o SWEEP --resume`, its progress bar on this terminal."""
+    cmd = [*exe, "sweep", str(plan), "-o", str(SWEEP), "--resume", "--jobs", str(args.jobs)]
+    cmd += ["--address", args.address] if args.address else []
+    return subprocess.run(cmd, check=False).returncode
+
+
+def cell_of(model: Path, recipe: str, exe: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """A cell of the tables from the sweep's row (cell.json) and report.json; a crash rerun
+    under faulthandler once (crash.json)."""
+    folder = cell_dir(model, recipe)
+    row = json.loads((folder / "cell.json").read_text())
+    status = row["status"]
+    if status == "refused" and row.get("lines_printed", 1) > 1:
+        status = "failed"  # a refusal said in more than one line
+    cell: dict[str, Any] = {
+        "model": model.name,
+        "recipe": recipe,
+        "status": "crash" if status == "lost" else status,
+        "exit": row["exit"],
+        "why": row["line"]
+        if status != "failed"
+        else f"exit {row['exit']}, {row.get('lines_printed')} lines: {row['line']}",
+        "lines_printed": row.get("lines_printed", 0),
+        "seconds": row["seconds"] or 0.0,
+        "peak_rss_mib": row["peak_rss_mib"] or 0.0,
+        "cpu_s": row.get("cpu_s"),
+        "left_behind": row.get("left_behind", []),
+        "node": row.get("node"),
+    }
+    report = folder / "report.json"
+    if status == "converted" and report.exists():
+        cell.update(summarize_report(json.loads(report.read_text())))
+        cell["latency"] = _latency(row, folder)
+    elif status == "crash" and not args.no_crash_rerun:
+        cell.update(_crash(model, recipe, exe, args, folder))
     return cell
+
+
+def _latency(row: dict[str, Any], folder: Path) -> dict[str, Any]:
+    retimed = folder / "retime.json"
+    if retimed.exists():
+        return json.loads(retimed.read_text())
+    bench = row.get("bench") or {}
+    if row.get("p50_ratio") is None:
+        return {"error": bench["line"]} if "line" in bench else {}
+    return {**bench, "ratio": row["p50_ratio"]}
+
+
+def _crash(
+    model: Path, recipe: str, exe: list[str], args: argparse.Namespace, folder: Path
+) -> dict[str, Any]:
+    saved = folder / "crash.json"
+    if saved.exists():
+        return json.loads(saved.read_text())
+    argv = ["convert", str(model), "--recipe", recipe.removesuffix("+cl"), "-o", "out", "--json"]
+    calib = model.with_suffix(".calib.npy")
+    argv += ["--calib", str(calib)] if calib.exists() else []
+    argv += ["--channels-last"] if recipe.endswith("+cl") else []
+    with tempfile.TemporaryDirectory(prefix="corpus-crash-", dir=args.workdir) as tmp:
+        found = crash_stack(exe, argv, Path(tmp), args.timeout)
+    saved.write_text(json.dumps(found, indent=1))
+    return found
 
 
 FAULT_SNIPPET = """
@@ -335,26 +377,6 @@ def corpus(folder: Path, only: list[str] | None) -> list[Path]:
 def sidecar(model: Path) -> dict[str, Any]:
     path = model.with_suffix(".json")
     return json.loads(path.read_text()) if path.exists() else {}
-
-
-def cell_key(model: Path, recipe: str) -> str:
-    return f"{model.stem}__{recipe}"
-
-
-def load_cell(model: Path, recipe: str, tool: str) -> dict[str, Any] | None:
-    path = CACHE / tool / f"{cell_key(model, recipe)}.json"
-    if not path.exists():
-        return None
-    cell = json.loads(path.read_text())
-    fresh = cell.get("schema") == SCHEMA
-    fresh = fresh and cell.get("tflfuse_id") == tool and cell.get("model_id") == file_id(model)
-    return cell if fresh else None
-
-
-def save_cell(cell: dict[str, Any], model: Path, recipe: str, tool: str) -> None:
-    (CACHE / tool).mkdir(parents=True, exist_ok=True)
-    cell.update(schema=SCHEMA, tflfuse_id=tool, model_id=file_id(model))
-    (CACHE / tool / f"{cell_key(model, recipe)}.json").write_text(json.dumps(cell, indent=1))
 
 
 # ---------------------------------------------------------------- the tables
@@ -568,27 +590,16 @@ def write_markdown(cells: list[dict[str, Any]], meta: dict[str, Any], path: Path
 # ---------------------------------------------------------------- driver
 
 
-def retime(
-    results: dict[tuple[str, str], dict[str, Any]],
-    models: list[Path],
-    args: argparse.Namespace,
-    exe: list[str],
-    tool: str,
-) -> None:
-    """Time again, one after the other, the kept models of the cached converted cells."""
+def retime(selection: list[tuple[Path, str]], args: argparse.Namespace, exe: list[str]) -> None:
+    """Time again, one after the other, the converted cells' stock and fused models (kept in
+    their sweep folders): retime.json beside each, which the tables then read."""
     from tqdm import tqdm
 
-    by_name = {m.name: m for m in models}
-    todo = [
-        (key, cell)
-        for key, cell in results.items()
-        if cell["status"] == "converted"
-        and (KEPT / tool / cell_key(by_name[key[0]], key[1]) / "model.tflite").exists()
-    ]
-    for (name, recipe), cell in tqdm(todo, unit="cell", desc="retime"):
-        folder = KEPT / tool / cell_key(by_name[name], recipe)
-        cell["latency"] = bench_pair(exe, folder.parent, args.runs, args.timeout, folder.name)
-        save_cell(cell, by_name[name], recipe, tool)
+    todo = [(m, r) for m, r in selection if (cell_dir(m, r) / "model.tflite").exists()]
+    for model, recipe in tqdm(todo, unit="cell", desc="retime"):
+        folder = cell_dir(model, recipe)
+        latency = bench_pair(exe, folder.parent, args.runs, args.timeout, folder.name)
+        (folder / "retime.json").write_text(json.dumps(latency, indent=1))
 
 
 def main() -> int:
@@ -600,6 +611,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="+", help="model name substrings")
     ap.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=RECIPES)
     ap.add_argument("--jobs", type=int, default=1, help="cells converted at once (default 1)")
+    ap.add_argument("--address", help="run the cells on this Ray cluster (tflfuse[sweep])")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per conversion")
     ap.add_argument("--runs", type=int, default=40, help="bench runs per model and pass")
     ap.add_argument("--no-latency", action="store_true", help="skip the p50 timing")
@@ -614,51 +626,35 @@ def main() -> int:
         action="store_true",
         help="time the kept stock and fused models of cached converted cells again (no convert)",
     )
-    ap.add_argument("--report-only", action="store_true", help="write the tables from the cache")
-    ap.add_argument("--workdir", type=Path, default=None, help="where cells run (default: TMPDIR)")
+    ap.add_argument("--report-only", action="store_true", help="write the tables from the sweep")
+    ap.add_argument(
+        "--workdir", type=Path, default=None, help="where crashes rerun (default: TMPDIR)"
+    )
     ap.add_argument("--out", type=Path, default=HERE / "CORPUS.md")
     args = ap.parse_args()
 
     exe, checkout = tflfuse_command(args.tflfuse)
-    tool = args.tool = checkout_id(checkout, exe)
+    tool = checkout_id(checkout, exe)
     models = corpus(args.corpus, args.only)
     if not models:
         print(f"corpus_bench: no models in {args.corpus} (build them: benchmarks/corpus_build.py)")
         return 2
-    cells_todo = [(m, r) for r in args.recipes for m in models]  # recipe-major: all models early
-    results: dict[tuple[str, str], dict[str, Any]] = {}
-    pending = []
-    for m, r in cells_todo:
-        cached = None if args.rerun else load_cell(m, r, tool)
-        if cached is not None or args.report_only:
-            if cached is not None:
-                results[(m.name, r)] = cached
-        else:
-            pending.append((m, r))
-
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
-    from tqdm import tqdm
-
+    selection = [(m, r) for r in args.recipes for m in models]  # recipe-major: all models early
+    if args.rerun:
+        for m, r in selection:
+            shutil.rmtree(cell_dir(m, r), ignore_errors=True)
+    if not args.report_only:
+        plan = write_plan(models, args.recipes, args)
+        if run_sweep(exe, plan, args) != 0:
+            print("corpus_bench: the sweep failed (its error above)")
+            return 1
     if args.retime:
-        retime(results, models, args, exe, tool)
-
-    bar = tqdm(total=len(pending), unit="cell", desc="corpus", disable=not pending)
-
-    def one(m: Path, r: str) -> tuple[Path, str, dict[str, Any]]:
-        return m, r, run_cell(m, r, exe, args)
-
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(one, m, r) for m, r in pending]
-        for fut in as_completed(futures):
-            m, r, cell = fut.result()
-            save_cell(cell, m, r, tool)
-            results[(m.name, r)] = cell
-            bar.set_postfix_str(f"{m.stem} {r}: {cell['status']}")
-            bar.update()
-            tqdm.write(f"{m.stem} {r}: {cell['status']} {cell['why']}"[:300])
-    bar.close()
-
+        retime(selection, args, exe)
+    results = {
+        (m.name, r): cell_of(m, r, exe, args)
+        for m, r in selection
+        if (cell_dir(m, r) / "cell.json").exists()
+    }
     ordered = [results[(m.name, r)] for m in models for r in args.recipes if (m.name, r) in results]
     sidecars = {m.stem: sidecar(m) for m in models}
     index = args.corpus / "index.json"

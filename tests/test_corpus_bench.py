@@ -147,3 +147,29 @@ def test_summary_of_a_report_takes_error_relative_to_the_range(cb):
     assert set(s["edgetpu"]) == {"stock", "fused"}
     assert s["edgetpu"]["stock"]["cut"]["op"] == "HARD_SWISH"
     assert s["float_ops_left"] == ["PRELU"]
+
+
+def test_the_corpus_plan_names_the_cells_the_tables_read(cb, tmp_path, monkeypatch):
+    """The bench runs the corpus through `tflfuse sweep`: its plan must give one cell per model x
+    recipe asked for, in the folder the tables then read (cell_dir), with its calibration."""
+    import argparse
+
+    from tflfuse.convert import sweep_plan
+
+    monkeypatch.setattr(cb, "SWEEP", tmp_path / "sweep")
+    for name in ("m1", "m2.v2"):  # a dot in a model's name stays in its cells' names
+        (tmp_path / f"{name}.tflite").write_bytes(b"TFL3")
+    (tmp_path / "m1.calib.npy").write_bytes(b"calib")
+    models = sorted(tmp_path.glob("*.tflite"))
+    recipes = ["edgetpu", "xnnpack-int8+cl"]
+    args = argparse.Namespace(timeout=60.0, runs=5, no_latency=False)
+    plan = sweep_plan.load(cb.write_plan(models, recipes, args), tmp_path / "sweep")
+    wanted = {cb.cell_dir(m, r).name for m in models for r in recipes}
+    assert {c.name for c in plan.cells} == wanted == {
+        "m1.edgetpu",
+        "m1.xnnpack-int8.cl",
+        "m2.v2.edgetpu",
+        "m2.v2.xnnpack-int8.cl",
+    }
+    assert {c.bench_runs for c in plan.cells} == {5}
+    assert plan.models["m1"][1] is not None and plan.models["m2.v2"][1] is None

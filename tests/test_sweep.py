@@ -12,6 +12,8 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -229,6 +231,41 @@ def test_sweep_png_is_drawn(local_sweep) -> None:
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
+def test_without_an_address_ray_is_started_here_and_says_so(inputs, tmp_path) -> None:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (the tflfuse[sweep] extra)")
+    plan = write_plan(
+        tmp_path, f'recipes = ["cpu-float"]\n[[model]]\npath = "{inputs / "a.tflite"}"\n'
+    )
+    # a new local Ray cluster writes ~/.ray/auth_token: a HOME of the test's own
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["HOME"] = str(tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tflfuse.cli",
+            "sweep",
+            str(plan),
+            "-o",
+            str(tmp_path / "s"),
+            "--json",
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == ["tflfuse: sweep: 1 cell on Ray started here (1 CPU)"]
+    (row,) = json.loads(run.stdout)
+    assert row["status"] == "converted" and row["ops"]["fused"] == 2, row
+    assert row["node"].count("/") == 1  # HOST/RAY-NODE-ID: it ran as a Ray task
+
+
 # -- a real two-node Ray cluster -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster():
@@ -252,23 +289,11 @@ calib = "calib.npy"
 [[model]]
 path = "b.tflite"
 calib = "calib.npy"
+[[model]]
+path = "victim.tflite"
+calib = "calib.npy"
+recipes = ["edgetpu"]
 """
-
-
-@pytest.mark.slow
-def test_cells_run_on_both_nodes_and_equal_standalone_converts(cluster, inputs, tmp_path):
-    plan = write_plan(inputs, CLUSTER_PLAN, "cluster.toml")
-    result = sweep(plan, tmp_path / "s", address=cluster.address, progress=False, quiet=True)
-    assert [r["status"] for r in result.rows] == ["converted"] * 4, result.rows
-    assert result.engine.startswith(f"the Ray cluster at {cluster.address} (2 nodes, 2 CPUs")
-    assert len({r["node"] for r in result.rows}) == 2  # both nodes converted cells
-    for row in result.rows:
-        model = inputs / f"{row['model']}.tflite"
-        alone = standalone(model, row["recipe"], inputs / "calib.npy", tmp_path / row["cell"])
-        for name in ("model.tflite", "model_stock.tflite"):
-            assert (tmp_path / "s" / "cells" / row["cell"] / name).read_bytes() == (
-                alone / name
-            ).read_bytes()
 
 
 def _kill_the_worker_converting(marker: str, stop: threading.Event) -> list[int]:
@@ -290,14 +315,12 @@ def _kill_the_worker_converting(marker: str, stop: threading.Event) -> list[int]
 
 
 @pytest.mark.slow
-def test_a_killed_worker_loses_only_its_cell(cluster, inputs, tmp_path) -> None:
+def test_a_cluster_sweep_runs_on_both_nodes_and_a_killed_worker_loses_only_its_cell(
+    cluster, inputs, tmp_path
+) -> None:
+    """Five cells on two one-CPU nodes; the worker converting `victim` is killed mid-way."""
     (inputs / "victim.tflite").write_bytes(tiny(12))
-    plan = write_plan(
-        inputs,
-        CLUSTER_PLAN.replace('recipes = ["edgetpu", "xnnpack-int8"]', 'recipes = ["edgetpu"]')
-        + '[[model]]\npath = "victim.tflite"\ncalib = "calib.npy"\n',
-        "victim.toml",
-    )
+    plan = write_plan(inputs, CLUSTER_PLAN, "cluster.toml")
     stop, killed = threading.Event(), []
     hunter = threading.Thread(
         target=lambda: killed.extend(_kill_the_worker_converting("victim.tflite", stop))
@@ -308,8 +331,17 @@ def test_a_killed_worker_loses_only_its_cell(cluster, inputs, tmp_path) -> None:
     finally:
         stop.set()
         hunter.join()
+    assert result.engine.startswith(f"the Ray cluster at {cluster.address} (2 nodes, 2 CPUs")
+    rows = {r["cell"]: r for r in result.rows}
     assert killed, "the victim's worker was never seen"
-    rows = {r["model"]: r for r in result.rows}
-    assert rows["victim"]["status"] == "lost", rows["victim"]
-    assert rows["victim"]["line"] == "the Ray worker running it died (killed, or out of memory)"
-    assert rows["a"]["status"] == rows["b"]["status"] == "converted"
+    victim = rows.pop("victim.edgetpu")
+    assert victim["status"] == "lost" and victim["node"] is None
+    assert victim["line"] == "the Ray worker running it died (killed, or out of memory)"
+    assert [r["status"] for r in rows.values()] == ["converted"] * 4, rows
+    assert len({r["node"] for r in rows.values()}) == 2  # both nodes converted cells
+    for row in rows.values():  # each equal to a standalone convert, byte for byte
+        model = inputs / f"{row['model']}.tflite"
+        alone = standalone(model, row["recipe"], inputs / "calib.npy", tmp_path / row["cell"])
+        for name in ("model.tflite", "model_stock.tflite"):
+            got = (tmp_path / "s" / "cells" / row["cell"] / name).read_bytes()
+            assert got == (alone / name).read_bytes()

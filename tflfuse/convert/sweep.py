@@ -20,6 +20,7 @@ import contextlib
 import json
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -95,8 +96,11 @@ def run_pool(cells: list[CellSpec], plan: Plan, done: Done, jobs: int) -> None:
     """The cells on this machine, `jobs` at a time (each in its own process, see sweep_cell)."""
 
     def one(cell: CellSpec) -> CellResult:
+        started = time.monotonic()
         model, calib = plan.models[cell.payload]
-        return run_cell(cell, model, calib, plan.recipe_files.get(cell.recipe))
+        result = run_cell(cell, model, calib, plan.recipe_files.get(cell.recipe))
+        result.row["turnaround_s"] = round(time.monotonic() - started, 2)
+        return result
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(one, c): c for c in cells}
@@ -157,7 +161,8 @@ def sweep(
 
     def start(engine_name: str) -> None:  # the engine is ready: say which, then the bar
         reused = f" ({len(rows)} reused)" if rows else ""
-        _note(f"sweep: {len(todo)} cells{reused} on {engine_name}", quiet)
+        cells = f"{len(todo)} cell{'' if len(todo) == 1 else 's'}"
+        _note(f"sweep: {cells}{reused} on {engine_name}", quiet)
         bar = tqdm(total=len(plan.cells), initial=len(rows), unit="cell", desc="sweep")
         bar.disable = bar.disable or not progress
         bars.append(bar)

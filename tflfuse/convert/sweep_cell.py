@@ -127,6 +127,7 @@ def empty_row(spec: CellSpec) -> dict[str, Any]:
         "seconds": None,
         "peak_rss_mib": None,
         "node": socket.gethostname(),
+        "turnaround_s": None,
         "reused": False,
         "key": spec.key,
     }
@@ -182,6 +183,7 @@ def run_limited(argv: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
         "timed_out": timed_out.is_set(),
         "seconds": time.perf_counter() - t0,
         "peak_rss_mib": usage.ru_maxrss / 1024,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
         "stdout": out_path.read_text(errors="replace"),
         "stderr": err_path.read_text(errors="replace"),
     }
@@ -248,8 +250,11 @@ def run_cell(
         status, line = judge(run, spec.timeout_s)
         row.update(status=status, line=line, exit=None if run["timed_out"] else run["exit"])
         row.update(seconds=round(run["seconds"], 2), peak_rss_mib=round(run["peak_rss_mib"], 1))
+        row.update(cpu_s=round(run["cpu_s"], 2), lines_printed=len(printed_lines(run["stderr"])))
         files: dict[str, bytes] = {}
         out = folder / "out"
+        if status != "converted":  # a failed convert leaves nothing: what it did leave
+            row["left_behind"] = sorted(p.name for p in folder.iterdir() if p.name != "in")
         if status == "converted":
             try:
                 row.update(measurements(json.loads(run["stdout"])))
@@ -271,4 +276,5 @@ def _bench(folder: Path, spec: CellSpec) -> tuple[float | None, dict[str, Any]]:
     data = json.loads((folder / "bench.json").read_text())
     stock, fused = (m["latency_ms"]["p50"] for m in data["models"])
     ratio = fused / stock if stock else None
-    return ratio, {"stock_p50_ms": stock, "fused_p50_ms": fused, "seconds": run["seconds"]}
+    load = round(os.getloadavg()[0], 1)  # others' work on this node meanwhile
+    return ratio, {"stock_p50_ms": stock, "fused_p50_ms": fused, "load_average": load}

@@ -232,14 +232,15 @@ def _model_cells(
         raise PlanError(f"{where}: size is for example models (a file has its own input size)")
     if example is None:
         axes.pop("size", None)
-    name = table.get("name") or (example or Path(str(table["path"])).name.split(".")[0])
+    name = table.get("name") or (example or Path(str(table["path"])).stem)
     calib = _input(where, base, table["calib"], "calib") if "calib" in table else None
     for values in itertools.product(*axes.values()):
         options = dict(zip(axes, values))
         source = name + (f".size{options['size']}" if "size" in options else "")
-        if source not in plan.models:
-            plan.models[source] = _model_payloads(where, table, base, out_dir, options, calib)
-        model, given_calib = plan.models[source]
+        made = _model_payloads(where, table, base, out_dir, options, calib)
+        if plan.models.setdefault(source, made) != made:
+            raise PlanError(f"{where}: another model is named {name!r} (give each a `name`)")
+        model, given_calib = made
         for recipe in recipes:
             parts = {
                 "model": model.digest(),

@@ -172,11 +172,12 @@ def run_cells(cells: list[CellSpec], plan: Any, done: Done, peaks: dict[str, flo
             running[task.options(memory=memory).remote(cell, *args)] = (cell, time.monotonic())
         ready, _ = ray.wait(list(running), num_returns=1, timeout=5)
         for ref in ready:
-            cell, _ = running.pop(ref)
+            cell, started = running.pop(ref)
             try:
                 result = ray.get(ref)
             except Exception as exc:  # the task did not return: one row says why
                 result = lost(cell, why_lost(exc, cell, ref in cancelled))
+            result.row["turnaround_s"] = round(time.monotonic() - started, 2)
             if result.row.get("peak_rss_mib"):
                 peaks[cell.model] = max(peaks.get(cell.model, 0.0), result.row["peak_rss_mib"])
             done(cell, result)

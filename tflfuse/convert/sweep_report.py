@@ -33,6 +33,7 @@ ROW_FIELDS = (
     "seconds",  # the conversion's wall time
     "peak_rss_mib",  # of the conversion and its children
     "node",  # where it ran
+    "turnaround_s",  # from handing the cell to the engine to its result back here
     "reused",  # taken from an earlier sweep (--resume)
 )
 
