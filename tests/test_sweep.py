@@ -232,7 +232,7 @@ def test_sweep_png_is_drawn(local_sweep) -> None:
 
 
 @pytest.mark.slow
-def test_without_an_address_ray_is_started_here_and_says_so(inputs, tmp_path) -> None:
+def test_engine_ray_without_an_address_starts_ray_here_and_says_so(inputs, tmp_path) -> None:
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed (the tflfuse[sweep] extra)")
     plan = write_plan(
@@ -241,17 +241,9 @@ def test_without_an_address_ray_is_started_here_and_says_so(inputs, tmp_path) ->
     # a new local Ray cluster writes ~/.ray/auth_token: a HOME of the test's own
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["HOME"] = str(tmp_path)
+    argv = ["sweep", str(plan), "-o", str(tmp_path / "s"), "--engine", "ray", "--json"]
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tflfuse.cli",
-            "sweep",
-            str(plan),
-            "-o",
-            str(tmp_path / "s"),
-            "--json",
-        ],
+        [sys.executable, "-m", "tflfuse.cli", *argv],
         cwd=Path(__file__).resolve().parents[1],
         capture_output=True,
         text=True,

@@ -852,7 +852,12 @@ def _add_sweep(sub: Any) -> None:
     p.add_argument("--address", help="a Ray cluster (HOST:PORT) to run the cells on")
     p.add_argument("--resume", action="store_true", help="reuse DIR's cells whose inputs match")
     p.add_argument("--jobs", type=int, default=1, help="cells at once on this machine")
-    p.add_argument("--engine", choices=("auto", "ray", "pool"), default="auto", help="local engine")
+    p.add_argument(
+        "--engine",
+        choices=("auto", "ray", "pool"),
+        default="auto",
+        help="auto: Ray with --address, else a local pool; ray: Ray started here without --address",
+    )
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=_run_sweep)
 

@@ -5,11 +5,14 @@ the sweep does that for every cell of a plan (tflfuse.convert.sweep_plan) and wr
   DIR/cells/MODEL.RECIPE[.OPTIONS]/  the conversion's files and cell.json (its row)
   DIR/sweep.json, DIR/sweep.md, DIR/sweep.png  (tflfuse.convert.sweep_report)
 Each cell is one `tflfuse convert` in a process of its own (tflfuse.convert.sweep_cell), so a
-cell that crashes or times out is one row with its line, and the rest go on. The engine:
-  - Ray (the `tflfuse[sweep]` extra): started in this process when no --address is given, or the
-    cluster at --address (tflfuse.convert.sweep_ray);
-  - without Ray, a pool of local worker threads, each running its cell's process (`jobs` at a
-    time); the sweep says which it uses.
+cell that crashes or times out is one row with its line, and the rest go on. The engine (the
+sweep says which ran):
+  - on this machine, by default, a local pool: `jobs` cells at a time, each its own process.
+    Nothing to set up, and what it adds is within the noise (benchmarks/SWEEP.md);
+  - Ray (the `tflfuse[sweep]` extra, tflfuse.convert.sweep_ray): the cluster at --address, or
+    with engine="ray" a Ray started in this process. Locally that buys memory-aware placement
+    at the price of Ray's start (15-20 s on this shared 2-core machine: 1.15 x the standalone
+    conversions for 8 small cells, against the pool's 0.98), so it is not the default.
 A finished cell is written at once, so an interrupted sweep loses only what was running;
 `resume` reuses every cell of DIR whose inputs hash the same (sweep_plan.cell_key).
 """
@@ -30,7 +33,7 @@ from typing import Any
 from tqdm import tqdm
 
 from tflfuse.convert import sweep_plan, sweep_report
-from tflfuse.convert.sweep_cell import CellResult, CellSpec, lost, run_cell
+from tflfuse.convert.sweep_cell import CellResult, CellSpec, lost, run_cell, stop_all
 from tflfuse.convert.sweep_plan import Plan
 from tflfuse.errors import TflfuseError, UsageError
 
@@ -102,7 +105,8 @@ def run_pool(cells: list[CellSpec], plan: Plan, done: Done, jobs: int) -> None:
         result.row["turnaround_s"] = round(time.monotonic() - started, 2)
         return result
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
         futures = {pool.submit(one, c): c for c in cells}
         for future in as_completed(futures):
             cell = futures[future]
@@ -111,24 +115,26 @@ def run_pool(cells: list[CellSpec], plan: Plan, done: Done, jobs: int) -> None:
             except Exception as exc:  # (the cell's process is the one that can crash)
                 result = lost(cell, f"the cell failed before converting: {exc}")
             done(cell, result)
+    except BaseException:  # interrupted: the running cells' processes go, the queued never start
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_all()
+        raise
+    pool.shutdown()
 
 
-def _engine(engine: str, address: str | None, quiet: bool) -> str:
-    """'ray' or 'pool', said when Ray is missing."""
+def _engine(engine: str, address: str | None) -> str:
+    """'ray' (an --address, or asked for) or 'pool' (the local default, see the docstring)."""
     from tflfuse.convert import sweep_ray
 
     if engine not in ENGINES:
         raise UsageError(f"engine {engine!r} unknown (choose from {', '.join(ENGINES)})")
-    have_ray = sweep_ray.available()
-    if address is not None or engine == "ray":
-        if not have_ray:
-            raise UsageError("Ray is not installed: pip install 'tflfuse[sweep]'")
-        if engine == "pool":
-            raise UsageError("--address runs on a Ray cluster, not in a local pool")
-        return "ray"
-    if engine == "auto" and not have_ray:
-        _note("Ray is not installed (pip install 'tflfuse[sweep]'): a local pool", quiet)
-    return "ray" if engine == "auto" and have_ray else engine if engine != "auto" else "pool"
+    if address is None and engine != "ray":
+        return "pool"
+    if engine == "pool":
+        raise UsageError("--address runs on a Ray cluster, not in a local pool")
+    if not sweep_ray.available():
+        raise UsageError("Ray is not installed: pip install 'tflfuse[sweep]'")
+    return "ray"
 
 
 def sweep(
@@ -148,9 +154,9 @@ def sweep(
         raise UsageError(f"jobs must be an integer of at least 1, not {jobs!r}")
     out_dir = Path(output_dir)
     check_output(out_dir, resume)
-    kind = _engine(engine, address, quiet)
+    kind = _engine(engine, address)
+    plan = sweep_plan.load(plan_path, out_dir)  # (a bad plan: nothing written)
     out_dir.mkdir(parents=True, exist_ok=True)
-    plan = sweep_plan.load(plan_path, out_dir)
     rows: dict[str, dict[str, Any]] = {}
     for cell in plan.cells:
         row = reused_row(out_dir, cell) if resume else None

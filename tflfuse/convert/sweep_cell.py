@@ -42,6 +42,8 @@ _LAUNCH = (
     "sys.argv[0] = 'tflfuse'\n"
     "runpy.run_module('tflfuse.cli', run_name='__main__', alter_sys=True)\n"
 )
+_running: set[int] = set()  # process groups of the CLI children running now (stop_all)
+_lock = threading.Lock()
 _SIGNALS = {9: "SIGKILL (out of memory?)", 6: "SIGABRT", 11: "SIGSEGV", 15: "SIGTERM"}
 
 
@@ -174,10 +176,14 @@ def run_limited(argv: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
 
         timer = threading.Timer(timeout, kill)
         timer.start()
+        with _lock:
+            _running.add(proc.pid)
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         finally:
             timer.cancel()
+            with _lock:
+                _running.discard(proc.pid)
     result = {
         "exit": os.waitstatus_to_exitcode(status),
         "timed_out": timed_out.is_set(),
@@ -190,6 +196,15 @@ def run_limited(argv: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
     out_path.unlink()
     err_path.unlink()
     return result
+
+
+def stop_all() -> None:
+    """Kill every CLI child this process is running (an interrupted sweep: no cell goes on)."""
+    with _lock:
+        groups = list(_running)
+    for pid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def printed_lines(text: str) -> list[str]:
@@ -216,7 +231,9 @@ def judge(run: dict[str, Any], timeout: float) -> tuple[str, str]:
         return "crash", f"killed by {_SIGNALS.get(-code, f'signal {-code}')}{said}"[:400]
     if any(ln.startswith("Traceback") for ln in lines):
         return "crash", f"exit {code}, traceback: {lines[-1]}"[:400]
-    return "refused", (errors[-1] if errors else (lines[-1] if lines else f"exit {code}"))[:400]
+    line = (errors[-1] if errors else (lines[-1] if lines else f"exit {code}"))[:400]
+    # native code that died in tflfuse's isolated child: said in one line, but a crash
+    return ("crash" if "crashed in native code" in line else "refused"), line
 
 
 def measurements(report: dict[str, Any]) -> dict[str, Any]:

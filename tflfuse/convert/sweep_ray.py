@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from tflfuse.convert.sweep_cell import CellResult, CellSpec, Payload, lost, run_cell
@@ -149,47 +150,80 @@ def run_cells(cells: list[CellSpec], plan: Any, done: Done, peaks: dict[str, flo
     for the memory measured on earlier ones), and hand each result to `done` as it arrives."""
     import ray
 
-    task = ray.remote(num_cpus=1, max_retries=0)(_on_node)
-    stored: dict[int, Any] = {}
-
-    def put(payload: Payload | None) -> Any:
-        if payload is None:
-            return None
-        if id(payload) not in stored:
-            stored[id(payload)] = ray.put(payload)
-        return stored[id(payload)]
-
-    capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    largest, queue = _largest_node(), deque(cells)
-    running: dict[Any, tuple[CellSpec, float]] = {}
-    cancelled: set[Any] = set()
-    while queue or running:
-        while queue and len(running) < capacity:
-            cell = queue.popleft()
-            model, calib = plan.models[cell.payload]
-            memory = memory_request(cell, peaks, largest)
-            args = (put(model), put(calib), put(plan.recipe_files.get(cell.recipe)))
-            running[task.options(memory=memory).remote(cell, *args)] = (cell, time.monotonic())
-        ready, _ = ray.wait(list(running), num_returns=1, timeout=5)
-        for ref in ready:
-            cell, started = running.pop(ref)
-            try:
-                result = ray.get(ref)
-            except Exception as exc:  # the task did not return: one row says why
-                result = lost(cell, why_lost(exc, cell, ref in cancelled))
-            result.row["turnaround_s"] = round(time.monotonic() - started, 2)
-            if result.row.get("peak_rss_mib"):
-                peaks[cell.model] = max(peaks.get(cell.model, 0.0), result.row["peak_rss_mib"])
-            done(cell, result)
-        _cancel_overdue(running, cancelled)
-
-
-def _cancel_overdue(running: dict[Any, tuple[CellSpec, float]], cancelled: set[Any]) -> None:
-    import ray
-
-    now = time.monotonic()
-    for ref, (cell, started) in running.items():
-        if ref not in cancelled and now - started > cell.timeout_s + GRACE_S:
-            cancelled.add(ref)
+    scheduler = _Scheduler(plan, done, peaks, deque(cells))
+    try:
+        scheduler.run()
+    except BaseException:  # interrupted: the cluster stops converting for this sweep
+        for ref in scheduler.running:
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
+        raise
+
+
+@dataclass
+class _Scheduler:
+    """The cells waiting (`queue`) and running (task ref -> cell, when submitted)."""
+
+    plan: Any
+    done: Done
+    peaks: dict[str, float]
+    queue: deque[CellSpec]
+    running: dict[Any, tuple[CellSpec, float]] = field(default_factory=dict)
+    cancelled: set[Any] = field(default_factory=set)
+    stored: dict[int, Any] = field(default_factory=dict)  # id(payload) -> its object ref
+
+    def run(self) -> None:
+        import ray
+
+        task = ray.remote(num_cpus=1, max_retries=0)(_on_node)
+        capacity = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        largest = _largest_node()
+        while self.queue or self.running:
+            while self.queue and len(self.running) < capacity:
+                cell = self.queue.popleft()
+                model, calib = self.plan.models[cell.payload]
+                args = [
+                    self.put(p) for p in (model, calib, self.plan.recipe_files.get(cell.recipe))
+                ]
+                memory = memory_request(cell, self.peaks, largest)
+                ref = task.options(memory=memory).remote(cell, *args)
+                self.running[ref] = (cell, time.monotonic())
+            ready, _ = ray.wait(list(self.running), num_returns=1, timeout=5)
+            for ref in ready:
+                self.collect(ref)
+            self.cancel_overdue()
+
+    def put(self, payload: Payload | None) -> Any:
+        """The payload in Ray's object store, once per payload (None stays None)."""
+        import ray
+
+        if payload is None:
+            return None
+        if id(payload) not in self.stored:
+            self.stored[id(payload)] = ray.put(payload)
+        return self.stored[id(payload)]
+
+    def collect(self, ref: Any) -> None:
+        import ray
+
+        cell, started = self.running.pop(ref)
+        try:
+            result = ray.get(ref)
+        except Exception as exc:  # the task did not return: one row says why
+            result = lost(cell, why_lost(exc, cell, ref in self.cancelled))
+        result.row["turnaround_s"] = round(time.monotonic() - started, 2)
+        peak = result.row.get("peak_rss_mib")
+        if peak:
+            self.peaks[cell.model] = max(self.peaks.get(cell.model, 0.0), peak)
+        self.done(cell, result)
+
+    def cancel_overdue(self) -> None:
+        """Cancel a task still running GRACE_S after its cell's own timeout (a hung node)."""
+        import ray
+
+        now = time.monotonic()
+        for ref, (cell, started) in self.running.items():
+            if ref not in self.cancelled and now - started > cell.timeout_s + GRACE_S:
+                self.cancelled.add(ref)
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
