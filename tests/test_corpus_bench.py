@@ -165,11 +165,15 @@ def test_the_corpus_plan_names_the_cells_the_tables_read(cb, tmp_path, monkeypat
     args = argparse.Namespace(timeout=60.0, runs=5, no_latency=False)
     plan = sweep_plan.load(cb.write_plan(models, recipes, args), tmp_path / "sweep")
     wanted = {cb.cell_dir(m, r).name for m in models for r in recipes}
-    assert {c.name for c in plan.cells} == wanted == {
-        "m1.edgetpu",
-        "m1.xnnpack-int8.cl",
-        "m2.v2.edgetpu",
-        "m2.v2.xnnpack-int8.cl",
-    }
+    assert (
+        {c.name for c in plan.cells}
+        == wanted
+        == {
+            "m1.edgetpu",
+            "m1.xnnpack-int8.cl",
+            "m2.v2.edgetpu",
+            "m2.v2.xnnpack-int8.cl",
+        }
+    )
     assert {c.bench_runs for c in plan.cells} == {5}
     assert plan.models["m1"][1] is not None and plan.models["m2.v2"][1] is None
