@@ -169,8 +169,10 @@ def sweep(
         reused = f" ({len(rows)} reused)" if rows else ""
         cells = f"{len(todo)} cell{'' if len(todo) == 1 else 's'}"
         _note(f"sweep: {cells}{reused} on {engine_name}", quiet)
-        bar = tqdm(total=len(plan.cells), initial=len(rows), unit="cell", desc="sweep")
-        bar.disable = bar.disable or not progress
+        shown = None if progress else True  # (None: tqdm's own choice, off when not a terminal)
+        bar = tqdm(
+            total=len(plan.cells), initial=len(rows), unit="cell", desc="sweep", disable=shown
+        )
         bars.append(bar)
 
     def done(cell: CellSpec, result: CellResult) -> None:
