@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # this checkout's tflfuse (cell names: its sweep_plan)
 DEFAULT_CORPUS = Path(os.environ.get("TFLFUSE_CORPUS", "/work/corpus/models"))
 SWEEP = HERE / "out" / "corpus" / "sweep"  # the sweep's folder: its cells are the cache
 RECIPES = ("edgetpu", "xnnpack-int8", "edgetpu+cl", "xnnpack-int8+cl")  # +cl: --channels-last

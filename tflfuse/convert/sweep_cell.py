@@ -265,6 +265,7 @@ def run_cell(
             argv += ["--calib", str(calib.write(inputs))]
         run = run_limited([*argv, *spec.flags], folder, spec.timeout_s)
         status, line = judge(run, spec.timeout_s)
+        line = line.replace(f"{inputs}{os.sep}", "")  # the node's temp folder says nothing
         row.update(status=status, line=line, exit=None if run["timed_out"] else run["exit"])
         row.update(seconds=round(run["seconds"], 2), peak_rss_mib=round(run["peak_rss_mib"], 1))
         row.update(cpu_s=round(run["cpu_s"], 2), lines_printed=len(printed_lines(run["stderr"])))
