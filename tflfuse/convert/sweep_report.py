@@ -1,10 +1,10 @@
 """What a sweep writes beside its cells: sweep.json (the rows), sweep.md (the table), sweep.png.
 
 sweep.json is the list of rows, in plan order (the fields: ROW_FIELDS). sweep.md is one table
-like benchmarks/CORPUS.md, the failures grouped first. sweep.png puts each converted cell's
-error against what it bought: the share of ops the Edge TPU maps (Edge TPU recipes), else the
-p50 latency ratio fused / stock (timed sweeps), else the op count fused / unfused; stock and
-fused of a cell are joined by an arrow. It needs matplotlib (the `plot` extra); without it the
+like benchmarks/CORPUS.md, the failures listed first. sweep.png puts each converted cell's
+error against what it bought, stock and fused joined by an arrow: one panel of the Edge TPU
+cells against the share of ops the Edge TPU maps, one of the others against the p50 latency
+relative to stock (timed sweeps) or the op count relative to unfused. It needs matplotlib (the `plot` extra); without it the
 picture is left out and the sweep says so.
 """
 
@@ -15,6 +15,8 @@ import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tflfuse.files import atomic_write_text
 
@@ -103,40 +105,41 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _axis(rows: list[dict[str, Any]]) -> tuple[str, Any]:
-    """The x axis (label, row -> {stock, fused} values) the converted rows allow."""
-    if any(r.get("edgetpu_mapped") for r in rows):
-
-        def mapped(r: dict[str, Any]) -> dict[str, Any]:
-            m, ops = r.get("edgetpu_mapped") or {}, r.get("edgetpu_ops") or r.get("ops") or {}
-            return {k: m[k] / ops[k] if m.get(k) is not None and ops.get(k) else None for k in m}
-
-        return "share of ops mapped to the Edge TPU (predicted)", mapped
-    if any(r.get("p50_ratio") for r in rows):
-        return "p50 latency, fused / stock", lambda r: {"stock": 1.0, "fused": r.get("p50_ratio")}
-
-    def ops(r: dict[str, Any]) -> dict[str, Any]:
-        o = r.get("ops") or {}
-        base = o.get("unfused")
-        return {k: o[k] / base if base and o.get(k) else None for k in ("stock", "fused")}
-
-    return "ops / unfused ops", ops
+def _mapped_share(r: dict[str, Any]) -> dict[str, Any]:
+    m, ops = r.get("edgetpu_mapped") or {}, r.get("edgetpu_ops") or r.get("ops") or {}
+    return {k: m[k] / ops[k] if m.get(k) is not None and ops.get(k) else None for k in m}
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
-    """sweep.png (see the module docstring); False when no cell converted."""
-    import matplotlib
+def _latency(r: dict[str, Any]) -> dict[str, Any]:
+    return {"stock": 1.0, "fused": r.get("p50_ratio")}
 
-    matplotlib.use("Agg")
+
+def _op_share(r: dict[str, Any]) -> dict[str, Any]:
+    o = r.get("ops") or {}
+    base = o.get("unfused")
+    return {k: o[k] / base if base and o.get(k) else None for k in ("stock", "fused")}
+
+
+def _panels(rows: list[dict[str, Any]]) -> list[tuple[str, Any, list[dict[str, Any]]]]:
+    """(x label, row -> {stock, fused} x values, rows): the Edge TPU cells against their mapping,
+    the others against their latency ratio (timed sweeps) or op count."""
+    tpu = [r for r in rows if r.get("edgetpu_mapped")]
+    rest = [r for r in rows if not r.get("edgetpu_mapped")]
+    panels = []
+    if tpu:
+        panels.append(("share of ops mapped to the Edge TPU (predicted)", _mapped_share, tpu))
+    if rest and any(r.get("p50_ratio") for r in rest):
+        panels.append(("p50 latency, relative to stock", _latency, rest))
+    elif rest:
+        panels.append(("ops, relative to unfused", _op_share, rest))
+    return panels
+
+
+def _draw(ax: Any, label: str, x_of: Any, rows: list[dict[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if r["status"] == "converted" and r.get("max_error")]
-    if not done:
-        return False
-    label, x_of = _axis(done)
-    fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
     colors = plt.get_cmap("tab10")
-    for i, r in enumerate(done):
+    for i, r in enumerate(rows):
         xs, err = x_of(r), r["max_error"]
         pts = {k: (xs.get(k), max(err.get(k) or 0.0, 1e-9)) for k in ("stock", "fused")}
         if any(x is None for x, _ in pts.values()):
@@ -149,9 +152,24 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
         ax.annotate(r["cell"], (fx, fy), fontsize=7, xytext=(4, 3), textcoords="offset points")
     ax.set_yscale("log")
     ax.set_xlabel(label)
-    ax.set_ylabel("max abs error against the float source (log)")
-    ax.set_title("Each cell: stock (hollow) → fused (filled)")
     ax.grid(True, alpha=0.3)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    """sweep.png (see the module docstring); False when no cell converted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = _panels([r for r in rows if r["status"] == "converted" and r.get("max_error")])
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5.5), dpi=110)
+    for ax, (label, x_of, members) in zip(list(np.atleast_1d(axes)), panels):
+        _draw(ax, label, x_of, members)
+    np.atleast_1d(axes)[0].set_ylabel("max abs error against the float source (log)")
+    fig.suptitle("Each cell: stock (hollow) → fused (filled)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
