@@ -20,6 +20,7 @@ A finished cell is written at once, so an interrupted sweep loses only what was 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import shutil
 import sys
@@ -225,9 +226,12 @@ def summary(result: SweepResult) -> list[str]:
     reused = sum(1 for r in result.rows if r.get("reused"))
     text = ", ".join(f"{n} {s}" for s, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     out = result.output_dir
-    lines = [f"{out}: {len(result.rows)} cells ({text}; {reused} reused) on {result.engine}"]
+    cells = f"{len(result.rows)} cell{'' if len(result.rows) == 1 else 's'}"
+    lines = [f"{out}: {cells} ({text}; {reused} reused) on {result.engine}"]
     written = [out / n for n in ("sweep.json", "sweep.md", "sweep.png") if (out / n).exists()]
     lines.append("  " + ", ".join(str(p) for p in written))
+    if importlib.util.find_spec("matplotlib") is None:
+        lines.append("  (no sweep.png: it needs matplotlib, pip install 'tflfuse[plot]')")
     return lines
 
 

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,6 +43,7 @@ _LAUNCH = (
     "sys.argv[0] = 'tflfuse'\n"
     "runpy.run_module('tflfuse.cli', run_name='__main__', alter_sys=True)\n"
 )
+_PREFIX = "tflfuse-cell-"  # + the pid of the process running the cell + a random part
 _running: set[int] = set()  # process groups of the CLI children running now (stop_all)
 _lock = threading.Lock()
 _SIGNALS = {9: "SIGKILL (out of memory?)", 6: "SIGABRT", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -250,12 +252,27 @@ def measurements(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _remove_stale() -> None:
+    """Remove the cell folders of processes that are gone (a killed worker cannot clean up)."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
+        pid = folder.name[len(_PREFIX) :].split("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
+
+
 def run_cell(
     spec: CellSpec, model: Payload, calib: Payload | None, recipe_file: Payload | None = None
 ) -> CellResult:
     """Convert one cell in a fresh temp folder of this node; see the module docstring."""
     row = empty_row(spec)
-    with tempfile.TemporaryDirectory(prefix="tflfuse-cell-") as tmp:
+    _remove_stale()
+    with tempfile.TemporaryDirectory(prefix=f"{_PREFIX}{os.getpid()}-") as tmp:
         folder = Path(tmp)
         inputs = folder / "in"
         inputs.mkdir()

@@ -4,8 +4,8 @@ sweep.json is the list of rows, in plan order (the fields: ROW_FIELDS). sweep.md
 like benchmarks/CORPUS.md, the failures listed first. sweep.png puts each converted cell's
 error against what it bought, stock and fused joined by an arrow: one panel of the Edge TPU
 cells against the share of ops the Edge TPU maps, one of the others against the p50 latency
-relative to stock (timed sweeps) or the op count relative to unfused. It needs matplotlib (the `plot` extra); without it the
-picture is left out and the sweep says so.
+relative to stock (timed sweeps) or the op count relative to unfused. It needs matplotlib (the
+`plot` extra); without it the picture is left out and the sweep's summary says so.
 """
 
 from __future__ import annotations
