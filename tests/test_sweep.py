@@ -141,7 +141,7 @@ def test_a_bad_plan_is_one_line_before_any_work(inputs, tmp_path, capsys, text, 
     assert main(["sweep", str(plan), "-o", str(tmp_path / "out"), "--engine", "pool"]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("tflfuse: error")]
     assert len(err) == 1 and words in err[0], err
-    assert not (tmp_path / "out" / "cells").exists()
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_folder_that_is_not_a_sweep_is_not_touched(inputs, tmp_path, capsys) -> None:
@@ -337,3 +337,28 @@ def test_a_cluster_sweep_runs_on_both_nodes_and_a_killed_worker_loses_only_its_c
         for name in ("model.tflite", "model_stock.tflite"):
             got = (tmp_path / "s" / "cells" / row["cell"] / name).read_bytes()
             assert got == (alone / name).read_bytes()
+
+
+def test_an_address_without_ray_or_without_a_cluster_is_one_line(
+    inputs, tmp_path, capsys, monkeypatch
+):
+    from tests.raycluster import free_ports
+    from tflfuse.convert import sweep_ray
+
+    plan = write_plan(
+        tmp_path, f'recipes = ["edgetpu"]\n[[model]]\npath = "{inputs / "a.tflite"}"\n'
+    )
+    (port,) = free_ports(1)  # nothing listens there
+    argv = ["sweep", str(plan), "-o", str(tmp_path / "out"), "--address", f"127.0.0.1:{port}"]
+    with monkeypatch.context() as m:
+        m.setattr(sweep_ray, "available", lambda: False)
+        assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "tflfuse: error: Ray is not installed: pip install 'tflfuse[sweep]'"
+    )
+    if importlib.util.find_spec("ray") is None:
+        return
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"tflfuse: error: --address 127.0.0.1:{port}: no Ray cluster there")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "out").exists()

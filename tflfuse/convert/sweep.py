@@ -157,7 +157,6 @@ def sweep(
     check_output(out_dir, resume)
     kind = _engine(engine, address)
     plan = sweep_plan.load(plan_path, out_dir)  # (a bad plan: nothing written)
-    out_dir.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, Any]] = {}
     for cell in plan.cells:
         row = reused_row(out_dir, cell) if resume else None
@@ -188,6 +187,7 @@ def sweep(
         for bar in bars:
             bar.close()
     ordered = [rows[c.name] for c in plan.cells if c.name in rows]
+    out_dir.mkdir(parents=True, exist_ok=True)  # (the cells made it, unless all were reused)
     sweep_report.write_all(ordered, out_dir, {"plan": str(plan_path), "engine": name})
     return SweepResult(out_dir, ordered, name)
 
