@@ -172,6 +172,12 @@ def write(
         label = "local pool" if engine == "pool" else "Ray started in-process"
         rounds = ", ".join(f"{x:.2f}" for x in ratios)
         lines.append(f"| {label} | {jobs} | {statistics.median(ratios):.2f} | {rounds} |")
+    lines += [
+        "",
+        "Ray started in the sweep's own process pays its start (15-20 s on this loaded machine)"
+        " once per sweep, which small sweeps do not earn back; so on one machine the local pool"
+        " is the default and `--engine ray` asks for Ray.",
+    ]
     if cluster:
         lines += [
             "",
