@@ -267,9 +267,7 @@ def cluster():
 
     if ray_executable() is None:
         pytest.skip("no `ray` command beside this Python")
-    with Cluster(nodes=2, cpus=1) as c, pytest.MonkeyPatch.context() as mp:
-        for name, value in c.env.items():  # this process is the sweep's driver
-            mp.setenv(name, value)
+    with Cluster(nodes=2, cpus=1) as c:
         yield c
 
 
@@ -319,12 +317,24 @@ def test_a_cluster_sweep_runs_on_both_nodes_and_a_killed_worker_loses_only_its_c
     )
     hunter.start()
     try:
-        result = sweep(plan, tmp_path / "s", address=cluster.address, progress=False, quiet=True)
+        # the CLI, as a user runs it (and Ray's driver state stays out of the test process)
+        argv = ["sweep", str(plan), "-o", str(tmp_path / "s"), "--address", cluster.address]
+        run = subprocess.run(
+            [sys.executable, "-m", "tflfuse.cli", *argv, "--json"],
+            cwd=Path(__file__).resolve().parents[1],
+            env={**os.environ, **cluster.env},
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
     finally:
         stop.set()
         hunter.join()
-    assert result.engine.startswith(f"the Ray cluster at {cluster.address} (2 nodes, 2 CPUs")
-    rows = {r["cell"]: r for r in result.rows}
+    assert run.returncode == 0, run.stderr
+    said = f"tflfuse: sweep: 5 cells on the Ray cluster at {cluster.address} (2 nodes, 2 CPUs)"
+    assert run.stderr.splitlines() == [said]
+    rows = {r["cell"]: r for r in json.loads(run.stdout)}
     assert killed, "the victim's worker was never seen"
     victim = rows.pop("victim.edgetpu")
     assert victim["status"] == "lost" and victim["node"] is None
