@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ import tests.irgraphs as ig
 from tflfuse.cli import main
 from tflfuse.convert import sweep_plan
 from tflfuse.convert.sweep import sweep
+from tflfuse.convert.sweep_cell import remove_stale
 from tflfuse.convert.sweep_report import ROW_FIELDS
 from tflfuse.ir import Graph, Model, flatbuffer
 
@@ -341,6 +343,9 @@ def test_a_cluster_sweep_runs_on_both_nodes_and_a_killed_worker_loses_only_its_c
     assert victim["line"] == "the Ray worker running it died (killed, or out of memory)"
     assert [r["status"] for r in rows.values()] == ["converted"] * 4, rows
     assert len({r["node"] for r in rows.values()}) == 2  # both nodes converted cells
+    remove_stale()  # (what the next cell on the victim's node does first)
+    left = Path(tempfile.gettempdir()).glob("tflfuse-cell-*/in/victim.tflite")
+    assert not list(left), "the killed worker's cell folder is still there"
     for row in rows.values():  # each equal to a standalone convert, byte for byte
         model = inputs / f"{row['model']}.tflite"
         alone = standalone(model, row["recipe"], inputs / "calib.npy", tmp_path / row["cell"])

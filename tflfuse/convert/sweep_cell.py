@@ -252,7 +252,7 @@ def measurements(report: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _remove_stale() -> None:
+def remove_stale() -> None:
     """Remove the cell folders of processes that are gone (a killed worker cannot clean up)."""
     for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
         pid = folder.name[len(_PREFIX) :].split("-")[0]
@@ -271,7 +271,7 @@ def run_cell(
 ) -> CellResult:
     """Convert one cell in a fresh temp folder of this node; see the module docstring."""
     row = empty_row(spec)
-    _remove_stale()
+    remove_stale()
     with tempfile.TemporaryDirectory(prefix=f"{_PREFIX}{os.getpid()}-") as tmp:
         folder = Path(tmp)
         inputs = folder / "in"
