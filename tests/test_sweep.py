@@ -377,3 +377,22 @@ def test_an_address_without_ray_or_without_a_cluster_is_one_line(
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"tflfuse: error: --address 127.0.0.1:{port}: no Ray cluster there")
     assert len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_cells_memory_request_is_its_models_measured_peak(inputs, tmp_path) -> None:
+    """Ray places a cell by the peak RSS measured on its model's earlier cells (with a margin),
+    a first guess before one is known, never more than the largest node holds."""
+    from tflfuse.convert import sweep_ray
+
+    plan = write_plan(
+        tmp_path, f'recipes = ["edgetpu"]\n[[model]]\npath = "{inputs / "a.tflite"}"\n'
+    )
+    (cell,) = sweep_plan.load(plan, tmp_path / "out").cells
+    rows = [{"model": "a", "peak_rss_mib": 300.0}, {"model": "a", "peak_rss_mib": 500.0}]
+    rows.append({"model": "other", "peak_rss_mib": 9000.0})
+    peaks = sweep_ray.measured_peaks(rows)
+    assert peaks == {"a": 500.0, "other": 9000.0}
+    gib = 2**30
+    assert sweep_ray.memory_request(cell, peaks, 64 * gib) == int(500 * sweep_ray.MARGIN * 2**20)
+    assert sweep_ray.memory_request(cell, {}, 64 * gib) == sweep_ray.FIRST_GUESS_MIB * 2**20
+    assert sweep_ray.memory_request(cell, {"a": 1e6}, 2 * gib) == 2 * gib
