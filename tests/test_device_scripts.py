@@ -308,7 +308,7 @@ def test_device_refuses_a_bundle_corrupted_after_the_push(sshd, models: list[Pat
 def test_deploy_script_reports_an_unreachable_host_in_one_line(models: list[Path]) -> None:
     port = _free_port()  # nothing listens there
     cmd = [sys.executable, str(SCRIPTS / "deploy.py"), str(models[0]), "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "-o", "ConnectTimeout=5"]
+    cmd += ["--port", str(port), "--ssh-option", "ConnectTimeout=5"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("deploy: error: push on 127.0.0.1 failed")

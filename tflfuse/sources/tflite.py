@@ -87,6 +87,25 @@ def _static(model: Model, where: str, notices: list[str]) -> None:
         notices.append(f"dynamic batch dimension taken at the stored size {batch}")
 
 
+def _names(model: Model, where: str) -> None:
+    """Refuse a tensor name that is not UTF-8 or holds a NUL: the flatbuffer schema says names
+    are UTF-8 strings, litert-quantizer decodes them strictly and C code stops a name at a NUL
+    (two names that differ after it become one): such a file is damaged, not a model to fix."""
+    for index, t in enumerate(model.main.tensors):
+        try:
+            t.name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ModelError(
+                where,
+                f"tensor {index}'s name {t.name.encode('utf-8', 'surrogateescape')!r} is not"
+                " valid UTF-8 (a damaged file?)",
+            ) from None
+        if "\x00" in t.name:
+            raise ModelError(
+                where, f"tensor {index}'s name {t.name!r} holds a NUL byte (a damaged file?)"
+            )
+
+
 def _signed(model: Model, notices: list[str]) -> None:
     """Give a model without a signature one (litert-quantizer needs it), and order a signature's
     inputs and outputs as the graph's: calibration arrays follow the signature (the quantizer)
@@ -300,6 +319,7 @@ def load(model: bytes | str | Path) -> TfliteSource:
         )
     if kind in INT_KINDS:  # an unusable scale aborts some interpreters: refuse it first
         qparams.check(parsed, where)
+    _names(parsed, where)
     _static(parsed, where, notices)
     _signed(parsed, notices)
     data = flatbuffer.to_bytes(parsed)
