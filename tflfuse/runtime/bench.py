@@ -291,7 +291,12 @@ def _load(
             raise
         raise TflfuseError(f"{path}: {exc}") from None
     entry["init_ms"] = (time.perf_counter_ns() - t0) / 1e6
-    details = interp.get_input_details()
+    try:
+        details = interp.get_input_details()
+    except UnicodeDecodeError:  # the interpreter decodes the names strictly
+        raise TflfuseError(
+            f"{path}: an input's name is not valid UTF-8 (a damaged file?)"
+        ) from None
     values = seeded_input_values(details, seed)
     for d, v in zip(details, values):
         interp.set_tensor(d["index"], v)

@@ -32,6 +32,7 @@ import numpy as np
 
 from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.ir import Model, Signature, flatbuffer, qparams, summary
+from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import quantization_summary
 from tflfuse.runtime import verify as verify_mod
 from tflfuse.runtime.interpreter import make_interpreter
@@ -85,25 +86,6 @@ def _static(model: Model, where: str, notices: list[str]) -> None:
     if pinned:
         batch = graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1
         notices.append(f"dynamic batch dimension taken at the stored size {batch}")
-
-
-def _names(model: Model, where: str) -> None:
-    """Refuse a tensor name that is not UTF-8 or holds a NUL: the flatbuffer schema says names
-    are UTF-8 strings, litert-quantizer decodes them strictly and C code stops a name at a NUL
-    (two names that differ after it become one): such a file is damaged, not a model to fix."""
-    for index, t in enumerate(model.main.tensors):
-        try:
-            t.name.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ModelError(
-                where,
-                f"tensor {index}'s name {t.name.encode('utf-8', 'surrogateescape')!r} is not"
-                " valid UTF-8 (a damaged file?)",
-            ) from None
-        if "\x00" in t.name:
-            raise ModelError(
-                where, f"tensor {index}'s name {t.name!r} holds a NUL byte (a damaged file?)"
-            )
 
 
 def _signed(model: Model, notices: list[str]) -> None:
@@ -319,7 +301,7 @@ def load(model: bytes | str | Path) -> TfliteSource:
         )
     if kind in INT_KINDS:  # an unusable scale aborts some interpreters: refuse it first
         qparams.check(parsed, where)
-    _names(parsed, where)
+    check_names(parsed, where)  # (litert-quantizer decodes every name strictly)
     _static(parsed, where, notices)
     _signed(parsed, notices)
     data = flatbuffer.to_bytes(parsed)
