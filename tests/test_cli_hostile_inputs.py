@@ -596,7 +596,8 @@ def test_hostile_tensor_names_are_one_line_or_carried_through(tmp_path: Path, na
     optimized = tmp_path / "o.tflite"
     line = _refused(_cli("optimize", str(src), "-o", str(optimized)), str(src))
     assert _HOSTILE_NAMES[name] in line and not optimized.exists()
-    _clean(_cli("bench", str(src), "--runs", "2", "--warmup", "0", "--no-progress"))
+    if name == "fuzz18":  # (its bad name is an input's: the one the interpreter decodes)
+        _clean(_cli("bench", str(src), "--runs", "2", "--warmup", "0", "--no-progress"))
 
 
 def _clean(proc: subprocess.CompletedProcess) -> None:
