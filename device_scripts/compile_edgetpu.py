@@ -69,24 +69,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for model in map(Path, args.models):
+    for model in map(Path, args.models):  # all checked before anything is made
         if not model.is_file():
             print(f"compile_edgetpu: error: {model}: no such model file", file=sys.stderr)
             return 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for model in map(Path, args.models):
         try:
             cmd = compile_command(model, out_dir, args.direct, args.multiple_subgraphs)
         except FileNotFoundError as exc:
             print(f"compile_edgetpu: error: {exc}", file=sys.stderr)
             return 2
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        (out_dir / f"{model.stem}_compile.log").write_text(proc.stdout + proc.stderr)
         compiled = out_dir / f"{model.stem}_edgetpu.tflite"
-        if proc.returncode != 0 or not compiled.is_file():
+        if proc.returncode != 0 or not compiled.is_file():  # no log of a compile that failed
             lines = (proc.stderr or proc.stdout).strip().splitlines()
             why = lines[-1] if lines else f"exit status {proc.returncode}"
             print(f"compile_edgetpu: error: {model}: {why}", file=sys.stderr)
             return 2
+        (out_dir / f"{model.stem}_compile.log").write_text(proc.stdout + proc.stderr)
         print(f"{model} -> {compiled}")
     return 0
 

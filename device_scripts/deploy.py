@@ -29,7 +29,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--host", required=True, help="[user@]host of the device")
     p.add_argument("--port", type=int, help="SSH port")
     p.add_argument("-i", "--identity", help="SSH private key")
-    p.add_argument("-o", "--ssh-option", action="append", default=[], help="ssh -o KEY=VALUE")
+    p.add_argument(
+        "--ssh-option", action="append", default=[], metavar="KEY=VALUE", help="ssh -o KEY=VALUE"
+    )
     p.add_argument("--remote-dir", default="tflfuse-bench", help="folder on the device")
     p.add_argument("--remote-python", default="python3", help="Python on the device")
     p.add_argument("--recipe", help="recipe name recorded in the manifest")
@@ -37,8 +39,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int)
-    p.add_argument("--json", help="write the device's result here")
-    return p.parse_args(argv)
+    p.add_argument("-o", "--json", metavar="OUT.json", help="write the device's result here")
+    args = p.parse_args(argv)
+    if args.json and "=" in args.json and not args.json.endswith(".json"):  # an ssh option
+        p.error(f"-o is the output file ({args.json!r}?); ssh options go with --ssh-option")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

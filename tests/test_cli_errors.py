@@ -179,3 +179,131 @@ def test_argument_errors_are_one_line_too(tmp_path: Path, capsys) -> None:
         capsys,
         "--batch",
     )
+
+
+# -- issue 26: what a hostile user found ---------------------------------------------------------
+def test_check_compiler_version_newer_than_any_compiler(
+    tmp_path: Path, model: Path, capsys
+) -> None:
+    base = ["check", str(model), "--target", "edgetpu", "--compiler-version"]
+    _fails([*base, "99"], tmp_path, capsys, "99: there is no such edgetpu_compiler")
+    _fails([*base, "16.1"], tmp_path, capsys, "(the newest is 16.0)")
+    assert main([*base, "16.0.384591198"]) == 0
+    import tflfuse
+
+    with pytest.raises(TflfuseError, match="no such edgetpu_compiler"):
+        tflfuse.check(model, "edgetpu", compiler_version="17")
+
+
+@pytest.mark.parametrize(
+    ("extra", "expect"),
+    [
+        (["--twin", "x_edgetpu.tflite"], "--twin needs --target edgetpu"),
+        (["--multiple-subgraphs", "--twin", "x.tflite"], "--multiple-subgraphs and --twin need"),
+        (["--target", "xnnpack", "--twin", "x.tflite"], "--twin: for --target edgetpu only"),
+    ],
+)
+def test_check_compiler_flags_without_the_edgetpu_target_are_refused(
+    tmp_path: Path, model: Path, capsys, extra: list[str], expect: str
+) -> None:
+    """`check M --twin T` without --target printed the runtime table and ignored --twin."""
+    _fails(["check", str(model), *extra], tmp_path, capsys, expect)
+
+
+def test_compile_of_a_missing_model_names_the_model_not_the_compiler(
+    tmp_path: Path, capsys
+) -> None:
+    missing = tmp_path / "missing.tflite"
+    _fails(["compile", str(missing)], tmp_path, capsys, f"{missing}: ")
+    assert "edgetpu_compiler" not in capsys.readouterr().err
+
+
+def test_bench_threads_beyond_any_machine_are_refused_before_running(model: Path) -> None:
+    """`tflfuse.bench([...], threads=100000)` started the interpreter, which aborted the calling
+    Python when thread creation failed."""
+    import tflfuse
+
+    with pytest.raises(TflfuseError, match=r"^threads must be at most 1024, not 100000"):
+        tflfuse.bench([model], threads=100000, runs=1, progress=False)
+
+
+def test_a_text_file_named_npy_is_not_called_pickled(tmp_path: Path) -> None:
+    path = tmp_path / "c.npy"
+    path.write_text("hello")
+    with pytest.raises(TflfuseError) as info:
+        calibration.load(path, [SHAPE], ["x"])
+    assert "pickled" not in str(info.value)
+    assert (
+        str(info.value)
+        == f"{path}: not a readable .npy file: no NumPy .npy header (it starts with b'hello')"
+    )
+
+
+def test_compare_of_a_file_says_it_is_a_file(tmp_path: Path, model: Path, capsys) -> None:
+    _fails(["compare", str(model)], tmp_path, capsys, f"{model}: is a file, not a folder")
+
+
+def test_json_before_a_folder_or_model_leaves_the_operand_alone(
+    tmp_path: Path, model: Path
+) -> None:
+    """`compare --json DIR` took DIR as where the JSON goes, then missed its folder."""
+    from tflfuse.cli import _unswallowed
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    assert _unswallowed(["compare", "--json", str(folder)]) == ["compare", "--json=-", str(folder)]
+    assert _unswallowed(["bench", "--json", str(model)]) == ["bench", "--json=-", str(model)]
+    assert _unswallowed(["bench", str(model), "--json", "r.json"])[-1] == "r.json"
+    assert _unswallowed(["inspect", "--json", str(model)]) == ["inspect", "--json", str(model)]
+    assert main(["bench", "--json", str(model), "--runs", "1", "--warmup", "0"]) == 0
+
+
+def test_help_states_the_recipe_default_and_lists_the_examples(capsys) -> None:
+    from tflfuse.cli import EXAMPLES, build_parser
+    from tflfuse.examples import zoo
+
+    assert set(EXAMPLES) == {"digits_cnn", *zoo.BUILDERS}
+    for command, needles in (("convert", ["default xnnpack-int8"]), ("example", list(EXAMPLES))):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        for needle in needles:
+            assert needle in text, (command, needle)
+
+
+def test_example_keeps_existing_files_without_force(tmp_path: Path, capsys) -> None:
+    """`example -o EXISTING.keras --calib EXISTING.npy` overwrote both; digits_cnn also wrote
+    MODEL_test.npz over whatever was there."""
+    out, calib, held = tmp_path / "m.keras", tmp_path / "c.npy", tmp_path / "m_test.npz"
+    for path in (out, calib, held):
+        path.write_text("mine")
+        base = ["example", "digits_cnn", "-o", str(out), "--calib", str(calib)]
+        _fails(base, tmp_path, capsys, f"{path}: exists (pass --force to replace it)")
+        path.unlink()
+    with pytest.raises(SystemExit):
+        main(["example", "nope", "-o", str(out)])
+    assert "choose from 'digits_cnn', 'mobilenet_v2'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["7", "0", "5000"])
+def test_example_size_keras_cannot_build_is_one_line(tmp_path: Path, capsys, size: str) -> None:
+    """`example mobilenet_v3_small --size 7` ended in a Keras ValueError traceback."""
+    out = tmp_path / "m.keras"
+    expect = "cannot be built that small" if size == "7" else "--size must be between 1 and 1024"
+    _fails(
+        ["example", "mobilenet_v3_small", "-o", str(out), "--size", size], tmp_path, capsys, expect
+    )
+
+
+def test_an_identical_result_still_has_the_figures_of_a_check() -> None:
+    """The README's `opt.verification["max_abs"]` raised KeyError when the output came out byte
+    for byte the input (no comparison ran)."""
+    from types import SimpleNamespace
+
+    from tflfuse.convert import verified
+
+    same = SimpleNamespace(reference=b"model", data=b"model")  # identical: never parsed
+    failure, record = verified.within_declared_error(same)  # type: ignore[arg-type]
+    assert failure is None
+    assert record["max_abs"] == 0.0 and record["max_rel"] == 0.0
+    assert record["identical"] and record["verified"]

@@ -552,3 +552,114 @@ def test_custom_op_models_round_trip_with_the_buffer_sentinel(tmp_path: Path) ->
         assert read.buffers[0].data is None
         assert [op.customOptions is not None for op in read.subgraphs[0].operators]
         assert flatbuffer.from_bytes(bytes(data)).main.ops[0].type == "CUSTOM"
+
+
+# -- issue 26: a closed stdout, hostile names and paths, a full disk, $TMPDIR ----------------------
+def test_a_closed_stdout_is_one_line(model: Path) -> None:
+    """`tflfuse check M --target edgetpu >&-` was an AttributeError in quiet.py (no sys.stdout)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tflfuse.cli", "check", str(model), "--target", "edgetpu"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),  # what `>&-` does
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr == "tflfuse: error: standard output is closed (send it to /dev/null instead)\n"
+    )
+
+
+HOSTILE = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "hostile"
+_HOSTILE_NAMES = {
+    "fuzz15": "is not valid UTF-8",
+    "fuzz18": "is not valid UTF-8",
+    "fuzz44": "is not valid UTF-8",
+    "fuzz6": "holds a NUL byte",
+}
+
+
+@pytest.mark.skipif(not HOSTILE.is_dir(), reason="../shared/models/hostile is absent")
+@pytest.mark.parametrize("name", sorted(_HOSTILE_NAMES))
+def test_hostile_tensor_names_are_one_line_or_carried_through(tmp_path: Path, name: str) -> None:
+    """../shared/models/hostile (see its README): optimize and convert ended in a
+    UnicodeDecodeError or the quantizer's ValueError. Both refuse the damaged file naming it and
+    the tensor; bench runs it or refuses it in one line (the interpreter's own check)."""
+    src = HOSTILE / f"{name}.tflite"
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(0).uniform(-1, 1, (16, 32, 32, 3)).astype(np.float32))
+    out = tmp_path / "out"
+    line = _refused(_cli("convert", str(src), "--calib", str(calib), "-o", str(out)), str(src))
+    assert _HOSTILE_NAMES[name] in line and "tensor " in line
+    assert not out.exists()
+    optimized = tmp_path / "o.tflite"
+    line = _refused(_cli("optimize", str(src), "-o", str(optimized)), str(src))
+    assert _HOSTILE_NAMES[name] in line and not optimized.exists()
+    if name == "fuzz18":  # (its bad name is an input's: the one the interpreter decodes)
+        _clean(_cli("bench", str(src), "--runs", "2", "--warmup", "0", "--no-progress"))
+
+
+def _clean(proc: subprocess.CompletedProcess) -> None:
+    """A command that worked, or refused in one line: never a traceback."""
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode in (0, 2), (proc.returncode, proc.stderr[-2000:])
+    if proc.returncode == 2:
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tflfuse: error: "), proc.stderr[-2000:]
+
+
+def _bad_path(tmp_path: Path, model: Path) -> bytes:
+    raw = os.fsencode(tmp_path) + b"/bad\xff.tflite"
+    try:
+        with open(raw, "wb") as f:
+            f.write(model.read_bytes())
+    except OSError:
+        pytest.skip("this filesystem refuses a name that is not UTF-8")
+    return raw
+
+
+def test_a_model_path_that_is_not_utf8_converts(tmp_path: Path, model: Path) -> None:
+    """convert ended in "tflfuse bug in the report stage" (report.md written strict UTF-8)."""
+    raw = _bad_path(tmp_path, model)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [os.fsencode(sys.executable), b"-m", b"tflfuse.cli", b"convert", raw, b"--recipe",
+         b"cpu-float", b"-o", os.fsencode(out)],
+        capture_output=True,
+        env=ENV,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "bad\\udcff.tflite" in (out / "report.md").read_text(encoding="utf-8")
+    assert json.loads((out / "report.json").read_text())["models"]
+
+
+def test_a_full_disk_names_the_output_folder(tmp_path: Path) -> None:
+    """ENOSPC while writing the result said "No space left on device" and no path. A file size
+    limit (RLIMIT_FSIZE, EFBIG) stands in for the full disk: the same OSError without a name."""
+    resource = pytest.importorskip("resource")
+    import signal as signal_mod
+
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 256))
+    fc = g.add_op(  # 256 KiB of weights: more than the limit below
+        "FULLY_CONNECTED",
+        [x, g.add_constant("w", np.full((256, 256), 0.01, np.float32)), None],
+        [g.add_tensor("y", (1, 256))],
+    )
+    src = tmp_path / "big.tflite"
+    src.write_bytes(to_bytes(model_of(g, [x], [fc.outputs[0]])))
+    out = tmp_path / "out"
+
+    def limited() -> None:
+        signal_mod.signal(signal_mod.SIGXFSZ, signal_mod.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "tflfuse.cli", "convert", str(src), "--recipe", "cpu-float",
+         "-o", str(out)],
+        capture_output=True, text=True, env=ENV, timeout=300, preexec_fn=limited,
+    )  # fmt: skip
+    assert _refused(proc, f"{out}: cannot write the result: File too large")
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["big.tflite"]

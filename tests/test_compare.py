@@ -127,3 +127,39 @@ def test_cli_refuses_to_overwrite_a_model_and_bad_folders(folder: Path) -> None:
     done = _cli("compare", str(folder / "missing"))
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0 and "no such folder" in done.stderr
+
+
+def _with_manifest(folder: Path) -> None:
+    """The manifest `convert` writes: every file's SHA-256."""
+    import hashlib
+
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    text = json.dumps({"format": 1, "tflfuse": "test", "files": files})
+    (folder / ".tflfuse-manifest.json").write_text(text)
+
+
+def test_a_file_changed_since_convert_is_refused_naming_it(folder: Path) -> None:
+    """`compare OUT` after model.tflite was replaced mixed the new file's ops and latency with
+    the old report's errors, without a word."""
+    _with_manifest(folder)
+    result = compare.compare(folder, runs=2, warmup=0, progress=False)
+    assert result["files_checked"] is True
+    (folder / "model.tflite").write_bytes(conv_relu(fused=False))  # another model in its place
+    with pytest.raises(TflfuseError, match=r"out: model\.tflite changed since tflfuse convert"):
+        compare.read_conversion(folder)
+    (folder / "report.json").write_text(json.dumps({**REPORT, "source": "other.keras"}))
+    with pytest.raises(TflfuseError, match=r"report\.json, model\.tflite changed .* them"):
+        compare.read_conversion(folder)
+
+
+def test_a_folder_without_a_manifest_is_compared_and_says_so(folder: Path) -> None:
+    result = compare.compare(folder, runs=2, warmup=0, progress=False)
+    assert result["files_checked"] is False
+    assert "files: not checked against the conversion" in compare.format_table(result)
+
+
+def test_json_before_the_folder_takes_the_folder_as_the_operand(folder: Path) -> None:
+    """`compare --json DIR` took DIR for the JSON's destination."""
+    done = _cli("compare", "--json", str(folder), "--runs", "2", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert [r["ops"] for r in json.loads(done.stdout)["rows"]] == [2, 2, 1]

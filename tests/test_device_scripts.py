@@ -202,6 +202,43 @@ def test_compile_script_without_a_compiler_is_one_line(models: list[Path], tmp_p
     assert "edgetpu_compiler not found" in proc.stderr and proc.stderr.count("\n") == 1
 
 
+def test_compile_script_that_fails_leaves_no_log(models: list[Path], tmp_path: Path) -> None:
+    """compile_edgetpu.py wrote MODEL_compile.log (and made -o) before it knew the compile had
+    failed; a missing second model was found only after the first was compiled."""
+    fake = tmp_path / "bin" / "edgetpu_compiler"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Internal compiler error. Aborting!' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPTS / "compile_edgetpu.py"), "--direct", str(models[0])]
+    proc = subprocess.run([*cmd, "-o", str(out)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert (
+        proc.stderr == f"compile_edgetpu: error: {models[0]}: Internal compiler error. Aborting!\n"
+    )
+    assert list(out.iterdir()) == []
+    missing = tmp_path / "missing.tflite"
+    proc = subprocess.run(
+        [*cmd, str(missing), "-o", str(tmp_path / "other")], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and f"{missing}: no such model file" in proc.stderr
+    assert not (tmp_path / "other").exists()
+
+
+def test_deploy_script_takes_o_as_its_output() -> None:
+    """`deploy.py -o` was an SSH option where `-o` is the output everywhere else."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import deploy
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    args = deploy.parse_args(["m.tflite", "--host", "h", "-o", "r.json", "--ssh-option", "A=1"])
+    assert args.json == "r.json" and args.ssh_option == ["A=1"]
+    with pytest.raises(SystemExit):
+        deploy.parse_args(["m.tflite", "--host", "h", "-o", "ConnectTimeout=5"])
+
+
 # -- deploy over SSH to 127.0.0.1 ------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
@@ -308,7 +345,7 @@ def test_device_refuses_a_bundle_corrupted_after_the_push(sshd, models: list[Pat
 def test_deploy_script_reports_an_unreachable_host_in_one_line(models: list[Path]) -> None:
     port = _free_port()  # nothing listens there
     cmd = [sys.executable, str(SCRIPTS / "deploy.py"), str(models[0]), "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "-o", "ConnectTimeout=5"]
+    cmd += ["--port", str(port), "--ssh-option", "ConnectTimeout=5"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.startswith("deploy: error: push on 127.0.0.1 failed")

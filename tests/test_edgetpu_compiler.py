@@ -123,16 +123,23 @@ def test_memory_units() -> None:
 
 # -- without the compiler --------------------------------------------------------------------------
 def test_without_the_compiler_one_line_says_where_it_comes_from(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    tiny_tflite: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(TflfuseError) as err:
         edgetpu_compiler.find_compiler()
     assert "Coral's package repository" in str(err.value)
     assert "tflfuse check" in str(err.value)
-    assert main(["compile", str(tmp_path / "m.tflite"), "--target", "edgetpu"]) == 2
+    assert main(["compile", str(tiny_tflite), "--target", "edgetpu"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err.count("\n") == 1 and "x86-64" in out.err
+    # a model that is not there is the model's fault, not the compiler's
+    assert main(["compile", str(tmp_path / "missing.tflite"), "--target", "edgetpu"]) == 2
+    err_line = capsys.readouterr().err
+    assert "missing.tflite: " in err_line and "edgetpu_compiler" not in err_line
 
 
 # -- with a stand-in compiler ----------------------------------------------------------------------

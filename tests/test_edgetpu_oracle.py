@@ -20,8 +20,9 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import SHARED
+from conftest import SHARED, oracle_models
 
+from tflfuse.ir import flatbuffer
 from tflfuse.targets.edgetpu.compiler_log import parse_log
 from tflfuse.targets.edgetpu.truth import PairScore, find_pairs, score_pair, status_agreement
 
@@ -254,5 +255,39 @@ def test_check_describes_a_compiled_model_and_compares_with_a_twin(capsys) -> No
     text = capsys.readouterr().out
     assert "(edgetpu_compiler 16.0" in text.splitlines()[0]
     assert "The prediction for that mode is exact" in text
-    assert main(["check", str(cpu), "--target", "edgetpu", "--twin", str(cpu)]) == 2
-    assert "needs an Edge TPU compiled model" in capsys.readouterr().err
+    # a compile that mapped nothing holds no custom op: the model itself, op for op
+    assert main(["check", str(cpu), "--target", "edgetpu", "--twin", str(cpu), "--json"]) == 0
+    twin_record = json.loads(capsys.readouterr().out)["twin"]
+    assert twin_record["segments"] == 0 and twin_record["mode"].startswith("nothing mapped")
+    assert twin_record["compiler_only_cpu"] == list(range(64))  # the 64 ops predicted mapped
+    assert not twin_record["exact"]
+
+
+def test_check_twin_refuses_a_compile_of_another_network(capsys) -> None:
+    """`check mobilenet_v1_0.25_128_quant.tflite --twin split_concat_edgetpu.tflite` said
+    "exact"."""
+    from tflfuse.cli import main
+
+    cpu, _ = _oracle_twin("mobilenet_v1_0.25_128_quant")
+    _, other = _oracle_twin("split_concat")
+    assert main(["check", str(cpu), "--target", "edgetpu", "--twin", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{other}: not a compile of {cpu}: its inputs and outputs are ['input1'," in err
+
+
+def test_every_real_pair_is_a_compile_of_its_model() -> None:
+    """twin_match accepts each pair of the oracle (the compiler keeps the names, shapes and
+    quantization of every tensor it leaves) and refuses every twin of another pair."""
+    from tflfuse.targets.edgetpu import twin_match
+
+    pairs = [
+        (flatbuffer.load(cpu), flatbuffer.load(cpu.with_name(cpu.stem + "_edgetpu.tflite")))
+        for cpu in oracle_models(compiled=False)
+        if cpu.with_name(cpu.stem + "_edgetpu.tflite").is_file()
+    ]
+    if not pairs:
+        pytest.skip("../shared/oracle is absent")
+    for i, (model, _) in enumerate(pairs):
+        for j, (_, twin) in enumerate(pairs):
+            assert (twin_match.mismatch(model, twin) is None) == (i == j), (i, j)

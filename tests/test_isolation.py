@@ -385,3 +385,44 @@ def test_the_describing_of_a_status() -> None:
     assert describe_status(signal.SIGSEGV) == "SIGSEGV, segmentation fault"
     assert describe_status(signal.SIGKILL) == "SIGKILL, killed; out of memory?"
     assert describe_status(3 << 8) == "exit status 3"
+
+
+_LEFTOVERS = """
+import os, tempfile
+from tflfuse import isolation
+
+def leave():  # what TensorFlow's AutoGraph does: a temp file removed only at exit (os._exit skips)
+    fd, path = tempfile.mkstemp(prefix="__autograph_generated_file", suffix=".py")
+    os.close(fd)
+    return path, os.environ["TMPDIR"]
+
+def leave_and_crash():
+    leave()
+    os.abort()
+
+path, env = isolation.run(leave, what="m")
+print(os.path.exists(path), os.path.dirname(os.path.dirname(path)) == tempfile.gettempdir())
+try:
+    isolation.run(leave_and_crash, what="m")
+except isolation.NativeCrashError:
+    print("crash")
+"""
+
+
+def test_an_isolated_child_leaves_nothing_in_tmpdir(tmp_path: Path) -> None:
+    """Every Keras/SavedModel convert left `__autograph_generated_file*.py` in $TMPDIR: the child
+    ends with os._exit, which skips the atexit hook that removes them. Each child now has its
+    own temp folder inside $TMPDIR, removed by the parent however the child ended."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    (tmp / "users-file").write_text("mine")
+    proc = subprocess.run(
+        [sys.executable, "-c", _LEFTOVERS],
+        capture_output=True,
+        text=True,
+        env={**ENV, "TMPDIR": str(tmp)},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["False True", "crash"]
+    assert sorted(p.name for p in tmp.iterdir()) == ["users-file"]

@@ -29,6 +29,19 @@ ModelSource = Any  # a .tflite path (str or Path), its bytes, or a tflfuse.ir.Mo
 COMPILER_VERSION = re.compile(r"\d+(\.\d+){0,2}")  # "16.0", "14.1", "16.0.384591198"
 
 
+def check_compiler_exists(version: str, label: str) -> None:
+    """A one-line error for an edgetpu_compiler newer than the newest there is (the table's,
+    16.0: Coral's last release); older ones are predicted from the rows' `since`."""
+    from tflfuse.targets.edgetpu.predict import compiler_version_key, default_compiler_version
+
+    newest = default_compiler_version()
+    if compiler_version_key(version) > compiler_version_key(newest):
+        major, minor = compiler_version_key(newest)
+        raise UsageError(
+            f"{label} {version}: there is no such edgetpu_compiler (the newest is {major}.{minor})"
+        )
+
+
 def _integer(name: str, value: Any, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise UsageError(f"{name} must be an integer of at least {least}, not {value!r}")
@@ -65,6 +78,7 @@ def convert(
     notes: bool | None = None,
     verify: bool = True,
     disabled: Sequence[str] = (),
+    accept_accuracy_loss: bool = False,
     **overrides: Any,
 ) -> ConversionResult:
     """Convert a Keras model (object, .keras/.h5 file), a SavedModel folder, a tf.function or a
@@ -81,6 +95,9 @@ def convert(
     result go).
     `channels_last` gives a .tflite with NCHW inputs NHWC inputs instead (an interface change).
     `disabled` turns rules off (as `optimize`'s); `verify=False` skips the numeric checks.
+    A fused model whose outputs carry nothing of the source's (top-1 agreement 0, or a centered
+    cosine under 0.5 where the output varies by 4 int8 steps: `tflfuse.convert.usefulness`) is
+    refused, nothing written, unless `accept_accuracy_loss`.
     `notes` prints the pipeline's one-line notes to stderr (default: when `progress`; the CLI
     keeps them under --json, which turns the progress bar off).
     Returns a `ConversionResult`: the three model paths and the report as a dict."""
@@ -105,6 +122,7 @@ def convert(
         channels_last=channels_last,
         verify=verify,
         disabled=tuple(disabled),
+        accept_accuracy_loss=bool(accept_accuracy_loss),
     )
 
 
@@ -173,6 +191,7 @@ def check(
             compiler_version
         ):
             raise UsageError(f"compiler_version {compiler_version!r} is not a version (e.g. 14.1)")
+        check_compiler_exists(compiler_version, "compiler_version")
     if not isinstance(model, Model):
         data, source = _model_bytes(model)
         model = flatbuffer.from_bytes(data, source)

@@ -53,8 +53,12 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+_JSON_TAKES_A_PATH = ("optimize", "bench", "compare")  # the commands that use _add_json_option
+
+
 def _add_json_option(p: argparse.ArgumentParser, metavar: str, what: str) -> None:
-    """`--json` alone prints JSON on stdout; `--json PATH` writes it to PATH."""
+    """`--json` alone prints JSON on stdout; `--json PATH` writes it to PATH (not a folder
+    or a .tflite: those are the command's operands, see `_unswallowed`)."""
     p.add_argument(
         "--json",
         nargs="?",
@@ -291,18 +295,20 @@ def _add_check(sub: Any) -> None:
     p.add_argument(
         "--compiler-version",
         metavar="V",
-        help="the edgetpu_compiler to predict: 16 (default) or an older one (15, 14.1)",
+        help="with --target edgetpu: the edgetpu_compiler to predict, 16 (default) or an older one"
+        " (15, 14.1)",
     )
     p.add_argument(
         "--multiple-subgraphs",
         action="store_true",
-        help="predict a compile that allows several Edge TPU subgraphs (edgetpu_compiler -a)",
+        help="with --target edgetpu: predict a compile that allows several Edge TPU subgraphs"
+        " (edgetpu_compiler -a)",
     )
     p.add_argument(
         "--twin",
         metavar="X_edgetpu.tflite",
-        help="the model compiled by edgetpu_compiler: predict in the mode it was compiled in"
-        " and compare",
+        help="with --target edgetpu: the model compiled by edgetpu_compiler from MODEL; predict in"
+        " the mode it was compiled in and compare",
     )
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.add_argument(
@@ -314,6 +320,14 @@ def _add_check(sub: Any) -> None:
     p.set_defaults(func=_run_check)
 
 
+# `check` flags that describe an ahead-of-time compile (the Edge TPU's): meaningless without it
+_COMPILER_FLAGS = {
+    "--compiler-version": "compiler_version",
+    "--multiple-subgraphs": "multiple_subgraphs",
+    "--twin": "twin",
+}
+
+
 def _compiled_choices() -> str:
     """The --target values an ahead-of-time compiler maps: "edgetpu"."""
     return " or ".join(target_names(compiled=True))
@@ -321,14 +335,16 @@ def _compiled_choices() -> str:
 
 def _run_check(args: argparse.Namespace) -> int:
     from tflfuse import targets
-    from tflfuse.api import COMPILER_VERSION
+    from tflfuse.api import COMPILER_VERSION, check_compiler_exists
     from tflfuse.ir import flatbuffer
 
     compiled = args.target in target_names(compiled=True)  # its compiler decides the mapping
-    if args.target is None and (args.compiler_version or args.multiple_subgraphs):
-        raise UsageError(
-            f"--compiler-version and --multiple-subgraphs need --target {_compiled_choices()}"
-        )
+    if not compiled and (args.compiler_version or args.multiple_subgraphs or args.twin):
+        given = [f for f, v in _COMPILER_FLAGS.items() if getattr(args, v)]
+        if args.target is not None:
+            raise UsageError(f"{' and '.join(given)}: for --target {_compiled_choices()} only")
+        verb = "needs" if len(given) == 1 else "need"
+        raise UsageError(f"{' and '.join(given)} {verb} --target {_compiled_choices()}")
     if args.compiler_version is not None:
         if not compiled:
             raise UsageError(f"--compiler-version is for --target {_compiled_choices()} only")
@@ -336,6 +352,7 @@ def _run_check(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--compiler-version {args.compiler_version!r} is not a version (e.g. 14.1, 16.0)"
             )
+        check_compiler_exists(args.compiler_version, "--compiler-version")
     model_path = check_input(args.model)
     if args.overlay is not None:  # checked before any output: writes and prints nothing
         if args.target is None:
@@ -397,10 +414,12 @@ def _compare_with_twin(model: Any, args: argparse.Namespace) -> int:
     from tflfuse import targets
     from tflfuse.ir import flatbuffer
     from tflfuse.targets.edgetpu import truth as edgetpu_truth
+    from tflfuse.targets.edgetpu import twin_match
 
     twin = flatbuffer.load(check_input(args.twin))
-    if not edgetpu_truth.is_compiled(twin):
-        raise UsageError(f"{args.twin}: --twin needs an Edge TPU compiled model")
+    why = twin_match.mismatch(model, twin)  # (a compile that mapped nothing matches, as such)
+    if why is not None:
+        raise UsageError(f"{args.twin}: not a compile of {args.model}: {why}")
     prediction, comparison = edgetpu_truth.compare_with_twin(model, twin, args.compiler_version)
     if args.json:
         _emit_json({**prediction.to_dict(), "twin": comparison}, "-")
@@ -504,7 +523,8 @@ def _add_convert(sub: Any) -> None:
     p.add_argument(
         "--recipe",
         default="xnnpack-int8",
-        help="recipe name (edgetpu, xnnpack-int8, cpu-float, gpu-fp16) or a .toml file",
+        help="recipe name (edgetpu, xnnpack-int8, cpu-float, gpu-fp16) or a .toml file"
+        " (default xnnpack-int8: full int8 for XNNPACK, int8 I/O)",
     )
     p.add_argument(
         "--calib",
@@ -552,6 +572,13 @@ def _add_convert(sub: Any) -> None:
         action="store_true",
         help=".tflite with NCHW inputs (PyTorch exports): give the model NHWC inputs (and"
         " outputs) instead, dropping the layout TRANSPOSEs (an interface change)",
+    )
+    p.add_argument(
+        "--accept-accuracy-loss",
+        action="store_true",
+        help="keep a fused model whose outputs carry nothing of the source's (top-1 agreement 0,"
+        " or a centered cosine under 0.5 on an output that varies by 4 int8 steps), refused"
+        " otherwise",
     )
     _add_runtime_option(p)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -607,6 +634,7 @@ def _run_convert(args: argparse.Namespace) -> int:
         notes=True,  # the pipeline's notes go to stderr even under --json
         verify=not args.no_verify,
         disabled=tuple(args.disable),
+        accept_accuracy_loss=args.accept_accuracy_loss,
     )
     r = result.report
     if args.json:  # (files of OUTDIR tflfuse did not write, and kept, under "kept")
@@ -624,7 +652,11 @@ def _run_convert(args: argparse.Namespace) -> int:
     if d.get("checked"):
         print(f"  {d['delegate']}: {d['mapped']} ops mapped, {d['cpu']} on the CPU")
     if r.get("runtime"):
-        print(f"  made for {r['runtime']['made_for']}: every op version it needs is there")
+        from tflfuse.convert.report import stock_on_runtime
+
+        made_for = r["runtime"]["made_for"]
+        print(f"  made for {made_for}: every op version the fused and unfused models need is there")
+        print(f"  {stock_on_runtime(r)}")
     cut = r.get("edgetpu", {}).get("fused", {}).get("cut")
     if cut:
         print(f"  Edge TPU cut at op {cut['index']} {cut['op']}: {cut['reason']}")
@@ -791,28 +823,74 @@ def _run_compile(args: argparse.Namespace) -> int:
 
 
 # -- example -------------------------------------------------------------------------------------
+# the zoo's architectures (tflfuse.examples.zoo.BUILDERS; not imported here: it needs numpy)
+EXAMPLES = (
+    "digits_cnn",
+    "mobilenet_v2",
+    "mobilenet_v3_small",
+    "efficientnet_b0",
+    "resnet_v2_style",
+    "inception_style",
+    "transformer_encoder",
+    "ds_cnn",
+    "yolo_style",
+)
+_UNSIZED = ("digits_cnn", "transformer_encoder", "ds_cnn")  # fixed input shapes
+SIZE_MAX = 1024  # an image zoo model at 1024x1024 is already ~1 GiB of activations
+
+
 def _add_example(sub: Any) -> None:
     p = sub.add_parser(
         "example", help="build an offline example Keras model (and calibration data) to try tflfuse"
     )
-    p.add_argument("name", help="digits_cnn (trained on sklearn digits) or a zoo architecture")
+    p.add_argument(
+        "name",
+        choices=EXAMPLES,
+        metavar="NAME",
+        help=f"{', '.join(EXAMPLES)}: digits_cnn is trained on scikit-learn's digits (and also"
+        " writes its held-out set to MODEL_test.npz), the others are Keras architectures with"
+        " weights=None from seed 0",
+    )
     p.add_argument("-o", "--output", required=True, help="where to save the model (.keras)")
     p.add_argument("--calib", metavar="NPY", help="also write calibration inputs to this .npy")
-    p.add_argument("--size", type=int, default=96, help="input size of image zoo models")
+    p.add_argument(
+        "--size",
+        type=int,
+        default=96,
+        help=f"input size of the image zoo models (default 96, at most {SIZE_MAX})",
+    )
+    p.add_argument("--force", action="store_true", help="replace files that already exist")
     p.set_defaults(func=_run_example)
+
+
+def _example_outputs(args: argparse.Namespace) -> dict[str, Path]:
+    """{what: path} of the files `example` writes, checked before any work: a one-line error
+    for a wrong suffix, a destination that cannot be written, or (without --force) a file
+    that exists."""
+    out = Path(args.output)
+    if out.suffix != ".keras":
+        raise UsageError(f"{out}: the example is saved as a .keras file")
+    outputs = {"model": out}
+    if args.calib:
+        if Path(args.calib).suffix != ".npy":
+            raise UsageError(f"{args.calib}: --calib writes a .npy file")
+        outputs["calibration data"] = Path(args.calib)
+    if args.name == "digits_cnn":
+        outputs["held-out set"] = out.with_name(out.stem + "_test.npz")
+    for what, path in outputs.items():
+        check_destination(path, what)
+        if not args.force and (path.exists() or path.is_symlink()):
+            raise UsageError(f"{path}: exists (pass --force to replace it)")
+    return outputs
 
 
 def _run_example(args: argparse.Namespace) -> int:
     import numpy as np
 
-    out = Path(args.output)
-    if out.suffix != ".keras":
-        raise UsageError(f"{out}: the example is saved as a .keras file")
-    check_destination(out, "model")
-    if args.calib:
-        if Path(args.calib).suffix != ".npy":
-            raise UsageError(f"{args.calib}: --calib writes a .npy file")
-        check_destination(Path(args.calib), "calibration data")
+    if args.name not in _UNSIZED and not 1 <= args.size <= SIZE_MAX:
+        raise UsageError(f"--size must be between 1 and {SIZE_MAX}, not {args.size}")
+    outputs = _example_outputs(args)
+    out = outputs["model"]
     if args.name == "digits_cnn" and importlib.util.find_spec("sklearn") is None:
         raise UsageError(
             "example digits_cnn trains on scikit-learn's digits: pip install scikit-learn"
@@ -823,16 +901,15 @@ def _run_example(args: argparse.Namespace) -> int:
         split = digits.load_split()
         model = digits.train_cnn(split)
         calib = split.x_train
-        test_npz = out.with_name(out.stem + "_test.npz")
-        np.savez(test_npz, x=split.x_test, y=split.y_test)
+        test_npz = outputs["held-out set"]
+        with test_npz.open("wb") as f:  # np.savez would add .npz to a name without it
+            np.savez(f, x=split.x_test, y=split.y_test)
         acc = digits.accuracy(model.predict(split.x_test, verbose=0), split.y_test)
         print(f"trained on sklearn digits: test accuracy {acc:.3f}; held-out set in {test_npz}")
     else:
+        model = _zoo_example(args.name, args.size)
         from tflfuse.examples import zoo
 
-        zoo.seed(0)  # weights=None: the same example on every run
-        sized = args.name not in ("transformer_encoder", "ds_cnn")
-        model = zoo.build(args.name, **({"input_size": args.size} if sized else {}))
         calib = zoo.sample_inputs(tuple(model.input_shape[1:]), n=64, seed=3)
     model.save(out)
     print(f"{out}: {args.name}, input {list(model.input_shape)}")
@@ -879,6 +956,18 @@ def _run_sweep(args: argparse.Namespace) -> int:
     else:
         print("\n".join(sweep.summary(result)))
     return 0
+
+
+def _zoo_example(name: str, size: int) -> Any:
+    """The zoo model, or a one-line error where Keras cannot build it at `size`."""
+    from tflfuse.examples import zoo
+
+    zoo.seed(0)  # weights=None: the same example on every run
+    try:
+        return zoo.build(name, **({} if name in _UNSIZED else {"input_size": size}))
+    except ValueError as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"--size {size}: {name} cannot be built that small ({why})") from None
 
 
 # -- entry point ---------------------------------------------------------------------------------
@@ -978,7 +1067,52 @@ def _stdout_gone() -> None:
         os.close(devnull)
 
 
+def _stdout_closed() -> bool:
+    """`tflfuse ... >&-`: Python then has no sys.stdout, and fd 1 is free for the next file
+    opened (C++ code writing to fd 1 would write into it)."""
+    if sys.stdout is None:
+        return True
+    try:
+        os.fstat(1)
+    except OSError:
+        return True
+    return False
+
+
+def _json_value_is_positional(value: str) -> bool:
+    """`--json [OUT]` takes the word after it; an existing folder or .tflite file is the
+    command's operand (`compare --json OUT_DIR`, `bench --json m.tflite`), never where JSON
+    goes."""
+    try:
+        return os.path.isdir(value) or (value.lower().endswith(".tflite") and os.path.isfile(value))
+    except (OSError, ValueError):  # (a NUL in the name: the command says so)
+        return False
+
+
+def _unswallowed(argv: list[str]) -> list[str]:
+    """argv with `--json X` read as `--json` (stdout) and X where X is an operand."""
+    out = list(argv)
+    command = next((w for w in out if not w.startswith("-")), None)
+    if command not in _JSON_TAKES_A_PATH:
+        return out
+    for i, word in enumerate(out[:-1]):
+        if word == "--":
+            break
+        follows = out[i + 1]
+        if word == "--json" and not follows.startswith("-") and _json_value_is_positional(follows):
+            out[i] = "--json=-"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
+    if _stdout_closed():
+        if sys.stderr is not None:
+            print(
+                "tflfuse: error: standard output is closed (send it to /dev/null instead)",
+                file=sys.stderr,
+            )
+        return 2
+    argv = _unswallowed(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     log = None
     try:

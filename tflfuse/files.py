@@ -137,6 +137,11 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def sha256_of(path: Path) -> str:
+    """The SHA-256 (hex) of a file, as the result manifest lists it."""
+    return _sha256(path)
+
+
 def _plain_relative(name: Any) -> bool:
     """A manifest entry is a relative path below OUT: no '..', no absolute path, no hidden."""
     if not isinstance(name, str) or not name or "\\" in name or "\x00" in name:

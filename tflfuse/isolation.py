@@ -32,9 +32,11 @@ import importlib
 import io
 import os
 import pickle
+import shutil
 import signal
 import struct
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -241,17 +243,29 @@ def run(work: Callable[[], T], *, what: str) -> T:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    scratch = tempfile.mkdtemp(prefix="tflfuse-child-")
     read_end, write_end = os.pipe()
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read_end)
+        _private_temp(scratch)
         _child(work, write_end, parent)
     os.close(write_end)
     try:
         return _supervise(pid, read_end, what)
     finally:
         os.close(read_end)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _private_temp(folder: str) -> None:
+    """The child's temp files go to `folder`, which the parent removes when the child ends,
+    however it ends: what the libraries leave for atexit (TensorFlow's AutoGraph writes each
+    function it converts to `__autograph_generated_file*.py` there), which `os._exit` skips,
+    and what a crash leaves. Python's tempfile and C code (TMPDIR) alike."""
+    tempfile.tempdir = folder
+    os.environ["TMPDIR"] = folder
 
 
 def _die_with_parent(parent: int) -> None:

@@ -124,6 +124,25 @@ def split_pick(source: str) -> tuple[Path, list[str] | None]:
 _NUMPY_READ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error, KeyError)
 
 
+# how each file starts: NumPy's .npy header, and the zip archive an .npz is
+_MAGIC = {".npy": b"\x93NUMPY", ".npz": b"PK\x03\x04"}
+
+
+def _check_magic(path: Path, kind: str) -> None:
+    """A one-line error for a file that is no .npy/.npz at all (np.load calls a file without
+    the .npy header "pickled", whatever it holds)."""
+    magic = _MAGIC.get(kind)
+    if magic is None:
+        return
+    with path.open("rb") as f:
+        head = f.read(len(magic))
+    if head != magic and not (kind == ".npz" and head.startswith(b"PK")):
+        kinds = {".npy": "NumPy .npy header", ".npz": "zip archive (.npz)"}
+        raise TflfuseError(
+            f"{path}: not a readable {kind} file: no {kinds[kind]} (it starts with {head!r})"
+        )
+
+
 def _read_numpy(path: Path, names: list[str], picked: list[str] | None = None) -> list[Any]:
     """The arrays of a .npy or .npz file, or a one-line error saying why it cannot be read."""
     kind = path.suffix.lower()
@@ -134,6 +153,7 @@ def _read_numpy(path: Path, names: list[str], picked: list[str] | None = None) -
         raise TflfuseError(f"{path}: not a readable {kind} file: the file is empty")
     if picked is not None and kind != ".npz":
         raise TflfuseError(f"{path}: FILE:NAME picks an array of an .npz, not of a {kind} file")
+    _check_magic(path, kind)
     try:
         if kind == ".npy":
             return [np.load(path, allow_pickle=False)]

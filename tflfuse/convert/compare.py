@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tflfuse import targets
+from tflfuse import files, targets
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import flatbuffer
 from tflfuse.runtime.bench import check_arguments, run_benchmark
@@ -33,6 +33,10 @@ DEFAULT_FILES = {
 def read_conversion(folder: str | Path) -> tuple[dict[str, Any], dict[str, Path]]:
     """The report of a `tflfuse convert` output folder and the paths of its three models."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise TflfuseError(
+            f"{folder}: is a file, not a folder (give the -o folder of tflfuse convert)"
+        )
     if not folder.is_dir():
         raise TflfuseError(f"{folder}: no such folder (give the -o folder of tflfuse convert)")
     report_path = folder / "report.json"
@@ -49,7 +53,29 @@ def read_conversion(folder: str | Path) -> tuple[dict[str, Any], dict[str, Path]
     for k, p in paths.items():
         if not p.is_file():
             raise TflfuseError(f"{p}: the {k} model is missing")
+    _check_manifest(folder, [report_path, *paths.values()])
     return report, paths
+
+
+def _check_manifest(folder: Path, used: list[Path]) -> bool:
+    """The report and the three models as `convert` wrote them (their SHA-256 in the result's
+    manifest), or a one-line refusal naming the files changed since: the report's errors belong
+    to the models it was written with, and a replaced model measured beside them would mix two
+    conversions. False when the folder has no manifest (an older tflfuse; nothing to check)."""
+    manifest = files.read_manifest(folder)
+    if manifest is None:
+        return False
+    changed = [
+        p.name for p in used if p.name not in manifest or files.sha256_of(p) != manifest[p.name]
+    ]
+    if changed:
+        raise TflfuseError(
+            f"{folder}: {', '.join(changed)} changed since tflfuse convert wrote"
+            f" {'it' if len(changed) == 1 else 'them'} (not as in {files.MANIFEST}); the report's"
+            " errors are of the models it wrote: convert again, or compare the files with"
+            " tflfuse bench"
+        )
+    return True
 
 
 def _error(report: dict[str, Any], variant: str) -> dict[str, Any]:
@@ -112,6 +138,8 @@ def compare(
         "io": [recipe.get("input_type"), recipe.get("output_type")],
         "rows": [rows[k] for k in VARIANTS],
         "benchmark": bench,
+        # read_conversion refused files changed since convert; none to check without a manifest
+        "files_checked": files.read_manifest(Path(folder)) is not None,
     }
 
 
@@ -167,4 +195,9 @@ def format_table(result: dict[str, Any]) -> str:
         *undecided,
         f"error: against {against}.",
     ]
+    if result.get("files_checked") is False:
+        lines.append(
+            f"files: not checked against the conversion (no {files.MANIFEST}: an older tflfuse"
+            " wrote them); the errors are the report's, of the models it wrote."
+        )
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from tflfuse.convert import verified
 from tflfuse.convert.verified import NOT_VERIFIED
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
+from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import activation_bytes
 from tflfuse.rewrite import PassResult
 from tflfuse.rules import all_rule_names, pipeline
@@ -128,6 +129,7 @@ def optimize_bytes(
     if runtime is not None:
         runtime = resolve(runtime)
     parsed = flatbuffer.from_bytes(data, source)
+    check_names(parsed, source)  # (the interpreter decodes the I/O names strictly)
     before = _totals(parsed)  # (read before the passes rewrite `parsed` in place)
     stages = _stages(level, target, runtime, before_int8)
     candidate = verified.apply(data, stages, disabled=disabled, name=source, model=parsed)

@@ -22,6 +22,8 @@ failed or interrupted conversion leaves nothing half-written. TensorFlow is impo
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import os
 import sys
 import time
@@ -38,7 +40,7 @@ from tflfuse.convert import calibration as calib_mod
 from tflfuse.convert import quantize as quantize_mod
 from tflfuse.convert import recipe as recipe_mod
 from tflfuse.convert import report as report_mod
-from tflfuse.convert import verified
+from tflfuse.convert import usefulness, verified
 from tflfuse.convert.optimize import OptimizeResult, check_options, optimize_bytes, runtime_section
 from tflfuse.convert.quantize import Quantized, aeq_unsupported, set_io_types
 from tflfuse.convert.recipe import Recipe
@@ -97,6 +99,7 @@ class Options:
     channels_last: bool = False
     verify: bool = True  # False (--no-verify): models this host cannot run, written unchecked
     disabled: tuple[str, ...] = ()  # rules turned off (--disable), float and int8 alike
+    accept_accuracy_loss: bool = False  # keep a model tflfuse.convert.usefulness calls useless
 
 
 @dataclass
@@ -243,6 +246,8 @@ def unfused(rec: Recipe, ctx: Context) -> None:
         data, route, checked = baselines_mod.defused_input(ctx.source, rec, verify)
     else:
         data, route = made
+    before_int8 = rec.quant_mode == "int8" and not ctx.source.quantized  # (as `fuse`)
+    data, route = _lowered_for_runtime(rec, ctx, data, route, before_int8=before_int8)
     if not verify:
         ctx.unfused = UnfusedRecord(data, route, {"verified": False, "reason": "--no-verify"})
         return
@@ -452,7 +457,46 @@ def baselines(rec: Recipe, ctx: Context) -> None:
             f"{what}, then defused (litert-quantizer has no int8 config for {left} once they"
             " are split off)",
         )
+    unfused = _unfused_for_runtime(rec, ctx, unfused)
     ctx.baselines = BaselinesRecord(ctx.quantized.fused.data, unfused, stock, stock_route)
+
+
+def _lowered_for_runtime(
+    rec: Recipe,
+    ctx: Context,
+    data: bytes,
+    route: str,
+    *,
+    check: bool = False,
+    before_int8: bool = False,
+) -> tuple[bytes, str]:
+    """`--runtime R`: the unfused baseline lowered to R's op versions as the fused model is
+    (GELU spelled out in float before quantizing, ...; verified), so that both run where the
+    user deploys. `check`: the model as it will be written, refused in one line when R cannot
+    run it; `before_int8`: the model is quantized next (GELU in ops litert-quantizer takes). The
+    stock model stays as its route writes it (the report says whether R runs it)."""
+    if not rec.runtime:
+        return data, route
+    target = resolve(rec.runtime)
+    name = f"{ctx.source.name} (the unfused baseline)"
+    stages = [runtime_legalization(target, before_int8=before_int8)]
+    candidate = verified.apply(data, lambda: stages, name=name)
+    if check:
+        runtime_section(candidate.model, target, name)  # (refuses: raises)
+    if not candidate.result.changed:
+        return data, route
+    failure, _ = verified.judge(candidate, ctx.options.verify)
+    if failure is not None:
+        raise TflfuseError(f"{name}: runtime legalization: {failure}; nothing written")
+    fired = ", ".join(f"{rule} x{n}" for rule, n in candidate.result.fired().items())
+    return candidate.data, f"{route}; for {target.name}: {fired}"
+
+
+def _unfused_for_runtime(rec: Recipe, ctx: Context, unfused: Quantized) -> Quantized:
+    """The quantized unfused baseline as `_lowered_for_runtime` leaves it, refused in one line
+    when `--runtime` cannot run it."""
+    data, route = _lowered_for_runtime(rec, ctx, unfused.data, unfused.route, check=True)
+    return dataclasses.replace(unfused, data=data, route=route)
 
 
 def _defused(data: bytes, name: str, verify: bool = True) -> bytes:
@@ -529,6 +573,7 @@ def convert(
     force: bool = False,
     verify: bool = True,
     disabled: tuple[str, ...] = (),
+    accept_accuracy_loss: bool = False,
     **overrides: Any,
 ) -> ConversionResult:
     """Convert `model` (a keras.Model, .keras/.h5 file, SavedModel folder, tf.function, or a
@@ -538,7 +583,8 @@ def convert(
     replaces the files an earlier tflfuse result wrote there and keeps every other file; see
     `tflfuse.files`). `verify=False` writes models this host cannot run without the numeric
     checks (the report says so); `disabled` names rules to turn off, as `optimize --disable`
-    does."""
+    does. A fused model whose outputs carry nothing of the source's (`tflfuse.convert.usefulness`)
+    is refused unless `accept_accuracy_loss`."""
     started = time.perf_counter()
     rec = recipe if isinstance(recipe, Recipe) else recipe_mod.load(recipe)
     rec = rec.override(**overrides) if overrides else rec
@@ -552,7 +598,15 @@ def convert(
         raise _no_calibration(rec)
     check_options(level=rec.level, target=rec.target, disabled=tuple(disabled))
     options = Options(
-        seed, batch, allow_lambda, progress, quiet, channels_last, verify, tuple(disabled)
+        seed,
+        batch,
+        allow_lambda,
+        progress,
+        quiet,
+        channels_last,
+        verify,
+        tuple(disabled),
+        accept_accuracy_loss,
     )
     output_dir = Path(output_dir)
     written = (FUSED, UNFUSED, STOCK, "report.json", "report.md")
@@ -563,8 +617,10 @@ def convert(
         # line naming the stage, and the temp folder is removed here whatever happened
         ctx.report = isolation.run(lambda: _run_stages(rec, ctx, started), what=_name_of(model))
         kept = publish(tmp, output_dir, force=force)
-    except BaseException:
+    except BaseException as exc:
         discard(tmp)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno in _FULL:
+            raise TflfuseError(f"{output_dir}: cannot write the result: {exc.strerror}") from None
         raise
     for notice in ctx.report.get("notices", []):
         _note(notice, quiet)
@@ -573,6 +629,11 @@ def convert(
     return ConversionResult(
         output_dir, output_dir / FUSED, output_dir / UNFUSED, output_dir / STOCK, ctx.report, kept
     )
+
+
+# a write refused for want of room (a full disk, a quota, a file size limit): OSErrors that name
+# no file when they come from writing one
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _check_path(model: str | Path) -> None:
@@ -598,8 +659,27 @@ def _run_stages(rec: Recipe, ctx: Context, started: float) -> dict[str, Any]:
         ctx.timings[stage.__name__] = time.perf_counter() - t0
     ctx.report["timings_s"] = {k: round(v, 3) for k, v in ctx.timings.items()}
     ctx.report["timings_s"]["total"] = round(time.perf_counter() - started, 3)
+    _judge_usefulness(ctx)
     report_mod.write(ctx.report, ctx.folder)
     return ctx.report
+
+
+def _judge_usefulness(ctx: Context) -> None:
+    """Refuse a fused model whose outputs carry nothing of the source's where the data shows they
+    could (tflfuse.convert.usefulness), unless the user accepts it: then the report says so."""
+    fused = ctx.report.get("agreement", {}).get("fused") or {}
+    steps = usefulness.output_steps(flatbuffer.from_bytes(ctx.baselines.models["fused"]))
+    names = list(ctx.loaded.source.output_names)
+    verdict = usefulness.useless(fused, steps, names, FUSED)
+    if verdict is None:
+        return
+    if not ctx.options.accept_accuracy_loss:
+        raise TflfuseError(
+            f"{verdict}: nothing written (check the calibration data; --accept-accuracy-loss"
+            " keeps the model)"
+        )
+    ctx.report["accuracy_loss_accepted"] = verdict
+    ctx.report.setdefault("warnings", []).append(f"kept with --accept-accuracy-loss: {verdict}")
 
 
 def _name_of(model: Any) -> str:

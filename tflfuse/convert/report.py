@@ -98,6 +98,9 @@ def agreement(
             "reference_range": float(ref.max() - ref.min()) if ref.size else 0.0,
             "varies": bool(len(ref) > 1 and not np.allclose(ref, ref[:1])),
         }
+        if row["varies"]:
+            row["cosine"] = centered_cosine(ref, cand.reshape(ref.shape))
+            row["spread"] = float(np.sqrt(np.mean((ref - ref.mean(0)) ** 2)))
         scores = classifier[k] if classifier is not None and k < len(classifier) else None
         if scores is None:
             scores = ref.ndim == 2 and ref.shape[1] > 1
@@ -108,6 +111,18 @@ def agreement(
         out["outputs"].append(row)
     out["max_abs"] = max((r["max_abs"] for r in out["outputs"]), default=0.0)
     return out
+
+
+def centered_cosine(ref: np.ndarray, cand: np.ndarray) -> float:
+    """How well `cand` follows `ref` over the check inputs (axis 0): the cosine of the two
+    outputs' deviations from their own means over the inputs (each element's Pearson-style
+    agreement, pooled). 1: the candidate moves with the reference; 0: it ignores the input
+    (a constant output) or moves unrelated to it. A plain cosine would not tell: a softmax
+    that puts every input at its mean is already close to 1."""
+    a = (ref - ref.mean(0)).ravel().astype(np.float64)
+    b = (cand - cand.mean(0)).ravel().astype(np.float64)
+    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(a @ b / norm) if norm > 0 else 0.0
 
 
 def _classifier_outputs(
@@ -329,8 +344,22 @@ def compiled_target(rec: Recipe) -> targets.Target | None:
 
 def write(report: dict[str, Any], folder: Path) -> None:
     folder = Path(folder)
-    (folder / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (folder / "report.md").write_text(markdown(report))
+    # (a name that is not UTF-8, a model path for one, is written with backslash escapes)
+    text = json.dumps(report, indent=2, default=str) + "\n"
+    (folder / "report.json").write_text(text, encoding="utf-8", errors="backslashreplace")
+    (folder / "report.md").write_text(markdown(report), encoding="utf-8", errors="backslashreplace")
+
+
+def stock_on_runtime(r: dict[str, Any]) -> str:
+    """Whether the stock model (as its route writes it: not lowered) runs on `--runtime`."""
+    section = r.get("runtime") or {}
+    stock = section.get("stock") or {}
+    if stock.get("runtime_ok", True):
+        return f"The stock model runs there too ({r['files']['stock']})."
+    return (
+        f"The stock model ({r['files']['stock']}, as the plain route writes it) does not:"
+        f" {stock.get('refusal')}."
+    )
 
 
 def _kib(n: int) -> str:
@@ -368,8 +397,9 @@ def _summary_lines(r: dict[str, Any]) -> list[str]:
     ]
     made_for = r.get("runtime")
     if made_for:
-        lines += [f"Made for **{made_for['made_for']}**: every op version model.tflite needs is"
-                  " there (`--runtime`).", ""]  # fmt: skip
+        lines += [f"Made for **{made_for['made_for']}**: every op version model.tflite and"
+                  f" model_unfused.tflite need is there (`--runtime`). {stock_on_runtime(r)}",
+                  ""]  # fmt: skip
     kind = r.get("source_kind", {})
     if kind.get("kind") == "tflite":
         lines.append(f"Source: a .tflite, entered at the {kind.get('entered_at')} stage.")

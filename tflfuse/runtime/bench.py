@@ -189,6 +189,11 @@ def _progress(total: int, enabled: bool) -> Any:
     return tqdm(total=total, desc="bench", unit="inv", file=sys.stderr, leave=False)
 
 
+# more interpreter threads than this is a typo: the pool starts every one of them (100000 aborts
+# the process when thread creation fails), and no machine tflfuse targets has the cores
+THREADS_MAX = 1024
+
+
 def check_arguments(*, runs: int, warmup: int, threads: int | None, prefix: str = "") -> None:
     """One-line errors for counts the interpreter would refuse or misread (before any work);
     `prefix` "--" names them as the command line does."""
@@ -200,6 +205,11 @@ def check_arguments(*, runs: int, warmup: int, threads: int | None, prefix: str 
     ):
         raise TflfuseError(
             f"{prefix}threads must be at least 1, not {threads!r} (leave it out for the default)"
+        )
+    if threads is not None and threads > THREADS_MAX:
+        raise TflfuseError(
+            f"{prefix}threads must be at most {THREADS_MAX}, not {threads} (the interpreter"
+            " starts that many threads; past the system's limit it aborts)"
         )
 
 
@@ -281,7 +291,12 @@ def _load(
             raise
         raise TflfuseError(f"{path}: {exc}") from None
     entry["init_ms"] = (time.perf_counter_ns() - t0) / 1e6
-    details = interp.get_input_details()
+    try:
+        details = interp.get_input_details()
+    except UnicodeDecodeError:  # the interpreter decodes the names strictly
+        raise TflfuseError(
+            f"{path}: an input's name is not valid UTF-8 (a damaged file?)"
+        ) from None
     values = seeded_input_values(details, seed)
     for d, v in zip(details, values):
         interp.set_tensor(d["index"], v)

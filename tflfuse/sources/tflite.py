@@ -32,6 +32,7 @@ import numpy as np
 
 from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.ir import Model, Signature, flatbuffer, qparams, summary
+from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import quantization_summary
 from tflfuse.runtime import verify as verify_mod
 from tflfuse.runtime.interpreter import make_interpreter
@@ -300,6 +301,7 @@ def load(model: bytes | str | Path) -> TfliteSource:
         )
     if kind in INT_KINDS:  # an unusable scale aborts some interpreters: refuse it first
         qparams.check(parsed, where)
+    check_names(parsed, where)  # (litert-quantizer decodes every name strictly)
     _static(parsed, where, notices)
     _signed(parsed, notices)
     data = flatbuffer.to_bytes(parsed)

@@ -215,9 +215,8 @@ def compile_model(
     mode that lets it build several Edge TPU segments) and predicts that mode; `mode` ("single",
     "multi", "auto": `choose_mode`) sets it instead. The prediction uses the compiler version
     the log names."""
-    compiler = find_compiler()
     model = Path(model)
-    cpu = flatbuffer.load(model)  # a readable model, or a one-line ModelError
+    cpu = flatbuffer.load(model)  # a readable model, or a one-line ModelError (before the compiler)
     if num_segments is not None and num_segments < 1:
         raise TflfuseError("--num-segments must be at least 1")
     choice = None
@@ -226,6 +225,7 @@ def compile_model(
             raise TflfuseError(f"--multiple-subgraphs is --mode multi, not --mode {mode}")
         multiple_subgraphs, pieces, choice = choose_mode(cpu, mode)
         num_segments = num_segments or pieces
+    compiler = find_compiler()
     out_dir = Path(out_dir) if out_dir is not None else model.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     command = [compiler, "-s", "-o", str(out_dir)]

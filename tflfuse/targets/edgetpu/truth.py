@@ -386,6 +386,8 @@ def compiled_summary(compiled: Model) -> dict[str, object]:
         if segments > 1
         else "one Edge TPU subgraph (the default, or -a finding one)"
     )
+    if segments == 0:  # the compiler took no op: its output is the model, op for op
+        mode, compiler = "nothing mapped (no edgetpu-custom-op: every op on the CPU)", "not told"
     cpu = [
         {"index": i, "op": op_label(op)}
         for i, op in enumerate(compiled.main.ops)
@@ -483,6 +485,8 @@ def format_twin_comparison(comparison: dict[str, object], model: Model) -> str:
         f"Compiled twin: {comparison['mode']}, {comparison['segments']} edgetpu-custom-op;"
         f" needs Edge TPU runtime {comparison['runtime_version']} ({comparison['compiler']})",
     ]
+    if not comparison["segments"]:
+        lines[1] = f"Compiled twin: {comparison['mode']}"
     if comparison["exact"]:
         lines.append("The prediction for that mode is exact: the same ops on the CPU")
     else:

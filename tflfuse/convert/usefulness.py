@@ -1,0 +1,88 @@
+"""Whether a converted model is useless: its outputs carry nothing of the source's where the data
+shows they could.
+
+The report's warnings (`tflfuse.convert.caveats`) say when a check cannot tell; this module says
+when it can, and the answer is no. `convert` then refuses the result (one line naming the output
+and the figure) unless the user accepts the loss. Two signs, each on an output of the source that
+varies over the check inputs:
+
+- top-1 agreement 0 on class scores: the model gives another class than the source for every
+  check input;
+- the centered cosine (`tflfuse.convert.report.centered_cosine`: does the output move with the
+  source's from one input to the next) under `COSINE_BOUND`, on an output whose spread over the
+  inputs is at least `STEPS` of its int8 step. Below that spread int8 cannot follow the source
+  (an output that varies by less than one step comes out constant: cosine 0, and correct), so
+  nothing is refused there.
+
+Why 0.5 and 4 steps. If the quantized output is the source's plus independent noise of RMS `n`,
+its centered cosine is s / sqrt(s^2 + n^2) for a source spread (RMS deviation) `s`. A good int8
+model errs by about one to two output steps (the rules' declared bounds, and what the corpus shows),
+so with s >= 4 steps the cosine is at least 4 / sqrt(16 + 4) = 0.89; under 0.5 the noise is
+larger than the signal (n > 1.7 s). Measured (`tflfuse convert`, report.json):
+the hostile small_float model calibrated on uniform [-1, 1]: spread under 4 steps, cosine 0.71,
+top-1 1.000, max error 0.002 (passes: nothing checked on the cosine); calibrated on the same data
+times 1e30: cosine 0.000, top-1 0.000, max error 0.60 on an output spanning 0.80 (refused);
+MobileNetV3-Small at 96x96 (`tflfuse example mobilenet_v3_small --calib`, its 64 samples; softmax
+spread 7 steps): cosines fused 0.984, unfused 0.932, stock 0.981 on the edgetpu recipe, fused
+0.981, unfused 0.932, stock 0.981 on xnnpack-int8 (top-1 0.94, 0.88, 0.94); the same model
+calibrated on its samples times 1e30 crashes litert-quantizer (one line, exit 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tflfuse.ir import Model
+
+COSINE_BOUND = 0.5
+STEPS = 4.0
+
+
+def output_steps(model: Model) -> list[float | None]:
+    """Per output of `model`, its int8 step in output units: the scale of an int8/uint8 output,
+    or of the tensor a DEQUANTIZE turns into a float output; None for a float output."""
+    graph = model.main
+    producers = {t: op for op in graph.ops for t in op.outputs if t is not None}
+    steps: list[float | None] = []
+    for t in graph.outputs:
+        op = producers.get(t)
+        if t.dtype == "FLOAT32" and op is not None and op.type == "DEQUANTIZE" and op.inputs:
+            t = op.inputs[0]
+        q = t.quantization
+        scale = None if q is None or q.scale is None or np.size(q.scale) != 1 else q.scale
+        steps.append(float(np.ravel(scale)[0]) if scale is not None else None)
+    return steps
+
+
+def useless(
+    agreement: dict[str, Any], steps: Sequence[float | None], names: Sequence[str], file: str
+) -> str | None:
+    """One line naming the first output of `file` that carries nothing of the source's, with the
+    figure, or None (also when the model was not verified)."""
+    if not agreement.get("verified"):
+        return None
+    samples = agreement.get("samples")
+    for k, row in enumerate(agreement.get("outputs", [])):
+        if not row.get("varies"):
+            continue
+        name = names[k] if k < len(names) else f"output {k}"
+        top1 = row.get("top1_agreement")
+        if top1 is not None and top1 == 0.0:
+            return (
+                f"{file}: output {name!r} gives another class than the source model on all"
+                f" {samples} check inputs (top-1 agreement 0.000)"
+            )
+        step = steps[k] if k < len(steps) else None
+        cosine, spread = row.get("cosine"), row.get("spread")
+        if cosine is None or spread is None or step is None or spread < STEPS * step:
+            continue
+        if cosine < COSINE_BOUND:
+            return (
+                f"{file}: output {name!r} does not follow the source model (centered cosine"
+                f" {cosine:.3f} over {samples} check inputs, under {COSINE_BOUND}; its spread is"
+                f" {spread / step:.0f} int8 steps)"
+            )
+    return None
