@@ -15,7 +15,7 @@ python3 -m venv .venv
 tflfuse=.venv/bin/tflfuse   # quiet by default: add -v to see what TensorFlow prints
 mkdir -p out
 
-$tflfuse example mobilenet_v3_small -o out/mobilenet_v3_small.keras --calib out/calib.npy
+$tflfuse example mobilenet_v3_small -o out/mobilenet_v3_small.keras --calib out/calib.npy --force
 $tflfuse convert out/mobilenet_v3_small.keras --recipe edgetpu --calib out/calib.npy \
   -o out/edgetpu --force
 echo
