@@ -289,6 +289,7 @@ def build_example(
     if not (model.is_file() and calib.is_file()):
         folder.mkdir(parents=True, exist_ok=True)
         argv = ["example", name, "-o", str(model.resolve()), "--calib", str(calib.resolve())]
+        argv += ["--force"]  # our own folder: a half-built pair from an interrupted run is replaced
         argv += ["--size", str(size)] if size is not None else []
         run = run_limited(argv, folder, 1800)
         if run["exit"] != 0:
