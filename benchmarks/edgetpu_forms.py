@@ -1,0 +1,154 @@
+"""Which op forms compiled Edge TPU models show mapped or refused -> delegates/edgetpu_forms.toml.
+
+    PYTHONPATH=. python benchmarks/edgetpu_forms.py [--extra DIR ...] [--dev-only] [--out PATH]
+
+Scans the pair sets of `benchmarks/edgetpu_oracle_score.py` (../shared/oracle/edgetpu and
+edgetpu-more; `--extra DIR` or $TFLFUSE_EXTRA_ORACLE for local sets such as /work/evidence/*):
+every `X.tflite` beside its compiled twin `X_edgetpu.tflite` tells, for each op of X, its form
+(`tflfuse.targets.edgetpu.forms.form_of`) and whether the compiler mapped it or refused it on its
+own (`observe_pair`); a compiled model without its source tells the refusals only
+(`observe_twin`). Licensed sets are cited by folder, local-only sets (repositories without a
+licence) by count. `--dev-only` keeps the holdout half of every set out (to measure the gate on
+pairs it was not built from); `--print` lists the forms instead of writing the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from edgetpu_oracle_score import LICENSED, sets  # noqa: E402
+
+from tflfuse.ir import flatbuffer  # noqa: E402
+from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP  # noqa: E402
+from tflfuse.targets.edgetpu.forms import (  # noqa: E402
+    Form,
+    FormEntry,
+    FormTable,
+    Observation,
+    Size,
+    _frontier,
+    observe_pair,
+    observe_twin,
+)
+from tflfuse.targets.edgetpu.truth import COMPILED_SUFFIX, find_pairs, read_truth  # noqa: E402
+
+HEADER = """\
+Coral Edge TPU: the op forms compiled models show mapped or refused (written by
+benchmarks/edgetpu_forms.py; read by tflfuse/targets/edgetpu/forms.py, whose Form documents
+the key).
+A form: op type, per input its kind (a: activation, c: constant) and data type, the broadcast
+pattern of binary elementwise operands over the output's non-trivial dims ("x" spans, "1"
+broadcast), and the op's own detail (reduced axes, depth multiplier, perm, softmax shape, ...).
+mapped / refused: compiled models (not ops) that map the form / refuse it on its own (an op on the
+CPU reading only model inputs and mapped ops' outputs, or, in a twin without its source, reading
+an edgetpu-custom-op's output). mapped_sizes: the largest [elements, innermost-two-dims elements]
+seen mapped; refused_sizes: the smallest seen refused.
+Sources: edgetpu = ../shared/oracle/edgetpu (by file stem), edgetpu-more = ../shared/oracle/
+edgetpu-more (by folder); every other set was fetched from public repositories without a licence,
+measured locally only and cited by count ("SET xN": N models of that set).
+{counts}"""
+
+
+def _source(set_name: str, key: str) -> str:
+    """Where an observation comes from: a licensed pair by folder, a local one by set only."""
+    if set_name not in LICENSED:
+        return set_name
+    parts = key.split("/")
+    if set_name == "edgetpu":
+        return f"oracle {Path(parts[-1]).stem}"
+    return f"more {parts[0]}"
+
+
+def _observations(root: Path, name: str, dev_only: bool) -> list[tuple[str, str, list]]:
+    """(model id, source, observations) for every pair and sourceless twin under `root`."""
+    found = []
+    pairs = find_pairs(root, all_dev=name == "edgetpu")
+    paired = {p.compiled for p in pairs}
+    for pair in pairs:
+        if dev_only and pair.half != "dev":
+            continue
+        try:
+            truth = read_truth(pair)
+        except Exception:  # an unloadable pair shows nothing
+            continue
+        graph = truth.model.main
+        seen = observe_pair(graph.ops, truth.cpu_ops, graph.inputs)
+        found.append((f"{name}/{pair.key}", _source(name, pair.key), seen))
+    for twin in sorted(root.rglob(f"*{COMPILED_SUFFIX}.tflite")):
+        if twin in paired:
+            continue
+        try:
+            model = flatbuffer.load(twin)
+        except Exception:
+            continue
+        key = twin.relative_to(root).as_posix()
+        seen = observe_twin(model.main.ops, CUSTOM_OP)
+        found.append((f"{name}/{key}", _source(name, key), seen))
+    return found
+
+
+def build(found: list[tuple[str, str, list[Observation]]]) -> FormTable:
+    """The table from every model's observations."""
+    forms: dict[str, Form] = {}
+    models: dict[tuple[str, str], set[str]] = defaultdict(set)
+    sizes: dict[tuple[str, str], list[Size]] = defaultdict(list)
+    sources: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for model, source, seen in found:
+        for o in seen:
+            forms[o.form.key] = o.form
+            models[(o.form.key, o.outcome)].add(model)
+            sizes[(o.form.key, o.outcome)].append(o.size)
+            sources[o.form.key][source].add(model)
+    table = FormTable()
+    for key, form in forms.items():
+        cited = [
+            s if s.startswith(("oracle ", "more ")) else f"{s} x{len(m)}"
+            for s, m in sorted(sources[key].items())
+        ]
+        table.entries[key] = FormEntry(
+            form,
+            len(models[(key, "mapped")]),
+            len(models[(key, "refused")]),
+            _frontier(sizes[(key, "mapped")], largest=True),
+            _frontier(sizes[(key, "refused")], largest=False),
+            cited,
+        )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--extra", action="append", help="a further folder of pairs and twins")
+    parser.add_argument("--dev-only", action="store_true", help="leave every holdout pair out")
+    parser.add_argument("--out", default=str(HERE.parent / "delegates" / "edgetpu_forms.toml"))
+    parser.add_argument("--print", action="store_true", help="list the forms, write nothing")
+    args = parser.parse_args(argv)
+    found_sets = sets(args.extra)
+    if not found_sets:
+        print("no pair sets found (../shared/oracle is absent)", file=sys.stderr)
+        return 1
+    found = []
+    counts = []
+    for name, root in found_sets.items():
+        seen = _observations(root, name, args.dev_only)
+        found += seen
+        counts.append(f"{name}: {len(seen)} compiled models")
+    table = build(found)
+    table.header = HEADER.format(counts="Scanned: " + "; ".join(counts) + ".")
+    if args.print:
+        for key, e in sorted(table.entries.items()):
+            print(f"{e.mapped:4d} mapped {e.refused:4d} refused  {key}  {e.mapped_sizes[-1:]}")
+        return 0
+    Path(args.out).write_text(table.to_toml())
+    print(f"{len(table.entries)} forms from {len(found)} compiled models -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

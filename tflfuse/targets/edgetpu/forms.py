@@ -1,0 +1,443 @@
+"""The form of one op as `edgetpu_compiler` sees it, and what compiled models show of each form.
+
+The op table (`delegates/edgetpu.toml`) says which op *types* map; whether a given *form* of a type
+maps (a MUL of two activations broadcast against each other, a SUM over the innermost axis, a
+SOFTMAX over many rows, a depthwise conv with depth_multiplier 2) is a separate question, and only
+a compiled model can answer it. This module names forms and answers it from
+`delegates/edgetpu_forms.toml`, the table `benchmarks/edgetpu_forms.py` writes from compiled pairs
+and twins.
+
+Stable API (other modules and helpers build on it):
+
+- `form_of(op, as_quantized=False) -> Form`: op type; per input its kind ("a" activation, "c"
+  constant) and data type, with for binary elementwise ops (`BINARY`) and BROADCAST_TO / TILE the
+  broadcast pattern over the output's non-trivial dimensions; the output's data type; and
+  `detail`, the op's own part of the form (`Form` documents each). `as_quantized` judges a float op
+  as it will be once quantized (float activations read as INT8): what a legalization that writes
+  into a float graph asks.
+- `size_of(op) -> Size`: elements of the largest activation and of its two innermost dimensions.
+- `FormTable` (`load_table()`; `FormTable.from_dict` / `to_toml` round-trip): per form, how many
+  compiled models map it and how many refuse it on their own, the largest sizes seen mapped and
+  the smallest seen refused, and the sources.
+- `gate(op, table=None, as_quantized=False) -> Verdict`: "mapped" (form and size covered by a
+  mapped example), "refused" (form seen refused on its own at this size or smaller, never mapped
+  as large), or "undecided" (no compiled model shows it).
+- `gated(form) -> bool`: whether the Edge TPU predictor consults the gate for that form (the forms
+  of issue 25: see `gated`); `gate` answers for any op.
+
+Non-trivial dimensions are those of size > 1, in order; a pattern string has one letter per
+non-trivial dimension of the tensor it describes, outermost first. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tflfuse.ir import Op, Tensor
+from tflfuse.targets.capabilities import FLOAT_TYPES, _axes, _const_ints, capability, op_label
+
+BINARY = frozenset(
+    {
+        "ADD",
+        "SUB",
+        "MUL",
+        "DIV",
+        "MAXIMUM",
+        "MINIMUM",
+        "SQUARED_DIFFERENCE",
+        "POW",
+        "FLOOR_DIV",
+        "FLOOR_MOD",
+    }
+)
+REDUCTIONS = frozenset({"MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"})
+EIGHT_BIT = frozenset({"INT8", "UINT8"})
+ANSWERS = ("mapped", "refused", "undecided")
+
+
+@dataclass(frozen=True)
+class Form:
+    """One op's form. `operands`: per input tensor "a:DTYPE" or "c:DTYPE" (activation or
+    constant), with "[pattern]" for binary elementwise ops, BROADCAST_TO and TILE: one letter per
+    non-trivial output dimension, "x" where the operand spans it, "1" where it is broadcast, "t"
+    where it is tiled. `output`: the output data types. `detail`:
+
+    - binary: "same" (no operand broadcast), "scalar" (one operand is a single value),
+      "one-sided" (one operand broadcast), "two-sided" (each operand broadcast somewhere)
+    - reductions: "axes=PATTERN" over the input's non-trivial dims, "r" reduced, "k" kept (so
+      "kkr" reduces the innermost, "rrk" a plane), then " keep" when keep_dims
+    - SOFTMAX: "nt=N" non-trivial input dims and "last=x|1" (whether the softmax axis is one)
+    - DEPTHWISE_CONV_2D: "dm=N"; CONV_2D: "k=HxW"
+    - TRANSPOSE: "perm=P", the permutation restricted to the non-trivial dims, renumbered
+    - RESHAPE: "nt=I>O" non-trivial dims in and out, and "squeeze" when only size-1 dims move
+    - CONCATENATION / PACK: "n=N axis=inner|middle|outer|trivial" over the output's non-trivial dims
+    - RESIZE_*: "f=HxW" (output/input per axis) and " align" / " half" for the two options
+    """
+
+    op: str
+    operands: tuple[str, ...]
+    output: str
+    detail: str = ""
+
+    @property
+    def key(self) -> str:
+        """The form as one line: `MUL(a:INT8[xxx], a:INT8[11x]) -> INT8 one-sided`."""
+        text = f"{self.op}({', '.join(self.operands)}) -> {self.output}"
+        return f"{text} {self.detail}" if self.detail else text
+
+    def eight_bit(self) -> Form:
+        """The same form with INT8 and UINT8 not told apart (the Edge TPU computes both)."""
+
+        def one(text: str) -> str:
+            return text.replace("UINT8", "INT8")
+
+        return Form(self.op, tuple(one(o) for o in self.operands), one(self.output), self.detail)
+
+
+@dataclass(frozen=True, order=True)
+class Size:
+    """How big an op is: elements of its largest activation, and of the largest activation's two
+    innermost dimensions (the compiler's row limit counts those)."""
+
+    elements: int
+    inner: int
+
+    def covers(self, other: Size) -> bool:
+        return self.elements >= other.elements and self.inner >= other.inner
+
+
+def _nontrivial(shape: Iterable[int]) -> list[int]:
+    return [i for i, d in enumerate(shape) if d > 1]
+
+
+def _dtype(t: Tensor, as_quantized: bool) -> str:
+    if as_quantized and not t.is_constant and t.dtype in FLOAT_TYPES:
+        return "INT8"
+    return t.dtype
+
+
+def _kind(t: Tensor, as_quantized: bool) -> str:
+    return f"{'c' if t.is_constant else 'a'}:{_dtype(t, as_quantized)}"
+
+
+def broadcast_pattern(operand: Iterable[int], output: Iterable[int]) -> str:
+    """ "x"/"1"/"t" per non-trivial dimension of `output`, the operand right-aligned against it."""
+    out = list(output)
+    shape = [1] * (len(out) - len(list(operand))) + list(operand)
+    letters = []
+    for i in _nontrivial(out):
+        d = shape[i] if i < len(shape) else 1
+        letters.append("x" if d == out[i] else "1" if d == 1 else "t")
+    return "".join(letters)
+
+
+def _binary_detail(patterns: list[str], operands: list[Tensor]) -> str:
+    if all("1" not in p and "t" not in p for p in patterns):
+        return "same"
+    if any(t.size == 1 for t in operands):
+        return "scalar"
+    sided = sum(1 for p in patterns if "1" in p or "t" in p)
+    return "two-sided" if sided > 1 else "one-sided"
+
+
+def _axis_kind(axis: int, dims: list[int]) -> str:
+    if axis not in dims:
+        return "trivial"
+    at = dims.index(axis)
+    return "inner" if at == len(dims) - 1 else "outer" if at == 0 else "middle"
+
+
+def _detail(op: Op) -> str:
+    """The op's own part of its form (see `Form`)."""
+    x = op.inputs[0] if op.inputs and op.inputs[0] is not None else None
+    out = op.outputs[0] if op.outputs and op.outputs[0] is not None else None
+    t = op.type
+    if t in REDUCTIONS and x is not None:
+        axes = _axes(op)
+        if axes is None:
+            return "axes=?"
+        pattern = "".join("r" if i in axes else "k" for i in _nontrivial(x.shape))
+        return f"axes={pattern}" + (" keep" if op.options.get("keep_dims") else "")
+    if t == "SOFTMAX" and x is not None:
+        last = "x" if x.shape and x.shape[-1] > 1 else "1"
+        return f"nt={len(_nontrivial(x.shape))} last={last}"
+    if t == "DEPTHWISE_CONV_2D":
+        return f"dm={int(op.options.get('depth_multiplier', 1) or 1)}"
+    if t == "CONV_2D" and len(op.inputs) > 1 and op.inputs[1] is not None:
+        w = op.inputs[1].shape
+        return f"k={w[1]}x{w[2]}" if len(w) == 4 else ""
+    if t == "TRANSPOSE" and x is not None:
+        perm = _const_ints(op.inputs[1] if len(op.inputs) > 1 else None)
+        if perm is None:
+            return "perm=?"
+        dims = _nontrivial(x.shape)
+        return "perm=" + "".join(str(dims.index(p)) for p in perm if p in dims)
+    if t == "RESHAPE" and x is not None and out is not None:
+        a, b = (
+            [x.shape[i] for i in _nontrivial(x.shape)],
+            [out.shape[i] for i in _nontrivial(out.shape)],
+        )
+        return f"nt={len(a)}>{len(b)}" + (" squeeze" if a == b else "")
+    if t in ("CONCATENATION", "PACK") and out is not None:
+        axis = int(op.options.get("axis", 0)) % max(1, len(out.shape))
+        n = sum(1 for i in op.inputs if i is not None)
+        return f"n={n} axis={_axis_kind(axis, _nontrivial(out.shape))}"
+    if t.startswith("RESIZE_") and x is not None and out is not None and len(x.shape) == 4:
+        f = [out.shape[i] / max(1, x.shape[i]) for i in (1, 2)]
+        text = "f=" + "x".join(f"{v:g}" for v in f)
+        text += " align" if op.options.get("align_corners") else ""
+        return text + (" half" if op.options.get("half_pixel_centers") else "")
+    return ""
+
+
+def form_of(op: Op, as_quantized: bool = False) -> Form:
+    """The form of `op` (see `Form`); `as_quantized` reads float activations as INT8."""
+    ins = [t for t in op.inputs if t is not None]
+    outs = [t for t in op.outputs if t is not None]
+    out_shape = outs[0].shape if outs else ()
+    operands = [_kind(t, as_quantized) for t in ins]
+    detail = _detail(op)
+    if op.type in BINARY and len(ins) == 2:
+        patterns = [broadcast_pattern(t.shape, out_shape) for t in ins]
+        operands = [f"{k}[{p}]" for k, p in zip(operands, patterns)]
+        detail = _binary_detail(patterns, ins)
+    elif op.type in ("BROADCAST_TO", "TILE") and ins:
+        operands[0] += f"[{broadcast_pattern(ins[0].shape, out_shape)}]"
+    elif op.type in ("CONCATENATION", "PACK"):
+        operands = sorted(set(operands))
+    output = ",".join(_dtype(t, as_quantized) for t in outs)
+    return Form(op_label(op), tuple(operands), output, detail)
+
+
+def size_of(op: Op) -> Size:
+    """`Size` of `op` over its activations (inputs and outputs that are not constants)."""
+    acts = [t for t in (*op.inputs, *op.outputs) if t is not None and not t.is_constant]
+    if not acts:
+        return Size(0, 0)
+    biggest = max(acts, key=lambda t: t.size)
+    inner = max(int(np.prod(t.shape[-2:])) if t.shape else 1 for t in acts)
+    return Size(int(biggest.size), int(inner))
+
+
+def gated(form: Form) -> bool:
+    """Whether the Edge TPU predictor asks compiled evidence about this form before counting it
+    mapped (issue 25: the forms attention and big heads need, which few compiled models show):
+    binary elementwise ops of two activations broadcast against each other; every reduction;
+    SOFTMAX over more than one non-trivial dimension; DEPTHWISE_CONV_2D with depth_multiplier
+    > 1; TILE and BROADCAST_TO; TRANSPOSE; RESHAPE that moves non-trivial dimensions."""
+    if form.op in BINARY:
+        acts = [o for o in form.operands if o.startswith("a:")]
+        return len(acts) >= 2 and form.detail not in ("same", "")
+    if form.op in REDUCTIONS or form.op in ("TILE", "BROADCAST_TO", "TRANSPOSE"):
+        return True
+    if form.op == "SOFTMAX":
+        return not form.detail.startswith(("nt=0", "nt=1"))
+    if form.op == "DEPTHWISE_CONV_2D":
+        return form.detail != "dm=1"
+    if form.op == "RESHAPE":
+        return "squeeze" not in form.detail
+    return False
+
+
+def _frontier(sizes: Iterable[Size], *, largest: bool) -> list[Size]:
+    """The sizes no other dominates: the largest (mapped) or the smallest (refused)."""
+    found = sorted(set(sizes), reverse=largest)
+    keep: list[Size] = []
+    for s in found:
+        if largest and any(k.covers(s) for k in keep):
+            continue
+        if not largest and any(s.covers(k) for k in keep):
+            continue
+        keep.append(s)
+    return sorted(keep)
+
+
+@dataclass
+class FormEntry:
+    """What compiled models show of one form: `mapped` / `refused` count the compiled models
+    (not ops) mapping it / refusing it on their own; `mapped_sizes` are the largest sizes seen
+    mapped (none dominating another), `refused_sizes` the smallest seen refused; `sources` name
+    where (licensed pairs by folder, local-only sets by count)."""
+
+    form: Form
+    mapped: int = 0
+    refused: int = 0
+    mapped_sizes: list[Size] = field(default_factory=list)
+    refused_sizes: list[Size] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.form.key,
+            "op": self.form.op,
+            "operands": list(self.form.operands),
+            "output": self.form.output,
+            "detail": self.form.detail,
+            "mapped": self.mapped,
+            "refused": self.refused,
+            "mapped_sizes": [[s.elements, s.inner] for s in self.mapped_sizes],
+            "refused_sizes": [[s.elements, s.inner] for s in self.refused_sizes],
+            "sources": list(self.sources),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FormEntry:
+        form = Form(d["op"], tuple(d["operands"]), d["output"], d.get("detail", ""))
+        return cls(
+            form,
+            int(d.get("mapped", 0)),
+            int(d.get("refused", 0)),
+            [Size(int(e), int(i)) for e, i in d.get("mapped_sizes", [])],
+            [Size(int(e), int(i)) for e, i in d.get("refused_sizes", [])],
+            list(d.get("sources", [])),
+        )
+
+
+@dataclass
+class FormTable:
+    """Forms by key (`Form.key`), each with what compiled models show of it."""
+
+    entries: dict[str, FormEntry] = field(default_factory=dict)
+    header: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FormTable:
+        entries = [FormEntry.from_dict(e) for e in d.get("form", [])]
+        return cls({e.form.key: e for e in entries})
+
+    def lookup(self, form: Form) -> list[FormEntry]:
+        """The entry of `form`, and those of the same form in the other 8-bit type."""
+        want = form.eight_bit().key
+        exact = self.entries.get(form.key)
+        same = [
+            e for e in self.entries.values() if e.form.eight_bit().key == want and e is not exact
+        ]
+        return ([exact] if exact else []) + same
+
+    def to_toml(self) -> str:
+        """The table as TOML (`header` as leading comment lines), forms sorted by key."""
+        lines = [f"# {h}".rstrip() for h in self.header.splitlines()]
+        for key in sorted(self.entries):
+            e = self.entries[key].to_dict()
+            lines += ["", "[[form]]"]
+            for name, value in e.items():
+                lines.append(f"{name} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+@functools.cache
+def load_table() -> FormTable:
+    """`delegates/edgetpu_forms.toml`, parsed once (an empty table when it is absent)."""
+    try:
+        return FormTable.from_dict(capability("edgetpu_forms"))
+    except Exception:  # no table installed: every gated form is undecided
+        return FormTable()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's answer for one op: `answer` in ANSWERS, the form and size asked about, and a
+    sentence saying what the evidence shows."""
+
+    answer: str
+    form: Form
+    size: Size
+    reason: str
+
+
+def gate(op: Op, table: FormTable | None = None, as_quantized: bool = False) -> Verdict:
+    """Whether compiled models show `op`'s form mapped at its size (see the module's doc).
+
+    "mapped": an entry of the form (INT8 and UINT8 alike) has a mapped size covering the op's;
+    "refused": none does, and a compiled model refused the form on its own at a size the op's
+    covers; "undecided" otherwise."""
+    table = table if table is not None else load_table()
+    form, size = form_of(op, as_quantized), size_of(op)
+    entries = table.lookup(form)
+    shown = f"{size.elements} elements, {size.inner} in the two innermost dims"
+    mapped = [s for e in entries for s in e.mapped_sizes if s.covers(size)]
+    if mapped:
+        models = sum(e.mapped for e in entries)
+        return Verdict(
+            "mapped", form, size, f"{form.key}: shown mapped by {models} compiled models"
+        )
+    refused = [s for e in entries for s in e.refused_sizes if size.covers(s)]
+    if refused:
+        s = min(refused)
+        return Verdict(
+            "refused",
+            form,
+            size,
+            f"{form.key}: a compiled model refuses it on its own at {s.elements} elements"
+            f" ({shown} here)",
+        )
+    if entries and any(e.mapped_sizes for e in entries):
+        top = max(s for e in entries for s in e.mapped_sizes)
+        why = (
+            f"shown mapped only up to {top.elements} elements ({top.inner} innermost); {shown} here"
+        )
+    else:
+        why = "no compiled model shows it mapped"
+    return Verdict("undecided", form, size, f"{form.key}: {why}")
+
+
+# -- what a compiled model shows ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Observation:
+    """One op of a compiled model: its form and size, and "mapped" or "refused" (on its own)."""
+
+    index: int
+    form: Form
+    size: Size
+    outcome: str
+
+
+def observe_pair(
+    ops: list[Op], cpu_ops: Iterable[int], graph_inputs: Iterable[Tensor]
+) -> list[Observation]:
+    """What a CPU model and its compiled twin show, given the indices of the ops the compiler left
+    on the CPU (`tflfuse.targets.edgetpu.truth.Truth.cpu_ops`): every other op maps; an op left on
+    the CPU is refused *on its own* when every activation it reads is a model input or the output
+    of a mapped op (nothing on the CPU could have cut it). The other CPU ops tell nothing."""
+    cpu = set(cpu_ops)
+    made_by = {id(t): i for i, op in enumerate(ops) for t in op.outputs if t is not None}
+    inputs = {id(t) for t in graph_inputs}
+    found = []
+    for i, op in enumerate(ops):
+        if i not in cpu:
+            found.append(Observation(i, form_of(op), size_of(op), "mapped"))
+            continue
+        reads = [t for t in op.inputs if t is not None and not t.is_constant]
+        own = all(id(t) in inputs or made_by.get(id(t), i) not in cpu for t in reads)
+        if own and any(id(t) in made_by for t in reads):
+            found.append(Observation(i, form_of(op), size_of(op), "refused"))
+    return found
+
+
+def observe_twin(ops: list[Op], custom_code: str) -> list[Observation]:
+    """What a compiled model shows without its source: the ops outside the Edge TPU custom ops
+    that read a custom op's output directly are refusals on their own (the compiler keeps every
+    tensor of them); the mapped ops are inside the package and not seen."""
+    made_by_custom = {
+        id(t) for op in ops if op.custom_code == custom_code for t in op.outputs if t is not None
+    }
+    found = []
+    for i, op in enumerate(ops):
+        if op.custom_code == custom_code:
+            continue
+        if any(t is not None and id(t) in made_by_custom for t in op.inputs):
+            found.append(Observation(i, form_of(op), size_of(op), "refused"))
+    return found
