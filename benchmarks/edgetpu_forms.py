@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE))
 from edgetpu_oracle_score import LICENSED, sets  # noqa: E402
 
 from tflfuse.ir import flatbuffer  # noqa: E402
-from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP  # noqa: E402
+from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP, parse_log  # noqa: E402
 from tflfuse.targets.edgetpu.forms import (  # noqa: E402
     Form,
     FormEntry,
@@ -45,10 +45,12 @@ the key).
 A form: op type, per input its kind (a: activation, c: constant) and data type, the broadcast
 pattern of binary elementwise operands over the output's non-trivial dims ("x" spans, "1"
 broadcast), and the op's own detail (reduced axes, depth multiplier, perm, softmax shape, ...).
-mapped / refused: compiled models (not ops) that map the form / refuse it on its own (an op on the
-CPU reading only model inputs and mapped ops' outputs, or, in a twin without its source, reading
-an edgetpu-custom-op's output). mapped_sizes: the largest [elements, innermost-two-dims elements]
-seen mapped; refused_sizes: the smallest seen refused.
+mapped / refused: compiled models (not ops) that map the form (or accept it on its own: left on
+the CPU with the log status "More than one subgraph is not supported") / refuse it on its own (an
+op on the CPU reading only model inputs and mapped ops' outputs, or, in a twin without its
+source, an edgetpu-custom-op's outputs; or every op of its type refused in the compiler's log).
+mapped_sizes: the largest [elements, innermost-two-dims elements] seen mapped; refused_sizes: the
+smallest seen refused.
 Sources: edgetpu = ../shared/oracle/edgetpu (by file stem), edgetpu-more = ../shared/oracle/
 edgetpu-more (by folder); every other set was fetched from public repositories without a licence,
 measured locally only and cited by count ("SET xN": N models of that set).
@@ -78,7 +80,8 @@ def _observations(root: Path, name: str, dev_only: bool) -> list[tuple[str, str,
         except Exception:  # an unloadable pair shows nothing
             continue
         graph = truth.model.main
-        seen = observe_pair(graph.ops, truth.cpu_ops, graph.inputs)
+        rows = truth.log.rows if truth.log else None
+        seen = observe_pair(graph.ops, truth.cpu_ops, graph.inputs, rows)
         found.append((f"{name}/{pair.key}", _source(name, pair.key), seen))
     for twin in sorted(root.rglob(f"*{COMPILED_SUFFIX}.tflite")):
         if twin in paired:
@@ -88,7 +91,9 @@ def _observations(root: Path, name: str, dev_only: bool) -> list[tuple[str, str,
         except Exception:
             continue
         key = twin.relative_to(root).as_posix()
-        seen = observe_twin(model.main.ops, CUSTOM_OP)
+        log = twin.with_suffix(".log")
+        rows = parse_log(log.read_text(errors="replace")).rows if log.is_file() else None
+        seen = observe_twin(model.main.ops, CUSTOM_OP, model.main.inputs, rows)
         found.append((f"{name}/{key}", _source(name, key), seen))
     return found
 
@@ -102,8 +107,9 @@ def build(found: list[tuple[str, str, list[Observation]]]) -> FormTable:
     for model, source, seen in found:
         for o in seen:
             forms[o.form.key] = o.form
-            models[(o.form.key, o.outcome)].add(model)
-            sizes[(o.form.key, o.outcome)].append(o.size)
+            outcome = "mapped" if o.outcome == "accepted" else o.outcome
+            models[(o.form.key, outcome)].add(model)
+            sizes[(o.form.key, outcome)].append(o.size)
             sources[o.form.key][source].add(model)
     table = FormTable()
     for key, form in forms.items():

@@ -229,7 +229,9 @@ def gated(form: Form) -> bool:
     mapped (issue 25: the forms attention and big heads need, which few compiled models show):
     binary elementwise ops of two activations broadcast against each other; every reduction;
     SOFTMAX over more than one non-trivial dimension; DEPTHWISE_CONV_2D with depth_multiplier
-    > 1; TILE and BROADCAST_TO; TRANSPOSE; RESHAPE that moves non-trivial dimensions."""
+    > 1; TILE and BROADCAST_TO; TRANSPOSE; RESHAPE between tensors of 2 or more non-trivial
+    dimensions that moves them (head splits and merges; a flatten to one dimension is not
+    gated)."""
     if form.op in BINARY:
         acts = [o for o in form.operands if o.startswith("a:")]
         return len(acts) >= 2 and form.detail not in ("same", "")
@@ -239,8 +241,9 @@ def gated(form: Form) -> bool:
         return not form.detail.startswith(("nt=0", "nt=1"))
     if form.op == "DEPTHWISE_CONV_2D":
         return form.detail != "dm=1"
-    if form.op == "RESHAPE":
-        return "squeeze" not in form.detail
+    if form.op == "RESHAPE":  # a head split or merge: both sides keep 2+ non-trivial dims
+        nt = form.detail.split()[0].removeprefix("nt=").split(">")
+        return "squeeze" not in form.detail and min(int(n) for n in nt) >= 2
     return False
 
 
@@ -397,7 +400,9 @@ def gate(op: Op, table: FormTable | None = None, as_quantized: bool = False) -> 
 # -- what a compiled model shows ----------------------------------------------------------------
 @dataclass(frozen=True)
 class Observation:
-    """One op of a compiled model: its form and size, and "mapped" or "refused" (on its own)."""
+    """One op of a compiled model: its form and size, and its outcome: "mapped", "accepted" (left
+    on the CPU with the after-the-cut status: the compiler took it on its own) or "refused" (on
+    its own)."""
 
     index: int
     form: Form
@@ -405,39 +410,83 @@ class Observation:
     outcome: str
 
 
+LogRows = Iterable[tuple[str, int, str]]  # (op type, count, status) of a compiler's `-s` log
+
+
+def _log_outcomes(cpu: dict[int, Op], log_rows: LogRows | None) -> dict[int, str]:
+    """What the compiler's own log says of the ops left on the CPU, where it says it of every op
+    of a type: all of them with the after-the-cut status ("More than one subgraph is not
+    supported": accepted on their own, "accepted"), or all with a refusal status ("refused").
+    Mixed statuses of one type tell nothing per op."""
+    if not log_rows:
+        return {}
+    status = capability("edgetpu")["status"]
+    after, mapped = status["after_cut"], status["mapped"]
+    rows: dict[str, dict[str, int]] = {}
+    for op_type, count, text in log_rows:
+        rows.setdefault(op_type, {}).setdefault(text, 0)
+        rows[op_type][text] += count
+    out: dict[int, str] = {}
+    for op_type in {op_label(op) for op in cpu.values()}:
+        mine = [i for i, op in cpu.items() if op_label(op) == op_type]
+        seen = {k: v for k, v in rows.get(op_type, {}).items() if k != mapped}
+        if set(seen) == {after} and seen[after] == len(mine):
+            out.update({i: "accepted" for i in mine})
+        elif seen and after not in seen and sum(seen.values()) == len(mine):
+            out.update({i: "refused" for i in mine})
+    return out
+
+
 def observe_pair(
-    ops: list[Op], cpu_ops: Iterable[int], graph_inputs: Iterable[Tensor]
+    ops: list[Op],
+    cpu_ops: Iterable[int],
+    graph_inputs: Iterable[Tensor],
+    log_rows: LogRows | None = None,
 ) -> list[Observation]:
     """What a CPU model and its compiled twin show, given the indices of the ops the compiler left
     on the CPU (`tflfuse.targets.edgetpu.truth.Truth.cpu_ops`): every other op maps; an op left on
     the CPU is refused *on its own* when every activation it reads is a model input or the output
-    of a mapped op (nothing on the CPU could have cut it). The other CPU ops tell nothing."""
+    of a mapped op, one at least a mapped op's (nothing on the CPU could have cut it). Where the
+    compiler's log gives every CPU op of a type one status (`_log_outcomes`), that decides:
+    "accepted" (on its own, cut by another) or "refused". The other CPU ops tell nothing."""
     cpu = set(cpu_ops)
     made_by = {id(t): i for i, op in enumerate(ops) for t in op.outputs if t is not None}
     inputs = {id(t) for t in graph_inputs}
+    logged = _log_outcomes({i: ops[i] for i in cpu}, log_rows)
     found = []
     for i, op in enumerate(ops):
-        if i not in cpu:
-            found.append(Observation(i, form_of(op), size_of(op), "mapped"))
-            continue
-        reads = [t for t in op.inputs if t is not None and not t.is_constant]
-        own = all(id(t) in inputs or made_by.get(id(t), i) not in cpu for t in reads)
-        if own and any(id(t) in made_by for t in reads):
-            found.append(Observation(i, form_of(op), size_of(op), "refused"))
+        outcome = "mapped" if i not in cpu else logged.get(i)
+        if outcome is None:
+            reads = [t for t in op.inputs if t is not None and not t.is_constant]
+            own = all(id(t) in inputs or made_by.get(id(t), i) not in cpu for t in reads)
+            outcome = "refused" if own and any(id(t) in made_by for t in reads) else None
+        if outcome:
+            found.append(Observation(i, form_of(op), size_of(op), outcome))
     return found
 
 
-def observe_twin(ops: list[Op], custom_code: str) -> list[Observation]:
-    """What a compiled model shows without its source: the ops outside the Edge TPU custom ops
-    that read a custom op's output directly are refusals on their own (the compiler keeps every
-    tensor of them); the mapped ops are inside the package and not seen."""
-    made_by_custom = {
-        id(t) for op in ops if op.custom_code == custom_code for t in op.outputs if t is not None
-    }
+def observe_twin(
+    ops: list[Op],
+    custom_code: str,
+    graph_inputs: Iterable[Tensor] = (),
+    log_rows: LogRows | None = None,
+) -> list[Observation]:
+    """What a compiled model shows without its source: an op outside the Edge TPU custom ops
+    whose activations all come from a custom op or a model input, one at least from a custom op,
+    was refused on its own (the compiler copies such ops unchanged, tensors included); with the
+    compiler's log, `_log_outcomes` decides where it can. The mapped ops are inside the package,
+    unseen."""
+    custom = {id(t) for op in ops if op.custom_code == custom_code for t in op.outputs if t}
+    inputs = {id(t) for t in graph_inputs}
+    outside = {i: op for i, op in enumerate(ops) if op.custom_code != custom_code}
+    logged = _log_outcomes(outside, log_rows)
     found = []
-    for i, op in enumerate(ops):
-        if op.custom_code == custom_code:
-            continue
-        if any(t is not None and id(t) in made_by_custom for t in op.inputs):
-            found.append(Observation(i, form_of(op), size_of(op), "refused"))
+    for i, op in outside.items():
+        reads = [t for t in op.inputs if t is not None and not t.is_constant]
+        own = any(id(t) in custom for t in reads) and all(
+            id(t) in custom or id(t) in inputs for t in reads
+        )
+        outcome = logged.get(i, "refused" if own else None)
+        if outcome:
+            found.append(Observation(i, form_of(op), size_of(op), outcome))
     return found

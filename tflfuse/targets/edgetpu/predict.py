@@ -32,6 +32,7 @@ from tflfuse.targets.capabilities import (
     capability,
     op_label,
 )
+from tflfuse.targets.edgetpu.forms import FormTable, form_of, gate, gated, load_table
 from tflfuse.targets.edgetpu.memory import predicted_memory
 
 Check = Callable[[Op, dict[str, Any]], str | None]
@@ -562,6 +563,65 @@ def _segments(graph: Graph, mapped: list[bool]) -> int:
     return segments
 
 
+UNDECIDED = "undecided:"  # how a gated op's reason starts when no compiled model shows its form
+
+
+def gate_statuses(
+    graph: Graph, statuses: list[tuple[str, str]], table: FormTable | None = None
+) -> tuple[list[tuple[str, str]], list[int]]:
+    """The statuses with the forms gate applied (`tflfuse.targets.edgetpu.forms`): an op the op
+    table maps whose form is `gated` maps only where a compiled model shows that form mapped at
+    its size. Where one shows it refused on its own (and none mapped as large), it is refused;
+    where none shows it, it is undecided: predicted on the CPU (the less favourable reading; the
+    other one is `_gate_reading`). Returns (statuses, indices of the undecided ops)."""
+    table = table if table is not None else load_table()
+    out, undecided = list(statuses), []
+    for index, (op, (key, _)) in enumerate(zip(graph.ops, statuses)):
+        if key != "mapped" or not gated(form_of(op)):
+            continue
+        verdict = gate(op, table)
+        if verdict.answer == "refused":
+            out[index] = ("limitation", f"{verdict.reason} (delegates/edgetpu_forms.toml)")
+        elif verdict.answer == "undecided":
+            undecided.append(index)
+            out[index] = (
+                "limitation",
+                f"{UNDECIDED} {verdict.reason}; predicted on the CPU, the less favourable reading",
+            )
+    return out, undecided
+
+
+def _gate_reading(
+    graph: Graph,
+    statuses: list[tuple[str, str]],
+    undecided: list[int],
+    now: int,
+    multiple_subgraphs: bool,
+) -> OtherReading | None:
+    """The reading under which every undecided op maps (`gate_statuses`), and the sentence that
+    names each op and its form."""
+    if not undecided:
+        return None
+    mapped_reading = list(statuses)
+    for i in undecided:
+        mapped_reading[i] = ("mapped", "")
+    if multiple_subgraphs:
+        other = sum(key == "mapped" for key, _ in mapped_reading)
+    else:
+        other = sum(_single_segment(graph, mapped_reading)[0])
+    named = "; ".join(
+        f"op {i} {statuses[i][1][len(UNDECIDED) :].split(';')[0].strip()}" for i in undecided[:4]
+    )
+    more = f"; and {len(undecided) - 4} more" if len(undecided) > 4 else ""
+    n = len(graph.ops)
+    text = (
+        f"{len(undecided)} op{'s' * (len(undecided) > 1)} of a form no compiled model shows"
+        f" mapped ({named}{more}): predicted on the CPU ({now}/{n} mapped); if the compiler maps"
+        f" them, {other}/{n} would map. Undecided by the evidence (delegates/edgetpu_forms.toml)"
+    )
+    return OtherReading(list(undecided), other, text)
+
+
 def predict_edgetpu(
     model: Model, compiler_version: str | None = None, *, multiple_subgraphs: bool = False
 ) -> Prediction:
@@ -577,7 +637,7 @@ def predict_edgetpu(
     status_text = table["status"]
     graph = model.main
     version = compiler_version or default_compiler_version(table)
-    statuses = edgetpu_statuses(model, version)
+    statuses, gated_ops = gate_statuses(graph, edgetpu_statuses(model, version))
     readings: list[OtherReading] = []
     if multiple_subgraphs:
         mapped = [key == "mapped" for key, _ in statuses]
@@ -585,12 +645,16 @@ def predict_edgetpu(
     else:
         mapped, cut_by, _ = _single_segment(graph, statuses)
         readings = _other_readings(graph, statuses, mapped)
+    undecided = [i for i in gated_ops if i not in cut_by]  # cut anyway: both readings agree
+    gated_reading = _gate_reading(graph, statuses, undecided, sum(mapped), multiple_subgraphs)
+    readings += [gated_reading] if gated_reading and gated_reading.mapped != sum(mapped) else []
     ops: list[OpPrediction] = []
     for index, (op, (key, reason)) in enumerate(zip(graph.ops, statuses)):
         label = op_label(op)
         if mapped[index]:
             ops.append(OpPrediction(index, label, "edgetpu", status_text[key], reason))
-        elif key == "mapped":  # mappable, but it needs an op on the CPU (one-segment compile)
+        elif key == "mapped" or (index in gated_ops and index in cut_by):
+            # mappable (or of a form no compiled model shows), but it needs an op on the CPU
             root = cut_by.get(index)
             why = (
                 reason
