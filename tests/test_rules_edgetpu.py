@@ -862,7 +862,11 @@ def test_a_dfl_transpose_is_split_along_its_sides() -> None:
     after, model, _ = apply(before, SplitOversizedTranspose())
     assert ops(model).count("TRANSPOSE") == 2 and model.main.ops[-1].options["axis"] == 1
     assert verify.compare(before, after, int_atol=0).identical
-    assert mapped(after) == (5, 0)
+    # the pieces transpose the two innermost dims: no compiled model shows that perm mapped, so
+    # the prediction counts them on the CPU and names the reading where all 5 ops map
+    p = predict(flatbuffer.from_bytes(after), "edgetpu")
+    assert (p.mapped, p.cpu) == (2, 3)
+    assert [r.mapped for r in p.other_readings] == [5]
 
 
 def test_a_transpose_whose_result_is_over_the_limits_is_not_split() -> None:
@@ -906,6 +910,8 @@ def test_real_yolov8_head_keeps_its_per_scale_transposes_and_stays_bit_exact() -
         for r in reasons
     )
     after = predict(model, "edgetpu")
-    assert after.mapped > before.mapped and after.cpu < before.cpu
+    assert after.mapped > before.mapped  # even with the undecided pieces on the CPU
+    best = max(r.mapped for r in after.other_readings)  # the pieces' form mapped
+    assert len(after.ops) - best < before.cpu
     agreement = verify.compare(data, flatbuffer.to_bytes(model), runs=2, int_atol=0)
     assert agreement.identical and agreement.varies
