@@ -8,8 +8,9 @@ every `X.tflite` beside its compiled twin `X_edgetpu.tflite` tells, for each op 
 (`tflfuse.targets.edgetpu.forms.form_of`) and whether the compiler mapped it or refused it on its
 own (`observe_pair`); a compiled model without its source tells the refusals only
 (`observe_twin`). Licensed sets are cited by folder, local-only sets (repositories without a
-licence) by count. `--dev-only` keeps the holdout half of every set out (to measure the gate on
-pairs it was not built from); `--print` lists the forms instead of writing the table.
+licence) by count; a local set is licensed when its folder holds a `LICENSED` file.
+`--dev-only` keeps the holdout half of every set out (to measure the gate on pairs it was not
+built from); `--print` lists the forms instead of writing the table.
 """
 
 from __future__ import annotations
@@ -52,24 +53,33 @@ source, an edgetpu-custom-op's outputs; or every op of its type refused in the c
 mapped_sizes: the largest [elements, innermost-two-dims elements] seen mapped; refused_sizes: the
 smallest seen refused.
 Sources: edgetpu = ../shared/oracle/edgetpu (by file stem), edgetpu-more = ../shared/oracle/
-edgetpu-more (by folder); every other set was fetched from public repositories without a licence,
-measured locally only and cited by count ("SET xN": N models of that set).
+edgetpu-more (by folder); local sets fetched from public repositories (/work/evidence/SOURCES.tsv
+names each repository and commit, to fetch again): those of licensed repositories ("lic":
+Apache-2.0, MIT, BSD) cited by folder OWNER__REPO@COMMIT, the others (no licence, or GPL) measured
+locally only and cited by count ("SET xN": N models of that set).
 {counts}"""
 
 
-def _source(set_name: str, key: str) -> str:
+def _licensed(set_name: str, root: Path) -> bool:
+    """A set whose repositories carry a licence (Apache-2.0, MIT or BSD): the shared sets, and a
+    local set whose folder holds a `LICENSED` file (its pairs may be cited by folder)."""
+    return set_name in LICENSED or (root / "LICENSED").is_file()
+
+
+def _source(set_name: str, key: str, licensed: bool) -> str:
     """Where an observation comes from: a licensed pair by folder, a local one by set only."""
-    if set_name not in LICENSED:
+    if not licensed:
         return set_name
     parts = key.split("/")
     if set_name == "edgetpu":
         return f"oracle {Path(parts[-1]).stem}"
-    return f"more {parts[0]}"
+    return f"{'more' if set_name == 'edgetpu-more' else set_name} {parts[0]}"
 
 
 def _observations(root: Path, name: str, dev_only: bool) -> list[tuple[str, str, list]]:
     """(model id, source, observations) for every pair and sourceless twin under `root`."""
     found = []
+    licensed = _licensed(name, root)
     pairs = find_pairs(root, all_dev=name == "edgetpu")
     paired = {p.compiled for p in pairs}
     for pair in pairs:
@@ -82,7 +92,7 @@ def _observations(root: Path, name: str, dev_only: bool) -> list[tuple[str, str,
         graph = truth.model.main
         rows = truth.log.rows if truth.log else None
         seen = observe_pair(graph.ops, truth.cpu_ops, graph.inputs, rows)
-        found.append((f"{name}/{pair.key}", _source(name, pair.key), seen))
+        found.append((f"{name}/{pair.key}", _source(name, pair.key, licensed), seen))
     for twin in sorted(root.rglob(f"*{COMPILED_SUFFIX}.tflite")):
         if twin in paired:
             continue
@@ -94,7 +104,7 @@ def _observations(root: Path, name: str, dev_only: bool) -> list[tuple[str, str,
         log = twin.with_suffix(".log")
         rows = parse_log(log.read_text(errors="replace")).rows if log.is_file() else None
         seen = observe_twin(model.main.ops, CUSTOM_OP, model.main.inputs, rows)
-        found.append((f"{name}/{key}", _source(name, key), seen))
+        found.append((f"{name}/{key}", _source(name, key, licensed), seen))
     return found
 
 
@@ -113,10 +123,7 @@ def build(found: list[tuple[str, str, list[Observation]]]) -> FormTable:
             sources[o.form.key][source].add(model)
     table = FormTable()
     for key, form in forms.items():
-        cited = [
-            s if s.startswith(("oracle ", "more ")) else f"{s} x{len(m)}"
-            for s, m in sorted(sources[key].items())
-        ]
+        cited = [s if " " in s else f"{s} x{len(m)}" for s, m in sorted(sources[key].items())]
         table.entries[key] = FormEntry(
             form,
             len(models[(key, "mapped")]),
