@@ -279,7 +279,13 @@ def test_onnx2tf_hardsigmoid_and_prelu_come_out_int8_and_mapped(tmp_path: Path) 
     # the HardSigmoid's clamp became its producer's fused RELU (or an int8 RELU)
     assert "RELU" in fused or any(op.fused_activation == "RELU" for op in fused_ops)
     tpu = r["edgetpu"]
-    assert tpu["fused"]["mapped"] == tpu["fused"]["ops"] > tpu["stock"]["mapped"]
+    # the squeeze-excitation MUL multiplies two activations, one broadcast over the plane: no
+    # compiled model shows that form mapped, so it is counted on the CPU, and the report names
+    # the reading under which every op maps
+    readings = tpu["fused"]["other_readings"]
+    assert any(r["mapped"] == tpu["fused"]["ops"] and "MUL(" in r["reading"] for r in readings)
+    assert tpu["fused"]["ops"] > tpu["stock"]["mapped"]
+    assert tpu["fused"]["mapped"] >= tpu["stock"]["mapped"]
     a = r["agreement"]["fused"]
     assert a["verified"] and a["outputs"][0]["varies"]
     assert a["max_abs"] <= 2 * r["agreement"]["stock"]["max_abs"] + 1e-3
