@@ -613,11 +613,11 @@ def _gate_reading(
         f"op {i} {statuses[i][1][len(UNDECIDED) :].split(';')[0].strip()}" for i in undecided[:4]
     )
     more = f"; and {len(undecided) - 4} more" if len(undecided) > 4 else ""
-    n = len(graph.ops)
+    n, them = len(graph.ops), "them" if len(undecided) > 1 else "it"
     text = (
         f"{len(undecided)} op{'s' * (len(undecided) > 1)} of a form no compiled model shows"
         f" mapped ({named}{more}): predicted on the CPU ({now}/{n} mapped); if the compiler maps"
-        f" them, {other}/{n} would map. Undecided by the evidence (delegates/edgetpu_forms.toml)"
+        f" {them}, {other}/{n} would map. Undecided by the evidence (delegates/edgetpu_forms.toml)"
     )
     return OtherReading(list(undecided), other, text)
 
