@@ -111,6 +111,11 @@ def test_a_float_op_is_judged_as_it_will_be_once_quantized() -> None:
     op = _binary(g, "MUL", x, s, (1, 8, 8, 16))
     assert form_of(op).output == "FLOAT32"
     assert form_of(op, as_quantized=True).key == "MUL(a:INT8[xxx], a:INT8[11x]) -> INT8 one-sided"
+    w = g.add_constant("w", np.ones((8, 1, 1, 16), np.float32))
+    b = g.add_constant("b", np.zeros((8,), np.float32))
+    conv = g.add_op("CONV_2D", [x, w, b], [_act(g, "c", (1, 8, 8, 8), "FLOAT32")],
+                    {"fused_activation_function": "NONE"})  # fmt: skip
+    assert form_of(conv, as_quantized=True).operands == ("a:INT8", "c:INT8", "c:INT32")
 
 
 # -- the gate --------------------------------------------------------------------------------------

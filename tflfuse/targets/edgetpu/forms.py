@@ -115,14 +115,19 @@ def _nontrivial(shape: Iterable[int]) -> list[int]:
     return [i for i, d in enumerate(shape) if d > 1]
 
 
-def _dtype(t: Tensor, as_quantized: bool) -> str:
-    if as_quantized and not t.is_constant and t.dtype in FLOAT_TYPES:
-        return "INT8"
+_BIAS_AT = {"CONV_2D": 2, "DEPTHWISE_CONV_2D": 2, "FULLY_CONNECTED": 2, "TRANSPOSE_CONV": 3}
+
+
+def _dtype(t: Tensor, as_quantized: bool, bias: bool = False) -> str:
+    """`t`'s data type; `as_quantized` gives a float tensor the type quantization gives it (INT8;
+    a float bias of a conv or FC: INT32)."""
+    if as_quantized and t.dtype in FLOAT_TYPES:
+        return "INT32" if bias and t.is_constant else "INT8"
     return t.dtype
 
 
-def _kind(t: Tensor, as_quantized: bool) -> str:
-    return f"{'c' if t.is_constant else 'a'}:{_dtype(t, as_quantized)}"
+def _kind(t: Tensor, as_quantized: bool, bias: bool = False) -> str:
+    return f"{'c' if t.is_constant else 'a'}:{_dtype(t, as_quantized, bias)}"
 
 
 def broadcast_pattern(operand: Iterable[int], output: Iterable[int]) -> str:
@@ -196,11 +201,13 @@ def _detail(op: Op) -> str:
 
 
 def form_of(op: Op, as_quantized: bool = False) -> Form:
-    """The form of `op` (see `Form`); `as_quantized` reads float activations as INT8."""
+    """The form of `op` (see `Form`); `as_quantized` reads float tensors as quantization will
+    write them (INT8; a conv's or FC's float bias INT32), for ops written into a float graph."""
     ins = [t for t in op.inputs if t is not None]
     outs = [t for t in op.outputs if t is not None]
     out_shape = outs[0].shape if outs else ()
-    operands = [_kind(t, as_quantized) for t in ins]
+    bias = op.inputs[_BIAS_AT[op.type]] if len(op.inputs) > _BIAS_AT.get(op.type, 99) else None
+    operands = [_kind(t, as_quantized, t is bias) for t in ins]
     detail = _detail(op)
     if op.type in BINARY and len(ins) == 2:
         patterns = [broadcast_pattern(t.shape, out_shape) for t in ins]
