@@ -105,6 +105,13 @@ def test_transpose_softmax_reshape_depthwise_details() -> None:
     assert size_of(dw) == Size(4096, 1024)
 
 
+def test_a_pack_of_many_inputs_names_its_count_and_axis() -> None:
+    g = Graph()
+    parts = [_act(g, f"p{i}", (1, 16)) for i in range(128)]
+    pack = g.add_op("PACK", parts, [_act(g, "packed", (128, 1, 16))], {"axis": 0})
+    assert form_of(pack).key == "PACK(a:INT8) -> INT8 n=128 axis=outer"
+
+
 def test_a_float_op_is_judged_as_it_will_be_once_quantized() -> None:
     g = Graph()
     x, s = _act(g, "x", (1, 8, 8, 16), "FLOAT32"), _act(g, "s", (1, 1, 1, 16), "FLOAT32")

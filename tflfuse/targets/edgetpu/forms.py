@@ -206,7 +206,8 @@ def form_of(op: Op, as_quantized: bool = False) -> Form:
     ins = [t for t in op.inputs if t is not None]
     outs = [t for t in op.outputs if t is not None]
     out_shape = outs[0].shape if outs else ()
-    bias = op.inputs[_BIAS_AT[op.type]] if len(op.inputs) > _BIAS_AT.get(op.type, 99) else None
+    at = _BIAS_AT.get(op.type)
+    bias = op.inputs[at] if at is not None and len(op.inputs) > at else None
     operands = [_kind(t, as_quantized, t is bias) for t in ins]
     detail = _detail(op)
     if op.type in BINARY and len(ins) == 2:
