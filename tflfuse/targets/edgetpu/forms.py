@@ -315,6 +315,10 @@ class FormTable:
 
     entries: dict[str, FormEntry] = field(default_factory=dict)
     header: str = ""
+    # (number of entries it was built from, {8-bit key: entries}): `lookup`'s index
+    _index: tuple[int, dict[str, list[FormEntry]]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FormTable:
@@ -323,11 +327,13 @@ class FormTable:
 
     def lookup(self, form: Form) -> list[FormEntry]:
         """The entry of `form`, and those of the same form in the other 8-bit type."""
-        want = form.eight_bit().key
+        if self._index is None or self._index[0] != len(self.entries):
+            index: dict[str, list[FormEntry]] = {}
+            for e in self.entries.values():
+                index.setdefault(e.form.eight_bit().key, []).append(e)
+            self._index = (len(self.entries), index)
         exact = self.entries.get(form.key)
-        same = [
-            e for e in self.entries.values() if e.form.eight_bit().key == want and e is not exact
-        ]
+        same = [e for e in self._index[1].get(form.eight_bit().key, []) if e is not exact]
         return ([exact] if exact else []) + same
 
     def to_toml(self) -> str:
