@@ -22,6 +22,7 @@ from tflfuse.targets.edgetpu.forms import (
     load_table,
     observe_pair,
     observe_twin,
+    shown_sizes,
     size_of,
 )
 
@@ -141,6 +142,8 @@ def test_the_gate_answers_mapped_refused_or_undecided_by_form_and_size() -> None
     assert gate(op, _table(form, [], [Size(512, 64)])).answer == "refused"
     assert gate(op, _table(form, [], [Size(4096, 64)])).answer == "undecided"
     assert gate(op, FormTable()).answer == "undecided"
+    wide = _table(form, [Size(512, 512), Size(4096, 64), Size(256, 64)])
+    assert shown_sizes(form, wide) == [Size(512, 512), Size(4096, 64)]  # (256, 64) is inside
     other = Form("MUL", ("a:INT8[xxx]", "a:INT8[xxx]"), "INT8", "same")
     assert gate(op, _table(other, [Size(10**6, 10**4)])).answer == "undecided"
     uint8 = form_of(op).eight_bit()  # the same form in uint8 shows it too

@@ -24,6 +24,7 @@ Stable API (other modules and helpers build on it):
   as large), or "undecided" (no compiled model shows it).
 - `gated(form) -> bool`: whether the Edge TPU predictor consults the gate for that form (the forms
   of issue 25: see `gated`); `gate` answers for any op.
+- `shown_sizes(form, table=None) -> list[Size]`: the largest sizes seen mapped (to chunk to).
 
 Non-trivial dimensions are those of size > 1, in order; a pattern string has one letter per
 non-trivial dimension of the tensor it describes, outermost first. No TensorFlow here.
@@ -362,6 +363,13 @@ def load_table() -> FormTable:
         return FormTable.from_dict(capability("edgetpu_forms"))
     except Exception:  # no table installed: every gated form is undecided
         return FormTable()
+
+
+def shown_sizes(form: Form, table: FormTable | None = None) -> list[Size]:
+    """The largest sizes at which compiled models show `form` mapped (INT8 and UINT8 alike; none
+    dominating another, sorted): what a rewrite that chunks an op can size its pieces to."""
+    table = table if table is not None else load_table()
+    return _frontier((s for e in table.lookup(form) for s in e.mapped_sizes), largest=True)
 
 
 @dataclass(frozen=True)
