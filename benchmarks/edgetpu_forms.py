@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 from edgetpu_oracle_score import LICENSED, sets  # noqa: E402
 
 from tflfuse.ir import flatbuffer  # noqa: E402
-from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP, parse_log  # noqa: E402
+from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP, CompilerLog, parse_log  # noqa: E402
 from tflfuse.targets.edgetpu.forms import (  # noqa: E402
     Form,
     FormEntry,
@@ -37,7 +37,13 @@ from tflfuse.targets.edgetpu.forms import (  # noqa: E402
     observe_pair,
     observe_twin,
 )
-from tflfuse.targets.edgetpu.truth import COMPILED_SUFFIX, find_pairs, read_truth  # noqa: E402
+from tflfuse.targets.edgetpu.predict import compiler_version_key  # noqa: E402
+from tflfuse.targets.edgetpu.truth import (  # noqa: E402
+    COMPILED_SUFFIX,
+    compiled_runtime_version,
+    find_pairs,
+    read_truth,
+)
 
 HEADER = """\
 Coral Edge TPU: the op forms compiled models show mapped or refused (written by
@@ -51,7 +57,8 @@ the CPU with the log status "More than one subgraph is not supported") / refuse 
 op on the CPU reading only model inputs and mapped ops' outputs, or, in a twin without its
 source, an edgetpu-custom-op's outputs; or every op of its type refused in the compiler's log).
 mapped_sizes: the largest [elements, innermost-two-dims elements] seen mapped; refused_sizes: the
-smallest seen refused.
+smallest seen refused. Refusals count only from models compiled by edgetpu_compiler 16 (the
+log says so, or the twin's package needs runtime 14); mapped ops from any compiler.
 Sources: edgetpu = ../shared/oracle/edgetpu (by file stem), edgetpu-more = ../shared/oracle/
 edgetpu-more (by folder); local sets fetched from public repositories (/work/evidence/SOURCES.tsv
 names each repository and commit, to fetch again): those of licensed repositories ("lic":
@@ -76,6 +83,15 @@ def _source(set_name: str, key: str, licensed: bool) -> str:
     return f"{'more' if set_name == 'edgetpu-more' else set_name} {parts[0]}"
 
 
+def _by_compiler_16(seen: list[Observation], log: CompilerLog | None, runtime: int | None) -> list:
+    """The observations that speak for compiler 16 (the one the predictor describes): every op
+    mapped (a later compiler maps what an earlier one did), refusals only from a model compiled
+    by 16 (its log says so, or, without a log, its package needs runtime 14: see truth.py)."""
+    version = log.header.get("version") if log else None
+    newest = compiler_version_key(version) >= (16, 0) if version else (runtime or 0) >= 14
+    return [o for o in seen if newest or o.outcome != "refused"]
+
+
 def _observations(root: Path, name: str, dev_only: bool) -> list[tuple[str, str, list]]:
     """(model id, source, observations) for every pair and sourceless twin under `root`."""
     found = []
@@ -92,6 +108,7 @@ def _observations(root: Path, name: str, dev_only: bool) -> list[tuple[str, str,
         graph = truth.model.main
         rows = truth.log.rows if truth.log else None
         seen = observe_pair(graph.ops, truth.cpu_ops, graph.inputs, rows)
+        seen = _by_compiler_16(seen, truth.log, truth.runtime_version)
         found.append((f"{name}/{pair.key}", _source(name, pair.key, licensed), seen))
     for twin in sorted(root.rglob(f"*{COMPILED_SUFFIX}.tflite")):
         if twin in paired:
@@ -102,8 +119,10 @@ def _observations(root: Path, name: str, dev_only: bool) -> list[tuple[str, str,
             continue
         key = twin.relative_to(root).as_posix()
         log = twin.with_suffix(".log")
-        rows = parse_log(log.read_text(errors="replace")).rows if log.is_file() else None
+        parsed = parse_log(log.read_text(errors="replace")) if log.is_file() else None
+        rows = parsed.rows if parsed else None
         seen = observe_twin(model.main.ops, CUSTOM_OP, model.main.inputs, rows)
+        seen = _by_compiler_16(seen, parsed, compiled_runtime_version(model))
         found.append((f"{name}/{key}", _source(name, key, licensed), seen))
     return found
 
