@@ -13,8 +13,8 @@ Stable API (other modules and helpers build on it):
   constant) and data type, with for binary elementwise ops (`BINARY`) and BROADCAST_TO / TILE the
   broadcast pattern over the output's non-trivial dimensions; the output's data type; and
   `detail`, the op's own part of the form (`Form` documents each). `as_quantized` judges a float op
-  as it will be once quantized (float activations read as INT8): what a legalization that writes
-  into a float graph asks.
+  as it will be once quantized (float tensors read as INT8, a conv's or FC's bias as INT32): what
+  a legalization that writes into a float graph asks.
 - `size_of(op) -> Size`: elements of the largest activation and of its two innermost dimensions.
 - `FormTable` (`load_table()`; `FormTable.from_dict` / `to_toml` round-trip): per form, how many
   compiled models map it and how many refuse it on their own, the largest sizes seen mapped and
@@ -25,6 +25,7 @@ Stable API (other modules and helpers build on it):
 - `gated(form) -> bool`: whether the Edge TPU predictor consults the gate for that form (the forms
   of issue 25: see `gated`); `gate` answers for any op.
 - `shown_sizes(form, table=None) -> list[Size]`: the largest sizes seen mapped (to chunk to).
+- `observe_pair` / `observe_twin`: what one compiled model shows (the table's input).
 
 Non-trivial dimensions are those of size > 1, in order; a pattern string has one letter per
 non-trivial dimension of the tensor it describes, outermost first. No TensorFlow here.
