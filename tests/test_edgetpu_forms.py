@@ -198,6 +198,22 @@ def test_the_predictor_counts_an_undecided_form_on_the_cpu_and_names_the_other_r
     assert p.ops[1].status == STATUS["limitation"] and "refuses it on its own" in p.ops[1].reason
 
 
+def test_the_other_reading_maps_the_undecided_ops_another_undecided_op_cuts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    g = Graph()
+    x = _act(g, "x", (1, 8, 8, 16))
+    relu = g.add_op("RELU", [x], [_act(g, "r", (1, 8, 8, 16))])
+    mean = _reduce(g, "MEAN", relu.outputs[0], [1, 2], keep=True)
+    mul = _binary(g, "MUL", relu.outputs[0], mean.outputs[0], (1, 8, 8, 16))
+    g.inputs, g.outputs = [x], [mul.outputs[0]]
+    monkeypatch.setattr(predict_module, "load_table", lambda: FormTable())
+    p = predict_edgetpu(Model([g]))
+    # MEAN (undecided) reads the segment: it cuts, and MUL (undecided too) is after the cut
+    assert p.mapped == 1 and p.ops[2].status == STATUS["after_cut"]
+    assert [(r.ops, r.mapped) for r in p.other_readings] == [([1, 2], 3)]
+
+
 # -- what compiled models show ----------------------------------------------------------------
 def test_observations_tell_own_refusals_from_ops_after_the_cut() -> None:
     model = _se_model()

@@ -598,28 +598,33 @@ def _gate_reading(
     now: int,
     multiple_subgraphs: bool,
 ) -> OtherReading | None:
-    """The reading under which every undecided op maps (`gate_statuses`), and the sentence that
-    names each op and its form."""
+    """The reading under which every undecided op maps (`gate_statuses`): its mapped count, and
+    the sentence that names the undecided ops that would then map, with their forms (one cut
+    anyway by an op the evidence refuses is the same under both readings, and is not named)."""
     if not undecided:
         return None
     mapped_reading = list(statuses)
     for i in undecided:
         mapped_reading[i] = ("mapped", "")
     if multiple_subgraphs:
-        other = sum(key == "mapped" for key, _ in mapped_reading)
+        flags = [key == "mapped" for key, _ in mapped_reading]
     else:
-        other = sum(_single_segment(graph, mapped_reading)[0])
+        flags = _single_segment(graph, mapped_reading)[0]
+    listed = [i for i in undecided if flags[i]]
+    other = sum(flags)
+    if not listed or other == now:
+        return None
     named = "; ".join(
-        f"op {i} {statuses[i][1][len(UNDECIDED) :].split(';')[0].strip()}" for i in undecided[:4]
+        f"op {i} {statuses[i][1][len(UNDECIDED) :].split(';')[0].strip()}" for i in listed[:4]
     )
-    more = f"; and {len(undecided) - 4} more" if len(undecided) > 4 else ""
-    n, them = len(graph.ops), "them" if len(undecided) > 1 else "it"
+    more = f"; and {len(listed) - 4} more" if len(listed) > 4 else ""
+    n, them = len(graph.ops), "them" if len(listed) > 1 else "it"
     text = (
-        f"{len(undecided)} op{'s' * (len(undecided) > 1)} of a form no compiled model shows"
+        f"{len(listed)} op{'s' * (len(listed) > 1)} of a form no compiled model shows"
         f" mapped ({named}{more}): predicted on the CPU ({now}/{n} mapped); if the compiler maps"
         f" {them}, {other}/{n} would map. Undecided by the evidence (delegates/edgetpu_forms.toml)"
     )
-    return OtherReading(list(undecided), other, text)
+    return OtherReading(listed, other, text)
 
 
 def predict_edgetpu(
@@ -645,9 +650,8 @@ def predict_edgetpu(
     else:
         mapped, cut_by, _ = _single_segment(graph, statuses)
         readings = _other_readings(graph, statuses, mapped)
-    undecided = [i for i in gated_ops if i not in cut_by]  # cut anyway: both readings agree
-    gated_reading = _gate_reading(graph, statuses, undecided, sum(mapped), multiple_subgraphs)
-    readings += [gated_reading] if gated_reading and gated_reading.mapped != sum(mapped) else []
+    gated_reading = _gate_reading(graph, statuses, gated_ops, sum(mapped), multiple_subgraphs)
+    readings += [gated_reading] if gated_reading else []
     ops: list[OpPrediction] = []
     for index, (op, (key, reason)) in enumerate(zip(graph.ops, statuses)):
         label = op_label(op)
