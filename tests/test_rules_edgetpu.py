@@ -609,8 +609,11 @@ def test_every_fused_activation_the_edgetpu_pipeline_writes_is_in_its_row() -> N
 def test_quantized_pipeline_is_the_edgetpu_legalization_only() -> None:
     from tflfuse.rules import pipeline
 
+    from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
+
     names = [p.name for p in pipeline(2, "edgetpu", quantized=True)]
-    assert names[: len(EDGETPU_LEGALIZATION)] == [p.name for p in EDGETPU_LEGALIZATION]
+    legalization = [*HEAD_LEGALIZATION, *EDGETPU_LEGALIZATION]
+    assert names[: len(legalization)] == [p.name for p in legalization]
     assert "SplitOversizedTranspose" in names and "FuseActivationIntoProducer" not in names
     assert pipeline(2, "xnnpack", quantized=True) == ()
 
@@ -887,10 +890,12 @@ def test_a_float_transpose_waits_for_the_int8_graph() -> None:
 
 
 @pytest.mark.skipif(not YOLOV8_INT8.is_file(), reason="../shared/oracle/edgetpu-more is absent")
-def test_real_yolov8_head_keeps_its_per_scale_transposes_and_stays_bit_exact() -> None:
+def test_real_yolov8_head_is_cut_along_its_anchors_and_stays_bit_exact() -> None:
     """The Ultralytics int8 export of the compiled pair (640 pixels): the join in NHWC is
-    refused (its one TRANSPOSE would not map), the refused 40x40 and 80x80 feature-map
-    transposes are split into pieces the compiler maps; outputs identical."""
+    refused (its one TRANSPOSE would not map); the head is cut along its anchors
+    (ChunkHeadAlongAnchors, tests/test_edgetpu_heads.py), which takes the refused feature-map
+    transposes with it, so SplitOversizedTranspose finds nothing left over its limit; only the
+    [1, 84, 8400] output's join stays on the CPU; outputs identical."""
     from tflfuse.rules import legalize_quantized
 
     data = YOLOV8_INT8.read_bytes()
@@ -898,20 +903,9 @@ def test_real_yolov8_head_keeps_its_per_scale_transposes_and_stays_bit_exact() -
     before = predict(model, "edgetpu")
     result = legalize_quantized(model)
     assert "ConcatFlattenedMapsInNHWC" not in result.fired()
-    assert result.fired()["SplitOversizedTranspose"] == 2  # the 40x40 and 80x80 maps
-    # the DFL transposes read what the CPU computes after the segment: splitting them would
-    # only add CPU work, so they are left alone
-    reasons = [
-        r for r in refusals(result, "SplitOversizedTranspose") if "within the limit" not in r
-    ]
-    assert len(reasons) == 2 and all(
-        r.startswith("its input is computed on the CPU after the Edge TPU segment (cut at op")
-        and "RESHAPE" in r  # the [1, 144, 1600] head rows over the compiler's limit
-        for r in reasons
-    )
+    assert result.fired() == {"ChunkHeadAlongAnchors": 1}
     after = predict(model, "edgetpu")
-    assert after.mapped > before.mapped  # even with the undecided pieces on the CPU
-    best = max(r.mapped for r in after.other_readings)  # the pieces' form mapped
-    assert len(after.ops) - best < before.cpu
+    assert (before.mapped, before.cpu) == (230, 25)
+    assert after.cpu == 1 and [o.op for o in after.ops if o.target == "cpu"] == ["CONCATENATION"]
     agreement = verify.compare(data, flatbuffer.to_bytes(model), runs=2, int_atol=0)
     assert agreement.identical and agreement.varies

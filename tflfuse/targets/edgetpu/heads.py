@@ -1,0 +1,623 @@
+"""Edge TPU legalization of detection, segmentation and pose heads: cut along the anchor axis.
+
+A YOLOv8/11/26 head flattens each scale's NHWC map to channels-first rows [1, C, H W], joins the
+scales along the anchors ([1, 84 | 116 | 144, 2100 | 8400]) and decodes every anchor on its own
+(box distribution, class scores, mask coefficients, keypoints). The compiler refuses those tensors
+for their size: two innermost dimensions over 176400 elements, a TRANSPOSE over 69696, a RESHAPE
+over 408000 (`delegates/edgetpu.toml`: the compiler's own statuses on the YOLOv8 logs). Since each
+anchor is computed on its own, the anchor axis can be cut into pieces under the limits: every op
+of the head runs per piece, and the pieces are joined only where one tensor is needed (a model
+output, or an op that reads every anchor at once). The function is the same bit for bit: each
+piece op computes the same elements with the same parameters (the int8 graph: one scale for every
+piece, as for `SplitOversizedTranspose`).
+
+`ChunkHeadAlongAnchors` finds the head from its join (`HeadRegion`), chooses the pieces
+(`piece_plan`), and asks the compiler's table for every op it would write
+(`edgetpu_shape_refusal`) and the forms evidence (`tflfuse.targets.edgetpu.forms.gate`): it
+fires only when no written op is refused. No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tflfuse.ir import Graph, Op, Tensor
+from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rewrite.build import ELEMENTWISE_BINARY
+from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets.edgetpu.forms import gate
+from tflfuse.targets.edgetpu.predict import cut_origins, edgetpu_shape_refusal
+from tflfuse.targets.edgetpu.rules import _kind, _pieces, _slice
+
+# ops that compute each element from the same element of their one input
+_UNARY = frozenset(
+    {"LOGISTIC", "TANH", "RELU", "RELU6", "RELU_N1_TO_1", "QUANTIZE", "ABS", "NEG",
+     "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "HARD_SWISH", "LEAKY_RELU", "GELU", "ELU"}
+)  # fmt: skip
+_REDUCTIONS = frozenset({"MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN"})
+_SHAPES = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
+
+
+# -- which axis an op keeps per anchor -------------------------------------------------------------
+def _ints(t: Tensor | None) -> list[int] | None:
+    if t is None or not t.is_constant or t.is_raw:
+        return None
+    return [int(v) for v in np.asarray(t.data).reshape(-1)]
+
+
+def _reshaped_axis(src: tuple[int, ...], dst: tuple[int, ...], k: int) -> int | None:
+    """The axis of `dst` that axis k of `src` becomes when a reshape keeps it whole, or merges it
+    with the axes right after it (so a piece of whole rows stays one contiguous range): the
+    elements before it and after it stay the same."""
+    before = math.prod(src[:k])
+    for j, d in enumerate(dst):
+        if math.prod(dst[:j]) != before or d % src[k]:
+            continue
+        merged, m = src[k], k + 1
+        while merged < d and m < len(src):
+            merged, m = merged * src[m], m + 1
+        if merged == d and math.prod(src[m:]) == math.prod(dst[j + 1 :]):
+            return j
+    return None
+
+
+def _strided_slice_keeps(op: Op, k: int) -> bool:
+    o = op.options
+    if any(int(o.get(f, 0)) for f in ("ellipsis_mask", "new_axis_mask", "shrink_axis_mask")):
+        return False
+    if o.get("offset"):
+        return False
+    begin, end, strides = (_ints(op.inputs[i]) for i in (1, 2, 3))
+    if begin is None or end is None or strides is None or strides[k] != 1:
+        return False
+    size = op.inputs[0].shape[k]
+    starts = int(o.get("begin_mask", 0)) >> k & 1 or begin[k] == 0
+    ends = int(o.get("end_mask", 0)) >> k & 1 or end[k] >= size
+    return bool(starts and ends)
+
+
+def moved_axis(op: Op, index: int, k: int) -> int | None:
+    """The axis of `op`'s output that axis k of input `index` lands on when the op computes each
+    index along it on its own (an element-wise op, a layout op that keeps it whole, a slice or
+    a reduction over other axes, a 1x1 convolution along it), else None."""
+    x, t = op.inputs[index], op.type
+    if len(op.outputs) != 1 or x is None:
+        return None
+    out = op.outputs[0]
+    if t in _UNARY or (t == "SOFTMAX" and k != len(x.shape) - 1):
+        return k
+    if t in ELEMENTWISE_BINARY:
+        return k + len(out.shape) - len(x.shape)
+    if t == "TRANSPOSE":
+        perm = _ints(op.inputs[1])
+        return [p % len(x.shape) for p in perm].index(k) if perm else None
+    if t in _SHAPES:
+        return _reshaped_axis(x.shape, out.shape, k)
+    if t == "SLICE":
+        begin, size = _ints(op.inputs[1]), _ints(op.inputs[2])
+        whole = begin is not None and size is not None and size[k] in (-1, x.shape[k])
+        return k if whole and begin[k] == 0 else None
+    if t == "STRIDED_SLICE":
+        return k if _strided_slice_keeps(op, k) else None
+    if t == "CONCATENATION":
+        return k if int(op.options.get("axis", 0)) % len(out.shape) != k else None
+    if t in ("CONV_2D", "DEPTHWISE_CONV_2D") and index == 0 and k in (1, 2):
+        w, stride = op.inputs[1], int(op.options.get(("stride_h", "stride_w")[k - 1], 1))
+        return k if w is not None and w.shape[k] == 1 and stride == 1 else None
+    if t in _REDUCTIONS:
+        axes = _ints(op.inputs[1])
+        axes = [a % len(x.shape) for a in axes] if axes is not None else None
+        if axes is None or k in axes:
+            return None
+        return k if op.options.get("keep_dims") else k - sum(a < k for a in axes)
+    return None
+
+
+# -- the head: its ops, where each tensor sits on the anchor axis -------------------------------
+@dataclass(frozen=True)
+class Place:
+    """Where a tensor lies on the anchor axis: its `axis`, the first anchor it holds (`offset`)
+    and the anchors per index along the axis (`unit`: a row of an NHWC map holds W anchors)."""
+
+    axis: int
+    offset: int
+    unit: int
+
+    def span(self, t: Tensor) -> tuple[int, int]:
+        return self.offset, self.offset + t.shape[self.axis] * self.unit
+
+
+@dataclass
+class HeadRegion:
+    """The ops computed per anchor around a join (`ops`, graph order; `joins` among them only
+    pass pieces on), each tensor's `Place`, the `sources` the pieces are sliced from (tensors
+    the compiler computes whole), and the `boundary` tensors read whole (model outputs, or by
+    an op that reads every anchor)."""
+
+    graph: Graph
+    places: dict[int, tuple[Tensor, Place]] = field(default_factory=dict)
+    ops: dict[int, Op] = field(default_factory=dict)
+    joins: set[int] = field(default_factory=set)
+    sources: dict[int, Tensor] = field(default_factory=dict)
+    boundary: list[Tensor] = field(default_factory=list)
+
+    def place(self, t: Tensor) -> Place:
+        return self.places[id(t)][1]
+
+    def ordered_ops(self) -> list[Op]:
+        return [op for op in self.graph.ops if id(op) in self.ops]
+
+
+def _data_inputs(op: Op) -> list[int]:
+    return [i for i, t in enumerate(op.inputs) if t is not None and not t.is_constant]
+
+
+def _aligned_axis(op: Op, index: int, k_out: int) -> int | None:
+    """The axis of input `index` (an operand of a binary op or a join along another axis) lined
+    up with output axis k_out, or None when the operand is broadcast along it."""
+    t = op.inputs[index]
+    if op.type == "CONCATENATION":
+        return k_out
+    j = k_out - (len(op.outputs[0].shape) - len(t.shape))
+    return j if j >= 0 and t.shape[j] > 1 else None
+
+
+def _claim(region: HeadRegion, t: Tensor, place: Place) -> str | None:
+    """Put `t` in the head at `place`, walking back through the ops that compute it over the
+    limits; None or why the head cannot be cut there."""
+    known = region.places.get(id(t))
+    if known is not None:
+        return None if known[1] == place else f"{t.name!r} would lie at two places"
+    region.places[id(t)] = (t, place)
+    producer = t.producer
+    if producer is None or id(producer) in region.ops:
+        return None if producer is not None else _as_source(region, t)
+    if edgetpu_shape_refusal(producer) is None:
+        return _as_source(region, t)
+    if producer.type == "CONCATENATION" and _is_join(producer, place.axis):
+        region.ops[id(producer)] = producer
+        region.joins.add(id(producer))
+        offset = place.offset
+        for u in producer.inputs:
+            why = _claim(region, u, Place(place.axis, offset, place.unit))
+            if why:
+                return why
+            offset += u.shape[place.axis] * place.unit
+        return None
+    return _claim_producer(region, producer, place)
+
+
+def _as_source(region: HeadRegion, t: Tensor) -> str | None:
+    if t.is_constant:
+        return f"{t.name!r} is a constant"
+    region.sources[id(t)] = t
+    return None
+
+
+def _is_join(op: Op, k: int) -> bool:
+    out = op.outputs[0]
+    joined = int(op.options.get("axis", 0)) % len(out.shape) == k
+    return joined and all(t is not None and not t.is_constant for t in op.inputs)
+
+
+def _claim_producer(region: HeadRegion, op: Op, place: Place) -> str | None:
+    """Walk back through `op` (refused as it is): each data input at the axis that lands on
+    `place.axis`."""
+    out = op.outputs[0]
+    region.ops[id(op)] = op
+    for i in _data_inputs(op):
+        x = op.inputs[i]
+        axes = [
+            k for k in range(len(x.shape)) if x.shape[k] > 1 and moved_axis(op, i, k) == place.axis
+        ]
+        if op.type in ELEMENTWISE_BINARY and _aligned_axis(op, i, place.axis) is None:
+            continue  # broadcast along the anchors: read whole
+        if len(axes) != 1:
+            return f"{op.type} computes {out.name!r} {list(out.shape)} from more than one anchor"
+        factor, rest = divmod(out.shape[place.axis], x.shape[axes[0]])
+        if rest:
+            return f"{op.type} splits the anchor axis of {x.name!r}"
+        why = _claim(region, x, Place(axes[0], place.offset, place.unit * factor))
+        if why:
+            return why
+    return None
+
+
+def _inside(region: HeadRegion, t: Tensor | None) -> bool:
+    """A tensor of the head that its ops compute (not a source they slice)."""
+    return t is not None and id(t) in region.places and id(t) not in region.sources
+
+
+def first_type(region: HeadRegion) -> str:
+    """The data type of the head's tensors (its first tensor's: the join's)."""
+    return next(iter(region.places.values()))[0].dtype
+
+
+def _take(region: HeadRegion, op: Op, tainted: set[int]) -> bool:
+    """Put `op` in the head when it computes each anchor on its own from tensors of the head
+    (its other operands: broadcast along the anchors, constants, or tensors the head can be
+    walked back into); False leaves it reading what it reads whole."""
+    ins = _data_inputs(op)
+    placed = [i for i in ins if _inside(region, op.inputs[i])]
+    if not placed or len(op.outputs) != 1 or op.outputs[0].dtype != first_type(region):
+        return False
+    first = op.inputs[placed[0]]
+    place = region.place(first)
+    k = moved_axis(op, placed[0], place.axis)
+    out = op.outputs[0]
+    factor = out.shape[k] // first.shape[place.axis] if k is not None else 0
+    if k is None or not factor or place.unit % factor or not _maps_in_pieces(op, k):
+        return False
+    here = Place(k, place.offset, place.unit // factor)
+    saved = (dict(region.places), dict(region.ops), set(region.joins), dict(region.sources))
+    region.ops[id(op)] = op
+    for i in ins:
+        if i == placed[0]:
+            continue
+        if op.type not in ELEMENTWISE_BINARY and op.type != "CONCATENATION":
+            region.places, region.ops, region.joins, region.sources = saved
+            return False
+        u, j = op.inputs[i], _aligned_axis(op, i, k)
+        if j is None:
+            continue  # broadcast along the anchors
+        expected = Place(j, here.offset, here.unit)
+        known = region.places.get(id(u))
+        ok = known[1] == expected if known else id(u) not in tainted
+        if ok and not known:
+            ok = _claim(region, u, expected) is None
+        if not ok:
+            region.places, region.ops, region.joins, region.sources = saved
+            return False
+    region.places[id(out)] = (out, here)
+    return True
+
+
+def _maps_in_pieces(op: Op, k: int) -> bool:
+    """Whether `op` could map once its output is cut to 2 along axis k (more than 3 non-trivial
+    dimensions, e.g. a [1, 17, 3, N] keypoint tensor, never maps however it is cut)."""
+    out = op.outputs[0]
+    shape = [2 if i == k else d for i, d in enumerate(out.shape)]
+    return sum(d > 1 for d in shape) <= 3
+
+
+def find_head(graph: Graph, join: Op) -> HeadRegion | Refusal:
+    """The head around `join` (a CONCATENATION along the anchor axis of non-constant tensors,
+    refused as it is), or why it cannot be cut: walked back from the join to tensors the
+    compiler computes whole, then forward in graph order to every op computing each anchor on
+    its own."""
+    out = join.outputs[0]
+    k = int(join.options.get("axis", 0)) % len(out.shape)
+    region = HeadRegion(graph)
+    why = _claim(region, out, Place(k, 0, 1))
+    if why:
+        return refuse(f"the head cannot be cut along its anchors: {why}")
+    grew = True
+    while grew:
+        grew, tainted = False, set()
+        for op in graph.ops:
+            if id(op) in region.ops:
+                continue
+            if _take(region, op, tainted):
+                grew = True
+            elif any(t is not None and (_inside(region, t) or id(t) in tainted)
+                     for t in op.inputs):  # fmt: skip
+                tainted.update(id(t) for t in op.outputs)
+    for t, _ in list(region.places.values()):
+        if id(t) in region.sources:
+            continue
+        outside = any(id(c) not in region.ops for c in t.consumers)
+        if outside or graph.is_graph_output(t):
+            region.boundary.append(t)
+    size = out.shape[k]
+    for t, place in region.places.values():
+        if place.span(t)[1] > size or place.offset < 0:
+            return refuse(f"{t.name!r} lies outside the {size} anchors of the join")
+    return region
+
+
+# -- the pieces -----------------------------------------------------------------------------------
+def _piece_shape(region: HeadRegion, t: Tensor, a: int, b: int) -> tuple[int, ...]:
+    place = region.place(t)
+    return tuple((b - a) // place.unit if i == place.axis else d for i, d in enumerate(t.shape))
+
+
+def _piece_start(region: HeadRegion, t: Tensor, a: int) -> int:
+    place = region.place(t)
+    return (a - place.offset) // place.unit
+
+
+def _constant_piece(region: HeadRegion, op: Op, index: int, a: int, b: int) -> np.ndarray | None:
+    """The constant input `index` of `op` for the piece [a, b): sliced where it runs along the
+    anchors, rewritten where it states the shape or the extent (RESHAPE, SLICE, STRIDED_SLICE);
+    None when it stays as it is."""
+    t, out = op.inputs[index], op.outputs[0]
+    data = np.asarray(t.data)
+    if op.type in _SHAPES and index == 1:
+        return np.array(_piece_shape(region, out, a, b), np.int32)
+    if op.type in ("SLICE", "STRIDED_SLICE") and index in (1, 2):
+        x = op.inputs[0]
+        k = region.place(x).axis
+        if op.type == "SLICE" and index == 2 and data.reshape(-1)[k] == -1:
+            return None
+        edited = data.reshape(-1).copy()
+        edited[k] = 0 if index == 1 else (b - a) // region.place(x).unit
+        return edited.reshape(data.shape)
+    if op.type in ELEMENTWISE_BINARY or op.type == "CONCATENATION":
+        k = region.place(out).axis
+        j = _aligned_axis(op, index, k)
+        if j is None or t.is_raw:
+            return None
+        start = _piece_start(region, out, a)
+        stop = start + (b - a) // region.place(out).unit
+        return np.take(data, range(start, stop), axis=j)
+    return None
+
+
+def _scratch_op(region: HeadRegion, op: Op, a: int, b: int) -> Op:
+    """`op` as one piece would compute it, in a scratch graph (the head's graph is not touched)."""
+    g = Graph("scratch")
+    ins: list[Tensor | None] = []
+    for i, t in enumerate(op.inputs):
+        if t is None:
+            ins.append(None)
+        elif id(t) in region.places:
+            shape = _piece_shape(region, t, a, b)
+            ins.append(g.add_tensor(f"in{i}", shape, t.dtype, quantization=t.quantization))
+        elif t.is_constant:
+            data = _constant_piece(region, op, i, a, b)
+            data = np.asarray(t.data) if data is None else data
+            ins.append(g.add_tensor(f"c{i}", data.shape, t.dtype, data, t.quantization))
+        else:
+            ins.append(g.add_tensor(f"in{i}", t.shape, t.dtype, quantization=t.quantization))
+    out = op.outputs[0]
+    shape = _piece_shape(region, out, a, b)
+    written = g.add_tensor("out", shape, out.dtype, quantization=out.quantization)
+    return g.add_op(op.type, ins, [written], dict(op.options))
+
+
+def piece_refusal(region: HeadRegion, op: Op, a: int, b: int) -> str | None:
+    """Why the compiler would refuse `op` computing the piece [a, b) of the anchors: the op
+    table's limits, or a compiled model refusing its form at that size; None when neither."""
+    piece = _scratch_op(region, op, a, b)
+    why = edgetpu_shape_refusal(piece)
+    if why:
+        return f"{op.type} {list(piece.outputs[0].shape)}: {why}"
+    verdict = gate(piece)
+    return verdict.reason if verdict.answer == "refused" else None
+
+
+def _segments(region: HeadRegion, size: int) -> list[tuple[int, int, int]] | Refusal:
+    """The stretches of the anchors each piece must stay within (one source per tensor), with
+    the granularity a piece must keep there (whole rows of an NHWC map)."""
+    cuts = sorted({0, size, *(c for t, p in region.places.values() for c in p.span(t))})
+    found = []
+    for a, b in itertools.pairwise(cuts):
+        units = [p.unit for t, p in region.places.values() if p.span(t)[0] <= a < p.span(t)[1]]
+        step = math.lcm(*units) if units else 1
+        if (b - a) % step:
+            return refuse(f"anchors {a}..{b} do not cut into whole rows of {step}")
+        found.append((a, b, step))
+    return found
+
+
+def piece_plan(region: HeadRegion, size: int) -> list[tuple[int, int]] | Refusal:
+    """Consecutive pieces [a, b) of the anchors, as few as the compiler's limits allow: per
+    stretch the largest piece every op of the head maps (the limits only bound sizes from above,
+    so a bisection finds it), then the stretch cut into equal pieces of at most that size."""
+    segments = _segments(region, size)
+    if isinstance(segments, Refusal):
+        return segments
+    ops = [op for op in region.ordered_ops() if id(op) not in region.joins]
+    pieces: list[tuple[int, int]] = []
+    for a, b, step in segments:
+        covering = [op for op in ops
+                    if region.place(op.outputs[0]).span(op.outputs[0])[0] <= a
+                    < region.place(op.outputs[0]).span(op.outputs[0])[1]]  # fmt: skip
+
+        def refusal(units: int, a: int = a, step: int = step, covering=covering) -> str | None:
+            return next(
+                (w for op in covering if (w := piece_refusal(region, op, a, a + units * step))),
+                None,
+            )
+
+        low, high = 0, (b - a) // step
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if refusal(mid) is None else (low, mid - 1)
+        if low == 0:
+            return refuse(f"even the smallest piece would stay on the CPU: {refusal(1)}")
+        count = -(-((b - a) // step) // low)
+        for units in _pieces((b - a) // step, count):
+            pieces.append((a, a + units * step))
+            a += units * step
+    return pieces
+
+
+# -- the rule --------------------------------------------------------------------------------------
+@dataclass
+class HeadPlan:
+    """What `ChunkHeadAlongAnchors.check` found: the head and its pieces."""
+
+    region: HeadRegion
+    pieces: list[tuple[int, int]]
+
+
+def _quantization_refusal(region: HeadRegion) -> Refusal | None:
+    """Refused unless every tensor of the head is per-tensor int8/uint8 and every join keeps its
+    inputs' parameters (the pieces bypass the join: a requantizing join would be lost)."""
+    for t, _ in region.places.values():
+        if _kind(t) != "int":
+            return refuse(f"{t.name!r} is {t.dtype} with per-channel or no quantization")
+    for op in region.ops.values():
+        if id(op) in region.joins and not all(
+            t.quantization.same_as(op.outputs[0].quantization) for t in op.inputs
+        ):
+            return refuse(f"the join {op.outputs[0].name!r} requantizes its inputs")
+    return None
+
+
+def _cut_refusal(region: HeadRegion) -> Refusal | None:
+    """Refused when the head reads what a one-segment compile computes on the CPU after the
+    segment (`tflfuse.targets.edgetpu.rules.after_the_cut`): its pieces would only add CPU work."""
+    origins = cut_origins(region.graph)
+    for op in region.ops.values():
+        for t in op.inputs:
+            if t is None or _inside(region, t) or id(t) not in origins:
+                continue
+            cut = region.graph.ops[origins[id(t)]]
+            return refuse(
+                f"{t.name!r} is computed on the CPU after the Edge TPU segment (cut at"
+                f" {cut.type} {cut.outputs[0].name!r}): cut into pieces, the head would still"
+                " run on the CPU, in more ops"
+            )
+    return None
+
+
+class ChunkHeadAlongAnchors(Rule):
+    """A head joined along its anchors over the compiler's limits  =>  every op of the head
+    once per piece of the anchors, the pieces joined where one tensor is needed.
+
+        CONCATENATION_anchors(RESHAPE(TRANSPOSE(x_i))) -> SLICE/RESHAPE/TRANSPOSE/SOFTMAX/
+        CONV_2D/MUL/ADD/SUB/LOGISTIC/QUANTIZE/CONCATENATION_channels -> [1, 84, 8400]
+      =>
+        per piece p: the same ops on SLICE_rows(x_i)[p] (constants along the anchors sliced
+        to p) -> [1, 84, n_p];  CONCATENATION_anchors(pieces) -> [1, 84, 8400]
+
+    Each anchor of a YOLOv8/11/26 detect, seg or pose head is decoded on its own (`moved_axis`
+    says, per op, which axis it computes index by index), so the anchor axis is cut into pieces
+    under the compiler's limits (`piece_plan`: whole rows of each scale's NHWC map, each piece
+    as large as every op of the head still maps). Bit-exact on the int8 graph: every piece op
+    keeps the parameters of the op it copies; the float graph is left to the quantized stage
+    (quantizing the pieces separately could give each its own scale).
+
+    The end: a model output such as [1, 84, 8400] holds 705600 elements in its two innermost
+    dimensions, over the 176400 the compiler accepts (its own "otherwise supported" status on the
+    [1, 84, 8400] CONCATENATION of the compiled YOLOv8n in edgetpu-more/MaxwellHogan; a [1, 84,
+    2100] one is accepted). Whatever op writes that tensor stays on the CPU, and the output's
+    layout is the model's interface (every YOLO decoder reads [1, C, N]); a RESHAPE back from a
+    layout the compiler takes would write the same tensor, refused the same way. So the pieces
+    are joined by one CONCATENATION on the CPU after the segment: one op, one crossing (the
+    segment's outputs are the pieces, the same bytes the output holds), the least any layout
+    that keeps the model's outputs allows. At 320 pixels ([1, 84, 2100]: 176400) that join maps.
+
+    Refused when an op it would write is refused by the op table (`edgetpu_shape_refusal`) or
+    by a compiled model showing its form refused (`forms.gate`), when a piece op cannot map
+    however small (more than 3 non-trivial dimensions: the head stops before it and joins
+    there), and when the head reads what the CPU computes after the segment.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0  # each piece computes the same elements with the same parameters
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.CONCATENATION()
+
+    def check(self, m: Match) -> Refusal | HeadPlan:
+        """A refusal, or the head and its pieces (the plan)."""
+        op, out = m.root, m.root.output
+        k = int(op.options.get("axis", 0)) % max(len(out.shape), 1)
+        if len(op.inputs) < 2 or not _is_join(op, k) or op.fused_activation != "NONE":
+            return NotApplicable("not a join of computed tensors")
+        if _kind(out) != "int":
+            return NotApplicable("float graph: cut after quantization, one scale for all pieces")
+        if edgetpu_shape_refusal(op) is None:
+            return NotApplicable("the join maps as it is")
+        region = find_head(m.graph, op)
+        if isinstance(region, Refusal):
+            return region
+        if all(id(o) in region.joins for o in region.ops.values()):
+            return NotApplicable("the join only gathers tensors the compiler computes whole")
+        why = _quantization_refusal(region) or _cut_refusal(region)
+        if why:
+            return why
+        pieces = piece_plan(region, out.shape[k])
+        if isinstance(pieces, Refusal):
+            return pieces
+        if len(pieces) < 2:
+            return NotApplicable("one piece: nothing to cut")
+        return HeadPlan(region, pieces)
+
+    def rewrite(self, m: Match) -> None:
+        region, pieces = m.plan.region, m.plan.pieces
+        b = Builder(m.graph, None, m.root.output.name, constants="after_reader")
+        values: dict[tuple[int, int], object] = {}
+        for n, op in enumerate(region.ordered_ops()):
+            if id(op) in region.joins:
+                continue
+            out = op.outputs[0]
+            start, stop = region.place(out).span(out)
+            for a, e in pieces:
+                if start <= a < stop:
+                    values[(id(out), a)] = _build_piece(b, region, values, op, (a, e), n)
+        for t in region.boundary:
+            start, stop = region.place(t).span(t)
+            parts = [_value_of(b, region, values, t, a, e) for a, e in pieces if start <= a < stop]
+            _write_whole(b, t, parts, region.place(t).axis)
+        b.commit(remove=region.ordered_ops())
+        m.graph.toposort()
+
+
+def _value_of(b: Builder, region: HeadRegion, values: dict, t: Tensor, a: int, e: int):
+    """The piece [a, e) of head tensor `t`: a slice of a source (made once), a join's input's
+    piece, or what the piece op made."""
+    key = (id(t), a)
+    if key in values:
+        return values[key]
+    if id(t) in region.sources:
+        start, stop = region.place(t).span(t)
+        if (start, stop) == (a, e):
+            value = t
+        else:
+            begin = [0] * len(t.shape)
+            begin[region.place(t).axis] = _piece_start(region, t, a)
+            size = _piece_shape(region, t, a, e)
+            value = _slice(b, t, begin, size, f"{t.name}/anchors{a}", t.quantization)
+        values[key] = value
+        return value
+    join = t.producer
+    for u in join.inputs:
+        start, stop = region.place(u).span(u)
+        if start <= a < stop:
+            return _value_of(b, region, values, u, a, e)
+    raise AssertionError(f"no piece at {a} of {t.name!r}")
+
+
+def _build_piece(b: Builder, region: HeadRegion, values: dict, op: Op, piece, n: int):
+    a, e = piece
+    ins = []
+    for i, t in enumerate(op.inputs):
+        if t is None:
+            ins.append(None)
+        elif id(t) in region.places:
+            ins.append(_value_of(b, region, values, t, a, e))
+        elif t.is_constant and (data := _constant_piece(region, op, i, a, e)) is not None:
+            ins.append(b.const(data, f"anchors{a}/op{n}/in{i}", t.dtype, t.quantization))
+        else:
+            ins.append(t)
+    out = op.outputs[0]
+    options = dict(op.options)
+    if "new_shape" in options:
+        options["new_shape"] = list(_piece_shape(region, out, a, e))
+    return b.op(
+        op.type, *ins, name=f"anchors{a}/op{n}", shape=_piece_shape(region, out, a, e),
+        dtype=out.dtype, quant=out.quantization, version=op.version, options=options,
+    )  # fmt: skip
+
+
+def _write_whole(b: Builder, t: Tensor, parts: list, axis: int) -> None:
+    """`t` written whole from its pieces: their join (one piece: the op that made it)."""
+    if len(parts) > 1:
+        b.op("CONCATENATION", *parts, out=t, axis=axis)
+        return
+    [part] = parts
+    if isinstance(part, Tensor) or part.tensor is not None:
+        b.op("RESHAPE", part, b.ints(t.shape, f"{t.name}/shape"), out=t)
+        return
+    part.tensor = t
+
+
+HEAD_LEGALIZATION: tuple[Rule, ...] = (ChunkHeadAlongAnchors(),)
