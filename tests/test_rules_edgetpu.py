@@ -608,7 +608,6 @@ def test_every_fused_activation_the_edgetpu_pipeline_writes_is_in_its_row() -> N
 # -- the quantized stage: what `convert` runs after quantizing ------------------------------------
 def test_quantized_pipeline_is_the_edgetpu_legalization_only() -> None:
     from tflfuse.rules import pipeline
-
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
 
     names = [p.name for p in pipeline(2, "edgetpu", quantized=True)]

@@ -206,22 +206,24 @@ def _is_join(op: Op, k: int) -> bool:
 
 def _claim_producer(region: HeadRegion, op: Op, place: Place) -> str | None:
     """Walk back through `op` (refused as it is): each data input at the axis that lands on
-    `place.axis`."""
+    `place.axis`. An op that is not computed per anchor is not walked through: its result is
+    sliced as it is (`_cut_refusal` then says whether that is worth it)."""
     out = op.outputs[0]
-    region.ops[id(op)] = op
+    claims = []
     for i in _data_inputs(op):
         x = op.inputs[i]
+        if op.type in ELEMENTWISE_BINARY and _aligned_axis(op, i, place.axis) is None:
+            continue  # broadcast along the anchors: read whole
         axes = [
             k for k in range(len(x.shape)) if x.shape[k] > 1 and moved_axis(op, i, k) == place.axis
         ]
-        if op.type in ELEMENTWISE_BINARY and _aligned_axis(op, i, place.axis) is None:
-            continue  # broadcast along the anchors: read whole
-        if len(axes) != 1:
-            return f"{op.type} computes {out.name!r} {list(out.shape)} from more than one anchor"
-        factor, rest = divmod(out.shape[place.axis], x.shape[axes[0]])
+        factor, rest = divmod(out.shape[place.axis], x.shape[axes[0]]) if len(axes) == 1 else (0, 1)
         if rest:
-            return f"{op.type} splits the anchor axis of {x.name!r}"
-        why = _claim(region, x, Place(axes[0], place.offset, place.unit * factor))
+            return _as_source(region, out)
+        claims.append((x, Place(axes[0], place.offset, place.unit * factor)))
+    region.ops[id(op)] = op
+    for x, at in claims:
+        why = _claim(region, x, at)
         if why:
             return why
     return None
@@ -520,8 +522,10 @@ class ChunkHeadAlongAnchors(Rule):
         """A refusal, or the head and its pieces (the plan)."""
         op, out = m.root, m.root.output
         k = int(op.options.get("axis", 0)) % max(len(out.shape), 1)
-        if len(op.inputs) < 2 or not _is_join(op, k) or op.fused_activation != "NONE":
-            return NotApplicable("not a join of computed tensors")
+        if len(out.shape) != 3 or k != 2 or len(op.inputs) < 2 or not _is_join(op, k):
+            return NotApplicable("not a join of computed [1, C, N] rows along N")
+        if op.fused_activation != "NONE":
+            return refuse("the join has a fused activation")
         if _kind(out) != "int":
             return NotApplicable("float graph: cut after quantization, one scale for all pieces")
         if edgetpu_shape_refusal(op) is None:

@@ -1,0 +1,217 @@
+"""Edge TPU heads cut along their anchors (tflfuse/targets/edgetpu/heads.py): tiny int8 heads
+built inline (three NHWC scales flattened channels-first and joined, a DFL-like box branch and a
+class branch), the ops after, bit-identical outputs, the predicted mapping, the refusals; and the
+real 640-pixel YOLOv8n of the compiled pair."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import SHARED
+from rulekit import apply, ops, refusals
+
+from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
+from tflfuse.runtime import verify
+from tflfuse.targets import predict
+from tflfuse.targets.edgetpu.heads import ChunkHeadAlongAnchors, _reshaped_axis
+
+RULE = "ChunkHeadAlongAnchors"
+
+
+def q(scale: float, zero: int) -> Quantization:
+    return Quantization(scale=np.array([scale], np.float32), zero_point=np.array([zero], np.int64))
+
+
+class Head:
+    """An int8 graph under construction (per-tensor parameters everywhere)."""
+
+    def __init__(self) -> None:
+        self.g = Graph("main")
+        self.rng = np.random.default_rng(0)
+
+    def input(self, shape, name: str) -> Tensor:
+        t = self.g.add_tensor(name, shape, "INT8", quantization=q(0.05, 3))
+        self.g.inputs.append(t)
+        return t
+
+    def op(self, type: str, inputs, shape, scale=0.05, zero=3, **options) -> Tensor:
+        out = self.g.add_tensor(type.lower(), shape, "INT8", quantization=q(scale, zero))
+        self.g.add_op(type, inputs, [out], options)
+        return out
+
+    def ints(self, values) -> Tensor:
+        return self.g.add_constant("c", np.array(values, np.int32))
+
+    def int8(self, shape, scale=0.02) -> Tensor:
+        data = self.rng.integers(-100, 100, shape).astype(np.int8)
+        return self.g.add_constant("w", data, "INT8", q(scale, 0))
+
+    def flatten(self, x: Tensor) -> Tensor:
+        _, h, w, c = x.shape
+        t = self.op("TRANSPOSE", [x, self.ints([0, 3, 1, 2])], (1, c, h, w))
+        return self.op("RESHAPE", [t, self.ints([1, c, h * w])], (1, c, h * w))
+
+    def bytes(self, *outputs: Tensor) -> bytes:
+        self.g.outputs = list(outputs)
+        self.g.validate()
+        return flatbuffer.to_bytes(Model([self.g]))
+
+
+def head(size: int, channels: int = 20, box: int = 16, maps=None) -> bytes:
+    """Scales of size, size/2, size/4 pixels with `channels` channels joined along the anchors;
+    a box branch (STRIDED_SLICE, RESHAPE [1, 4, box/4, N], TRANSPOSE, SOFTMAX, 1x1 CONV, RESHAPE,
+    MUL by per-anchor strides) and a class branch (STRIDED_SLICE, LOGISTIC, requantizing
+    QUANTIZE), joined along the channels into the output [1, 4 + channels - box, N]."""
+    h = Head()
+    xs = (
+        maps(h)
+        if maps
+        else [h.input((1, s, s, channels), f"p{s}") for s in (size, size // 2, size // 4)]
+    )
+    n = sum(x.shape[1] * x.shape[2] for x in xs)
+    joined = h.op("CONCATENATION", [h.flatten(x) for x in xs], (1, channels, n), axis=2,
+                  fused_activation_function="NONE")  # fmt: skip
+    ends = dict(begin_mask=5, end_mask=5, ellipsis_mask=0, new_axis_mask=0, shrink_axis_mask=0)
+    dist = h.op("STRIDED_SLICE", [joined, h.ints([0, 0, 0]), h.ints([1, box, n]), h.ints([1, 1, 1])],
+                (1, box, n), **ends)  # fmt: skip
+    dist = h.op("RESHAPE", [dist, h.ints([1, 4, box // 4, n])], (1, 4, box // 4, n))
+    dist = h.op("TRANSPOSE", [dist, h.ints([0, 1, 3, 2])], (1, 4, n, box // 4))
+    soft = h.op("SOFTMAX", [dist], dist.shape, 1 / 256, -128, beta=1.0)
+    bias = h.g.add_constant("bias", np.zeros(1, np.int32), "INT32", q(0.02 / 256, 0))
+    conv = h.op("CONV_2D", [soft, h.int8((1, 1, 1, box // 4)), bias], (1, 4, n, 1), 0.01, -100,
+                padding="VALID", stride_h=1, stride_w=1, dilation_h_factor=1,
+                dilation_w_factor=1, fused_activation_function="NONE")  # fmt: skip
+    boxes = h.op("RESHAPE", [conv, h.ints([1, 4, n])], (1, 4, n), 0.01, -100)
+    strides = h.int8((1, 1, n), scale=0.05)
+    boxes = h.op("MUL", [boxes, strides], (1, 4, n), 0.05, 3, fused_activation_function="NONE")
+    cls = h.op("STRIDED_SLICE", [joined, h.ints([0, box, 0]), h.ints([1, channels, n]),
+               h.ints([1, 1, 1])], (1, channels - box, n), **ends)  # fmt: skip
+    cls = h.op("LOGISTIC", [cls], cls.shape, 1 / 256, -128)
+    cls = h.op("QUANTIZE", [cls], cls.shape, 0.05, 3)
+    out = h.op("CONCATENATION", [boxes, cls], (1, 4 + channels - box, n), axis=1,
+               fused_activation_function="NONE")  # fmt: skip
+    return h.bytes(out)
+
+
+def mapped(data: bytes, multiple: bool = False) -> tuple[int, int]:
+    from tflfuse.targets.edgetpu.predict import predict_edgetpu
+
+    p = predict_edgetpu(flatbuffer.from_bytes(data), multiple_subgraphs=multiple)
+    return p.mapped, p.cpu
+
+
+def identical(before: bytes, after: bytes) -> None:
+    agreement = verify.compare(before, after, runs=2, int_atol=0)
+    assert agreement.identical and agreement.varies, agreement
+
+
+# -- which axis a reshape keeps ------------------------------------------------------------------
+def test_a_reshape_keeps_the_anchor_axis_whole_or_merges_whole_rows_into_it() -> None:
+    assert _reshaped_axis((1, 144, 80, 80), (1, 144, 6400), 2) == 2  # rows merge: pieces of rows
+    assert _reshaped_axis((1, 4, 8400, 1), (1, 1, 4, 8400), 2) == 3
+    assert _reshaped_axis((1, 64, 8400), (1, 4, 16, 8400), 2) == 3
+    assert _reshaped_axis((1, 4, 8400), (1, 33600), 2) is None  # anchors interleave with boxes
+    assert _reshaped_axis((1, 144, 80, 80), (1, 144, 6400), 3) is None  # a column of each row
+
+
+# -- a head the compiler takes once cut ----------------------------------------------------------
+def test_a_320_pixel_head_is_cut_into_pieces_that_all_map_bit_exactly() -> None:
+    """[1, 116, 2100] (a seg head's width) is over the compiler's 176400 in its two innermost
+    dimensions; the [1, 104, 2100] output is not (218400 > 176400 still: joined on the CPU)."""
+    before = head(40, channels=116, box=16)
+    after, model, result = apply(before, ChunkHeadAlongAnchors())
+    assert result.fired() == {RULE: 1}
+    assert mapped(before)[1] > 0 and mapped(after) == (len(model.main.ops) - 1, 1)
+    [last] = [op for op in model.main.ops if op.outputs[0] in model.main.outputs]
+    assert last.type == "CONCATENATION" and last.options["axis"] == 2
+    identical(before, after)
+
+
+def test_a_head_whose_output_fits_maps_in_full() -> None:
+    """[1, 84, 2100] = 176400: the output's join maps too, so every op maps, in one segment."""
+    before = head(40, channels=144, box=64)
+    after, model, result = apply(before, ChunkHeadAlongAnchors())
+    assert result.fired() == {RULE: 1}
+    assert mapped(after) == (len(model.main.ops), 0) and mapped(after, multiple=True)[1] == 0
+    transposes = [op for op in model.main.ops if op.type == "TRANSPOSE"]
+    assert all(op.inputs[0].size <= 69696 for op in transposes)  # the compiler's TRANSPOSE limit
+    # one box branch per piece: the pieces are whole rows of each scale, 40 / 10 / 5 wide
+    pieces = ops(model).count("SOFTMAX")
+    assert pieces == len([op for op in model.main.ops if op.type == "LOGISTIC"]) > 3
+    identical(before, after)
+
+
+def test_a_join_that_maps_is_left_alone() -> None:
+    before = head(16, channels=20, box=16)  # [1, 20, 336]
+    _, model, result = apply(before, ChunkHeadAlongAnchors())
+    assert not result.fired() and ops(model).count("SOFTMAX") == 1
+    assert "the join maps as it is" in refusals(result, RULE)
+
+
+def test_a_head_after_the_segment_is_not_cut() -> None:
+    """The largest scale comes from a pool the compiler refuses (a fused RELU) after a mapped
+    conv: the head reads what the CPU computes after the segment, so pieces would be CPU work."""
+
+    def maps(h: Head) -> list[Tensor]:
+        x = h.input((1, 40, 40, 116), "image")
+        bias = h.g.add_constant("b", np.zeros(116, np.int32), "INT32", q(0.001, 0))
+        y = h.op("DEPTHWISE_CONV_2D", [x, h.int8((1, 1, 1, 116)), bias], x.shape,
+                 padding="SAME", stride_h=1, stride_w=1, depth_multiplier=1,
+                 dilation_h_factor=1, dilation_w_factor=1,
+                 fused_activation_function="NONE")  # fmt: skip
+        pool = dict(
+            padding="VALID", filter_height=1, filter_width=1, fused_activation_function="RELU"
+        )
+        y = h.op("MAX_POOL_2D", [y], y.shape, stride_h=1, stride_w=1, **pool)
+        return [y, h.input((1, 20, 20, 116), "p20"), h.input((1, 10, 10, 116), "p10")]
+
+    before = head(40, channels=116, box=16, maps=maps)
+    _, model, result = apply(before, ChunkHeadAlongAnchors())
+    assert not result.fired()
+    reasons = [r for r in refusals(result, RULE) if "join" not in r]
+    assert reasons and all(
+        "is computed on the CPU after the Edge TPU segment" in r for r in reasons
+    )
+
+
+def test_a_float_head_waits_for_the_int8_graph() -> None:
+    h = Head()
+    xs = [h.g.add_tensor(f"p{s}", (1, s, s, 116)) for s in (40, 20, 10)]
+    h.g.inputs.extend(xs)
+    flat = []
+    for x in xs:
+        _, s, _, c = x.shape
+        t = h.g.add_tensor("t", (1, c, s, s))
+        h.g.add_op("TRANSPOSE", [x, h.ints([0, 3, 1, 2])], [t])
+        f = h.g.add_tensor("f", (1, c, s * s))
+        h.g.add_op("RESHAPE", [t, h.ints([1, c, s * s])], [f])
+        flat.append(f)
+    y = h.g.add_tensor("y", (1, 116, 2100))
+    h.g.add_op("CONCATENATION", flat, [y], {"axis": 2, "fused_activation_function": "NONE"})
+    _, _, result = apply(h.bytes(y), ChunkHeadAlongAnchors())
+    assert not result.fired()
+    assert "float graph: cut after quantization, one scale for all pieces" in refusals(result, RULE)
+
+
+# -- the real head -----------------------------------------------------------------------------------
+YOLOV8_INT8 = (
+    SHARED / "oracle" / "edgetpu-more" / "MaxwellHogan__coral_wifi_webserver"
+    / "yolov8n_saved_model__yolov8n_full_integer_quant" / "yolov8n_full_integer_quant.tflite"
+)  # fmt: skip
+
+
+@pytest.mark.skipif(not YOLOV8_INT8.is_file(), reason="../shared/oracle/edgetpu-more is absent")
+def test_the_compiled_yolov8n_head_maps_but_its_output_join() -> None:
+    """640 pixels: 230/255 predicted mapped (the compiler's own log: 230), 19 pieces (14 of the
+    80x80 map, 4 of the 40x40, the 20x20 whole), every op mapped but the [1, 84, 8400] output's
+    join, in one segment with -a too; outputs bit-identical."""
+    before = YOLOV8_INT8.read_bytes()
+    after, model, result = apply(before, ChunkHeadAlongAnchors())
+    assert result.fired() == {RULE: 1}
+    assert mapped(before) == (230, 25)
+    n = len(model.main.ops)
+    assert mapped(after) == (n - 1, 1) and mapped(after, multiple=True) == (n - 1, 1)
+    assert ops(model).count("SOFTMAX") == 19
+    p = predict(model, "edgetpu")
+    assert [o.op for o in p.ops if o.target == "cpu"] == ["CONCATENATION"]
+    identical(before, after)
