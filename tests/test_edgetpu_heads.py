@@ -72,7 +72,8 @@ def head(size: int, channels: int = 20, box: int = 16, maps=None) -> bytes:
     joined = h.op("CONCATENATION", [h.flatten(x) for x in xs], (1, channels, n), axis=2,
                   fused_activation_function="NONE")  # fmt: skip
     ends = dict(begin_mask=5, end_mask=5, ellipsis_mask=0, new_axis_mask=0, shrink_axis_mask=0)
-    dist = h.op("STRIDED_SLICE", [joined, h.ints([0, 0, 0]), h.ints([1, box, n]), h.ints([1, 1, 1])],
+    ones = h.ints([1, 1, 1])
+    dist = h.op("STRIDED_SLICE", [joined, h.ints([0, 0, 0]), h.ints([1, box, n]), ones],
                 (1, box, n), **ends)  # fmt: skip
     dist = h.op("RESHAPE", [dist, h.ints([1, 4, box // 4, n])], (1, 4, box // 4, n))
     dist = h.op("TRANSPOSE", [dist, h.ints([0, 1, 3, 2])], (1, 4, n, box // 4))
@@ -193,7 +194,7 @@ def test_a_float_head_waits_for_the_int8_graph() -> None:
     assert "float graph: cut after quantization, one scale for all pieces" in refusals(result, RULE)
 
 
-# -- the real head -----------------------------------------------------------------------------------
+# -- the real head ----------------------------------------------------------------------------
 YOLOV8_INT8 = (
     SHARED / "oracle" / "edgetpu-more" / "MaxwellHogan__coral_wifi_webserver"
     / "yolov8n_saved_model__yolov8n_full_integer_quant" / "yolov8n_full_integer_quant.tflite"
