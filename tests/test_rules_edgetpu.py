@@ -481,6 +481,35 @@ def test_oversized_nearest_resize_int8_is_tiled_bit_exactly_and_maps() -> None:
     assert mapped(after) == (len(model.main.ops), 0)
 
 
+@pytest.mark.parametrize("q8", [False, True])
+def test_a_segmentation_models_half_pixel_full_size_resize_is_tiled_exactly(q8: bool) -> None:
+    """The final x4 bilinear upsample of a segmentation model to 320 x 320 (PyTorch's and TF2's
+    half-pixel centers): tiles of input rows with one extra row on each side, the extra output
+    rows sliced off: the same numbers in float, bit-identical in int8, and every op maps."""
+    g = Q8() if q8 else G()
+    x = g.input((1, 80, 80, 3), 0.05, 0) if q8 else g.input((1, 80, 80, 3))
+    size = g.graph.add_constant("size", np.array([320, 320], np.int32))
+    options = dict(align_corners=False, half_pixel_centers=True)
+    if q8:
+        y = g.op("RESIZE_BILINEAR", [x, size], (1, 320, 320, 3), 0.05, 0, **options)
+    else:
+        y = g.op("RESIZE_BILINEAR", [x, size], (1, 320, 320, 3), **options)
+    before = g.bytes(y)
+    after, model, result = apply(before, SplitOversizedResize())
+    assert result.fired() == {"SplitOversizedResize": 1}
+    resizes = [op for op in model.main.ops if op.type == "RESIZE_BILINEAR"]
+    assert len(resizes) == 2 and all(op.options["half_pixel_centers"] for op in resizes)
+    # 51 input rows fit 65536 output pixels; less the two neighbours, 49 per tile: rows 0-48
+    # and the row below, rows 49-79 and the row above
+    assert [op.inputs[0].shape[1] for op in resizes] == [50, 32]
+    assert all(op.output.shape[1] * op.output.shape[2] <= 65536 for op in resizes)
+    if q8:
+        assert verify.compare(before, after, int_atol=0, runs=2).identical
+        assert mapped(before) == (0, 1) and mapped(after) == (len(model.main.ops), 0)
+    else:
+        assert_same_function(before, after, atol=1e-6, rtol=1e-6)
+
+
 def test_align_corners_resize_is_not_tiled() -> None:
     g = G()
     x = g.input((1, 160, 160, 1))
@@ -489,7 +518,7 @@ def test_align_corners_resize_is_not_tiled() -> None:
     _, model, result = apply(g.bytes(y), SplitOversizedResize())
     assert ops(model) == ["RESIZE_BILINEAR"]
     assert refusals(result, "SplitOversizedResize") == [
-        "only resizes without align_corners / half_pixel_centers are tiled"
+        "only resizes without align_corners are tiled"
     ]
 
 

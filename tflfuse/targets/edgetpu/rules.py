@@ -465,10 +465,17 @@ class SplitOversizedResize(Rule):
     """RESIZE(x) with an output plane larger than the compiler maps  =>
     CONCATENATION_rows(RESIZE(SLICE_rows(x)) ...), tiles of input rows each under the limit.
 
-    Integer scale factors, no align_corners, no half-pixel centers: output row r reads input rows
-    floor(r/f) and (bilinear) the next one, so a tile of input rows [a, b) plus one extra row
-    gives output rows [a f, b f) exactly; the extra output rows are sliced off. The same
-    numbers in float; int8 tiles keep the tensors' parameters (the kernels do not rescale).
+    Integer scale factors, no align_corners: output row r reads input rows floor(r/f) and
+    (bilinear) the next one, so a tile of input rows [a, b) plus one extra row gives output rows
+    [a f, b f) exactly; the extra output rows are sliced off. With half-pixel centers (what
+    PyTorch's and TF2's bilinear upsampling write, e.g. a segmentation model's final full-size
+    resize) output row r reads source row (r + 1/2)/f - 1/2, which lies in [a - 1/2, b - 1/2)
+    for r in [a f, b f): rows a - 1 to b, so the tile takes one extra row on each side (where
+    the image has one) and its own clamping at the tile's edges never reaches the rows kept;
+    the tile's scale is the same 1/f (also in the int8 kernel's fixed point, a ratio of sizes),
+    so its kept rows are the same numbers. Nearest-neighbour with half-pixel centers picks
+    floor((r + 1/2)/f) = floor(r/f): no extra row. The same numbers in float; int8 tiles keep
+    the tensors' parameters (the kernels do not rescale).
     """
 
     quantized_ok = True
@@ -477,20 +484,23 @@ class SplitOversizedResize(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")(p.x, p.const("size"))
 
-    def _plan(self, m: Match) -> tuple[int, int, int] | Refusal:
+    def _plan(self, m: Match) -> tuple[int, int, int, int] | Refusal:
         op, x = m.root, m.x
         limit = _resize_limit(op.type)
         (n, h, w, _), (_, big_h, big_w, _) = x.shape, op.output.shape
         if n != 1 or big_h * big_w <= limit:
             return NotApplicable("the resize output already fits")
-        if op.options.get("align_corners") or op.options.get("half_pixel_centers"):
-            return refuse("only resizes without align_corners / half_pixel_centers are tiled")
+        if op.options.get("align_corners"):
+            return refuse("only resizes without align_corners are tiled")
         if big_h % h or big_w % w:
             return refuse(f"scale {h}x{w} -> {big_h}x{big_w} is not an integer factor")
         if _kind(x) is None:
             return refuse(f"RESIZE on {x.dtype} with per-channel or no quantization")
         fh = big_h // h
-        extra = 1 if op.type == "RESIZE_BILINEAR" else 0
+        bilinear = op.type == "RESIZE_BILINEAR"
+        above = 1 if bilinear and op.options.get("half_pixel_centers") else 0
+        below = 1 if bilinear else 0
+        extra = above + below
         rows = limit // (fh * big_w) - extra
         if rows < 1:
             return refuse(f"even one input row resizes to more than {limit} pixels")
@@ -502,14 +512,14 @@ class SplitOversizedResize(Rule):
         ) or _refusal_of("CONCATENATION", [tile], op.output.shape, {"axis": 1})  # fmt: skip
         if why:
             return refuse(f"a tile would stay on the CPU: {why}")
-        return fh, rows, extra
+        return fh, rows, above, below
 
     @_gated
-    def check(self, m: Match) -> Refusal | tuple[int, int, int]:
+    def check(self, m: Match) -> Refusal | tuple[int, int, int, int]:
         return self._plan(m)
 
     def rewrite(self, m: Match) -> None:
-        op, x, (fh, rows, extra) = m.root, m.x, m.plan
+        op, x, (fh, rows, above, below) = m.root, m.x, m.plan
         out = op.output
         _, h, w, c = x.shape
         big_w = out.shape[2]
@@ -517,16 +527,16 @@ class SplitOversizedResize(Rule):
         tiles = []
         for i, a in enumerate(range(0, h, rows)):
             end = min(h, a + rows)
-            ext = min(h, end + extra)
+            first, ext = max(0, a - above), min(h, end + below)
             name = f"tile{i}"
-            piece = _slice(b, x, [0, a, 0, 0], [1, ext - a, w, c], name, x.quantization)
+            piece = _slice(b, x, [0, first, 0, 0], [1, ext - first, w, c], name, x.quantization)
             full = b.op(
-                op.type, piece, b.ints([(ext - a) * fh, big_w], f"{name}/out_size"),
-                name=f"{name}/resized", shape=(1, (ext - a) * fh, big_w, c), dtype=out.dtype,
-                quant=out.quantization, options=op.options,
+                op.type, piece, b.ints([(ext - first) * fh, big_w], f"{name}/out_size"),
+                name=f"{name}/resized", shape=(1, (ext - first) * fh, big_w, c),
+                dtype=out.dtype, quant=out.quantization, options=op.options,
             )  # fmt: skip
-            if ext > end:
-                full = _slice(b, full, [0, 0, 0, 0], [1, (end - a) * fh, big_w, c],
+            if (first, ext) != (a, end):
+                full = _slice(b, full, [0, (a - first) * fh, 0, 0], [1, (end - a) * fh, big_w, c],
                               f"{name}/rows", out.quantization)  # fmt: skip
             tiles.append(full)
         b.replace(op, b.CONCATENATION(*tiles, axis=1))
