@@ -216,3 +216,50 @@ def test_the_compiled_yolov8n_head_maps_but_its_output_join() -> None:
     p = predict(model, "edgetpu")
     assert [o.op for o in p.ops if o.target == "cpu"] == ["CONCATENATION"]
     identical(before, after)
+
+
+# -- a MEAN over a channel count the compiler refuses ----------------------------------------------
+def _nchw_mean(q8: bool, width: int = 7) -> bytes:
+    """A squeeze-excite MEAN of an NCHW export: [1, 16, 7, 7] over H and W (keep_dims)."""
+    h = Head()
+    shape = (1, 16, width, width)
+    if q8:
+        x = h.input(shape, "x")
+        y = h.op("MEAN", [x, h.ints([2, 3])], (1, 16, 1, 1), 0.01, -5, keep_dims=True)
+    else:
+        x = h.g.add_tensor("x", shape)
+        h.g.inputs.append(x)
+        y = h.g.add_tensor("y", (1, 16, 1, 1))
+        h.g.add_op("MEAN", [x, h.ints([2, 3])], [y], {"keep_dims": True})
+    return h.bytes(y)
+
+
+def test_a_mean_over_seven_innermost_values_reads_them_padded_to_eight_float_exactly() -> None:
+    from rulekit import assert_same_function
+
+    from tflfuse.targets.edgetpu.heads import PadChannelsForMean
+
+    before = _nchw_mean(q8=False)
+    after, model, result = apply(before, PadChannelsForMean())
+    assert result.fired() == {"PadChannelsForMean": 1}
+    assert ops(model) == ["PAD", "MEAN", "MUL"]
+    assert model.main.ops[0].outputs[0].shape == (1, 16, 7, 8)
+    assert_same_function(before, after, atol=1e-6, rtol=1e-6)
+
+
+def test_a_mean_over_seven_innermost_values_int8_stays_within_its_steps_and_maps() -> None:
+    from tflfuse.targets.edgetpu.heads import PadChannelsForMean
+
+    before = _nchw_mean(q8=True)
+    after, model, result = apply(before, PadChannelsForMean())
+    assert result.fired() == {"PadChannelsForMean": 1}
+    assert mapped(before) == (0, 1) and mapped(after) == (3, 0)
+    agreement = verify.compare(before, after, runs=4, int_atol=PadChannelsForMean.int8_error_steps)
+    assert agreement.ok and agreement.varies, agreement
+
+
+def test_a_mean_over_a_multiple_of_four_is_left_alone() -> None:
+    from tflfuse.targets.edgetpu.heads import PadChannelsForMean
+
+    _, model, result = apply(_nchw_mean(q8=True, width=8), PadChannelsForMean())
+    assert not result.fired() and ops(model) == ["MEAN"]

@@ -29,9 +29,19 @@ from tflfuse.ir import Graph, Op, Tensor
 from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rewrite.build import ELEMENTWISE_BINARY
 from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets.capabilities import capability
 from tflfuse.targets.edgetpu.forms import gate
 from tflfuse.targets.edgetpu.predict import cut_origins, edgetpu_shape_refusal
-from tflfuse.targets.edgetpu.rules import _kind, _pieces, _slice
+from tflfuse.targets.edgetpu.rules import (
+    _gated,
+    _kind,
+    _kind_refusal,
+    _pieces,
+    _quant,
+    _refusal_of,
+    _scale_zp,
+    _slice,
+)
 
 # ops that compute each element from the same element of their one input
 _UNARY = frozenset(
@@ -624,4 +634,73 @@ def _write_whole(b: Builder, t: Tensor, parts: list, axis: int) -> None:
     part.tensor = t
 
 
-HEAD_LEGALIZATION: tuple[Rule, ...] = (ChunkHeadAlongAnchors(),)
+# -- a MEAN over a channel count the compiler refuses ----------------------------------------------
+def _channel_multiple() -> int:
+    return int(capability("edgetpu")["ops"]["MEAN"].get("z_reduction_multiple", 1))
+
+
+class PadChannelsForMean(Rule):
+    """MEAN(x, axes including the innermost), x's innermost size C not a multiple of 4  =>
+    MUL(MEAN(PAD(x, C -> C + p zeros), axes), (C + p) / C).
+
+    The compiler maps a reduction over the innermost axis only when its size is a multiple of 4
+    (delegates/edgetpu.toml [ops.MEAN] z_reduction_multiple): an NCHW tensor kept by an exporter
+    reduces over W there (e.g. [1, C, 7, 7] in a squeeze-excite block). Zeros add nothing to the
+    sum, so the mean over the padded axis is the mean times n / (n + n p / C) = C / (C + p), n the
+    elements averaged; the MUL by (C + p) / C gives it back. Exact in float (two roundings of the
+    last bit). int8: PAD writes the zero point (real 0); the MEAN of the padded tensor is
+    quantized at the output's scale times C / (C + p) with its zero point, so its codes are those
+    the MEAN would give, and the MUL by the constant (C + p) / C brings them to the output's
+    scale: two requantizations, within two output steps.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 2  # the MEAN and the MUL each round once
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MEAN(p.x, p.const("axes"))
+
+    @_gated
+    def check(self, m: Match) -> Refusal | int:
+        """A refusal, or the number of zero channels to pad (the plan)."""
+        x, out, multiple = m.x, m.root.output, _channel_multiple()
+        last = len(x.shape) - 1
+        axes = sorted({int(a) % len(x.shape) for a in np.asarray(m.axes.data).reshape(-1)})
+        if len(x.shape) < 3 or last not in axes or multiple <= 1 or x.shape[last] % multiple == 0:
+            return NotApplicable("the MEAN does not reduce an innermost axis the compiler refuses")
+        refusal = _kind_refusal("MEAN", x, out)
+        if refusal is not None:
+            return refusal
+        pad = -x.shape[last] % multiple
+        padded = Tensor("padded", (*x.shape[:-1], x.shape[last] + pad), x.dtype)
+        pads = np.zeros((len(x.shape), 2), np.int32)
+        pads[last, 1] = pad
+        for op_type, ins, shape, options, consts in (
+            ("PAD", [x], padded.shape, {}, [pads]),
+            ("MEAN", [padded], out.shape, m.root.options, [np.asarray(m.axes.data)]),
+            ("MUL", [out], out.shape, {}, [np.ones(1, np.float32)]),
+        ):
+            why = _refusal_of(op_type, ins, shape, options, consts)
+            if why:
+                return refuse(f"its {op_type} would stay on the CPU: {why}")
+        return pad
+
+    def rewrite(self, m: Match) -> None:
+        x, out, pad = m.x, m.root.output, m.plan
+        last = len(x.shape) - 1
+        factor = (x.shape[last] + pad) / x.shape[last]
+        b = m.builder(constants="last")
+        pads = np.zeros((len(x.shape), 2), np.int32)
+        pads[last, 1] = pad
+        padded = b.PAD(x, b.const(pads, "paddings", "INT32"), name="padded", like=x,
+                       shape=(*x.shape[:-1], x.shape[last] + pad))  # fmt: skip
+        quant = None
+        if _kind(x) == "int":
+            scale, zero = _scale_zp(out)
+            quant = _quant(scale / factor, zero)
+        mean = b.MEAN(padded, m.axes, name="mean", shape=out.shape, like=out, quant=quant,
+                      options=m.root.options)  # fmt: skip
+        b.replace(m.root, b.MUL(mean, b.scalar(factor, "rescale", like=x)))
+
+
+HEAD_LEGALIZATION: tuple[Rule, ...] = (ChunkHeadAlongAnchors(), PadChannelsForMean())
