@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Big heads on the Edge TPU: predicted mapping before and after the head rules, and the error.
+
+    .venv/bin/python benchmarks/edgetpu_heads.py            # the compiled pair and the corpus
+    .venv/bin/python benchmarks/edgetpu_heads.py --models yolo11n-640.edgetpu-int8
+
+For every int8 YOLO file found (the licensed compiled pair in ../shared/oracle/edgetpu-more, an
+Ultralytics YOLOv8n at 640 pixels; the corpus's `*.edgetpu-int8.tflite`, Ultralytics' own Coral
+route, `$TFLFUSE_CORPUS`, default ../corpus beside the checkout) it runs the Edge TPU int8
+legalization as `tflfuse convert` does on an int8 input (`tflfuse.rules.legalize_quantized`),
+once without the head rules (`--disable ChunkHeadAlongAnchors PadChannelsForMean`: what tflfuse
+did before) and once with them, and writes per model:
+
+- ops, predicted mapped in one Edge TPU segment and with `-a` (segments), the ops left on the CPU
+  (one segment), and the bytes the Edge TPU hands the CPU (tensors its ops write that CPU ops or
+  the model's outputs read: one segment);
+- how many of the mapped ops have a form no compiled model shows (`forms.gate`: undecided): the
+  forms evidence decides those, not the op table;
+- whether the outputs are bit-identical to the input file's (the rules' declared 0 steps), and
+  the error of each against the PyTorch model's first output where the corpus has a reference
+  (`MODEL.reference_inputs.npy`, NCHW float, quantized to the int8 NHWC input).
+
+Predictions of the compiler's placement, not device numbers: no timing. Writes
+benchmarks/EDGETPU_HEADS.md and benchmarks/out/edgetpu_heads.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from tflfuse.ir import Model, flatbuffer  # noqa: E402
+from tflfuse.rules import legalize_quantized  # noqa: E402
+from tflfuse.runtime import verify  # noqa: E402
+from tflfuse.targets.edgetpu.forms import gate  # noqa: E402
+from tflfuse.targets.edgetpu.predict import predict_edgetpu  # noqa: E402
+
+CORPUS = Path(os.environ.get("TFLFUSE_CORPUS") or HERE.parent.parent / "corpus")
+SHARED = Path(os.environ.get("TFLFUSE_SHARED") or HERE.parent.parent / "shared")
+PAIR = (
+    SHARED / "oracle" / "edgetpu-more" / "MaxwellHogan__coral_wifi_webserver"
+    / "yolov8n_saved_model__yolov8n_full_integer_quant" / "yolov8n_full_integer_quant.tflite"
+)  # fmt: skip
+HEAD_RULES = ("ChunkHeadAlongAnchors", "PadChannelsForMean")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def placement(model: Model) -> dict[str, Any]:
+    """Predicted mapping in one segment and with -a, CPU ops, bytes to the CPU, undecided forms."""
+    one = predict_edgetpu(model)
+    many = predict_edgetpu(model, multiple_subgraphs=True)
+    graph = model.main
+    on_tpu = {id(op) for op, p in zip(graph.ops, one.ops, strict=True) if p.target == "edgetpu"}
+    crossing = {
+        id(t): t.nbytes
+        for op in graph.ops
+        if id(op) in on_tpu
+        for t in op.outputs
+        if graph.is_graph_output(t) or any(id(c) not in on_tpu for c in t.consumers)
+    }
+    undecided = Counter(
+        gate(op).form.key for op in graph.ops if id(op) in on_tpu and gate(op).answer == "undecided"
+    )
+    return {
+        "ops": len(graph.ops),
+        "mapped": one.mapped,
+        "mapped_a": many.mapped,
+        "segments_a": many.segments,
+        "cpu": dict(Counter(p.op for p in one.ops if p.target == "cpu")),
+        "bytes_to_cpu": int(sum(crossing.values())),
+        "undecided": sum(undecided.values()),
+        "undecided_forms": dict(undecided.most_common(5)),
+    }
+
+
+def reference_error(path: Path, data: bytes) -> float | None:
+    """Max |output - PyTorch output| on the corpus's reference inputs, or None without them."""
+    stem = path.name.split(".")[0]
+    inputs, expected = (path.parent / f"{stem}.reference_{k}.npy" for k in ("inputs", "output0"))
+    if not (inputs.is_file() and expected.is_file()):
+        return None
+    from tflfuse.runtime.interpreter import make_interpreter
+
+    interpreter = make_interpreter(data, delegate="none")
+    [inp], out = interpreter.get_input_details(), interpreter.get_output_details()[0]
+    worst = 0.0
+    wanted = np.load(expected)
+    for x, want in zip(np.load(inputs)[: len(wanted)], wanted, strict=True):
+        x = np.transpose(x, (1, 2, 0))[None] if inp["shape"][-1] == 3 else x[None]
+        s, z = inp["quantization"]
+        if s:
+            info = np.iinfo(inp["dtype"])
+            x = np.clip(np.round(x / s + z), info.min, info.max)
+        interpreter.set_tensor(inp["index"], x.astype(inp["dtype"]))
+        interpreter.invoke()
+        y = interpreter.get_tensor(out["index"]).astype(np.float32)
+        s, z = out["quantization"]
+        y = (y - z) * s if s else y
+        worst = max(worst, float(np.abs(y.reshape(want.shape) - want).max()))
+    return worst
+
+
+def run_one(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    row: dict[str, Any] = {"model": path.name, "input": placement(flatbuffer.from_bytes(data))}
+    for name, disabled in (("before", HEAD_RULES), ("after", ())):
+        model = flatbuffer.from_bytes(data)
+        started = time.perf_counter()
+        result = legalize_quantized(model, disabled=disabled)
+        seconds = time.perf_counter() - started
+        out = flatbuffer.to_bytes(model)
+        agreement = verify.compare(data, out, runs=2, int_atol=0)
+        row[name] = {
+            **placement(model),
+            "fired": result.fired(),
+            "seconds": round(seconds, 2),
+            "identical": bool(agreement.identical),
+            "error_vs_torch": reference_error(path, out),
+        }
+        log(f"{path.name} {name}: {row[name]['mapped']}/{row[name]['ops']}, {result.fired()}")
+    return row
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "# Big heads on the Edge TPU (benchmarks/edgetpu_heads.py)",
+        "",
+        "Predicted placement (tflfuse's predictor, compiler 16) of each int8 file after the Edge"
+        " TPU int8 legalization without the head rules (before) and with them (after). `-a`:"
+        " the compiler's multiple-subgraph mode. Bytes to the CPU: what the one segment hands"
+        " the CPU. Undecided: mapped ops whose form no compiled model shows (forms evidence).",
+        "",
+        "| model | ops before -> after | one segment before -> after | -a (segments) before ->"
+        " after | CPU ops after | bytes to CPU before -> after | undecided after | identical |"
+        " max err vs torch |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b, a = r["before"], r["after"]
+        err = a["error_vs_torch"]
+        lines.append(
+            f"| {r['model']} | {b['ops']} -> {a['ops']} | {b['mapped']} -> {a['mapped']}"
+            f" | {b['mapped_a']} ({b['segments_a']}) -> {a['mapped_a']} ({a['segments_a']})"
+            f" | {', '.join(f'{k} x{v}' for k, v in a['cpu'].items()) or '-'}"
+            f" | {b['bytes_to_cpu']} -> {a['bytes_to_cpu']} | {a['undecided']}"
+            f" | {'yes' if a['identical'] and b['identical'] else 'NO'}"
+            f" | {'-' if err is None else f'{err:.3g}'} |"
+        )
+    lines += ["", "Rules fired (after):", ""]
+    lines += [f"- {r['model']}: {r['after']['fired']}" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", help="file stems to keep (default: all found)")
+    args = parser.parse_args(argv)
+    paths = [PAIR] if PAIR.is_file() else []
+    paths += sorted(CORPUS.glob("*.edgetpu-int8.tflite"))
+    if args.models:
+        paths = [p for p in paths if any(p.name.startswith(m) for m in args.models)]
+    rows = [run_one(p) for p in paths]
+    out = HERE / "out"
+    out.mkdir(exist_ok=True)
+    (out / "edgetpu_heads.json").write_text(json.dumps(rows, indent=1))
+    (HERE / "EDGETPU_HEADS.md").write_text(render(rows))
+    print(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
