@@ -639,6 +639,19 @@ def _channel_multiple() -> int:
     return int(capability("edgetpu")["ops"]["MEAN"].get("z_reduction_multiple", 1))
 
 
+def _form_refusal(op_type: str, ins: list[Tensor], out_shape, options, consts) -> str | None:
+    """Why a compiled model shows the form of the op a rule would write refused (`forms.gate`
+    on a scratch op, judged as quantized), or None (mapped, or undecided: no compiled model
+    shows it, which the forms evidence reports, not this rule)."""
+    g = Graph("scratch")
+    inputs = [g.add_tensor(f"in{i}", t.shape, t.dtype, quantization=t.quantization)
+              for i, t in enumerate(ins)]  # fmt: skip
+    inputs += [g.add_constant(f"c{i}", np.asarray(c)) for i, c in enumerate(consts)]
+    out = g.add_tensor("out", tuple(out_shape), ins[0].dtype)
+    verdict = gate(g.add_op(op_type, inputs, [out], dict(options or {})), as_quantized=True)
+    return verdict.reason if verdict.answer == "refused" else None
+
+
 class PadChannelsForMean(Rule):
     """MEAN(x, axes including the innermost), x's innermost size C not a multiple of 4  =>
     MUL(MEAN(PAD(x, C -> C + p zeros), axes), (C + p) / C).
@@ -680,7 +693,9 @@ class PadChannelsForMean(Rule):
             ("MEAN", [padded], out.shape, m.root.options, [np.asarray(m.axes.data)]),
             ("MUL", [out], out.shape, {}, [np.ones(1, np.float32)]),
         ):
-            why = _refusal_of(op_type, ins, shape, options, consts)
+            why = _refusal_of(op_type, ins, shape, options, consts) or _form_refusal(
+                op_type, ins, shape, options, consts
+            )
             if why:
                 return refuse(f"its {op_type} would stay on the CPU: {why}")
         return pad
