@@ -263,3 +263,53 @@ def test_a_mean_over_a_multiple_of_four_is_left_alone() -> None:
 
     _, model, result = apply(_nchw_mean(q8=True, width=8), PadChannelsForMean())
     assert not result.fired() and ops(model) == ["MEAN"]
+
+
+def test_a_litert_torch_head_with_two_joins_and_an_anchor_grid_is_cut_as_one() -> None:
+    """litert-torch's YOLOv8 head at 640 pixels: box and class maps joined separately ([1, 64,
+    8400] and [1, 80, 8400], both over the limit), the box decode reads an anchor grid [2, 8400]
+    (rank 2, lined up with the anchors) and strides [1, 1, 8400]; the two branches meet in the
+    output's join along the channels. One region, both joins cut alike, bit-identical."""
+    h = Head()
+    sizes = (80, 40, 20)
+    n = sum(s * s for s in sizes)
+
+    def join(channels: int, name: str) -> Tensor:
+        flat = [h.flatten(h.input((1, s, s, channels), f"{name}{s}")) for s in sizes]
+        return h.op("CONCATENATION", flat, (1, channels, n), axis=2,
+                    fused_activation_function="NONE")  # fmt: skip
+
+    box, cls = join(64, "box"), join(80, "cls")
+    dist = h.op("RESHAPE", [box, h.ints([1, 4, 16, n])], (1, 4, 16, n))
+    dist = h.op("TRANSPOSE", [dist, h.ints([0, 1, 3, 2])], (1, 4, n, 16))
+    soft = h.op("SOFTMAX", [dist], dist.shape, 1 / 256, -128, beta=1.0)
+    bias = h.g.add_constant("bias", np.zeros(1, np.int32), "INT32", q(0.02 / 256, 0))
+    conv = h.op("CONV_2D", [soft, h.int8((1, 1, 1, 16)), bias], (1, 4, n, 1), 0.01, -100,
+                padding="VALID", stride_h=1, stride_w=1, dilation_h_factor=1,
+                dilation_w_factor=1, fused_activation_function="NONE")  # fmt: skip
+    ltrb = h.op("RESHAPE", [conv, h.ints([1, 4, n])], (1, 4, n), 0.01, -100)
+    lt = h.op("SLICE", [ltrb, h.ints([0, 0, 0]), h.ints([1, 2, n])], (1, 2, n), 0.01, -100)
+    rb = h.op("SLICE", [ltrb, h.ints([0, 2, 0]), h.ints([1, 2, n])], (1, 2, n), 0.01, -100)
+    grid = h.int8((2, n), scale=0.5)
+    x1y1 = h.op("SUB", [grid, lt], (1, 2, n), 0.5, 0, fused_activation_function="NONE")
+    x2y2 = h.op("ADD", [grid, rb], (1, 2, n), 0.5, 0, fused_activation_function="NONE")
+    xy = h.op("ADD", [x1y1, x2y2], (1, 2, n), 0.5, 0, fused_activation_function="NONE")
+    wh = h.op("SUB", [x2y2, x1y1], (1, 2, n), 0.5, 0, fused_activation_function="NONE")
+    xywh = h.op("CONCATENATION", [xy, wh], (1, 4, n), 0.5, 0, axis=1,
+                fused_activation_function="NONE")  # fmt: skip
+    xywh = h.op("MUL", [xywh, h.int8((1, 1, n), scale=0.1)], (1, 4, n), 0.5, 0,
+                fused_activation_function="NONE")  # fmt: skip
+    scores = h.op("LOGISTIC", [cls], cls.shape, 1 / 256, -128)
+    scores = h.op("QUANTIZE", [scores], cls.shape, 0.5, 0)
+    out = h.op("CONCATENATION", [xywh, scores], (1, 84, n), 0.5, 0, axis=1,
+               fused_activation_function="NONE")  # fmt: skip
+    before = h.bytes(out)
+    after, model, result = apply(before, ChunkHeadAlongAnchors())
+    assert result.fired() == {RULE: 1}
+    assert mapped(before)[1] > 10 and mapped(after) == (len(model.main.ops) - 1, 1)
+    # the pieces: whole rows of the 80x80 map (an 80-channel transpose fits 10 rows: 8 pieces
+    # for both branches), of the 40x40 map (21 rows: 2 pieces), the 20x20 map whole
+    assert ops(model).count("SOFTMAX") == ops(model).count("LOGISTIC") == 11
+    grids = [op.inputs[0] for op in model.main.ops if op.type == "SUB" and op.inputs[0].is_constant]
+    assert sorted({t.shape for t in grids}) == [(2, 400), (2, 800)]
+    identical(before, after)

@@ -186,7 +186,7 @@ def _claim(region: HeadRegion, t: Tensor, place: Place) -> str | None:
     producer = t.producer
     if producer is None or id(producer) in region.ops:
         return None if producer is not None else _as_source(region, t)
-    if edgetpu_shape_refusal(producer) is None:
+    if edgetpu_shape_refusal(producer) is None and not _refused_right_above(producer):
         return _as_source(region, t)
     if producer.type == "CONCATENATION" and _is_join(producer, place.axis):
         region.ops[id(producer)] = producer
@@ -199,6 +199,19 @@ def _claim(region: HeadRegion, t: Tensor, place: Place) -> str | None:
             offset += u.shape[place.axis] * place.unit
         return None
     return _claim_producer(region, producer, place)
+
+
+def _refused_right_above(op: Op) -> bool:
+    """Whether `op` (mapped as it is) reads, through its one data input, an op the compiler
+    refuses that computes each index along some axis on its own: the RESHAPE of a flattened
+    map fits where the TRANSPOSE before it does not, so the head starts above both."""
+    ins = _data_inputs(op)
+    above = op.inputs[ins[0]].producer if len(ins) == 1 else None
+    if above is None or edgetpu_shape_refusal(above) is None or not above.outputs:
+        return False
+    x = above.inputs[_data_inputs(above)[0]] if len(_data_inputs(above)) == 1 else None
+    return x is not None and any(moved_axis(above, list(above.inputs).index(x), k) is not None
+                                 for k in range(len(x.shape)) if x.shape[k] > 1)  # fmt: skip
 
 
 def _as_source(region: HeadRegion, t: Tensor) -> str | None:
