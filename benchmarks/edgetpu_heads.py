@@ -17,8 +17,8 @@ did before) and once with them, and writes per model:
 - how many of the mapped ops have a form no compiled model shows (`forms.gate`: undecided): the
   forms evidence decides those, not the op table;
 - whether the outputs are bit-identical to the input file's (the rules' declared 0 steps), and
-  the error of each against the PyTorch model's first output where the corpus has a reference
-  (`MODEL.reference_inputs.npy`, NCHW float, quantized to the int8 NHWC input).
+  the error against the float32 file of the same export on the corpus's reference inputs
+  (`MODEL.reference_inputs.npy`, NCHW float images, given NHWC, quantized for the int8 file).
 
 Predictions of the compiler's placement, not device numbers: no timing. Writes
 benchmarks/EDGETPU_HEADS.md and benchmarks/out/edgetpu_heads.json.
@@ -88,31 +88,38 @@ def placement(model: Model) -> dict[str, Any]:
     }
 
 
-def reference_error(path: Path, data: bytes) -> float | None:
-    """Max |output - PyTorch output| on the corpus's reference inputs, or None without them."""
-    stem = path.name.split(".")[0]
-    inputs, expected = (path.parent / f"{stem}.reference_{k}.npy" for k in ("inputs", "output0"))
-    if not (inputs.is_file() and expected.is_file()):
-        return None
+def _run(data: bytes, x: np.ndarray) -> np.ndarray:
+    """One float NHWC sample through a model: quantized to its input, its output dequantized."""
     from tflfuse.runtime.interpreter import make_interpreter
 
     interpreter = make_interpreter(data, delegate="none")
     [inp], out = interpreter.get_input_details(), interpreter.get_output_details()[0]
-    worst = 0.0
-    wanted = np.load(expected)
-    for x, want in zip(np.load(inputs)[: len(wanted)], wanted, strict=True):
-        x = np.transpose(x, (1, 2, 0))[None] if inp["shape"][-1] == 3 else x[None]
-        s, z = inp["quantization"]
-        if s:
-            info = np.iinfo(inp["dtype"])
-            x = np.clip(np.round(x / s + z), info.min, info.max)
-        interpreter.set_tensor(inp["index"], x.astype(inp["dtype"]))
-        interpreter.invoke()
-        y = interpreter.get_tensor(out["index"]).astype(np.float32)
-        s, z = out["quantization"]
-        y = (y - z) * s if s else y
-        worst = max(worst, float(np.abs(y.reshape(want.shape) - want).max()))
-    return worst
+    s, z = inp["quantization"]
+    if s:
+        info = np.iinfo(inp["dtype"])
+        x = np.clip(np.round(x / s + z), info.min, info.max)
+    interpreter.set_tensor(inp["index"], x.astype(inp["dtype"]))
+    interpreter.invoke()
+    y = interpreter.get_tensor(out["index"]).astype(np.float32)
+    s, z = out["quantization"]
+    return (y - z) * s if s else y
+
+
+def float_error(path: Path, data: bytes) -> dict[str, float] | None:
+    """Max and mean |output - the float model's| on the corpus's reference inputs: the float32
+    file of the same export (`X.edgetpu-float32.tflite` beside `X.edgetpu-int8.tflite`), else
+    the PyTorch model's output; None without reference inputs."""
+    stem = path.name.split(".")[0]
+    inputs = path.parent / f"{stem}.reference_inputs.npy"
+    sibling = path.parent / path.name.replace("edgetpu-int8", "edgetpu-float32")
+    if not inputs.is_file() or not sibling.is_file():
+        return None
+    floats = sibling.read_bytes()
+    errors = []
+    for x in np.load(inputs):
+        x = np.transpose(x, (1, 2, 0))[None]
+        errors.append(np.abs(_run(data, x) - _run(floats, x)))
+    return {"max": float(max(e.max() for e in errors)), "mean": float(np.mean(errors))}
 
 
 def run_one(path: Path) -> dict[str, Any]:
@@ -130,7 +137,7 @@ def run_one(path: Path) -> dict[str, Any]:
             "fired": result.fired(),
             "seconds": round(seconds, 2),
             "identical": bool(agreement.identical),
-            "error_vs_torch": reference_error(path, out),
+            "error_vs_float": float_error(path, out),
         }
         log(f"{path.name} {name}: {row[name]['mapped']}/{row[name]['ops']}, {result.fired()}")
     return row
@@ -147,19 +154,19 @@ def render(rows: list[dict[str, Any]]) -> str:
         "",
         "| model | ops before -> after | one segment before -> after | -a (segments) before ->"
         " after | CPU ops after | bytes to CPU before -> after | undecided after | identical |"
-        " max err vs torch |",
+        " error vs float32 (max / mean) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b, a = r["before"], r["after"]
-        err = a["error_vs_torch"]
+        err = a["error_vs_float"]
         lines.append(
             f"| {r['model']} | {b['ops']} -> {a['ops']} | {b['mapped']} -> {a['mapped']}"
             f" | {b['mapped_a']} ({b['segments_a']}) -> {a['mapped_a']} ({a['segments_a']})"
             f" | {', '.join(f'{k} x{v}' for k, v in a['cpu'].items()) or '-'}"
             f" | {b['bytes_to_cpu']} -> {a['bytes_to_cpu']} | {a['undecided']}"
             f" | {'yes' if a['identical'] and b['identical'] else 'NO'}"
-            f" | {'-' if err is None else f'{err:.3g}'} |"
+            f" | {'-' if err is None else '{:.3g} / {:.3g}'.format(err['max'], err['mean'])} |"
         )
     lines += ["", "Rules fired (after):", ""]
     lines += [f"- {r['model']}: {r['after']['fired']}" for r in rows]
