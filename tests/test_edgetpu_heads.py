@@ -313,3 +313,28 @@ def test_a_litert_torch_head_with_two_joins_and_an_anchor_grid_is_cut_as_one() -
     grids = [op.inputs[0] for op in model.main.ops if op.type == "SUB" and op.inputs[0].is_constant]
     assert sorted({t.shape for t in grids}) == [(2, 400), (2, 800)]
     identical(before, after)
+
+
+def test_a_keypoint_decode_is_cut_with_the_head() -> None:
+    """A pose head's keypoints [1, 51, 8400] decoded as [1, 17, 3, 8400] (three non-trivial
+    dimensions: the compiler takes them) with a per-anchor grid: every op maps in pieces of
+    whole rows; only the output's join stays on the CPU."""
+    h = Head()
+    flat = [h.flatten(h.input((1, s, s, 51), f"kpt{s}")) for s in (80, 40, 20)]
+    joined = h.op("CONCATENATION", flat, (1, 51, 8400), axis=2, fused_activation_function="NONE")
+    kpts = h.op("RESHAPE", [joined, h.ints([1, 17, 3, 8400])], (1, 17, 3, 8400))
+    kpts = h.op(
+        "MUL", [kpts, h.int8((1, 1, 1, 8400))], kpts.shape, fused_activation_function="NONE"
+    )
+    out = h.op("RESHAPE", [kpts, h.ints([1, 51, 8400])], (1, 51, 8400))
+    before = h.bytes(out)
+    after, model, result = apply(before, ChunkHeadAlongAnchors())
+    assert result.fired() == {RULE: 1}
+    p = predict(model, "edgetpu")
+    assert [o.op for o in p.ops if o.target == "cpu"] == ["CONCATENATION"]
+    assert mapped(before)[0] < mapped(after)[0] == len(model.main.ops) - 1
+    # pieces: 80x80 map in 5 x 16 rows (a 51-channel transpose fits 17 rows), 40x40 in 2 x 20
+    assert sorted({op.outputs[0].shape for op in model.main.ops if op.type == "MUL"}) == [
+        (1, 17, 3, 400), (1, 17, 3, 800), (1, 17, 3, 1280)
+    ]  # fmt: skip
+    identical(before, after)

@@ -303,7 +303,7 @@ def _take(region: HeadRegion, op: Op, tainted: set[int]) -> bool:
 
 def _maps_in_pieces(op: Op, k: int) -> bool:
     """Whether `op` could map once its output is cut to 2 along axis k (more than 3 non-trivial
-    dimensions, e.g. a [1, 17, 3, N] keypoint tensor, never maps however it is cut)."""
+    dimensions never maps however it is cut; a [1, 17, 3, N] keypoint tensor has three)."""
     out = op.outputs[0]
     shape = [2 if i == k else d for i, d in enumerate(out.shape)]
     return sum(d > 1 for d in shape) <= 3
