@@ -20,6 +20,11 @@ did before) and once with them, and writes per model:
   the error against the float32 file of the same export on the corpus's reference inputs
   (`MODEL.reference_inputs.npy`, NCHW float images, given NHWC, quantized for the int8 file).
 
+With `--convert FILE ...` (float files with a `FILE.calib.npy` beside them, e.g. the corpus's
+litert-torch and onnx2tf 2.6 exports) it also runs `tflfuse convert FILE --recipe edgetpu` with
+and without the head rules and reads its report: fused and stock predicted mapped, the fused
+model with `-a`, and the error of fused and stock against the source float model.
+
 Predictions of the compiler's placement, not device numbers: no timing. Writes
 benchmarks/EDGETPU_HEADS.md and benchmarks/out/edgetpu_heads.json.
 """
@@ -143,6 +148,57 @@ def run_one(path: Path) -> dict[str, Any]:
     return row
 
 
+def convert_one(path: Path, scratch: Path) -> dict[str, Any]:
+    """`tflfuse convert` with and without the head rules: mapping and error from its report."""
+    import subprocess
+
+    row: dict[str, Any] = {"model": path.name}
+    calib = path.with_suffix(".calib.npy")
+    scratch.mkdir(parents=True, exist_ok=True)
+    for name, disabled in (("before", HEAD_RULES), ("after", ())):
+        out = scratch / f"{path.stem}.{name}"
+        cmd = [sys.executable, "-m", "tflfuse.cli", "convert", str(path), "--recipe", "edgetpu",
+               "--calib", str(calib), "-o", str(out), "--force"]  # fmt: skip
+        for rule in disabled:
+            cmd += ["--disable", rule]
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent)
+        if done.returncode:
+            raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+        report = json.loads((out / "report.json").read_text())
+        fused = flatbuffer.load(out / "model.tflite")
+        row[name] = {
+            "ops": report["edgetpu"]["fused"]["ops"],
+            "mapped": report["edgetpu"]["fused"]["mapped"],
+            "mapped_a": predict_edgetpu(fused, multiple_subgraphs=True).mapped,
+            "stock": f"{report['edgetpu']['stock']['mapped']}/{report['edgetpu']['stock']['ops']}",
+            "fired": report["legalization"]["fired"],
+            "error": report["agreement"]["fused"]["max_abs"],
+            "stock_error": report["agreement"]["stock"]["max_abs"],
+        }
+        log(f"{path.name} {name}: {row[name]['mapped']}/{row[name]['ops']}")
+    return row
+
+
+def render_converted(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "`tflfuse convert FILE --recipe edgetpu` on float files (before: `--disable` the head"
+        " rules), predicted mapped, and the max |error| against the source float model:",
+        "",
+        "| model | stock mapped | fused mapped before -> after | fused -a before -> after |"
+        " error fused before -> after | error stock | int8 legalization fired (after) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b, a = r["before"], r["after"]
+        lines.append(
+            f"| {r['model']} | {a['stock']} | {b['mapped']}/{b['ops']} -> {a['mapped']}/{a['ops']}"
+            f" | {b['mapped_a']} -> {a['mapped_a']} | {b['error']:.3g} -> {a['error']:.3g}"
+            f" | {a['stock_error']:.3g} | {a['fired']} |"
+        )
+    return lines
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     lines = [
         "# Big heads on the Edge TPU (benchmarks/edgetpu_heads.py)",
@@ -176,6 +232,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", help="file stems to keep (default: all found)")
+    parser.add_argument("--convert", nargs="*", default=[], type=Path, help="float files")
     args = parser.parse_args(argv)
     paths = [PAIR] if PAIR.is_file() else []
     paths += sorted(CORPUS.glob("*.edgetpu-int8.tflite"))
@@ -184,9 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = [run_one(p) for p in paths]
     out = HERE / "out"
     out.mkdir(exist_ok=True)
-    (out / "edgetpu_heads.json").write_text(json.dumps(rows, indent=1))
-    (HERE / "EDGETPU_HEADS.md").write_text(render(rows))
-    print(render(rows))
+    converted = [convert_one(p.resolve(), out / "edgetpu_heads") for p in args.convert]
+    (out / "edgetpu_heads.json").write_text(json.dumps({"int8": rows, "convert": converted}))
+    text = render(rows) + ("\n".join(render_converted(converted)) + "\n" if converted else "")
+    (HERE / "EDGETPU_HEADS.md").write_text(text)
+    print(text)
     return 0
 
 
