@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import SHARED
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rulekit import apply, ops, refusals
 
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
@@ -338,3 +340,24 @@ def test_a_keypoint_decode_is_cut_with_the_head() -> None:
         (1, 17, 3, 400), (1, 17, 3, 800), (1, 17, 3, 1280)
     ]  # fmt: skip
     identical(before, after)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    size=st.sampled_from([40, 48, 56, 80]),
+    channels=st.sampled_from([84, 100, 116, 144]),
+    box=st.sampled_from([16, 32, 64]),
+)
+def test_random_heads_are_cut_bit_exactly_into_pieces_that_map(size, channels, box) -> None:
+    """Heads of other sizes and widths: whenever the join is over the limits the rule fires,
+    every op it writes maps (only an output over the limits stays on the CPU: its join), and
+    the outputs are bit-identical."""
+    before = head(size, channels=channels, box=box)
+    after, model, result = apply(before, ChunkHeadAlongAnchors())
+    n = sum((size // d) ** 2 for d in (1, 2, 4))
+    assert result.fired() == ({RULE: 1} if channels * n > 176400 else {})
+    if result.fired():
+        out = 4 + channels - box
+        cpu = [o.op for o in predict(model, "edgetpu").ops if o.target == "cpu"]
+        assert cpu == (["CONCATENATION"] if out * n > 176400 else [])
+        identical(before, after)
