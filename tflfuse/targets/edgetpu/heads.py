@@ -14,7 +14,9 @@ piece, as for `SplitOversizedTranspose`).
 `ChunkHeadAlongAnchors` finds the head from its join (`HeadRegion`), chooses the pieces
 (`piece_plan`), and asks the compiler's table for every op it would write
 (`edgetpu_shape_refusal`) and the forms evidence (`tflfuse.targets.edgetpu.forms.gate`): it
-fires only when no written op is refused. No TensorFlow here.
+fires only when no written op is refused. `PadChannelsForMean` is the other reduction the
+heads and the NCHW exports of their backbones bring: a MEAN over an innermost axis whose size is
+no multiple of 4, read padded with zeros and rescaled. No TensorFlow here.
 """
 
 from __future__ import annotations
