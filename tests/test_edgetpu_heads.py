@@ -138,9 +138,16 @@ def test_a_head_whose_output_fits_maps_in_full() -> None:
     assert mapped(after) == (len(model.main.ops), 0) and mapped(after, multiple=True)[1] == 0
     transposes = [op for op in model.main.ops if op.type == "TRANSPOSE"]
     assert all(op.inputs[0].size <= 69696 for op in transposes)  # the compiler's TRANSPOSE limit
-    # one box branch per piece: the pieces are whole rows of each scale, 40 / 10 / 5 wide
-    pieces = ops(model).count("SOFTMAX")
-    assert pieces == len([op for op in model.main.ops if op.type == "LOGISTIC"]) > 3
+    # the maps are flattened in pieces of whole rows (40x40: 4 of 10 rows; 20x20 and 10x10
+    # whole), the decode after the join runs on pieces of up to 1089 anchors (the box
+    # distribution's transpose): 800, 800, 500
+    flattened = [
+        op for op in model.main.ops if op.type == "TRANSPOSE" and op.inputs[0].shape[-1] == 144
+    ]
+    assert len(flattened) == 6
+    assert sorted(op.outputs[0].shape[2] for op in model.main.ops if op.type == "SOFTMAX") == [
+        500, 800, 800
+    ]  # fmt: skip
     identical(before, after)
 
 
@@ -205,16 +212,19 @@ YOLOV8_INT8 = (
 
 @pytest.mark.skipif(not YOLOV8_INT8.is_file(), reason="../shared/oracle/edgetpu-more is absent")
 def test_the_compiled_yolov8n_head_maps_but_its_output_join() -> None:
-    """640 pixels: 230/255 predicted mapped (the compiler's own log: 230), 19 pieces (14 of the
-    80x80 map, 4 of the 40x40, the 20x20 whole), every op mapped but the [1, 84, 8400] output's
-    join, in one segment with -a too; outputs bit-identical."""
+    """640 pixels: 230/255 predicted mapped (the compiler's own log: 230); the maps flattened
+    in 19 pieces of whole rows (14 of the 80x80 map, 4 of the 40x40, the 20x20 whole), the
+    decode in 10 (two by two where the box distribution's transpose allows: up to 1089
+    anchors); every op mapped but the [1, 84, 8400] output's join, in one segment with -a
+    too; outputs bit-identical."""
     before = YOLOV8_INT8.read_bytes()
     after, model, result = apply(before, ChunkHeadAlongAnchors())
     assert result.fired() == {RULE: 1}
     assert mapped(before) == (230, 25)
     n = len(model.main.ops)
     assert mapped(after) == (n - 1, 1) and mapped(after, multiple=True) == (n - 1, 1)
-    assert ops(model).count("SOFTMAX") == 19
+    # transposes: 18 flattening pieces, the 20x20 map's own (it maps), 2 per decode piece
+    assert ops(model).count("SOFTMAX") == 10 and ops(model).count("TRANSPOSE") == 18 + 1 + 2 * 10
     p = predict(model, "edgetpu")
     assert [o.op for o in p.ops if o.target == "cpu"] == ["CONCATENATION"]
     identical(before, after)
@@ -335,9 +345,10 @@ def test_a_keypoint_decode_is_cut_with_the_head() -> None:
     p = predict(model, "edgetpu")
     assert [o.op for o in p.ops if o.target == "cpu"] == ["CONCATENATION"]
     assert mapped(before)[0] < mapped(after)[0] == len(model.main.ops) - 1
-    # pieces: 80x80 map in 5 x 16 rows (a 51-channel transpose fits 17 rows), 40x40 in 2 x 20
-    assert sorted({op.outputs[0].shape for op in model.main.ops if op.type == "MUL"}) == [
-        (1, 17, 3, 400), (1, 17, 3, 800), (1, 17, 3, 1280)
+    # flattened: the 80x80 map in 5 x 16 rows (a 51-channel transpose fits 17 rows), 40x40 in
+    # 2 x 20, 20x20 whole; decoded in pieces of up to 3458 anchors (51 x 3458 <= 176400)
+    assert sorted(op.outputs[0].shape for op in model.main.ops if op.type == "MUL") == [
+        (1, 17, 3, 2560), (1, 17, 3, 2560), (1, 17, 3, 3280)
     ]  # fmt: skip
     identical(before, after)
 

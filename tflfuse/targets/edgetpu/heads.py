@@ -163,6 +163,15 @@ class HeadRegion:
     def ordered_ops(self) -> list[Op]:
         return [op for op in self.graph.ops if id(op) in self.ops]
 
+    def late(self) -> set[int]:
+        """The tensors computed from a join's result (a join's output included): their pieces
+        may span several scales; the tensors before every join hold one scale each."""
+        found: set[int] = set()
+        for op in self.ordered_ops():
+            if id(op) in self.joins or any(t is not None and id(t) in found for t in op.inputs):
+                found.update(id(t) for t in op.outputs)
+        return found
+
 
 def _data_inputs(op: Op) -> list[int]:
     return [i for i, t in enumerate(op.inputs) if t is not None and not t.is_constant]
@@ -431,37 +440,98 @@ def _segments(region: HeadRegion, size: int) -> list[tuple[int, int, int]] | Ref
     return found
 
 
-def piece_plan(region: HeadRegion, size: int) -> list[tuple[int, int]] | Refusal:
-    """Consecutive pieces [a, b) of the anchors, as few as the compiler's limits allow: per
-    stretch the largest piece every op of the head maps (the limits only bound sizes from above,
-    so a bisection finds it), then the stretch cut into equal pieces of at most that size."""
+def _early_pieces(region: HeadRegion, size: int, late: set[int]) -> list[tuple[int, int]] | Refusal:
+    """Consecutive pieces [a, b) of the anchors for the ops before the joins, as few as the
+    compiler's limits allow: per stretch the largest piece every such op maps (the limits only
+    bound sizes from above, so a bisection finds it), then the stretch cut into equal pieces of
+    at most that size. The ops after the joins must map these pieces too."""
     segments = _segments(region, size)
     if isinstance(segments, Refusal):
         return segments
-    ops = [op for op in region.ordered_ops() if id(op) not in region.joins]
     pieces: list[tuple[int, int]] = []
     for a, b, step in segments:
-        covering = [op for op in ops
-                    if region.place(op.outputs[0]).span(op.outputs[0])[0] <= a
-                    < region.place(op.outputs[0]).span(op.outputs[0])[1]]  # fmt: skip
-
-        def refusal(units: int, a: int = a, step: int = step, covering=covering) -> str | None:
-            return next(
-                (w for op in covering if (w := piece_refusal(region, op, a, a + units * step))),
-                None,
-            )
-
+        covering = [op for op in region.ordered_ops()
+                    if id(op) not in region.joins and id(op.outputs[0]) not in late
+                    and _covers(region, op.outputs[0], a, a + step)]  # fmt: skip
         low, high = 0, (b - a) // step
         while low < high:
             mid = (low + high + 1) // 2
-            low, high = (mid, high) if refusal(mid) is None else (low, mid - 1)
+            fits = _refusal_among(region, covering, a, a + mid * step) is None
+            low, high = (mid, high) if fits else (low, mid - 1)
         if low == 0:
-            return refuse(f"even the smallest piece would stay on the CPU: {refusal(1)}")
-        count = -(-((b - a) // step) // low)
-        for units in _pieces((b - a) // step, count):
+            why = _refusal_among(region, covering, a, a + step)
+            return refuse(f"even the smallest piece would stay on the CPU: {why}")
+        for units in _pieces((b - a) // step, -(-((b - a) // step) // low)):
             pieces.append((a, a + units * step))
             a += units * step
     return pieces
+
+
+def _covers(region: HeadRegion, t: Tensor, a: int, e: int) -> bool:
+    start, stop = region.place(t).span(t)
+    return start <= a and e <= stop
+
+
+def _refusal_among(region: HeadRegion, ops: list[Op], a: int, e: int) -> str | None:
+    return next((w for op in ops if (w := piece_refusal(region, op, a, e))), None)
+
+
+def _join_refusal(region: HeadRegion, early: list[tuple[int, int]], a: int, e: int) -> str | None:
+    """Why a join of the early pieces within [a, e) (the start of a late piece) would not map."""
+    for op in region.ops.values():
+        if id(op) not in region.joins:
+            continue
+        out = op.outputs[0]
+        parts = [p for p in early if a <= p[0] and p[1] <= e]
+        if len(parts) < 2:
+            continue
+        g = Graph("scratch")
+        ins = [
+            g.add_tensor(f"in{i}", _piece_shape(region, out, pa, pe), out.dtype,
+                         quantization=out.quantization)
+            for i, (pa, pe) in enumerate(parts)
+        ]  # fmt: skip
+        joined = g.add_tensor("out", _piece_shape(region, out, a, e), out.dtype,
+                              quantization=out.quantization)  # fmt: skip
+        join = g.add_op("CONCATENATION", ins, [joined], dict(op.options))
+        verdict = gate(join)
+        why = edgetpu_shape_refusal(join) or (
+            verdict.reason if verdict.answer == "refused" else None
+        )
+        if why:
+            return why
+    return None
+
+
+def piece_plan(region: HeadRegion, size: int) -> tuple[list, list] | Refusal:
+    """The early pieces (`_early_pieces`) and the late ones: consecutive early pieces joined
+    while every op after the joins still maps the joined piece, and the join itself does, and
+    no tensor those ops read begins or ends inside it (the box distribution's transpose allows
+    about twice the anchors a 144-channel map's transpose does: half the ops after the join)."""
+    late = region.late()
+    early = _early_pieces(region, size, late)
+    if isinstance(early, Refusal):
+        return early
+    after = [op for op in region.ordered_ops()
+             if id(op) not in region.joins and id(op.outputs[0]) in late]  # fmt: skip
+    read = [t for op in after for t in (*op.inputs, *op.outputs)]
+    cuts = {c for t in read if t is not None and id(t) in region.places
+            for c in region.place(t).span(t)}  # fmt: skip
+    merged = [early[0]]
+    for a, e in early[1:]:
+        ga = merged[-1][0]
+        fits = (
+            a not in cuts
+            and all(_covers(region, op.outputs[0], ga, e) for op in after)
+            and _refusal_among(region, after, ga, e) is None
+            and _join_refusal(region, early, ga, e) is None
+        )
+        merged[-1:] = [(ga, e)] if fits else [merged[-1], (a, e)]
+    why = next((_refusal_among(region, after, a, e) for a, e in merged
+                if _refusal_among(region, after, a, e)), None)  # fmt: skip
+    if why:
+        return refuse(f"a piece after the joins would stay on the CPU: {why}")
+    return early, merged
 
 
 # -- the rule --------------------------------------------------------------------------------------
@@ -470,7 +540,8 @@ class HeadPlan:
     """What `ChunkHeadAlongAnchors.check` found: the head and its pieces."""
 
     region: HeadRegion
-    pieces: list[tuple[int, int]]
+    early: list[tuple[int, int]]  # the pieces of the tensors before the joins
+    late: list[tuple[int, int]]  # the pieces of the tensors after (unions of early ones)
 
 
 def _quantization_refusal(region: HeadRegion) -> Refusal | None:
@@ -517,7 +588,9 @@ class ChunkHeadAlongAnchors(Rule):
     Each anchor of a YOLOv8/11/26 detect, seg or pose head is decoded on its own (`moved_axis`
     says, per op, which axis it computes index by index), so the anchor axis is cut into pieces
     under the compiler's limits (`piece_plan`: whole rows of each scale's NHWC map, each piece
-    as large as every op of the head still maps). Bit-exact on the int8 graph: every piece op
+    as large as every op before the joins still maps; after the joins, consecutive pieces joined
+    again as far as every op there still maps, so a 640-pixel YOLOv8n decodes its anchors in 10
+    pieces, not 19). Bit-exact on the int8 graph: every piece op
     keeps the parameters of the op it copies; the float graph is left to the quantized stage
     (quantizing the pieces separately could give each its own scale).
 
@@ -563,66 +636,77 @@ class ChunkHeadAlongAnchors(Rule):
         why = _quantization_refusal(region) or _cut_refusal(region)
         if why:
             return why
-        pieces = piece_plan(region, out.shape[k])
-        if isinstance(pieces, Refusal):
-            return pieces
-        if len(pieces) < 2:
+        plan = piece_plan(region, out.shape[k])
+        if isinstance(plan, Refusal):
+            return plan
+        if len(plan[0]) < 2:
             return NotApplicable("one piece: nothing to cut")
-        return HeadPlan(region, pieces)
+        return HeadPlan(region, *plan)
 
     def rewrite(self, m: Match) -> None:
-        region, pieces = m.plan.region, m.plan.pieces
-        b = Builder(m.graph, None, m.root.output.name, constants="after_reader")
-        values: dict[tuple[int, int], object] = {}
+        cutter = _Cutter(m.plan, Builder(m.graph, None, m.root.output.name, "after_reader"))
+        region = m.plan.region
         for n, op in enumerate(region.ordered_ops()):
-            if id(op) in region.joins:
-                continue
-            out = op.outputs[0]
-            start, stop = region.place(out).span(out)
-            for a, e in pieces:
-                if start <= a < stop:
-                    values[(id(out), a)] = _build_piece(b, region, values, op, (a, e), n)
+            if id(op) not in region.joins:
+                for a, e in cutter.pieces_of(op.outputs[0]):
+                    cutter.values[(id(op.outputs[0]), a)] = _build_piece(cutter, op, (a, e), n)
         for t in region.boundary:
-            start, stop = region.place(t).span(t)
-            parts = [_value_of(b, region, values, t, a, e) for a, e in pieces if start <= a < stop]
-            _write_whole(b, t, parts, region.place(t).axis)
-        b.commit(remove=region.ordered_ops())
+            parts = [cutter.value_of(t, a, e) for a, e in cutter.pieces_of(t)]
+            _write_whole(cutter.b, t, parts, region.place(t).axis)
+        cutter.b.commit(remove=region.ordered_ops())
         m.graph.toposort()
 
 
-def _value_of(b: Builder, region: HeadRegion, values: dict, t: Tensor, a: int, e: int):
-    """The piece [a, e) of head tensor `t`: a slice of a source (made once), a join's input's
-    piece, or what the piece op made."""
-    key = (id(t), a)
-    if key in values:
-        return values[key]
-    if id(t) in region.sources:
-        start, stop = region.place(t).span(t)
-        if (start, stop) == (a, e):
-            value = t
-        else:
-            begin = [0] * len(t.shape)
-            begin[region.place(t).axis] = _piece_start(region, t, a)
-            size = _piece_shape(region, t, a, e)
-            value = _slice(b, t, begin, size, f"{t.name}/anchors{a}", t.quantization)
-        values[key] = value
-        return value
-    join = t.producer
-    for u in join.inputs:
-        start, stop = region.place(u).span(u)
-        if start <= a < stop:
-            return _value_of(b, region, values, u, a, e)
-    raise AssertionError(f"no piece at {a} of {t.name!r}")
+class _Cutter:
+    """The rewrite's state: the plan, the builder, and each piece made so far."""
+
+    def __init__(self, plan: HeadPlan, b: Builder) -> None:
+        self.plan, self.b, self.region = plan, b, plan.region
+        self.late = plan.region.late()
+        self.values: dict[tuple[int, int], object] = {}
+
+    def pieces_of(self, t: Tensor) -> list[tuple[int, int]]:
+        pieces = self.plan.late if id(t) in self.late else self.plan.early
+        return [(a, e) for a, e in pieces if _covers(self.region, t, a, e)]
+
+    def value_of(self, t: Tensor, a: int, e: int):
+        """The piece [a, e) of head tensor `t`: a slice of a source (made once), a join of its
+        input's pieces, or what the piece op made."""
+        key, region = (id(t), a), self.region
+        if key not in self.values:
+            if id(t) in region.sources:
+                self.values[key] = self._slice(t, a, e)
+            else:
+                self.values[key] = self._join(t, a, e)
+        return self.values[key]
+
+    def _slice(self, t: Tensor, a: int, e: int):
+        if self.region.place(t).span(t) == (a, e):
+            return t
+        begin = [0] * len(t.shape)
+        begin[self.region.place(t).axis] = _piece_start(self.region, t, a)
+        size = _piece_shape(self.region, t, a, e)
+        return _slice(self.b, t, begin, size, f"{t.name}/anchors{a}", t.quantization)
+
+    def _join(self, t: Tensor, a: int, e: int):
+        parts = [self.value_of(u, pa, pe) for u in t.producer.inputs
+                 for pa, pe in self.pieces_of(u) if a <= pa and pe <= e]  # fmt: skip
+        if len(parts) == 1:
+            return parts[0]
+        shape, axis = _piece_shape(self.region, t, a, e), self.region.place(t).axis
+        return self.b.CONCATENATION(*parts, name=f"anchors{a}/join", shape=shape,
+                                    quant=t.quantization, axis=axis)  # fmt: skip
 
 
-def _build_piece(b: Builder, region: HeadRegion, values: dict, op: Op, piece, n: int):
+def _build_piece(cutter: _Cutter, op: Op, piece: tuple[int, int], n: int):
     a, e = piece
+    b, region = cutter.b, cutter.region
     ins = []
     for i, t in enumerate(op.inputs):
         if t is None:
             ins.append(None)
         elif id(t) in region.places:
-            ins.append(_value_of(b, region, values, t, a, e))
+            ins.append(cutter.value_of(t, a, e))
         elif t.is_constant and (data := _constant_piece(region, op, i, a, e)) is not None:
             ins.append(b.const(data, f"anchors{a}/op{n}/in{i}", t.dtype, t.quantization))
         else:
