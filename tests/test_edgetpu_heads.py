@@ -59,7 +59,7 @@ class Head:
         return flatbuffer.to_bytes(Model([self.g]))
 
 
-def head(size: int, channels: int = 20, box: int = 16, maps=None) -> bytes:
+def head(size: int, channels: int = 20, box: int = 16, maps=None, uint8: bool = False) -> bytes:
     """Scales of size, size/2, size/4 pixels with `channels` channels joined along the anchors;
     a box branch (STRIDED_SLICE, RESHAPE [1, 4, box/4, N], TRANSPOSE, SOFTMAX, 1x1 CONV, RESHAPE,
     MUL by per-anchor strides) and a class branch (STRIDED_SLICE, LOGISTIC, requantizing
@@ -93,6 +93,10 @@ def head(size: int, channels: int = 20, box: int = 16, maps=None) -> bytes:
     cls = h.op("QUANTIZE", [cls], cls.shape, 0.05, 3)
     out = h.op("CONCATENATION", [boxes, cls], (1, 4 + channels - box, n), axis=1,
                fused_activation_function="NONE")  # fmt: skip
+    if uint8:  # the edgetpu interface: a uint8 output, requantized from int8
+        q8 = h.g.add_tensor("uint8_out", out.shape, "UINT8", quantization=q(0.05, 131))
+        h.g.add_op("QUANTIZE", [out], [q8])
+        out = q8
     return h.bytes(out)
 
 
@@ -127,6 +131,17 @@ def test_a_320_pixel_head_is_cut_into_pieces_that_all_map_bit_exactly() -> None:
     assert mapped(before)[1] > 0 and mapped(after) == (len(model.main.ops) - 1, 1)
     [last] = [op for op in model.main.ops if op.outputs[0] in model.main.outputs]
     assert last.type == "CONCATENATION" and last.options["axis"] == 2
+    identical(before, after)
+
+
+def test_the_uint8_output_requantization_is_cut_with_the_head() -> None:
+    """`tflfuse convert --recipe edgetpu` ends an int8 model with a QUANTIZE to uint8: it maps,
+    so it is computed per piece too, and the one op left on the CPU is the uint8 output's join."""
+    before = head(40, channels=116, box=16, uint8=True)
+    after, model, result = apply(before, ChunkHeadAlongAnchors())
+    assert result.fired() == {RULE: 1}
+    cpu = [o.op for o in predict(model, "edgetpu").ops if o.target == "cpu"]
+    assert cpu == ["CONCATENATION"] and model.main.outputs[0].dtype == "UINT8"
     identical(before, after)
 
 

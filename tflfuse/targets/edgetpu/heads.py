@@ -268,18 +268,14 @@ def _inside(region: HeadRegion, t: Tensor | None) -> bool:
     return t is not None and id(t) in region.places and id(t) not in region.sources
 
 
-def first_type(region: HeadRegion) -> str:
-    """The data type of the head's tensors (its first tensor's: the join's)."""
-    return next(iter(region.places.values()))[0].dtype
-
-
 def _take(region: HeadRegion, op: Op, tainted: set[int]) -> bool:
     """Put `op` in the head when it computes each anchor on its own from tensors of the head
     (its other operands: broadcast along the anchors, constants, or tensors the head can be
     walked back into); False leaves it reading what it reads whole."""
     ins = _data_inputs(op)
     placed = [i for i in ins if _inside(region, op.inputs[i])]
-    if not placed or len(op.outputs) != 1 or op.outputs[0].dtype != first_type(region):
+    # int8 or uint8 out (the edgetpu interface's uint8 output QUANTIZE maps), never float
+    if not placed or len(op.outputs) != 1 or op.outputs[0].dtype not in ("INT8", "UINT8"):
         return False
     first = op.inputs[placed[0]]
     place = region.place(first)
