@@ -14,8 +14,10 @@ did before) and once with them, and writes per model:
 - ops, predicted mapped in one Edge TPU segment and with `-a` (segments), the ops left on the CPU
   (one segment), and the bytes the Edge TPU hands the CPU (tensors its ops write that CPU ops or
   the model's outputs read: one segment);
-- how many of the mapped ops have a form no compiled model shows (`forms.gate`: undecided): the
-  forms evidence decides those, not the op table;
+- how many of the mapped ops are of a form the predictor asks the evidence about (`forms.gated`)
+  that no compiled model shows mapped at its size (`forms.gate`: undecided): mapped by the op
+  table, undecided by the evidence (a predictor that asks the gate counts them on the CPU on its
+  less favourable reading);
 - whether the outputs are bit-identical to the input file's (the rules' declared 0 steps), and
   the error against the float32 file of the same export on the corpus's reference inputs
   (`MODEL.reference_inputs.npy`, NCHW float images, given NHWC, quantized for the int8 file).
@@ -49,7 +51,7 @@ sys.path.insert(0, str(HERE.parent))
 from tflfuse.ir import Model, flatbuffer  # noqa: E402
 from tflfuse.rules import legalize_quantized  # noqa: E402
 from tflfuse.runtime import verify  # noqa: E402
-from tflfuse.targets.edgetpu.forms import gate  # noqa: E402
+from tflfuse.targets.edgetpu.forms import form_of, gate, gated  # noqa: E402
 from tflfuse.targets.edgetpu.predict import predict_edgetpu  # noqa: E402
 
 CORPUS = Path(os.environ.get("TFLFUSE_CORPUS") or HERE.parent.parent / "corpus")
@@ -78,9 +80,8 @@ def placement(model: Model) -> dict[str, Any]:
         for t in op.outputs
         if graph.is_graph_output(t) or any(id(c) not in on_tpu for c in t.consumers)
     }
-    undecided = Counter(
-        gate(op).form.key for op in graph.ops if id(op) in on_tpu and gate(op).answer == "undecided"
-    )
+    verdicts = [gate(op) for op in graph.ops if id(op) in on_tpu and gated(form_of(op))]
+    undecided = Counter(v.form.key for v in verdicts if v.answer != "mapped")
     return {
         "ops": len(graph.ops),
         "mapped": one.mapped,
@@ -206,7 +207,8 @@ def render(rows: list[dict[str, Any]]) -> str:
         "Predicted placement (tflfuse's predictor, compiler 16) of each int8 file after the Edge"
         " TPU int8 legalization without the head rules (before) and with them (after). `-a`:"
         " the compiler's multiple-subgraph mode. Bytes to the CPU: what the one segment hands"
-        " the CPU. Undecided: mapped ops whose form no compiled model shows (forms evidence).",
+        " the CPU. Undecided: mapped ops of a gated form no compiled model shows mapped at their"
+        " size (forms evidence).",
         "",
         "| model | ops before -> after | one segment before -> after | -a (segments) before ->"
         " after | CPU ops after | bytes to CPU before -> after | undecided after | identical |"

@@ -600,6 +600,13 @@ class ChunkHeadAlongAnchors(Rule):
     segment's outputs are the pieces, the same bytes the output holds), the least any layout
     that keeps the model's outputs allows. At 320 pixels ([1, 84, 2100]: 176400) that join maps.
 
+    Forms no compiled model shows mapped at a piece's size stay undecided, not claimed: on the
+    640-pixel YOLOv8n, 38 of the ops written (the box distribution's two transposes, perm
+    (0, 2, 1, 3) and (0, 2, 3, 1), which no compiled model maps at any size; the flattening
+    transposes, shown mapped only with NHWC rows of up to 2880 elements) are undecided, and a
+    predictor asking the forms evidence counts them on the CPU on its less favourable reading
+    (253/494 mapped there, 230/255 before; 493/494 on the other).
+
     Refused when an op it would write is refused by the op table (`edgetpu_shape_refusal`) or
     by a compiled model showing its form refused (`forms.gate`), when a piece op cannot map
     however small (more than 3 non-trivial dimensions: the head stops before it and joins
