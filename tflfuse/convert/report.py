@@ -545,6 +545,9 @@ def _legalization_lines(leg: dict[str, Any]) -> list[str]:
     if leg.get("reordered"):
         done += "; ops reordered (topological order)"
     kept = "kept (verified)" if leg.get("kept") else f"not kept: {leg.get('reason')}"
+    checked = (leg.get("verification") or {}).get("rewrites") or []
+    if checked and leg.get("kept"):
+        kept += f"; {len(checked)} int8 rewrites each checked where it stands, within its steps"
     mapped = leg.get("edgetpu_mapped")
     tpu = f" Edge TPU mapped ops {mapped[0]} -> {mapped[1]}." if mapped else ""
     return [*lines, f"On the quantized fused model: {done}; {kept}.{tpu}"]

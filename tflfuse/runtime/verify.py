@@ -23,7 +23,7 @@ from tflfuse.runtime import run_memo
 from tflfuse.runtime.bench import seeded_input_values
 from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.runtime.roundoff import estimate
-from tflfuse.runtime.runs import run
+from tflfuse.runtime.runs import run, run_keeping
 
 
 class UnverifiableError(TflfuseError):
@@ -82,6 +82,23 @@ def _details(model: bytes, delegate: str) -> tuple[list[dict], list[str], Any]:
     key = (run_memo.digest(model), delegate)
     in_details, names = run_memo.remembered("verify.details", key, read)
     return in_details, names, made[0] if made else None
+
+
+def activations(
+    reference: bytes, names: set[str], *, seed: int = 0, runs: int = 3
+) -> list[dict[str, np.ndarray]]:
+    """The reference's values of the tensors named in `names` (intermediates too), on the same
+    seeded input sets `compare` uses: the activations a per-rewrite check feeds the ops before
+    and after a rewrite. `UnverifiableError` when the reference does not run here."""
+    try:
+        in_details, _, _ = _details(reference, "none")
+        inputs = [seeded_input_values(in_details, seed + i) for i in range(runs)]
+        key = (run_memo.digest(reference), tuple(sorted(names)), seed, runs)
+        return run_memo.remembered(
+            "verify.activations", key, lambda: run_keeping(reference, inputs, names)
+        )
+    except TflfuseError as exc:
+        raise UnverifiableError(str(exc)) from None
 
 
 def output_names(model: bytes) -> list[str]:
