@@ -42,6 +42,7 @@ from tflfuse.ir.graph import (
     Signature,
     Tensor,
 )
+from tflfuse.ir.op_versions import required
 
 FILE_IDENTIFIER = b"TFL3"
 _FLATBUFFER_LIMIT = 2**31 - 2**24  # leave room for the non-buffer part of the model
@@ -705,7 +706,9 @@ class _Writer:
         return index
 
     def _opcode(self, op: Op) -> int:
-        key = (op.type, op.custom_code, op.version)
+        # at least the version its operands need (litert-quantizer writes 1 for an int8 GELU)
+        version = op.version if op.type == "CUSTOM" else max(op.version, required(op))
+        key = (op.type, op.custom_code, version)
         if key not in self.code_of:
             if op.type not in OP_CODES:
                 raise IRError(f"unknown op type {op.type!r}")
@@ -715,7 +718,7 @@ class _Writer:
                 c.builtinCode, schema.BuiltinOperator.PLACEHOLDER_FOR_GREATER_OP_CODES
             )
             c.customCode = _utf8(op.custom_code) if op.custom_code else None
-            c.version = op.version
+            c.version = version
             self.code_of[key] = len(self.codes)
             self.codes.append(c)
         return self.code_of[key]
