@@ -16,10 +16,10 @@ from rulekit import G
 from test_rules_property_int8 import observed_ranges, quantize_graph
 
 from tflfuse.convert import verified
-from tflfuse.ir import Graph, flatbuffer
+from tflfuse.ir import Graph
 from tflfuse.rewrite import Rule
-from tflfuse.rewrite.rule import refuse
 from tflfuse.rewrite.pattern import Match, PatternBuilder
+from tflfuse.rewrite.rule import refuse
 
 
 def mobilenet_like() -> tuple[bytes, list[str]]:
@@ -62,7 +62,7 @@ class ShiftBias(Rule):
         bias = m.root.inputs[2]
         out_scale = float(m.root.output.quantization.scale[0])
         shifted = np.array(bias.data, np.int32)
-        shifted[0] += int(round(self.steps * out_scale / float(bias.quantization.scale[0])))
+        shifted[0] += round(self.steps * out_scale / float(bias.quantization.scale[0]))
         b = m.builder()
         b.set_input(m.root, 2, b.const(shifted, "shifted_bias", "INT32", bias.quantization))
         b.commit()
