@@ -253,17 +253,12 @@ def _run_optimize(args: argparse.Namespace) -> int:
 
 
 def _print_rewrite_checks(v: dict) -> None:
-    """The per-rewrite int8 check in two lines at most: how many, the closest to its bound."""
-    checked, skipped = v.get("rewrites") or [], v.get("rewrites_not_checked") or []
-    if checked:
-        worst = max(checked, key=lambda e: (e["seen_steps"] - e["allowed_steps"], e["seen_steps"]))
-        print(
-            f"  int8 rewrites checked where they stand: {len(checked)}, each within its rule's"
-            f" steps (closest: {worst['seen_steps']} of {worst['allowed_steps']} at"
-            f" {worst['tensor']!r})"
-        )
-    if skipped:
-        print(f"  int8 rewrites not checked alone: {len(skipped)} ({skipped[0]['reason']})")
+    """The per-rewrite int8 check in one line: how many, the closest to its bound."""
+    from tflfuse.convert.report import rewrites_checked
+
+    line = rewrites_checked(v)
+    if line:
+        print(f"  {line}")
 
 
 def _pass_lines(changes: dict[str, dict[str, int]]) -> list[str]:
