@@ -5,12 +5,13 @@ The end-to-end check holds an int8 output to the worst-case bound of every rewri
 paths (`rewrite.int8_error`), and that bound grows through every layer after a rewrite: deep in
 a network it reaches the whole int8 range, and a wrong rewrite there would pass. Here each
 int8 rewrite is judged alone. Its site (the tensor the rewritten op wrote, which keeps its name,
-type and quantization) exists before and after. Walking back from the site in each model, the
-walk stops at tensors whose value is the same in both by construction (a graph input, or a
-tensor written by an op of the same type and options from the same tensors and constants): the
-region between is what the rewrites changed. Both regions run as small models fed with the
-reference's own values of those tensors (one run of the reference keeping every tensor, on the
-seeded inputs the end-to-end check uses), and the site may differ by the bound of the rewrites
+type and quantization) exists before and after. Walking back from the site in the rewritten
+model, the walk stops at tensors whose value is the same in both by construction (a graph input,
+or a tensor written by an op of the same type and options from the same tensors and constants):
+the region between is what the rewrites changed. One run of the reference, keeping every tensor
+(on the seeded inputs the end-to-end check uses), gives those tensors' values and the site's;
+the region runs alone as a small model fed those values, so it sees exactly the activations the
+replaced ops saw, and its site may differ from the reference's by the bound of the rewrites
 placed in the region (`int8_error.output_bounds` on the region: a region holding one rewrite
 allows exactly its declared steps). A site whose tensor a later rewrite replaced, or whose
 region reaches a variable, a subgraph call or an input the other model lacks, is listed as not
@@ -33,6 +34,7 @@ from tflfuse.runtime import run_memo
 from tflfuse.runtime import verify as verify_mod
 from tflfuse.runtime.runs import run
 
+_NO_UNIQUE_NAME = "a tensor it reads or writes has no name of its own in the model"
 _STATEFUL = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})
 
 
@@ -52,8 +54,7 @@ class Region:
 class Site:
     tensor: str
     events: list[RewriteEvent]
-    candidate: Region
-    reference: Region
+    region: Region  # in the candidate
 
 
 @dataclass
@@ -179,7 +180,7 @@ class _Side:
 
 
 def _sites(
-    candidate: _Side, reference: _Side, events: Sequence[RewriteEvent]
+    candidate: _Side, events: Sequence[RewriteEvent]
 ) -> tuple[list[Site], list[dict[str, Any]]]:
     """The checkable sites of the int8 rewrites, and the rest with the reason."""
     by_site: dict[str, list[RewriteEvent]] = {}
@@ -191,13 +192,13 @@ def _sites(
             by_site.setdefault(s, []).append(e)
     sites = []
     for name, evs in by_site.items():
-        c, r = candidate.by_name.get(name), reference.by_name.get(name)
+        c, r = candidate.by_name.get(name), candidate.other_by_name.get(name)
         try:
             if c is None or r is None or not _same_tensor(c, r):
                 raise UncheckedError("a later rewrite replaced the tensor it wrote")
             if c.dtype not in ("INT8", "UINT8", "INT16") or c.quantization is None:
-                raise UncheckedError("the tensor it wrote is not quantized")
-            sites.append(Site(name, evs, candidate.region(c), reference.region(r)))
+                raise UncheckedError("it wrote a float tensor (the end-to-end check holds it)")
+            sites.append(Site(name, evs, candidate.region(c)))
         except UncheckedError as why:
             skipped += [{"rule": e.rule, "tensor": name, "reason": str(why)} for e in evs]
     return sites, skipped
@@ -208,8 +209,8 @@ def _groups(sites: list[Site]) -> list[_Group]:
     not be one another site in the same model computes."""
     groups: list[tuple[_Group, set[str], set[str]]] = []
     for site in sites:
-        fed = {t.name for r in (site.candidate, site.reference) for t in r.frontier}
-        made = {t.name for r in (site.candidate, site.reference) for o in r.ops for t in o.outputs}
+        fed = {t.name for t in site.region.frontier}
+        made = {t.name for o in site.region.ops for t in o.outputs}
         for group, g_fed, g_made in groups:
             if not (fed & g_made or made & g_fed):
                 group.sites.append(site)
@@ -221,30 +222,25 @@ def _groups(sites: list[Site]) -> list[_Group]:
     return [g for g, _, _ in groups]
 
 
-def _small_model(regions: list[Region], outputs: list[str], side: _Side) -> Model:
+def _small_graph(regions: list[Region], outputs: list[str], side: _Side) -> Graph:
     """One graph of the regions' ops (shared, not copied: it is only serialized), fed by their
     frontiers, writing the sites."""
     ops = {id(o): o for r in regions for o in r.ops}
     ordered = sorted(ops.values(), key=lambda o: side.position[id(o)])
     inputs = list({t.name: t for r in regions for t in r.frontier}.values())
     outs = [side.by_name[n] for n in outputs]
-    tensors = list(
-        {
-            id(t): t
-            for t in [
-                *inputs,
-                *(x for o in ordered for x in (*o.inputs, *o.outputs) if x is not None),
-            ]
-        }.values()
+    made = (x for o in ordered for x in (*o.inputs, *o.outputs) if x is not None)
+    tensors = list({id(t): t for t in [*inputs, *made]}.values())
+    return Graph("region", ordered, tensors, inputs, outs)
+
+
+def _run_group(group: _Group, candidate: _Side, values: list[dict]) -> tuple[Graph, list]:
+    """(the group's small graph, the value of each site per input set)."""
+    graph = _small_graph(
+        [s.region for s in group.sites], [s.tensor for s in group.sites], candidate
     )
-    return Model([Graph("region", ordered, tensors, inputs, outs)])
-
-
-def _run_group(group: _Group, side: _Side, which: str, values: list[dict]) -> tuple[Model, list]:
-    regions = [getattr(s, which) for s in group.sites]
-    model = _small_model(regions, [s.tensor for s in group.sites], side)
-    feeds = [[v[t.name] for t in model.main.inputs] for v in values]
-    return model, run(flatbuffer.to_bytes(model), feeds, "none", remember=False)
+    feeds = [[v[t.name] for t in graph.inputs] for v in values]
+    return graph, run(flatbuffer.to_bytes(Model([graph])), feeds, "none", remember=False)
 
 
 def _reference_model(reference: bytes) -> Model:
@@ -253,6 +249,40 @@ def _reference_model(reference: bytes) -> Model:
         (run_memo.digest(reference),),
         lambda: flatbuffer.from_bytes(reference, "<reference>"),
     )
+
+
+@dataclass
+class Plan:
+    """What the check will run: the sites, those it cannot check, the tensors it reads."""
+
+    sites: list[Site]
+    skipped: list[dict[str, Any]]
+    candidate: _Side
+    events: Sequence[RewriteEvent]
+
+    @property
+    def names(self) -> set[str]:
+        """The reference tensors the check needs: each region's frontier, each site, and the
+        outputs (so the end-to-end check's run of the reference can keep them all)."""
+        graph = self.candidate.other
+        return (
+            {t.name for s in self.sites for t in s.region.frontier}
+            | {s.tensor for s in self.sites}
+            | {t.name for t in graph.outputs}
+        )
+
+
+def plan(
+    reference: bytes, model: Model, events: Sequence[RewriteEvent], *, before: Graph | None = None
+) -> Plan | None:
+    """The check of `model`'s int8 rewrites against `reference` (None: no int8 rewrite).
+    `before`: the reference's main graph as the passes found it (else `reference` is parsed)."""
+    if not any(e.quantized and e.subgraph == 0 for e in events):
+        return None
+    ref_graph = before if before is not None else _reference_model(reference).main
+    candidate = _Side(model.main, ref_graph)
+    sites, skipped = _sites(candidate, events)
+    return Plan(sites, skipped, candidate, events)
 
 
 def check(
@@ -265,39 +295,44 @@ def check(
     runs: int = 3,
 ) -> tuple[str | None, dict[str, Any]]:
     """(why an int8 rewrite moved its site by more than it declares, or None; the record:
-    `rewrites`, one entry per checked rewrite, and `rewrites_not_checked` with reasons).
-    `before`: the reference's main graph as the passes found it (else `reference` is parsed)."""
-    if not any(e.quantized and e.subgraph == 0 for e in events):
+    `rewrites`, one entry per checked rewrite, and `rewrites_not_checked` with reasons)."""
+    made = plan(reference, model, events, before=before)
+    if made is None:
         return None, {"rewrites": []}
-    ref_graph = before if before is not None else _reference_model(reference).main
-    candidate, ref_side = _Side(model.main, ref_graph), _Side(ref_graph, model.main)
-    sites, skipped = _sites(candidate, ref_side, events)
+    values = (
+        verify_mod.activations(reference, made.names, seed=seed, runs=runs) if made.sites else []
+    )
+    return judge(made, values)
+
+
+def judge(made: Plan, values: list[dict[str, np.ndarray]]) -> tuple[str | None, dict[str, Any]]:
+    """Each site of `made` run alone on `values` (the reference's tensors, per input set)."""
+    kept = set(values[0]) if values else set()
+    sites, skipped = [], list(made.skipped)
+    for site in made.sites:
+        if {t.name for t in site.region.frontier} | {site.tensor} <= kept:
+            sites.append(site)
+        else:
+            skipped += [_skip(e, site, _NO_UNIQUE_NAME) for e in site.events]
     record: dict[str, Any] = {"rewrites": [], "rewrites_not_checked": skipped}
-    if not sites:
-        return None, record
-    names = {t.name for s in sites for r in (s.candidate, s.reference) for t in r.frontier}
-    values = verify_mod.activations(reference, names, seed=seed, runs=runs)
-    present = {t.name for t in model.main.tensors}
+    present = {t.name for t in made.candidate.graph.tensors}
+    events = made.events
     vanished = [e for e in events if e.int8_steps > 0 and not set(e.sites) & present]
     failure = None
     for group in _groups(sites):
         try:
-            small, cand_out = _run_group(group, candidate, "candidate", values)
-            _, ref_out = _run_group(group, ref_side, "reference", values)
+            small, cand_out = _run_group(group, made.candidate, values)
         except TflfuseError as exc:  # a region that does not run alone: the end-to-end check
             why = f"its region does not run as a model of its own ({exc})"
-            record["rewrites_not_checked"] += [
-                {"rule": e.rule, "tensor": site.tensor, "reason": why}
-                for site in group.sites
-                for e in site.events
-            ]
+            skipped += [_skip(e, site, why) for site in group.sites for e in site.events]
             continue
-        held = {t.name for t in small.main.tensors}
-        bounds = output_bounds(small, [e for e in events if set(e.sites) & held] + vanished)
+        held = {t.name for t in small.tensors}
+        placed = [e for e in events if set(e.sites) & held]
+        bounds = output_bounds(Model([small]), placed + vanished)
         for k, site in enumerate(group.sites):
             seen = max(
-                int(np.abs(c[k].astype(np.int64) - r[k].astype(np.int64)).max(initial=0))
-                for c, r in zip(cand_out, ref_out)
+                int(np.abs(c[k].astype(np.int64) - v[site.tensor].astype(np.int64)).max(initial=0))
+                for c, v in zip(cand_out, values)
             )
             allowed = int(bounds.get(site.tensor, 0))
             record["rewrites"] += [_entry(e, site, allowed, seen) for e in site.events]
@@ -310,12 +345,16 @@ def check(
     return failure, record
 
 
+def _skip(e: RewriteEvent, site: Site, reason: str) -> dict[str, Any]:
+    return {"rule": e.rule, "tensor": site.tensor, "reason": reason}
+
+
 def _entry(e: RewriteEvent, site: Site, allowed: int, seen: int) -> dict[str, Any]:
     return {
         "rule": e.rule,
         "tensor": site.tensor,
         "where": e.where,
-        "boundary": [t.name for t in site.candidate.frontier],
+        "boundary": [t.name for t in site.region.frontier],
         "allowed_steps": allowed,
         "seen_steps": seen,
         "ok": seen <= allowed,

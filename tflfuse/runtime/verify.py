@@ -131,6 +131,7 @@ def compare(
     int_atol: int = 1,
     per_output: Mapping[str, OutputTolerance] | None = None,
     roundoff: bool = False,
+    keep: set[str] | None = None,
 ) -> Agreement:
     """Run both models on the same `runs` seeded input sets and measure the worst difference.
 
@@ -140,10 +141,11 @@ def compare(
     (quantized) outputs may differ by `int_atol` quantization steps. `per_output` (by output
     tensor name) replaces `int_atol` and adds to `atol` for the outputs it names. Raises
     `UnverifiableError` when the reference does not run here, `CandidateFailedError` when only
-    the candidate fails.
+    the candidate fails. `keep` (plain kernels): the reference run also keeps these tensors,
+    which `activations(reference, keep)` then returns without running it again.
     """
     inputs, names, ref, cand = _run_pair(
-        reference, candidate, seed=seed, runs=runs, delegate=delegate
+        reference, candidate, seed=seed, runs=runs, delegate=delegate, keep=keep
     )
     bounds, noise = (
         _roundoff_bounds(reference, inputs, ref, cand, names, delegate=delegate, seed=seed)
@@ -155,14 +157,24 @@ def compare(
 
 
 def _run_pair(
-    reference: bytes, candidate: bytes, *, seed: int, runs: int, delegate: str
+    reference: bytes,
+    candidate: bytes,
+    *,
+    seed: int,
+    runs: int,
+    delegate: str,
+    keep: set[str] | None = None,
 ) -> tuple[list, list[str], list, list]:
     """(inputs, output names, reference outputs, candidate outputs) on `runs` seeded input sets;
     a failure of the reference is `UnverifiableError`, of the candidate `CandidateFailedError`."""
     try:
         in_details, names, ref_interp = _details(reference, delegate)
         inputs = [seeded_input_values(in_details, seed + i) for i in range(runs)]
-        ref = run(reference, inputs, delegate, ref_interp)
+        kept = activations(reference, keep, seed=seed, runs=runs) if keep else []
+        if delegate == "none" and kept and all(n in kept[0] for n in names):
+            ref = [[k[n] for n in names] for k in kept]  # the same kernels, the same run
+        else:
+            ref = run(reference, inputs, delegate, ref_interp)
     except TflfuseError as exc:
         raise UnverifiableError(str(exc)) from None
     try:
