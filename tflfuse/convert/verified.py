@@ -22,6 +22,10 @@ Two checks, both on the interpreter (`runtime.verify.compare`, the same seeded i
                               `int8_error_steps` of the rewrites on its paths
                               (`rewrite.int8_error_bounds`): an output no rewrite reached matches
                               exactly. Candidate bytes equal to the reference pass as they are.
+                              Then each int8 rewrite where it stands (`convert.rewrite_check`):
+                              the region it changed, run alone on the reference's own
+                              activations (kept by the same run), within its rule's steps; the
+                              record lists them as `rewrites`.
   on_reference_kernels        bit-identical on the reference kernels (BUILTIN_REF), where
                               splitting an epilogue off rounds exactly as the fused op did
                               (floats held to the round-off bound, int8 to 0 steps): `rules.defuse`
