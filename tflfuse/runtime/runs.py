@@ -55,11 +55,16 @@ def run_keeping(
 ) -> list[dict[str, np.ndarray]]:
     """For each input set, the values of the main subgraph's tensors named in `names` after
     one invoke (intermediates included: the interpreter keeps every tensor). A name two tensors
-    share is left out (which one it means is not known); TflfuseError when the model fails."""
+    share is left out (which one it means is not known), and every name when one of the model's
+    is not UTF-8; TflfuseError when the model fails."""
     interp = make_interpreter(model, delegate=delegate, keep_all=True)
     count: dict[str, int] = {}
     index: dict[str, int] = {}
-    for d in interp.get_tensor_details():
+    try:
+        details = interp.get_tensor_details()
+    except UnicodeDecodeError:  # a name that is not UTF-8: nothing can be found by name
+        details = []
+    for d in details:
         if d["name"] in names:
             count[d["name"]] = count.get(d["name"], 0) + 1
             index[d["name"]] = d["index"]
