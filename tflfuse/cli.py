@@ -235,6 +235,7 @@ def _run_optimize(args: argparse.Namespace) -> int:
         if steps:
             seen = v.get("outputs", {}).get(name, {}).get("max_abs", 0.0)
             print(f"  int8 output {name!r}: allowed {steps} steps by the rules, {seen:.3g} seen")
+    _print_rewrite_checks(v)
     if args.explain:
         for rule, n in result.result.fired().items():
             print(f"  fired {rule} x{n}")
@@ -249,6 +250,15 @@ def _run_optimize(args: argparse.Namespace) -> int:
         for rule, n in float_only.items():
             print(f"  refused {rule} at {n} op{'s' if n > 1 else ''}: {FLOAT_ONLY}")
     return 0
+
+
+def _print_rewrite_checks(v: dict) -> None:
+    """The per-rewrite int8 check in one line: how many, the closest to its bound."""
+    from tflfuse.convert.report import rewrites_checked
+
+    line = rewrites_checked(v)
+    if line:
+        print(f"  {line}")
 
 
 def _pass_lines(changes: dict[str, dict[str, int]]) -> list[str]:

@@ -464,9 +464,31 @@ def _rules_lines(rules: dict[str, Any]) -> list[str]:
     lines = ["", "## Rules", ""]
     fired = rules.get("fired", {})
     lines.append("Fired: " + (", ".join(f"{k} x{v}" for k, v in fired.items()) or "none"))
+    checked = rewrites_checked(rules.get("verification") or {})
+    if checked:
+        lines.append(checked)
     for ref in rules.get("refusals", [])[:30]:
         lines.append(f"- refused {ref.get('rule')} at {ref.get('where')!r}: {ref.get('reason')}")
     return lines
+
+
+def rewrites_checked(verification: dict[str, Any]) -> str:
+    """One sentence on the per-rewrite int8 check (convert.rewrite_check), '' when none ran."""
+    checked = verification.get("rewrites") or []
+    skipped = verification.get("rewrites_not_checked") or []
+    if not checked and not skipped:
+        return ""
+    text = f"int8 rewrites checked where they stand: {len(checked)}"
+    if checked:
+        worst = max(checked, key=lambda e: (e["seen_steps"] - e["allowed_steps"], e["seen_steps"]))
+        ok = all(e["ok"] for e in checked)
+        text += (
+            f", {'each within' if ok else 'not all within'} its rule's steps (closest:"
+            f" {worst['seen_steps']} of {worst['allowed_steps']} at {worst['tensor']!r})"
+        )
+    if skipped:
+        text += f"; {len(skipped)} not checked alone ({skipped[0]['reason']})"
+    return text + "."
 
 
 def _quantization_lines(q: dict[str, Any]) -> list[str]:
@@ -545,6 +567,9 @@ def _legalization_lines(leg: dict[str, Any]) -> list[str]:
     if leg.get("reordered"):
         done += "; ops reordered (topological order)"
     kept = "kept (verified)" if leg.get("kept") else f"not kept: {leg.get('reason')}"
+    checked = rewrites_checked(leg.get("verification") or {})
+    if checked and leg.get("kept"):
+        kept += f". {checked.rstrip('.')}"
     mapped = leg.get("edgetpu_mapped")
     tpu = f" Edge TPU mapped ops {mapped[0]} -> {mapped[1]}." if mapped else ""
     return [*lines, f"On the quantized fused model: {done}; {kept}.{tpu}"]

@@ -22,6 +22,10 @@ Two checks, both on the interpreter (`runtime.verify.compare`, the same seeded i
                               `int8_error_steps` of the rewrites on its paths
                               (`rewrite.int8_error_bounds`): an output no rewrite reached matches
                               exactly. Candidate bytes equal to the reference pass as they are.
+                              Then each int8 rewrite where it stands (`convert.rewrite_check`):
+                              the region it changed, run alone on the reference's own
+                              activations (kept by the same run), within its rule's steps; the
+                              record lists them as `rewrites`.
   on_reference_kernels        bit-identical on the reference kernels (BUILTIN_REF), where
                               splitting an epilogue off rounds exactly as the fused op did
                               (floats held to the round-off bound, int8 to 0 steps): `rules.defuse`
@@ -38,8 +42,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from tflfuse.convert import rewrite_check
 from tflfuse.errors import TflfuseError
-from tflfuse.ir import Model, flatbuffer
+from tflfuse.ir import Graph, Model, flatbuffer
 from tflfuse.rewrite import Pass, PassManager, PassResult, Rule, int8_error_bounds
 from tflfuse.runtime import verify as verify_mod
 from tflfuse.runtime.verify import CandidateFailedError, OutputTolerance, UnverifiableError
@@ -61,6 +66,7 @@ class Candidate:
     stages: Stages
     disabled: tuple[str, ...] = ()
     name: str = "<bytes>"
+    before: Graph | None = None  # the main graph as the passes found it (per-rewrite check)
 
     @cached_property
     def data(self) -> bytes:
@@ -83,6 +89,7 @@ def apply(
     passes in turn; a later stage may undo what an earlier one made (a runtime legalization
     after the target's pipeline). One PassResult: the events, refusals and rounds of all."""
     model = model if model is not None else flatbuffer.from_bytes(reference, name)
+    before = model.main.snapshot()
     result: PassResult | None = None
     for passes in stages():
         ran = PassManager(passes, disabled=disabled).run(model)
@@ -94,7 +101,7 @@ def apply(
         result.not_applicable += ran.not_applicable
         result.rounds = max(result.rounds, ran.rounds)
     assert result is not None, "apply needs at least one stage"
-    return Candidate(reference, model, result, stages, tuple(disabled), name)
+    return Candidate(reference, model, result, stages, tuple(disabled), name, before)
 
 
 def judge(
@@ -166,21 +173,41 @@ _IDENTICAL = {
 
 
 def within_declared_error(candidate: Candidate) -> tuple[str | None, dict[str, Any]]:
-    """Each output of `candidate` against its reference within the error its rewrites declare
-    (the module docstring). TflfuseError when the reference does not run on this host."""
+    """Each output of `candidate` against its reference within the error its rewrites declare,
+    then each int8 rewrite where it stands (the module docstring). TflfuseError when the
+    reference does not run on this host."""
+    if candidate.reference == candidate.data:
+        return None, dict(_IDENTICAL)
+    events = candidate.result.events
+    plan = rewrite_check.plan(candidate.reference, candidate.model, events, before=candidate.before)
+    failure, record = end_to_end(candidate, keep=plan.names if plan and plan.sites else None)
+    if failure is not None:
+        return failure, record
+    return per_rewrite(candidate, record, plan)
+
+
+def _unverifiable(exc: Exception) -> TflfuseError:
+    return TflfuseError(
+        f"cannot verify the result on this host ({exc}); pass --no-verify to write it unverified"
+    )
+
+
+def end_to_end(
+    candidate: Candidate, keep: set[str] | None = None
+) -> tuple[str | None, dict[str, Any]]:
+    """Each output of `candidate` against its reference, on the same seeded inputs, within
+    its round-off bound and the error the rewrites on its paths declare. `keep`: the tensors
+    the per-rewrite check will read, kept by the same run of the reference."""
     reference, data = candidate.reference, candidate.data
     if reference == data:
         return None, dict(_IDENTICAL)
     atol, per_output = tolerances(candidate.model, candidate.result)
     try:
         agreement = verify_mod.compare(
-            reference, data, atol=atol, rtol=0.0, per_output=per_output, roundoff=True
+            reference, data, atol=atol, rtol=0.0, per_output=per_output, roundoff=True, keep=keep
         )
     except UnverifiableError as exc:
-        raise TflfuseError(
-            f"cannot verify the result on this host ({exc}); pass --no-verify to write it"
-            " unverified"
-        ) from None
+        raise _unverifiable(exc) from None
     except CandidateFailedError as exc:
         return f"verification failed: the optimized model does not run ({exc})", {}
     tolerance = {
@@ -189,9 +216,33 @@ def within_declared_error(candidate: Candidate) -> tuple[str | None, dict[str, A
         "int8_steps": {name: tol.int_steps for name, tol in per_output.items()},
     }
     record = {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
-    if agreement.ok:
+    if not agreement.ok:
+        return f"verification failed: {describe_failure(agreement)}", record
+    return None, record
+
+
+def per_rewrite(
+    candidate: Candidate, record: dict[str, Any], plan: rewrite_check.Plan | None = None
+) -> tuple[str | None, dict[str, Any]]:
+    """`record` (the end-to-end check's) with each int8 rewrite checked where it stands
+    (`convert.rewrite_check`, by `plan` when one was made): `rewrites`, and the failure of the
+    first that moved its tensor by more than its rule declares."""
+    if plan is None:
+        plan = rewrite_check.plan(
+            candidate.reference, candidate.model, candidate.result.events, before=candidate.before
+        )
+    if plan is None:
+        return None, {**record, "rewrites": []}
+    try:
+        values = verify_mod.activations(candidate.reference, plan.names) if plan.sites else []
+        failure, checked = rewrite_check.judge(plan, values)
+    except UnverifiableError as exc:
+        raise _unverifiable(exc) from None
+    record = {**record, **checked}
+    if failure is None:
         return None, record
-    return f"verification failed: {describe_failure(agreement)}", record
+    record["ok"] = False
+    return f"verification failed: {failure}", record
 
 
 def on_reference_kernels(candidate: Candidate) -> tuple[str | None, dict[str, Any]]:

@@ -42,6 +42,7 @@ from tflfuse.ir.graph import (
     Signature,
     Tensor,
 )
+from tflfuse.ir.op_versions import required
 
 FILE_IDENTIFIER = b"TFL3"
 _FLATBUFFER_LIMIT = 2**31 - 2**24  # leave room for the non-buffer part of the model
@@ -592,9 +593,13 @@ def save(model: Model, path: str | Path) -> int:
     return len(data)
 
 
-def to_bytes(model: Model, *, buffers_by_offset: bool | None = None) -> bytes:
-    """Serialize a Model; `buffers_by_offset=None` stores buffers by offset only when needed."""
-    writer = _Writer(model)
+def to_bytes(
+    model: Model, *, buffers_by_offset: bool | None = None, fit_versions: bool = True
+) -> bytes:
+    """Serialize a Model; `buffers_by_offset=None` stores buffers by offset only when needed.
+    Every builtin op is written at least at the version its operands and options need
+    (`ir.op_versions`); `fit_versions=False` writes each op's own version, as it was read."""
+    writer = _Writer(model, fit_versions)
     model_t = writer.build()
     total = sum(len(b.data) for b in model_t.buffers if b.data is not None)
     if buffers_by_offset is None:
@@ -658,8 +663,9 @@ def _pack_with_offsets(model_t: Any) -> bytes:
 class _Writer:
     """IR -> ModelT, assigning tensor, buffer and opcode indices."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, fit_versions: bool = True) -> None:
         self.model = model
+        self.fit_versions = fit_versions
         self.buffers: list[Any] = [_AlignedBufferT()]
         self.buffer_of: dict[int, int] = {}
         self.codes: list[Any] = []
@@ -705,7 +711,10 @@ class _Writer:
         return index
 
     def _opcode(self, op: Op) -> int:
-        key = (op.type, op.custom_code, op.version)
+        # at least the version its operands need (litert-quantizer writes 1 for an int8 GELU)
+        fit = self.fit_versions and op.type != "CUSTOM"
+        version = max(op.version, required(op)) if fit else op.version
+        key = (op.type, op.custom_code, version)
         if key not in self.code_of:
             if op.type not in OP_CODES:
                 raise IRError(f"unknown op type {op.type!r}")
@@ -715,7 +724,7 @@ class _Writer:
                 c.builtinCode, schema.BuiltinOperator.PLACEHOLDER_FOR_GREATER_OP_CODES
             )
             c.customCode = _utf8(op.custom_code) if op.custom_code else None
-            c.version = op.version
+            c.version = version
             self.code_of[key] = len(self.codes)
             self.codes.append(c)
         return self.code_of[key]

@@ -377,6 +377,50 @@ class Graph:
     def _tensor_set(self) -> set[Tensor]:
         return set(self.tensors)
 
+    def snapshot(self) -> Graph:
+        """A structural copy, to compare with after rewrites edit this graph in place: new
+        ops, tensors and option dicts; constant arrays and quantization parameters are shared
+        (rules replace them, never edit them in place)."""
+        twin: dict[int, Tensor] = {}
+
+        def copy(t: Tensor | None) -> Tensor | None:
+            if t is None:
+                return None
+            if id(t) not in twin:
+                c = Tensor(
+                    t.name,
+                    t.shape,
+                    t.dtype,
+                    t.data,
+                    t.quantization,
+                    shape_signature=t.shape_signature,
+                    is_variable=t.is_variable,
+                    extra=dict(t.extra),
+                )
+                twin[id(t)] = c
+            return twin[id(t)]
+
+        tensors = [copy(t) for t in self.tensors]
+        ops = []
+        for op in self.ops:
+            options = {k: list(v) if isinstance(v, list) else v for k, v in op.options.items()}
+            ops.append(
+                Op(
+                    op.type,
+                    [copy(t) for t in op.inputs],
+                    [copy(t) for t in op.outputs],
+                    options,
+                    version=op.version,
+                    custom_code=op.custom_code,
+                    custom_options=op.custom_options,
+                    options_type=op.options_type,
+                    intermediates=[copy(t) for t in op.intermediates],
+                    extra=dict(op.extra),
+                )
+            )
+        ins, outs = [copy(t) for t in self.inputs], [copy(t) for t in self.outputs]
+        return Graph(self.name, ops, tensors, ins, outs, dict(self.extra))
+
     # -- queries ---------------------------------------------------------------------------------
     def ops_of(self, *types: str) -> list[Op]:
         return [op for op in self.ops if op.type in types]

@@ -109,8 +109,11 @@ class PassManager:
                     self._guarded(rule, op, "int8 error", rule.int8_error, m) if quantized else 0
                 )
                 sites = tuple(t.name for t in op.outputs)
+                boundary = match_boundary(m)
                 self._guarded(rule, op, "rewrite", rule.rewrite, m)
-                result.events.append(RewriteEvent(rule.name, index, where, error, steps, sites))
+                result.events.append(
+                    RewriteEvent(rule.name, index, where, error, steps, sites, quantized, boundary)
+                )
                 applied += 1
                 break
         return applied
@@ -181,6 +184,18 @@ def shared_inner_op(m: Match) -> Refusal | None:
             if any(id(c) not in inside for c in t.consumers):
                 return refuse(f"{inner.type} output is also read by another op")
     return None
+
+
+def match_boundary(m: Match) -> tuple[str, ...]:
+    """The activations the match's ops read from outside it (constants aside), in reading
+    order: where a per-rewrite check feeds the ops before and after the same values."""
+    inside = {id(t) for o in m.ops for t in o.outputs}
+    seen: dict[str, None] = {}
+    for o in m.ops:
+        for t in o.inputs:
+            if t is not None and not t.is_constant and id(t) not in inside:
+                seen.setdefault(t.name, None)
+    return tuple(seen)
 
 
 def _rule_failed(rule: Rule, op: Op, stage: str, exc: Exception) -> RewriteError:

@@ -104,6 +104,8 @@ class RewriteEvent:
     error: float = 0.0  # the rule's error bound for this application (0: exact)
     int8_steps: int = 0  # quantization steps it may add to an int8 tensor (0: float or exact)
     sites: tuple[str, ...] = ()  # the tensors the rewritten op wrote (where the error enters)
+    quantized: bool = False  # the match touched quantized tensors (an int8 rewrite)
+    boundary: tuple[str, ...] = ()  # the activations the match read from outside it
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from tflfuse.ir import Op
+from tflfuse.ir.op_versions import required
 from tflfuse.rewrite import (
     DeadCodeElimination,
     Match,
@@ -44,6 +45,11 @@ _GELU_TANH_VS_ERF = 4.74e-4  # max |erf form - tanh form| (targets/edgetpu/rules
 _ACTIVATION_OP = {"RELU": "RELU", "RELU6": "RELU6", "RELU_N1_TO_1": "RELU_N1_TO_1"}
 
 
+def written(op: Op) -> int:
+    """The version the op is written at: its own, or what its operands need when more."""
+    return max(op.version, required(op))
+
+
 class _RuntimeRule(Rule):
     """A rule that fires only where `runtime` lacks the op version the model holds."""
 
@@ -51,7 +57,8 @@ class _RuntimeRule(Rule):
         self.runtime = runtime
 
     def runs_as_is(self, op: Op) -> bool:
-        return op.version in self.runtime.versions.get(op.type, ())
+        """The runtime has the version the op is written at."""
+        return written(op) in self.runtime.versions.get(op.type, ())
 
     def has(self, *ops: str) -> str | None:
         """The first of `ops` (version 1) the runtime lacks, else None."""
@@ -85,10 +92,10 @@ class SpellOutGelu(_RuntimeRule):
 
     def check(self, m: Match) -> Refusal | None:
         if self.runs_as_is(m.root):
-            return NotApplicable(f"{self.runtime.label} has GELU v{m.root.version}")
+            return NotApplicable(f"{self.runtime.label} has GELU v{written(m.root)}")
         if not (is_float(m.x) and is_float(m.root.output)):
             return refuse(
-                f"{self.runtime.label} has no GELU v{m.root.version} and an int8 GELU is spelled"
+                f"{self.runtime.label} has no GELU v{written(m.root)} and an int8 GELU is spelled"
                 " out only before quantizing (convert --runtime does)"
             )
         missing = self.has("MUL", "ADD", "SUB", "DIV", "ABS", "EXP", "TANH", "RELU")

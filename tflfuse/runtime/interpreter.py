@@ -19,6 +19,7 @@ import ctypes
 import importlib
 import math
 import platform
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -158,9 +159,13 @@ def unusable_scale(interp: Any) -> str | None:
 
 
 def make_interpreter(
-    model: bytes | str | Path, delegate: str = "xnnpack", threads: int | None = None
+    model: bytes | str | Path,
+    delegate: str = "xnnpack",
+    threads: int | None = None,
+    keep_all: bool = False,
 ) -> Any:
-    """An allocated interpreter for a model given as bytes or a path."""
+    """An allocated interpreter for a model given as bytes or a path; `keep_all`: every
+    intermediate tensor stays readable after `invoke` (experimental_preserve_all_tensors)."""
     module = interpreter_module()
     delegates = load_delegates(delegate)
     kind = delegate.split(":", 1)[0]
@@ -172,13 +177,17 @@ def make_interpreter(
     kwargs: dict[str, Any] = {"num_threads": threads}
     if delegates:
         kwargs["experimental_delegates"] = delegates
+    if keep_all:
+        kwargs["experimental_preserve_all_tensors"] = True
     resolvers = getattr(module, "OpResolverType", None)  # absent in old tflite_runtime builds
     if resolvers is not None and kind in _RESOLVERS:
         kwargs["experimental_op_resolver_type"] = getattr(resolvers, _RESOLVERS[kind])
     elif kind in ("none", "ref"):
         raise TflfuseError(f"delegate {kind!r} needs an interpreter with OpResolverType")
     try:
-        interp = module.Interpreter(**source, **kwargs)
+        with warnings.catch_warnings():  # keep_all: its "for debugging purposes" warning
+            warnings.simplefilter("ignore", UserWarning)
+            interp = module.Interpreter(**source, **kwargs)
         bad = unusable_scale(interp)
         if bad:  # some builds abort the process in allocate_tensors on such a scale
             raise TflfuseError(f"the interpreter was not given the model: {bad}")

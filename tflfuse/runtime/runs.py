@@ -50,6 +50,39 @@ def _invoke(model: bytes, inputs: list[list[np.ndarray]], delegate: str, interp:
     return results
 
 
+def run_keeping(
+    model: bytes, inputs: list[list[np.ndarray]], names: set[str], delegate: str = "none"
+) -> list[dict[str, np.ndarray]]:
+    """For each input set, the values of the main subgraph's tensors named in `names` after
+    one invoke (intermediates included: the interpreter keeps every tensor). A name two tensors
+    share is left out (which one it means is not known), and every name when one of the model's
+    is not UTF-8; TflfuseError when the model fails."""
+    interp = make_interpreter(model, delegate=delegate, keep_all=True)
+    count: dict[str, int] = {}
+    index: dict[str, int] = {}
+    try:
+        details = interp.get_tensor_details()
+    except UnicodeDecodeError:  # a name that is not UTF-8: nothing can be found by name
+        details = []
+    for d in details:
+        if d["name"] in names:
+            count[d["name"]] = count.get(d["name"], 0) + 1
+            index[d["name"]] = d["index"]
+    wanted = {n: i for n, i in index.items() if count[n] == 1}
+    in_details = interp.get_input_details()
+    kept = []
+    for one in inputs:
+        for d, value in zip(in_details, one):
+            interp.set_tensor(d["index"], value)
+        try:
+            interp.invoke()
+        except (RuntimeError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TflfuseError(f"the interpreter failed to run the model: {first}") from None
+        kept.append({n: interp.get_tensor(i).copy() for n, i in wanted.items()})
+    return kept
+
+
 def _to_model(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
     dtype = np.dtype(detail["dtype"])
     if dtype.kind == "f":

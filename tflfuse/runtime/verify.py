@@ -23,7 +23,7 @@ from tflfuse.runtime import run_memo
 from tflfuse.runtime.bench import seeded_input_values
 from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.runtime.roundoff import estimate
-from tflfuse.runtime.runs import run
+from tflfuse.runtime.runs import run, run_keeping
 
 
 class UnverifiableError(TflfuseError):
@@ -84,6 +84,23 @@ def _details(model: bytes, delegate: str) -> tuple[list[dict], list[str], Any]:
     return in_details, names, made[0] if made else None
 
 
+def activations(
+    reference: bytes, names: set[str], *, seed: int = 0, runs: int = 3
+) -> list[dict[str, np.ndarray]]:
+    """The reference's values of the tensors named in `names` (intermediates too), on the same
+    seeded input sets `compare` uses: the activations a per-rewrite check feeds the ops before
+    and after a rewrite. `UnverifiableError` when the reference does not run here."""
+    try:
+        in_details, _, _ = _details(reference, "none")
+        inputs = [seeded_input_values(in_details, seed + i) for i in range(runs)]
+        key = (run_memo.digest(reference), tuple(sorted(names)), seed, runs)
+        return run_memo.remembered(
+            "verify.activations", key, lambda: run_keeping(reference, inputs, names)
+        )
+    except TflfuseError as exc:
+        raise UnverifiableError(str(exc)) from None
+
+
 def output_names(model: bytes) -> list[str]:
     """The model's output tensor names in output-detail order."""
     return [d["name"] for d in make_interpreter(model, delegate="none").get_output_details()]
@@ -114,6 +131,7 @@ def compare(
     int_atol: int = 1,
     per_output: Mapping[str, OutputTolerance] | None = None,
     roundoff: bool = False,
+    keep: set[str] | None = None,
 ) -> Agreement:
     """Run both models on the same `runs` seeded input sets and measure the worst difference.
 
@@ -123,10 +141,11 @@ def compare(
     (quantized) outputs may differ by `int_atol` quantization steps. `per_output` (by output
     tensor name) replaces `int_atol` and adds to `atol` for the outputs it names. Raises
     `UnverifiableError` when the reference does not run here, `CandidateFailedError` when only
-    the candidate fails.
+    the candidate fails. `keep` (plain kernels): the reference run also keeps these tensors,
+    which `activations(reference, keep)` then returns without running it again.
     """
     inputs, names, ref, cand = _run_pair(
-        reference, candidate, seed=seed, runs=runs, delegate=delegate
+        reference, candidate, seed=seed, runs=runs, delegate=delegate, keep=keep
     )
     bounds, noise = (
         _roundoff_bounds(reference, inputs, ref, cand, names, delegate=delegate, seed=seed)
@@ -138,14 +157,24 @@ def compare(
 
 
 def _run_pair(
-    reference: bytes, candidate: bytes, *, seed: int, runs: int, delegate: str
+    reference: bytes,
+    candidate: bytes,
+    *,
+    seed: int,
+    runs: int,
+    delegate: str,
+    keep: set[str] | None = None,
 ) -> tuple[list, list[str], list, list]:
     """(inputs, output names, reference outputs, candidate outputs) on `runs` seeded input sets;
     a failure of the reference is `UnverifiableError`, of the candidate `CandidateFailedError`."""
     try:
         in_details, names, ref_interp = _details(reference, delegate)
         inputs = [seeded_input_values(in_details, seed + i) for i in range(runs)]
-        ref = run(reference, inputs, delegate, ref_interp)
+        kept = activations(reference, keep, seed=seed, runs=runs) if keep else []
+        if delegate == "none" and kept and all(n in kept[0] for n in names):
+            ref = [[k[n] for n in names] for k in kept]  # the same kernels, the same run
+        else:
+            ref = run(reference, inputs, delegate, ref_interp)
     except TflfuseError as exc:
         raise UnverifiableError(str(exc)) from None
     try:

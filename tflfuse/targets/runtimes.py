@@ -27,6 +27,7 @@ from typing import Any
 from tflfuse.errors import TflfuseError, UsageError
 from tflfuse.ir import Model
 from tflfuse.ir.flatbuffer import OP_CODES
+from tflfuse.ir.op_versions import required
 from tflfuse.resources import data_file
 
 if sys.version_info >= (3, 11):
@@ -100,7 +101,6 @@ class Table:
     codes: dict[str, int]  # op -> builtin code (ops the sources speak of)
     since: dict[str, list[str]]  # op -> first release of each version (runtime_version, corrected)
     sources: dict[str, dict[str, Any]]
-    implied: dict[str, dict[str, int]] = field(default_factory=dict)  # op -> {input type: v}
 
     def family(self, family: str) -> list[Runtime]:
         """The family's releases, oldest first."""
@@ -155,8 +155,7 @@ def table() -> Table:
             versions=versions,
             note=entry.get("note", ""),
         )
-    implied = {op: {t: int(v) for t, v in by.items()} for op, by in raw.get("implied", {}).items()}
-    return Table(runtimes, codes, since, sources, implied)
+    return Table(runtimes, codes, since, sources)
 
 
 def known_runtimes() -> list[str]:
@@ -216,16 +215,14 @@ class Need:
 
 def needs(model: Model) -> list[Need]:
     """The operator codes the model's ops use, in order of first use (every subgraph): the
-    version field the converter wrote, raised where the op's input type needs more (the table's
-    [implied] rules of op_version.cc: litert-quantizer writes version 1 for an int8 GELU)."""
-    implied = table().implied
+    version field the converter wrote, raised where the op's operands need more (the table's
+    [versions], op_version.cc's rules, `ir.op_versions`: litert-quantizer writes version 1 for
+    an int8 GELU)."""
     seen: dict[tuple, list] = {}
     for g_index, graph in enumerate(model.subgraphs):
         for o_index, op in enumerate(graph.ops):
             custom = op.custom_code if op.type == "CUSTOM" else None
-            first_input = op.inputs[0] if op.inputs else None
-            by_type = implied.get(op.type, {})
-            need = by_type.get(first_input.dtype, 0) if first_input is not None else 0
+            need = 0 if custom is not None else required(op)
             key = (op.type, max(op.version, need), custom, op.version if need > op.version else 0)
             if key in seen:
                 seen[key][0] += 1
