@@ -1,0 +1,541 @@
+"""Edge TPU legalization of attention: the product of two activations, and the softmax after it.
+
+The compiler has no op for the product of two computed tensors: BATCH_MATMUL is outside its
+table, and FULLY_CONNECTED maps only with constant weights (every FULLY_CONNECTED with computed
+weights in the compiled pairs reads a constant as its first operand). Attention's Q.K^T and A.V
+(YOLO11's C2PSA, YOLO26, ViT/DeiT, MobileViT, PyTorch's MultiheadAttention) therefore cut the one
+Edge TPU segment. The rules here spell that product in ops of the table.
+
+The decomposition (one place; `delegates/edgetpu.toml` [legalization] `attention` records it).
+For one batch b (a head) C = X . Y^T, X [n, d] and Y [m, d] (rows of the right operand after its
+adj/transpose), C[i, j] = sum_k X[i, k] Y[j, k]:
+
+    x   = RESHAPE(X[rows], [1, n_c, 1, d])               an image: rows down, d channels
+    xr  = CONV_2D 1x1 (x, R)                             R[(j, k'), k] = (k == k'): x repeated
+                                                         m_c times along the channels, exact
+    v   = RESHAPE(Y[cols], [1, 1, 1, m_c d])             the m_c rows of Y as one vector
+    t   = MUL(xr, v)                                     t[i, (j, k)] = X[i, k] Y[j, k]
+    c   = CONV_2D 1x1 (RESHAPE(t, [1, n_c, m_c, d]), 1)  sum over k: C[i, j], one output channel
+
+and the pieces are joined (CONCATENATION along the columns, then the rows and heads) and reshaped
+to the product's shape. Why this one, among those the brief names:
+  * the only product of two activations is a MUL whose second operand is one vector per channel
+    ([1, H, W, C] x [1, 1, 1, C], squeeze-and-excitation's shape): the broadcast form most
+    likely shown mapped by compiled models (MobileNetV3/EfficientNet-style SE blocks); a MUL of
+    [n, 1, d] x [1, m, d], broadcasting both operands, has no compiled model behind it;
+  * replication and reduction are 1x1 CONV_2Ds with constant 0/1 weights, the op the compiled
+    models show mapped most (728 1x1 convs in the shared and fetched pairs; a 1-output-channel
+    1x1 conv, the reduction, 14 of them mapped); weights 0 and 1 are exact in int8;
+  * the contracted axis ends in the channels, so the sum is a conv (a SUM over a spatial axis,
+    or a depthwise replication with depth_multiplier, would need forms with less evidence);
+  * the MUL broadcasts only along space, so it stays one op per chunk however many rows.
+Chunks keep every tensor within the compiler's limits (edgetpu.toml [meta] and the RESHAPE and
+TRANSPOSE rows): m_c d within the row limit (and the TRANSPOSE limit when Y arrives as [d, m]),
+n_c m_c d within the RESHAPE limit, and the replication weights m_c d^2 within PARAMETER_BUDGET.
+
+Exactness. Float: the same products, summed in another order (round-off only). int8 (a stock
+int8 model given to `optimize`): the copies and the 0/1 weights are exact (a conv with weights
+1 at scale 1 and the input's output scale multiplies by exactly 1), the product t is quantized
+over the range every product of X's and Y's representable values spans (no clamping), and the
+reduction rounds once into the original output's scale. Each element of t is off by half its
+step s_t, so the sum by d s_t / 2: `matmul_int8_steps` declares ceil(d s_t / (2 s_out)) + 1
+steps for the match (the kernel's one rounding against ours).
+
+SOFTMAX over the last axis is row-wise, so a softmax beyond the compiler's limits (more than 3
+dimensions > 1, or more than the row limit in its two innermost) is cut into pieces along its
+outer axes and rows, each its own SOFTMAX, and joined: exact in float and int8 (every piece has
+the output's quantization, as the softmax kernel's fixed int8 scale requires).
+
+Every rule is gated like the other legalizations (`after_the_cut`): an op that reads what the
+CPU computes after the segment is left as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tflfuse.ir import Quantization, Tensor
+from tflfuse.rewrite import (
+    Builder,
+    Match,
+    OpPattern,
+    PatternBuilder,
+    Refusal,
+    Rule,
+    Value,
+    refuse,
+)
+from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets.capabilities import capability
+
+# the other legalizations' gate and quantization helpers (one definition, in rules.py)
+from tflfuse.targets.edgetpu.rules import (
+    _gated,
+    _kind,
+    _quant,
+    _range_q,
+    _refusal_of,
+    _scale_zp,
+)
+
+# Bytes of replication weights (m_c d^2, int8) one chunk may use: an eighth of the 8 MiB
+# parameter cache, so that the product leaves room for the model's own weights.
+PARAMETER_BUDGET = 1 << 20
+
+
+def _limits() -> tuple[int, int, int]:
+    """(row limit, RESHAPE element limit, TRANSPOSE element limit) from edgetpu.toml."""
+    table = capability("edgetpu")
+    ops = table["ops"]
+    return (
+        int(table["meta"]["max_row_elements"]),
+        int(ops["RESHAPE"]["max_elements"]),
+        int(ops["TRANSPOSE"]["max_elements"]),
+    )
+
+
+def _chunks(length: int, most: int) -> list[tuple[int, int]]:
+    """[start, stop) pieces of `length`, as few as hold at most `most` each, near equal."""
+    count = max(1, math.ceil(length / max(1, most)))
+    base, extra = divmod(length, count)
+    out, start = [], 0
+    for i in range(count):
+        size = base + (1 if i < extra else 0)
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+# -- the operands ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Operand:
+    """A matmul operand as rows: `tensor`'s last two axes are [rows, k] (`rows_last`) or
+    [k, rows]; its leading axes are the batch (all ones: shared by every batch)."""
+
+    tensor: Tensor
+    rows_last: bool
+
+    @property
+    def lead(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape[:-2])
+
+    @property
+    def batch(self) -> int:
+        return int(np.prod(self.lead, dtype=np.int64)) if self.lead else 1
+
+    @property
+    def rows(self) -> int:
+        return self.tensor.shape[-2] if self.rows_last else self.tensor.shape[-1]
+
+    @property
+    def depth(self) -> int:
+        return self.tensor.shape[-1] if self.rows_last else self.tensor.shape[-2]
+
+
+def _through_transpose(t: Tensor, rows_last: bool) -> Operand:
+    """The operand, read before a TRANSPOSE that swaps its last two axes (through a RESHAPE
+    that only regroups the leading axes): the swap then becomes the operand's orientation, and
+    the TRANSPOSE is left to whoever else reads it (dead code otherwise)."""
+    source, op = t, t.producer
+    if op is not None and op.type == "RESHAPE" and op.inputs[0] is not None:
+        inner = op.inputs[0]
+        if tuple(inner.shape[-2:]) == tuple(t.shape[-2:]) and len(inner.shape) >= 2:
+            source, op = inner, inner.producer
+    if op is None or op.type != "TRANSPOSE" or len(op.inputs) < 2 or op.inputs[1] is None:
+        return Operand(t, rows_last)
+    perm_t = op.inputs[1]
+    if not perm_t.is_constant or op.inputs[0] is None:
+        return Operand(t, rows_last)
+    x = op.inputs[0]
+    rank = len(x.shape)
+    perm = [int(v) % max(rank, 1) for v in np.asarray(perm_t.data).reshape(-1)]
+    if rank < 2 or perm != [*range(rank - 2), rank - 1, rank - 2]:
+        return Operand(t, rows_last)
+    quantized = [q for q in (x.quantization, source.quantization, t.quantization) if q]
+    if x.is_quantized and not all(q.same_as(x.quantization) for q in quantized):
+        return Operand(t, rows_last)
+    return Operand(x, not rows_last)
+
+
+# -- the plan --------------------------------------------------------------------------------------
+@dataclass
+class MatmulPlan:
+    """What `check` worked out: C[b] = X[b] . Y[b]^T, in chunks of n_c rows and m_c columns."""
+
+    x: Operand
+    y: Operand
+    batch: int
+    activation: str
+    rows: list[tuple[int, int]] = field(default_factory=list)
+    cols: list[tuple[int, int]] = field(default_factory=list)
+    per_batch_reshape: bool = False
+    kind: str = "float"
+
+    @property
+    def n(self) -> int:
+        return self.x.rows
+
+    @property
+    def m(self) -> int:
+        return self.y.rows
+
+    @property
+    def d(self) -> int:
+        return self.x.depth
+
+
+def _plan_chunks(plan: MatmulPlan, out: Tensor) -> Refusal | None:
+    """Fill in the chunks and the final reshape; a refusal when no chunking fits the limits."""
+    row_limit, reshape_limit, transpose_limit = _limits()
+    d, n, m = plan.d, plan.n, plan.m
+    widest = min(row_limit, reshape_limit, PARAMETER_BUDGET // max(d, 1))
+    if not plan.y.rows_last:
+        widest = min(widest, transpose_limit)
+    m_c = min(m, widest // d)
+    if m_c < 1:
+        return refuse(f"a contracted depth of {d} leaves no column that fits the limits")
+    cols = _chunks(m, m_c)
+    m_c = max(b - a for a, b in cols)
+    tallest = reshape_limit // (m_c * d)
+    if not plan.x.rows_last:
+        tallest = min(tallest, transpose_limit // d)
+    rows = _chunks(n, max(1, tallest))
+    plan.rows, plan.cols = rows, cols
+    if plan.batch * n * m > reshape_limit:
+        lead = [a for a in out.shape[:-2] if a > 1]
+        if n * m > reshape_limit or len(lead) > 1:
+            return refuse(
+                f"its {list(out.shape)} result is larger than one RESHAPE the compiler maps"
+                f" ({reshape_limit} elements) per head"
+            )
+        plan.per_batch_reshape = True
+    return _pieces_refusal(plan)
+
+
+def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
+    """Ask the table about each distinct piece the rewrite writes (a scratch graph): the rule
+    never trades the refused BATCH_MATMUL for other refused ops."""
+    dtype = "INT8" if plan.kind == "int" else "FLOAT32"
+    d = plan.d
+
+    def t(*shape: int) -> Tensor:
+        return Tensor("t", tuple(shape), dtype)
+
+    for n_c in {b - a for a, b in plan.rows}:
+        for m_c in {b - a for a, b in plan.cols}:
+            w_rep = np.zeros((m_c * d, 1, 1, d), np.float32)
+            asks = (
+                ("CONV_2D", [t(1, n_c, 1, d)], (1, n_c, 1, m_c * d), [w_rep]),
+                ("MUL", [t(1, n_c, 1, m_c * d), t(1, 1, 1, m_c * d)], (1, n_c, 1, m_c * d), []),
+                ("RESHAPE", [t(1, n_c, 1, m_c * d)], (1, n_c, m_c, d), []),
+                ("CONV_2D", [t(1, n_c, m_c, d)], (1, n_c, m_c, 1), [np.ones((1, 1, 1, d))]),
+            )
+            for op_type, ins, shape, consts in asks:
+                why = _refusal_of(op_type, ins, shape, {"fused_activation_function": "NONE"},
+                                  consts)  # fmt: skip
+                if why:
+                    return refuse(f"a {op_type} of the decomposition would stay on the CPU: {why}")
+    return None
+
+
+def _lead_ok(operand: Operand, lead: tuple[int, ...]) -> bool:
+    """The operand's batch is the product's (same leading axes, once leading ones are
+    dropped) or it is shared (all ones)."""
+    if operand.batch == 1:
+        return True
+    drop = [a for a in operand.lead if a != 1]
+    return drop == [a for a in lead if a != 1]
+
+
+def _kinds_refusal(*tensors: Tensor) -> tuple[str, Refusal | None]:
+    kinds = {_kind(t) for t in tensors}
+    if len(kinds) != 1 or None in kinds:
+        return "", refuse("its operands and result are not all float or all per-tensor int8")
+    kind = kinds.pop()
+    if kind == "int" and any(t.dtype != "INT8" for t in tensors):
+        return "", refuse("uint8 operands: only float and int8 products are spelled out")
+    return kind, None
+
+
+def _activation_refusal(op_activation: str) -> Refusal | None:
+    allowed = capability("edgetpu")["ops"]["CONV_2D"].get(
+        "fused_activations", capability("edgetpu")["meta"]["default_fused_activations"]
+    )
+    if op_activation not in allowed:
+        return refuse(f"its fused {op_activation} has no CONV_2D form the compiler maps")
+    return None
+
+
+# -- building ------------------------------------------------------------------------------------
+class _Spell:
+    """Builds the decomposition of one match (see the module docstring)."""
+
+    def __init__(self, m: Match, plan: MatmulPlan) -> None:
+        self.m, self.p = m, plan
+        self.b: Builder = m.builder(constants="after_reader")
+        self.out = m.root.output
+        self.int8 = plan.kind == "int"
+        self._weights: dict[tuple[str, int], tuple[Value, Value]] = {}
+        self._made: dict[tuple[str, int, int], Value] = {}
+
+    # constants --------------------------------------------------------------------------------
+    def _conv_weights(self, key: str, value: np.ndarray, q_in: Quantization | None):
+        """(weights, bias) of a 0/1 conv, made once per shape: float, or int8 1 at scale 1
+        with an int32 zero bias at the input's scale."""
+        cache = (key, value.shape[0])
+        if cache in self._weights:
+            return self._weights[cache]
+        cout = value.shape[0]
+        if not self.int8:
+            w = self.b.const(value.astype(np.float32), f"{key}{cout}/w")
+            bias = self.b.const(np.zeros(cout, np.float32), f"{key}{cout}/b")
+        else:
+            w = self.b.const(value.astype(np.int8), f"{key}{cout}/w", "INT8", _quant(1.0, 0))
+            s_in = _scale_zp_q(q_in)
+            bias = self.b.const(np.zeros(cout, np.int32), f"{key}{cout}/b", "INT32",
+                                _quant(s_in, 0))  # fmt: skip
+        self._weights[cache] = (w, bias)
+        return w, bias
+
+    def _conv(self, x: Value, w_b, name: str, shape, quant, act: str = "NONE") -> Value:
+        w, bias = w_b
+        return self.b.CONV_2D(
+            x, w, bias, name=name, shape=shape, quant=quant, padding="VALID", stride_w=1,
+            stride_h=1, dilation_w_factor=1, dilation_h_factor=1, fused_activation_function=act,
+        )  # fmt: skip
+
+    # operand pieces ----------------------------------------------------------------------------
+    def _rows(self, op: Operand, batch: int, lo: int, hi: int, name: str) -> Value | Tensor:
+        """Rows lo:hi of the operand at `batch`, as a [.., rows, k] tensor (SLICE, and a
+        TRANSPOSE when the operand is [k, rows])."""
+        t = op.tensor
+        rank = len(t.shape)
+        index = list(np.unravel_index(batch % op.batch, op.lead)) if op.lead else []
+        if op.rows_last:
+            begin, size = [*index, lo, 0], [*([1] * len(index)), hi - lo, op.depth]
+        else:
+            begin, size = [*index, 0, lo], [*([1] * len(index)), op.depth, hi - lo]
+        piece: Value | Tensor = t
+        if list(size) != list(t.shape):
+            piece = self.b.SLICE(t, self.b.ints(begin, f"{name}/begin"),
+                                 self.b.ints(size, f"{name}/size"), name=name,
+                                 quant=t.quantization)  # fmt: skip
+        if not op.rows_last:
+            perm = [*range(rank - 2), rank - 1, rank - 2]
+            piece = self.b.TRANSPOSE(piece, self.b.ints(perm, f"{name}/perm"),
+                                     name=f"{name}/rows", quant=t.quantization)  # fmt: skip
+        return piece
+
+    def _reshape(self, x, shape, name: str, quant) -> Value:
+        return self.b.RESHAPE(x, self.b.ints(shape, f"{name}/shape"), name=name, quant=quant)
+
+    # the product -------------------------------------------------------------------------------
+    def _product_quant(self) -> Quantization | None:
+        """int8: the range every product of X's and Y's representable values spans."""
+        if not self.int8:
+            return None
+        xl, xh = self.p.x.tensor.real_range()
+        yl, yh = self.p.y.tensor.real_range()
+        corners = [xl * yl, xl * yh, xh * yl, xh * yh]
+        return _range_q(self.out, min(corners), max(corners))
+
+    def _image(self, batch: int, r: int, r0: int, r1: int) -> Value:
+        """X's rows r0:r1 at `batch` as an image [1, n_c, 1, d] (made once)."""
+        key = ("x", batch % self.p.x.batch, r)
+        if key not in self._made:
+            q, d = self.p.x.tensor.quantization, self.p.d
+            xs = self._rows(self.p.x, batch, r0, r1, f"h{batch}/x{r}")
+            self._made[key] = self._reshape(xs, [1, r1 - r0, 1, d], f"h{batch}/x{r}/img", q)
+        return self._made[key]
+
+    def _vector(self, batch: int, c: int, c0: int, c1: int) -> Value:
+        """Y's rows c0:c1 at `batch` as one vector [1, 1, 1, m_c d] (made once)."""
+        key = ("y", batch % self.p.y.batch, c)
+        if key not in self._made:
+            q, size = self.p.y.tensor.quantization, (c1 - c0) * self.p.d
+            ys = self._rows(self.p.y, batch, c0, c1, f"h{batch}/y{c}")
+            self._made[key] = self._reshape(ys, [1, 1, 1, size], f"h{batch}/y{c}/vector", q)
+        return self._made[key]
+
+    def _repeated(self, img: Value, m_c: int, tag: str) -> Value:
+        """The image's channels repeated m_c times: a 1x1 CONV_2D with 0/1 weights."""
+        d, q = self.p.d, self.p.x.tensor.quantization
+        rep = np.tile(np.eye(d, dtype=np.float32), (m_c, 1)).reshape(m_c * d, 1, 1, d)
+        shape = (1, img.shape[1], 1, m_c * d)
+        return self._conv(img, self._conv_weights("repeat", rep, q), f"{tag}/repeat", shape, q)
+
+    def batch_result(self, batch: int) -> Value:
+        """C[batch] as [1, n, m, 1] (column chunks joined along axis 2, rows along axis 1)."""
+        p, d, qt = self.p, self.p.d, self._product_quant()
+        row_pieces = []
+        for r, (r0, r1) in enumerate(p.rows):
+            img, n_c = self._image(batch, r, r0, r1), r1 - r0
+            repeated: dict[int, Value] = {}
+            col_pieces = []
+            for c, (c0, c1) in enumerate(p.cols):
+                m_c, tag = c1 - c0, f"h{batch}/r{r}c{c}"
+                if m_c not in repeated:
+                    repeated[m_c] = self._repeated(img, m_c, tag)
+                vec = self._vector(batch, c, c0, c1)
+                prod = self.b.MUL(repeated[m_c], vec, name=f"{tag}/product", quant=qt)
+                grid = self._reshape(prod, [1, n_c, m_c, d], f"{tag}/grid", qt)
+                ones = self._conv_weights("sum", np.ones((1, 1, 1, d), np.float32), qt)
+                shape = (1, n_c, m_c, 1)
+                col_pieces.append(
+                    self._conv(grid, ones, f"{tag}/sum", shape, self.out.quantization, p.activation)
+                )
+            row_pieces.append(self._join(col_pieces, 2, f"h{batch}/r{r}"))
+        return self._join(row_pieces, 1, f"h{batch}")
+
+    def _join(self, pieces: list[Value], axis: int, name: str) -> Value:
+        if len(pieces) == 1:
+            return pieces[0]
+        return self.b.CONCATENATION(*pieces, axis=axis, name=name, quant=self.out.quantization)
+
+    def build(self) -> None:
+        p, out = self.p, self.out
+        results = [self.batch_result(i) for i in range(p.batch)]
+        if not p.per_batch_reshape:
+            joined = self._join(results, 1, "heads")
+            self.b.replace(self.m.root, self._reshape_to(joined, out.shape, "result"))
+            return
+        axis = next(i for i, a in enumerate(out.shape[:-2]) if a > 1)
+        piece_shape = [1 if i == axis else a for i, a in enumerate(out.shape)]
+        pieces = [self._reshape_to(r, piece_shape, f"h{i}/result") for i, r in enumerate(results)]
+        self.b.replace(self.m.root, self.b.CONCATENATION(*pieces, axis=axis))
+
+    def _reshape_to(self, x: Value, shape, name: str) -> Value:
+        return self._reshape(x, list(shape), name, self.out.quantization)
+
+
+def _scale_zp_q(q: Quantization | None) -> float:
+    return float(np.asarray(q.scale).reshape(-1)[0]) if q is not None else 1.0
+
+
+def matmul_int8_steps(plan: MatmulPlan, out: Tensor) -> int:
+    """Steps of the output an int8 product spelled out may differ from the kernel's: the d
+    roundings of the products (half of s_t each) and the two final roundings (ours and the
+    kernel's). 0 on a float product."""
+    if plan.kind != "int":
+        return 0
+    xl, xh = plan.x.tensor.real_range()
+    yl, yh = plan.y.tensor.real_range()
+    corners = [xl * yl, xl * yh, xh * yl, xh * yh]
+    s_t = float(_range_q(out, min(corners), max(corners)).scale[0])
+    s_out = _scale_zp(out)[0]
+    return math.ceil(plan.d * s_t / (2.0 * s_out) - 1e-9) + 1
+
+
+# -- the rules -----------------------------------------------------------------------------------
+class _MatmulRule(Rule):
+    """What both product rules share: the plan, its int8 bound and the rewrite."""
+
+    quantized_ok = True
+    int8_error_steps = 2  # at least; `int8_error` gives the match's (matmul_int8_steps)
+
+    def int8_error(self, m: Match) -> int:
+        plan = m.plan if isinstance(m.plan, MatmulPlan) else None
+        if plan is None:
+            plan = self._plan(m)
+        if not isinstance(plan, MatmulPlan):
+            return 0
+        return matmul_int8_steps(plan, m.root.output)
+
+    def _plan(self, m: Match) -> MatmulPlan | Refusal:
+        raise NotImplementedError
+
+    def rewrite(self, m: Match) -> None:
+        _Spell(m, m.plan).build()
+
+
+class LegalizeActivationMatmul(_MatmulRule):
+    """BATCH_MATMUL(a, b), both computed  =>  per head and chunk:
+    CONV_2D(MUL(CONV_2D 1x1 repeat(RESHAPE(a_rows)), RESHAPE(b_rows)) reshaped, ones), joined.
+
+    C[h, i, j] = sum_k a[h, i, k] b[h, k, j] (adj_x / adj_y transpose an operand; a TRANSPOSE
+    that swaps an operand's last two axes is read through). See the module docstring for the
+    decomposition, why it was chosen, its chunks and its int8 bound.
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.BATCH_MATMUL(p.a, p.b)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | MatmulPlan:
+        """A refusal, or the plan (operands as rows, chunks)."""
+        return self._plan(m)
+
+    def _plan(self, m: Match) -> MatmulPlan | Refusal:
+        a, b, out = m.a, m.b, m.root.output
+        if a.is_constant or b.is_constant:
+            return NotApplicable("an operand is constant (BatchMatmulToFullyConnected's case)")
+        kind, refusal = _kinds_refusal(a, b, out)
+        if refusal:
+            return refusal
+        if len(a.shape) < 2 or len(b.shape) < 2 or len(out.shape) < 2:
+            return refuse("an operand has fewer than 2 dimensions")
+        x = _through_transpose(a, not m.root.options.get("adj_x", False))
+        y = _through_transpose(b, bool(m.root.options.get("adj_y", False)))
+        lead = tuple(out.shape[:-2])
+        batch = int(np.prod(lead, dtype=np.int64)) if lead else 1
+        if not (_lead_ok(x, lead) and _lead_ok(y, lead)):
+            return refuse("its operands broadcast their batch dimensions")
+        if x.depth != y.depth or (x.rows, y.rows) != tuple(out.shape[-2:]):
+            return refuse("operand shapes do not give the product's shape")
+        plan = MatmulPlan(x, y, batch, "NONE", kind=kind)
+        return _plan_chunks(plan, out) or plan
+
+
+class LegalizeComputedFullyConnected(_MatmulRule):
+    """FULLY_CONNECTED(x, W) with computed weights W [m, d]  =>  the product of
+    LegalizeActivationMatmul with X = x's rows and Y = W (already rows), the fused activation
+    (RELU, RELU6, RELU_N1_TO_1) on the summing conv.
+
+    onnx2tf writes some MatMuls of two activations this way. A bias must be absent or zero.
+    """
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.FULLY_CONNECTED(p.x, p.w, ...)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | MatmulPlan:
+        """A refusal, or the plan (operands as rows, chunks)."""
+        return self._plan(m)
+
+    def _plan(self, m: Match) -> MatmulPlan | Refusal:
+        x, w, out = m.x, m.w, m.root.output
+        if w.is_constant:
+            return NotApplicable("constant weights: the compiler maps it")
+        if x.is_constant:
+            return refuse("the constant is the data operand")
+        kind, refusal = _kinds_refusal(x, w, out)
+        if refusal:
+            return refusal
+        bias = m.root.inputs[2] if len(m.root.inputs) > 2 else None
+        if bias is not None and (not bias.is_constant or np.any(np.asarray(bias.data) != 0)):
+            return refuse("the product has a bias")
+        if len(w.shape) != 2 or not x.shape or x.shape[-1] != w.shape[1]:
+            return refuse(f"weights {list(w.shape)} do not match data {list(x.shape)}")
+        refusal = _activation_refusal(m.root.fused_activation)
+        if refusal:
+            return refusal
+        rows = x.size // x.shape[-1]
+        if out.size != rows * w.shape[0]:
+            return refuse("the output is not rows x weights")
+        lead = tuple(x.shape[:-2])
+        xs = Operand(x, True) if len(x.shape) >= 2 else None
+        if xs is None:
+            return refuse("the data operand is a vector")
+        batch = int(np.prod(lead, dtype=np.int64)) if lead else 1
+        plan = MatmulPlan(xs, Operand(w, True), batch, m.root.fused_activation, kind=kind)
+        virtual = Tensor("fc", (*x.shape[:-1], w.shape[0]), out.dtype)
+        return _plan_chunks(plan, virtual) or plan
+
+
+ATTENTION_LEGALIZATION: tuple[Rule, ...] = (
+    LegalizeActivationMatmul(),
+    LegalizeComputedFullyConnected(),
+)
