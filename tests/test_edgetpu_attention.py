@@ -1,0 +1,250 @@
+"""The Edge TPU legalization of attention's products (tflfuse/targets/edgetpu/attention.py):
+BATCH_MATMUL of two activations and FULLY_CONNECTED with computed weights, spelled out in 1x1
+CONV_2Ds, a per-channel MUL and RESHAPE/SLICE/CONCATENATION; float (tight) and int8 (within the
+declared steps), the refusals, the encoder export from ../shared and a Keras MultiHeadAttention
+model converted end to end."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from conftest import SHARED
+from rulekit import G, apply, assert_same_function, ops, optimize, refusals
+
+from tflfuse.ir import Graph, Model, Quantization, flatbuffer
+from tflfuse.runtime import verify
+from tflfuse.targets import predict
+from tflfuse.targets.edgetpu import attention
+from tflfuse.targets.edgetpu.attention import (
+    LegalizeActivationMatmul,
+    LegalizeComputedFullyConnected,
+)
+from tflfuse.targets.edgetpu.predict import statuses_once_quantized
+
+RULE = "LegalizeActivationMatmul"
+FC_RULE = "LegalizeComputedFullyConnected"
+
+
+def _mapped_once_quantized(model: Model) -> Counter[str]:
+    return Counter(key for key, _ in statuses_once_quantized(model.main))
+
+
+def _product(a_shape, b_shape, out_shape, **options) -> tuple[bytes, G]:
+    """TANH(a) @ TANH(b): two computed operands (the TANHs keep them activations)."""
+    g = G()
+    a = g.unary("TANH", g.input(a_shape, "a"))
+    b = g.unary("TANH", g.input(b_shape, "b"))
+    options = {"adj_x": False, "adj_y": False, **options}
+    return g.bytes(g.op("BATCH_MATMUL", [a, b], out_shape, **options)), g
+
+
+# -- float -----------------------------------------------------------------------------------------
+def test_heads_product_becomes_convs_and_a_per_channel_mul_exactly() -> None:
+    """[2, 8, 4] @ [2, 4, 6]: per head a repeat conv, one vector MUL, a summing conv; the
+    heads joined and reshaped. Every op maps once quantized (the BATCH_MATMUL did not)."""
+    before, _ = _product((2, 8, 4), (2, 4, 6), (2, 8, 6))
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    assert result.fired() == {RULE: 1}
+    counts = Counter(ops(model))
+    assert "BATCH_MATMUL" not in counts
+    assert counts["CONV_2D"] == 4 and counts["MUL"] == 2 and counts["CONCATENATION"] == 1
+    # b arrives as [d, m]: each head's rows are transposed once
+    assert counts["TRANSPOSE"] == 2
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+    assert _mapped_once_quantized(flatbuffer.from_bytes(before))["mapped"] == 2
+    assert _mapped_once_quantized(model) == {"mapped": len(model.main.ops)}
+
+
+@pytest.mark.parametrize(("adj_x", "adj_y"), [(False, True), (True, False), (True, True)])
+def test_adjoint_operands_of_four_dimensional_heads(adj_x: bool, adj_y: bool) -> None:
+    """[1, H, N, d] heads, either operand transposed by adj_x / adj_y (Q.K^T is adj_y)."""
+    n, m, d = 5, 7, 3
+    a_shape = (1, 2, d, n) if adj_x else (1, 2, n, d)
+    b_shape = (1, 2, m, d) if adj_y else (1, 2, d, m)
+    before, _ = _product(a_shape, b_shape, (1, 2, n, m), adj_x=adj_x, adj_y=adj_y)
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    assert result.fired() == {RULE: 1}
+    assert ops(model).count("TRANSPOSE") == 2 * (int(adj_x) + int(not adj_y))
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+
+
+def test_a_transpose_feeding_the_product_is_read_through() -> None:
+    """q @ TRANSPOSE(k, swap last two): k's rows are read as they are; the TRANSPOSE goes."""
+    g = G()
+    q = g.unary("TANH", g.input((1, 2, 6, 4), "q"))
+    k = g.unary("TANH", g.input((1, 2, 6, 4), "k"))
+    kt = g.op("TRANSPOSE", [k, g.const(np.array([0, 1, 3, 2]), "perm")], (1, 2, 4, 6))
+    before = g.bytes(g.op("BATCH_MATMUL", [q, kt], (1, 2, 6, 6), adj_x=False, adj_y=False))
+    after, model, _ = apply(before, LegalizeActivationMatmul())
+    assert "TRANSPOSE" not in ops(model) and "BATCH_MATMUL" not in ops(model)
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+
+
+def test_shared_operand_and_chunks_within_small_limits(monkeypatch) -> None:
+    """Limits made small (row 24, RESHAPE 100, TRANSPOSE 64): the product is cut into row and
+    column chunks, joined exactly, each head reshaped on its own (2 x 10 x 9 > 100); the right
+    operand, shared by both heads, is read once per column chunk."""
+    monkeypatch.setattr(attention, "_limits", lambda: (24, 100, 64))
+    monkeypatch.setattr(attention, "_pieces_refusal", lambda plan: None)
+    before, _ = _product((2, 10, 4), (1, 4, 9), (2, 10, 9))
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    assert result.fired() == {RULE: 1}
+    counts = Counter(ops(model))
+    # columns: 9 in chunks of <= 6 (24 // 4) -> 5 + 4; rows: 100 // (5 * 4) = 5 -> 2 chunks
+    assert counts["MUL"] == 2 * 2 * 2
+    assert counts["CONCATENATION"] == 2 * (2 + 1) + 1
+    assert counts["TRANSPOSE"] == 2  # the shared operand's two column chunks
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+
+
+def test_computed_weights_fully_connected_with_its_relu() -> None:
+    """FULLY_CONNECTED(x, W) with W computed (onnx2tf's MatMul of two activations): the same
+    spelling, W already as rows, the fused RELU on the summing conv."""
+    g = G()
+    x = g.unary("TANH", g.input((1, 6, 8), "x"))
+    w = g.unary("TANH", g.input((5, 8), "w"))
+    y = g.op("FULLY_CONNECTED", [x, w, None], (6, 5), fused_activation_function="RELU",
+             keep_num_dims=False)  # fmt: skip
+    before = g.bytes(y)
+    after, model, result = apply(before, LegalizeComputedFullyConnected())
+    assert result.fired() == {FC_RULE: 1}
+    assert "FULLY_CONNECTED" not in ops(model) and "TRANSPOSE" not in ops(model)
+    sums = [op for op in model.main.ops if op.type == "CONV_2D" and op.output.shape[-1] == 1]
+    assert [op.fused_activation for op in sums] == ["RELU"]
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+
+
+# -- refusals ------------------------------------------------------------------------------------
+def test_a_constant_operand_is_left_to_the_fully_connected_rule() -> None:
+    g = G()
+    x = g.unary("TANH", g.input((1, 4, 3)))
+    before = g.bytes(g.op("BATCH_MATMUL", [x, g.rand(3, 5)], (1, 4, 5), adj_x=False, adj_y=False))
+    _, model, result = apply(before, LegalizeActivationMatmul())
+    assert ops(model) == ["TANH", "BATCH_MATMUL"]
+    assert refusals(result, RULE) == ["an operand is constant (BatchMatmulToFullyConnected's case)"]
+
+
+def test_broadcast_batches_are_refused() -> None:
+    before, _ = _product((2, 1, 4, 3), (1, 3, 3, 5), (2, 3, 4, 5))
+    _, model, result = apply(before, LegalizeActivationMatmul())
+    assert "BATCH_MATMUL" in ops(model)
+    assert refusals(result, RULE) == ["its operands broadcast their batch dimensions"]
+
+
+def test_a_head_larger_than_one_reshape_is_refused() -> None:
+    """700 x 700 scores per head: 490000 elements, more than the RESHAPE the compiler is seen
+    to map (408000), so the pieces could not be put back together on the Edge TPU."""
+    before, _ = _product((1, 700, 2), (1, 2, 700), (1, 700, 700))
+    _, model, result = apply(before, LegalizeActivationMatmul())
+    assert "BATCH_MATMUL" in ops(model)
+    [reason] = refusals(result, RULE)
+    assert reason.startswith("its [1, 700, 700] result is larger than one RESHAPE")
+
+
+def test_a_product_behind_the_cut_is_left_whole() -> None:
+    """An operand computed after the segment (EXP is outside the table): the product would run
+    on the CPU however it is spelled."""
+    g = G()
+    a = g.unary("EXP", g.unary("TANH", g.input((2, 4, 3), "a")))
+    b = g.unary("TANH", g.input((2, 3, 5), "b"))
+    before = g.bytes(g.op("BATCH_MATMUL", [a, b], (2, 4, 5), adj_x=False, adj_y=False))
+    _, model, result = apply(before, LegalizeActivationMatmul())
+    assert "BATCH_MATMUL" in ops(model)
+    [reason] = refusals(result, RULE)
+    assert "EXP is not in the Edge TPU op table" in reason
+
+
+def test_a_biased_computed_weights_product_is_refused() -> None:
+    g = G()
+    x = g.unary("TANH", g.input((1, 6, 8), "x"))
+    w = g.unary("TANH", g.input((5, 8), "w"))
+    y = g.op("FULLY_CONNECTED", [x, w, g.rand(5, name="bias")], (1, 6, 5), keep_num_dims=True)
+    _, model, result = apply(g.bytes(y), LegalizeComputedFullyConnected())
+    assert "FULLY_CONNECTED" in ops(model)
+    assert refusals(result, FC_RULE) == ["the product has a bias"]
+
+
+# -- int8 ----------------------------------------------------------------------------------------
+def _q(scale: float, zero: int) -> Quantization:
+    return Quantization(scale=np.array([scale], np.float32), zero_point=np.array([zero], np.int64))
+
+
+def _int8_product(dtype: str = "INT8") -> bytes:
+    g = Graph("main")
+    a = g.add_tensor("a", (2, 6, 4), dtype, quantization=_q(0.02, 5))
+    b = g.add_tensor("b", (2, 4, 5), dtype, quantization=_q(0.03, -7))
+    g.inputs = [a, b]
+    out = g.add_tensor("scores", (2, 6, 5), dtype, quantization=_q(0.05, 3))
+    g.add_op("BATCH_MATMUL", [a, b], [out], {"adj_x": False, "adj_y": False})
+    g.outputs = [out]
+    g.validate()
+    return flatbuffer.to_bytes(Model([g]))
+
+
+def test_int8_product_stays_within_its_declared_steps_and_maps() -> None:
+    before = _int8_product()
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    [event] = [e for e in result.events if e.rule == RULE]
+    # d = 4 products rounded at s_t = (2.66 * 3.63 * 2) / 255 = 0.0757: 4 * 0.0757 / (2 * 0.05)
+    # = 3.03 -> 4, plus one for the two final roundings
+    assert event.int8_steps == 5
+    agreement = verify.compare(before, after, int_atol=event.int8_steps, runs=4)
+    assert agreement.ok and agreement.varies, agreement
+    assert predict(flatbuffer.from_bytes(before), "edgetpu").mapped == 0
+    p = predict(model, "edgetpu")
+    assert (p.mapped, p.cpu) == (len(model.main.ops), 0)
+
+
+def test_uint8_products_are_refused() -> None:
+    _, model, result = apply(_int8_product("UINT8"), LegalizeActivationMatmul())
+    assert ops(model) == ["BATCH_MATMUL"]
+    assert refusals(result, RULE) == [
+        "uint8 operands: only float and int8 products are spelled out"
+    ]
+
+
+# -- real exports ----------------------------------------------------------------------------------
+ENCODER = SHARED / "models" / "pytorch" / "encoder.tflite"
+
+
+@pytest.mark.skipif(not ENCODER.is_file(), reason="../shared/models/pytorch is absent")
+def test_litert_torch_encoder_maps_whole_once_its_products_are_spelled_out() -> None:
+    """PyTorch's TransformerEncoderLayer (litert-torch): both products legalized, then the GELU
+    behind them (no longer after a cut); every op maps once quantized, where 18 of 57 did."""
+    data = ENCODER.read_bytes()
+    fused, model, result = optimize(data, target="edgetpu")
+    fired = result.fired()
+    assert fired[RULE] == 2 and fired["LegalizeGelu"] == 1
+    assert "BATCH_MATMUL" not in ops(model) and "GELU" not in ops(model)
+    assert _mapped_once_quantized(model) == {"mapped": len(model.main.ops)}
+    before = _mapped_once_quantized(flatbuffer.from_bytes(data))
+    assert before["mapped"] < len(model.main.ops)
+    assert_same_function(data, fused, atol=1e-4, rtol=1e-3)
+
+
+def test_keras_multi_head_attention_converts_and_maps_past_its_products(tmp_path) -> None:
+    """A Keras MultiHeadAttention block through `convert --recipe edgetpu`: verified, and the
+    fused model maps past attention (the stock model stops at its first BATCH_MATMUL)."""
+    keras = pytest.importorskip("keras")
+    from tflfuse.convert.pipeline import convert_keras
+
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    inputs = keras.Input((16, 32))
+    x = layers.Dense(32)(inputs)
+    x = layers.Add()([x, layers.MultiHeadAttention(num_heads=4, key_dim=8)(x, x)])
+    outputs = layers.Dense(10)(layers.GlobalAveragePooling1D()(x))
+    model = keras.Model(inputs, outputs)
+    calib = np.random.default_rng(0).normal(0.0, 1.0, (32, 16, 32)).astype(np.float32)
+    res = convert_keras(model, "edgetpu", calibration=calib, output_dir=tmp_path / "o",
+                        progress=False)  # fmt: skip
+    report = res.report
+    assert report["agreement"]["fused"]["verified"]
+    assert report["agreement"]["fused"]["outputs"][0]["top1_agreement"] >= 0.9
+    fused, stock = report["edgetpu"]["fused"], report["edgetpu"]["stock"]
+    assert stock["cut"]["op"] == "BATCH_MATMUL"
+    assert (fused.get("cut") or {}).get("op") != "BATCH_MATMUL"
+    assert "BATCH_MATMUL" not in fused["cpu_ops"]
+    assert fused["mapped"] > stock["mapped"] + 50
