@@ -1,4 +1,4 @@
-"""Edge TPU legalization of attention: the product of two activations, and the softmax after it.
+"""Edge TPU legalization of attention: the product of two activations.
 
 The compiler has no op for the product of two computed tensors: BATCH_MATMUL is outside its
 table, and FULLY_CONNECTED maps only with constant weights (every FULLY_CONNECTED with computed
@@ -41,10 +41,12 @@ reduction rounds once into the original output's scale. Each element of t is off
 step s_t, so the sum by d s_t / 2: `matmul_int8_steps` declares ceil(d s_t / (2 s_out)) + 1
 steps for the match (the kernel's one rounding against ours).
 
-SOFTMAX over the last axis is row-wise, so a softmax beyond the compiler's limits (more than 3
-dimensions > 1, or more than the row limit in its two innermost) is cut into pieces along its
-outer axes and rows, each its own SOFTMAX, and joined: exact in float and int8 (every piece has
-the output's quantization, as the softmax kernel's fixed int8 scale requires).
+Not split here: a SOFTMAX, or a head split/merge RESHAPE/TRANSPOSE, whose own tensor is over
+the limits (more than 3 dimensions > 1, or the row limit). Cut into per-head pieces it would be
+exact, but its result keeps its shape: the CONCATENATION writing it, and every op reading it,
+would stay refused. The attention models measured have neither ([1, H, N, M] softmaxes within
+the row limit up to N = 420); the fix would rewrite the whole chain (Q.K^T, softmax, A.V) per
+head.
 
 Every rule is gated like the other legalizations (`after_the_cut`): an op that reads what the
 CPU computes after the segment is left as it is.
