@@ -82,19 +82,23 @@ def test_a_transpose_feeding_the_product_is_read_through() -> None:
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
 
-def test_shared_operand_and_chunks_within_small_limits(monkeypatch) -> None:
-    """Limits made small (row 24, RESHAPE 100, TRANSPOSE 64): the product is cut into row and
-    column chunks, joined exactly, each head reshaped on its own (2 x 10 x 9 > 100); the right
-    operand, shared by both heads, is read once per column chunk."""
+@pytest.mark.parametrize(("block", "muls", "joins"), [(False, 8, 7), (True, 4, 3)])
+def test_shared_operand_and_chunks_within_small_limits(monkeypatch, block, muls, joins) -> None:
+    """Limits made small (row 24, RESHAPE 100, TRANSPOSE 64): the product is cut into column
+    chunks (and, summed on the grid, row chunks), joined exactly, each head reshaped on its own
+    (2 x 10 x 9 > 100); the right operand, shared by both heads, is read once per column
+    chunk. Both ways of summing (0/1 blocks, or the grid and a conv of ones)."""
     monkeypatch.setattr(attention, "_limits", lambda: (24, 100, 64))
     monkeypatch.setattr(attention, "_pieces_refusal", lambda plan: None)
+    layout = attention._layout
+    monkeypatch.setattr(attention, "_layout", lambda p, b: layout(p, b) if b == block else None)
     before, _ = _product((2, 10, 4), (1, 4, 9), (2, 10, 9))
     after, model, result = apply(before, LegalizeActivationMatmul())
     assert result.fired() == {RULE: 1}
     counts = Counter(ops(model))
-    # columns: 9 in chunks of <= 6 (24 // 4) -> 5 + 4; rows: 100 // (5 * 4) = 5 -> 2 chunks
-    assert counts["MUL"] == 2 * 2 * 2
-    assert counts["CONCATENATION"] == 2 * (2 + 1) + 1
+    # columns: 9 in chunks of <= 6 (24 // 4) -> 5 + 4; grid rows: 100 // (5 * 4) = 5 -> 2
+    assert counts["MUL"] == muls
+    assert counts["CONCATENATION"] == joins
     assert counts["TRANSPOSE"] == 2  # the shared operand's two column chunks
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
@@ -111,7 +115,7 @@ def test_computed_weights_fully_connected_with_its_relu() -> None:
     after, model, result = apply(before, LegalizeComputedFullyConnected())
     assert result.fired() == {FC_RULE: 1}
     assert "FULLY_CONNECTED" not in ops(model) and "TRANSPOSE" not in ops(model)
-    sums = [op for op in model.main.ops if op.type == "CONV_2D" and op.output.shape[-1] == 1]
+    sums = [op for op in model.main.ops if op.output.name.endswith("/sum")]
     assert [op.fused_activation for op in sums] == ["RELU"]
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 

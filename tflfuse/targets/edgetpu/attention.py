@@ -15,7 +15,10 @@ adj/transpose), C[i, j] = sum_k X[i, k] Y[j, k]:
                                                          m_c times along the channels, exact
     v   = RESHAPE(Y[cols], [1, 1, 1, m_c d])             the m_c rows of Y as one vector
     t   = MUL(xr, v)                                     t[i, (j, k)] = X[i, k] Y[j, k]
-    c   = CONV_2D 1x1 (RESHAPE(t, [1, n_c, m_c, d]), 1)  sum over k: C[i, j], one output channel
+    c   = CONV_2D 1x1 (t, B)                            B[j', (j, k)] = (j == j'): the sum over
+                                                         k, C[i, j] for m_c columns
+      or  CONV_2D 1x1 (RESHAPE(t, [1, n_c, m_c, d]), 1)  the same sum with d ones, one output
+                                                         channel (the grid)
 
 and the pieces are joined (CONCATENATION along the columns, then the rows and heads) and reshaped
 to the product's shape. Why this one, among those the brief names:
@@ -31,7 +34,11 @@ to the product's shape. Why this one, among those the brief names:
   * the MUL broadcasts only along space, so it stays one op per chunk however many rows.
 Chunks keep every tensor within the compiler's limits (edgetpu.toml [meta] and the RESHAPE and
 TRANSPOSE rows): m_c d within the row limit (and the TRANSPOSE limit when Y arrives as [d, m]),
-n_c m_c d within the RESHAPE limit, and the replication weights m_c d^2 within PARAMETER_BUDGET.
+the replication weights m_c d^2 and the blocks m_c^2 d within PARAMETER_BUDGET, and on the grid
+n_c m_c d within the RESHAPE limit; the way of summing that needs fewer pieces is taken (blocks
+for attention's Q.K^T: 46 ops for two heads of 400 tokens, where the grid needs 194). A large
+contracted depth is costly: the repeat weights grow as d^2 (A.V over 400 tokens: 550 ops for
+two heads); a depthwise repeat (depth_multiplier 8 is seen mapped) would grow as d.
 
 Exactness. Float: the same products, summed in another order (round-off only). int8 (a stock
 int8 model given to `optimize`): the copies and the 0/1 weights are exact (a conv with weights
@@ -175,6 +182,7 @@ class MatmulPlan:
     cols: list[tuple[int, int]] = field(default_factory=list)
     per_batch_reshape: bool = False
     kind: str = "float"
+    block_sum: bool = False
 
     @property
     def n(self) -> int:
@@ -189,23 +197,41 @@ class MatmulPlan:
         return self.x.depth
 
 
-def _plan_chunks(plan: MatmulPlan, out: Tensor) -> Refusal | None:
-    """Fill in the chunks and the final reshape; a refusal when no chunking fits the limits."""
+def _layout(plan: MatmulPlan, block: bool) -> tuple[list, list] | None:
+    """(row chunks, column chunks) for one way of summing: `block` (a 1x1 conv of 0/1 blocks
+    on [1, n_c, 1, m_c d]: m_c^2 d weights, no reshape) or the grid (RESHAPE to
+    [1, n_c, m_c, d] and a conv of d ones: n_c m_c d within the RESHAPE limit). None when no
+    column fits."""
     row_limit, reshape_limit, transpose_limit = _limits()
     d, n, m = plan.d, plan.n, plan.m
-    widest = min(row_limit, reshape_limit, PARAMETER_BUDGET // max(d, 1))
+    widest = min(row_limit, PARAMETER_BUDGET // d)  # m_c d: the row, and m_c d^2 repeat weights
     if not plan.y.rows_last:
         widest = min(widest, transpose_limit)
-    m_c = min(m, widest // d)
+    m_c = min(m, widest // d, math.isqrt(PARAMETER_BUDGET // d) if block else reshape_limit // d)
     if m_c < 1:
-        return refuse(f"a contracted depth of {d} leaves no column that fits the limits")
+        return None
     cols = _chunks(m, m_c)
     m_c = max(b - a for a, b in cols)
-    tallest = reshape_limit // (m_c * d)
+    tallest = n if block else reshape_limit // (m_c * d)
     if not plan.x.rows_last:
         tallest = min(tallest, transpose_limit // d)
-    rows = _chunks(n, max(1, tallest))
-    plan.rows, plan.cols = rows, cols
+    return _chunks(n, max(1, tallest)), cols
+
+
+def _plan_chunks(plan: MatmulPlan, out: Tensor) -> Refusal | None:
+    """Fill in the chunks (the way of summing that needs fewer pieces) and the final reshape;
+    a refusal when no chunking fits the limits."""
+    reshape_limit = _limits()[1]
+    ways = []
+    for block in (True, False):
+        layout = _layout(plan, block)
+        if layout is not None:
+            rows, cols = layout
+            ways.append((len(rows) * len(cols), not block, rows, cols, block))
+    if not ways:
+        return refuse(f"a contracted depth of {plan.d} leaves no column that fits the limits")
+    _, _, plan.rows, plan.cols, plan.block_sum = min(ways)
+    n, m = plan.n, plan.m
     if plan.batch * n * m > reshape_limit:
         lead = [a for a in out.shape[:-2] if a > 1]
         if n * m > reshape_limit or len(lead) > 1:
@@ -229,12 +255,18 @@ def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
     for n_c in {b - a for a, b in plan.rows}:
         for m_c in {b - a for a, b in plan.cols}:
             w_rep = np.zeros((m_c * d, 1, 1, d), np.float32)
-            asks = (
-                ("CONV_2D", [t(1, n_c, 1, d)], (1, n_c, 1, m_c * d), [w_rep]),
-                ("MUL", [t(1, n_c, 1, m_c * d), t(1, 1, 1, m_c * d)], (1, n_c, 1, m_c * d), []),
-                ("RESHAPE", [t(1, n_c, 1, m_c * d)], (1, n_c, m_c, d), []),
-                ("CONV_2D", [t(1, n_c, m_c, d)], (1, n_c, m_c, 1), [np.ones((1, 1, 1, d))]),
-            )
+            wide = (1, n_c, 1, m_c * d)
+            asks = [
+                ("CONV_2D", [t(1, n_c, 1, d)], wide, [w_rep]),
+                ("MUL", [t(*wide), t(1, 1, 1, m_c * d)], wide, []),
+            ]
+            if plan.block_sum:
+                block = np.zeros((m_c, 1, 1, m_c * d), np.float32)
+                asks.append(("CONV_2D", [t(*wide)], (1, n_c, 1, m_c), [block]))
+            else:
+                asks.append(("RESHAPE", [t(*wide)], (1, n_c, m_c, d), []))
+                ones = np.ones((1, 1, 1, d), np.float32)
+                asks.append(("CONV_2D", [t(1, n_c, m_c, d)], (1, n_c, m_c, 1), [ones]))
             for op_type, ins, shape, consts in asks:
                 why = _refusal_of(op_type, ins, shape, {"fused_activation_function": "NONE"},
                                   consts)  # fmt: skip
@@ -370,8 +402,9 @@ class _Spell:
         return self._conv(img, self._conv_weights("repeat", rep, q), f"{tag}/repeat", shape, q)
 
     def batch_result(self, batch: int) -> Value:
-        """C[batch] as [1, n, m, 1] (column chunks joined along axis 2, rows along axis 1)."""
-        p, d, qt = self.p, self.p.d, self._product_quant()
+        """C[batch] as [1, n, m, 1] or, summed by blocks, [1, n, 1, m] (column chunks joined
+        along the axis of m, rows along axis 1)."""
+        p, qt = self.p, self._product_quant()
         row_pieces = []
         for r, (r0, r1) in enumerate(p.rows):
             img, n_c = self._image(batch, r, r0, r1), r1 - r0
@@ -383,14 +416,21 @@ class _Spell:
                     repeated[m_c] = self._repeated(img, m_c, tag)
                 vec = self._vector(batch, c, c0, c1)
                 prod = self.b.MUL(repeated[m_c], vec, name=f"{tag}/product", quant=qt)
-                grid = self._reshape(prod, [1, n_c, m_c, d], f"{tag}/grid", qt)
-                ones = self._conv_weights("sum", np.ones((1, 1, 1, d), np.float32), qt)
-                shape = (1, n_c, m_c, 1)
-                col_pieces.append(
-                    self._conv(grid, ones, f"{tag}/sum", shape, self.out.quantization, p.activation)
-                )
-            row_pieces.append(self._join(col_pieces, 2, f"h{batch}/r{r}"))
+                col_pieces.append(self._sum(prod, n_c, m_c, tag, qt))
+            row_pieces.append(self._join(col_pieces, 3 if p.block_sum else 2, f"h{batch}/r{r}"))
         return self._join(row_pieces, 1, f"h{batch}")
+
+    def _sum(self, prod: Value, n_c: int, m_c: int, tag: str, qt) -> Value:
+        """sum_k t[i, (j, k)]: a conv of 0/1 blocks ([1, n_c, 1, m_c]), or RESHAPE to the grid
+        [1, n_c, m_c, d] and a conv of d ones ([1, n_c, m_c, 1])."""
+        d, q_out, act = self.p.d, self.out.quantization, self.p.activation
+        if self.p.block_sum:
+            blocks = np.kron(np.eye(m_c, dtype=np.float32), np.ones((1, d), np.float32))
+            w = self._conv_weights("blocks", blocks.reshape(m_c, 1, 1, m_c * d), qt)
+            return self._conv(prod, w, f"{tag}/sum", (1, n_c, 1, m_c), q_out, act)
+        grid = self._reshape(prod, [1, n_c, m_c, d], f"{tag}/grid", qt)
+        ones = self._conv_weights("sum", np.ones((1, 1, 1, d), np.float32), qt)
+        return self._conv(grid, ones, f"{tag}/sum", (1, n_c, m_c, 1), q_out, act)
 
     def _join(self, pieces: list[Value], axis: int, name: str) -> Value:
         if len(pieces) == 1:
