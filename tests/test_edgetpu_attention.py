@@ -103,6 +103,19 @@ def test_shared_operand_and_chunks_within_small_limits(monkeypatch, block, muls,
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
 
+def test_few_columns_of_a_deep_product_are_computed_transposed(monkeypatch) -> None:
+    """A.V-like: 4 rows, 50 columns, depth 30, repeat weights limited to 4 columns: C^T (4
+    columns) needs one piece where C needs 13, so C^T is built and turned back per head."""
+    monkeypatch.setattr(attention, "PARAMETER_BUDGET", 4 * 30 * 30)
+    before, _ = _product((2, 4, 30), (2, 30, 50), (2, 4, 50))
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    assert result.fired() == {RULE: 1}
+    counts = Counter(ops(model))
+    assert counts["MUL"] == 2  # one piece per head
+    assert counts["TRANSPOSE"] == 2 + 2  # b read as rows, per head; each C^T turned back
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+
+
 def test_computed_weights_fully_connected_with_its_relu() -> None:
     """FULLY_CONNECTED(x, W) with W computed (onnx2tf's MatMul of two activations): the same
     spelling, W already as rows, the fused RELU on the summing conv."""

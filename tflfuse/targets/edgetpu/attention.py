@@ -183,6 +183,11 @@ class MatmulPlan:
     per_batch_reshape: bool = False
     kind: str = "float"
     block_sum: bool = False
+    swapped: bool = False  # computes C^T = Y . X^T per head, then transposes it
+
+    @property
+    def pieces(self) -> int:
+        return len(self.rows) * len(self.cols)
 
     @property
     def n(self) -> int:
@@ -241,6 +246,22 @@ def _plan_chunks(plan: MatmulPlan, out: Tensor) -> Refusal | None:
             )
         plan.per_batch_reshape = True
     return _pieces_refusal(plan)
+
+
+def _fewer_pieces(plan: MatmulPlan, swapped: MatmulPlan, out: Tensor) -> MatmulPlan | Refusal:
+    """The plan, or C^T = Y . X^T transposed back per head when that needs fewer pieces (the
+    repeat weights grow with the columns: A.V's are the few value channels once swapped)."""
+    refusal = _plan_chunks(plan, out)
+    n, m = plan.n, plan.m
+    if n * m > _limits()[2] or n == 1 or m == 1:
+        return refusal or plan
+    if _plan_chunks(swapped, out) is not None:
+        return refusal or plan
+    why = _refusal_of("TRANSPOSE", [Tensor("t", (m, n), out.dtype)], (n, m),
+                      consts=[np.array([1, 0], np.int32)])  # fmt: skip
+    if why is None and (refusal is not None or swapped.pieces < plan.pieces):
+        return swapped
+    return refusal or plan
 
 
 def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
@@ -437,9 +458,19 @@ class _Spell:
             return pieces[0]
         return self.b.CONCATENATION(*pieces, axis=axis, name=name, quant=self.out.quantization)
 
+    def _transposed_back(self, r: Value, batch: int) -> Value:
+        """A swapped plan's C^T of one head, as C [1, n, 1, m]."""
+        n, m, q = self.p.y.rows, self.p.x.rows, self.out.quantization
+        flat = self._reshape(r, [m, n], f"h{batch}/transposed", q)
+        turned = self.b.TRANSPOSE(flat, self.b.ints([1, 0], f"h{batch}/perm"),
+                                  name=f"h{batch}/turned", quant=q)  # fmt: skip
+        return self._reshape(turned, [1, n, 1, m], f"h{batch}/turned/img", q)
+
     def build(self) -> None:
         p, out = self.p, self.out
         results = [self.batch_result(i) for i in range(p.batch)]
+        if p.swapped:
+            results = [self._transposed_back(r, i) for i, r in enumerate(results)]
         if not p.per_batch_reshape:
             joined = self._join(results, 1, "heads")
             self.b.replace(self.m.root, self._reshape_to(joined, out.shape, "result"))
@@ -527,8 +558,11 @@ class LegalizeActivationMatmul(_MatmulRule):
             return refuse("its operands broadcast their batch dimensions")
         if x.depth != y.depth or (x.rows, y.rows) != tuple(out.shape[-2:]):
             return refuse("operand shapes do not give the product's shape")
-        plan = MatmulPlan(x, y, batch, "NONE", kind=kind)
-        return _plan_chunks(plan, out) or plan
+        return _fewer_pieces(
+            MatmulPlan(x, y, batch, "NONE", kind=kind),
+            MatmulPlan(y, x, batch, "NONE", kind=kind, swapped=True),
+            out,
+        )
 
 
 class LegalizeComputedFullyConnected(_MatmulRule):
