@@ -37,8 +37,10 @@ TRANSPOSE rows): m_c d within the row limit (and the TRANSPOSE limit when Y arri
 the replication weights m_c d^2 and the blocks m_c^2 d within PARAMETER_BUDGET, and on the grid
 n_c m_c d within the RESHAPE limit; the way of summing that needs fewer pieces is taken (blocks
 for attention's Q.K^T: 46 ops for two heads of 400 tokens, where the grid needs 194). A large
-contracted depth is costly: the repeat weights grow as d^2 (A.V over 400 tokens: 550 ops for
-two heads); a depthwise repeat (depth_multiplier 8 is seen mapped) would grow as d.
+contracted depth is costly: the repeat weights grow as d^2, so when C^T = Y . X^T needs fewer
+pieces it is built instead and turned back per head (a TRANSPOSE): A.V over 400 tokens with 64
+value channels, 108 ops for two heads instead of 550. A depthwise repeat (depth_multiplier 8 is
+seen mapped) would grow as d; not done.
 
 Exactness. Float: the same products, summed in another order (round-off only). int8 (a stock
 int8 model given to `optimize`): the copies and the 0/1 weights are exact (a conv with weights
