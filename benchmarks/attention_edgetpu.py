@@ -8,8 +8,8 @@ legalization of the product of two activations (tflfuse/targets/edgetpu/attentio
 Models: the litert-torch export of PyTorch's TransformerEncoderLayer (../shared/models/pytorch/
 encoder.tflite), a Keras MultiHeadAttention block built here (random weights, seed 0), and every
 float .tflite in the corpus folder (`$TFLFUSE_CORPUS`, default ../corpus beside the checkout:
-YOLO11/YOLO26 and timm ViTs exported there, see its README). Calibration: `STEM.calib.npy` or
-`STEM.reference_inputs.npy` beside a model when present, else image-like samples for an image
+YOLO11/YOLO26 and timm ViTs exported there, see its README). Calibration: `X.calib.npy` beside
+`X.tflite` when present (the corpus's image-like samples), else image-like samples for an image
 input (smooth random fields in [0, 1]) or normal noise for token inputs.
 
 Each model is converted twice with `--recipe edgetpu`: as shipped ("on") and with
@@ -66,10 +66,9 @@ def keras_mha(folder: Path) -> tuple[Path, np.ndarray]:
 
 def calibration_for(path: Path) -> np.ndarray:
     """The model's own samples beside it, else image-like fields or token noise."""
-    for suffix in (".calib.npy", ".reference_inputs.npy"):
-        own = path.with_name(path.name.split(".")[0] + suffix)
-        if own.is_file():
-            return np.load(own)
+    own = path.with_suffix(".calib.npy")
+    if own.is_file():
+        return np.load(own)
     shape = tuple(flatbuffer.load(path).main.inputs[0].shape[1:])
     rng = np.random.default_rng(0)
     if len(shape) == 3 and 3 in (shape[0], shape[-1]):

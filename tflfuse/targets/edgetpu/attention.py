@@ -128,10 +128,15 @@ class Operand:
 
     tensor: Tensor
     rows_last: bool
+    view: tuple[int, ...] | None = None  # the shape it is read as (a RESHAPE), else its own
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.view if self.view is not None else tuple(self.tensor.shape)
 
     @property
     def lead(self) -> tuple[int, ...]:
-        return tuple(self.tensor.shape[:-2])
+        return tuple(self.shape[:-2])
 
     @property
     def batch(self) -> int:
@@ -139,11 +144,27 @@ class Operand:
 
     @property
     def rows(self) -> int:
-        return self.tensor.shape[-2] if self.rows_last else self.tensor.shape[-1]
+        return self.shape[-2] if self.rows_last else self.shape[-1]
 
     @property
     def depth(self) -> int:
-        return self.tensor.shape[-1] if self.rows_last else self.tensor.shape[-2]
+        return self.shape[-1] if self.rows_last else self.shape[-2]
+
+
+def _fold_broadcast_rows(
+    x: Operand, y: Operand, out_shape: tuple[int, ...]
+) -> tuple[Operand, Operand, tuple[int, ...]]:
+    """onnx2tf writes q^T k as [h, N, 1, d] @ [h, 1, d, N] -> [h, N, 1, N]: one row per batch
+    entry, the right operand broadcast along that axis. Read as [h, N, d] @ [h, d, N] ->
+    [h, N, N] (the same elements in the same order); other operands as they are."""
+    lead = out_shape[:-2]
+    if not (len(x.lead) == len(y.lead) == len(lead) >= 1 and x.rows == 1 == out_shape[-2]):
+        return x, y, out_shape
+    if x.lead[-1] != lead[-1] or lead[-1] == 1 or y.lead[-1] != 1:
+        return x, y, out_shape
+    folded = Operand(x.tensor, True, (*x.lead[:-1], lead[-1], x.depth))
+    other = Operand(y.tensor, y.rows_last, (*y.lead[:-1], *y.shape[-2:]))
+    return folded, other, (*lead[:-1], lead[-1], out_shape[-1])
 
 
 def _through_transpose(t: Tensor, rows_last: bool) -> Operand:
@@ -368,23 +389,33 @@ class _Spell:
     def _rows(self, op: Operand, batch: int, lo: int, hi: int, name: str) -> Value | Tensor:
         """Rows lo:hi of the operand at `batch`, as a [.., rows, k] tensor (SLICE, and a
         TRANSPOSE when the operand is [k, rows])."""
-        t = op.tensor
-        rank = len(t.shape)
+        t, rank = self._viewed(op), len(op.shape)
         index = list(np.unravel_index(batch % op.batch, op.lead)) if op.lead else []
         if op.rows_last:
             begin, size = [*index, lo, 0], [*([1] * len(index)), hi - lo, op.depth]
         else:
             begin, size = [*index, 0, lo], [*([1] * len(index)), op.depth, hi - lo]
         piece: Value | Tensor = t
+        q = op.tensor.quantization
         if list(size) != list(t.shape):
             piece = self.b.SLICE(t, self.b.ints(begin, f"{name}/begin"),
                                  self.b.ints(size, f"{name}/size"), name=name,
-                                 quant=t.quantization)  # fmt: skip
+                                 quant=q)  # fmt: skip
         if not op.rows_last:
             perm = [*range(rank - 2), rank - 1, rank - 2]
             piece = self.b.TRANSPOSE(piece, self.b.ints(perm, f"{name}/perm"),
-                                     name=f"{name}/rows", quant=t.quantization)  # fmt: skip
+                                     name=f"{name}/rows", quant=q)  # fmt: skip
         return piece
+
+    def _viewed(self, op: Operand) -> Tensor | Value:
+        """The operand's tensor, reshaped to its view once when it has one."""
+        if op.view is None or tuple(op.view) == tuple(op.tensor.shape):
+            return op.tensor
+        key = ("view", id(op.tensor), 0)
+        if key not in self._made:
+            name = f"view{len(self._made)}"
+            self._made[key] = self._reshape(op.tensor, list(op.view), name, op.tensor.quantization)
+        return self._made[key]
 
     def _reshape(self, x, shape, name: str, quant) -> Value:
         return self.b.RESHAPE(x, self.b.ints(shape, f"{name}/shape"), name=name, quant=quant)
@@ -554,17 +585,23 @@ class LegalizeActivationMatmul(_MatmulRule):
             return refuse("an operand has fewer than 2 dimensions")
         x = _through_transpose(a, not m.root.options.get("adj_x", False))
         y = _through_transpose(b, bool(m.root.options.get("adj_y", False)))
-        lead = tuple(out.shape[:-2])
+        x, y, shape = _fold_broadcast_rows(x, y, tuple(out.shape))
+        lead = shape[:-2]
         batch = int(np.prod(lead, dtype=np.int64)) if lead else 1
         if not (_lead_ok(x, lead) and _lead_ok(y, lead)):
             return refuse("its operands broadcast their batch dimensions")
-        if x.depth != y.depth or (x.rows, y.rows) != tuple(out.shape[-2:]):
+        if x.depth != y.depth or (x.rows, y.rows) != tuple(shape[-2:]):
             return refuse("operand shapes do not give the product's shape")
-        return _fewer_pieces(
+        plan = _fewer_pieces(
             MatmulPlan(x, y, batch, "NONE", kind=kind),
             MatmulPlan(y, x, batch, "NONE", kind=kind, swapped=True),
-            out,
+            Tensor("product", shape, out.dtype),
         )
+        if isinstance(plan, MatmulPlan) and plan.per_batch_reshape and shape != out.shape:
+            return refuse(
+                "its rows are spread over a batch axis and each head needs its own reshape"
+            )
+        return plan
 
 
 class LegalizeComputedFullyConnected(_MatmulRule):
