@@ -103,6 +103,16 @@ def test_shared_operand_and_chunks_within_small_limits(monkeypatch, block, muls,
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
 
+def test_onnx2tf_rows_spread_over_a_broadcast_axis() -> None:
+    """onnx2tf's q^T k: [h, N, 1, d] @ [h, 1, d, N] -> [h, N, 1, N], read as [h, N, d] @
+    [h, d, N] (one RESHAPE of q); exact."""
+    before, _ = _product((2, 6, 1, 4), (2, 1, 4, 5), (2, 6, 1, 5))
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    assert result.fired() == {RULE: 1}
+    assert "BATCH_MATMUL" not in ops(model)
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+
+
 def test_few_columns_of_a_deep_product_are_computed_transposed(monkeypatch) -> None:
     """A.V-like: 4 rows, 50 columns, depth 30, repeat weights limited to 4 columns: C^T (4
     columns) needs one piece where C needs 13, so C^T is built and turned back per head."""
