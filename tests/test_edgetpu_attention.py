@@ -20,6 +20,7 @@ from tflfuse.targets.edgetpu import attention
 from tflfuse.targets.edgetpu.attention import (
     LegalizeActivationMatmul,
     LegalizeComputedFullyConnected,
+    LegalizeNeg,
 )
 from tflfuse.targets.edgetpu.predict import statuses_once_quantized
 
@@ -230,6 +231,24 @@ def test_uint8_products_are_refused() -> None:
     assert refusals(result, RULE) == [
         "uint8 operands: only float and int8 products are spelled out"
     ]
+
+
+# -- NEG -------------------------------------------------------------------------------------------
+def test_neg_becomes_a_mul_by_minus_one_in_float_only() -> None:
+    g = G()
+    x = g.unary("TANH", g.input((1, 4, 8)))
+    before = g.bytes(g.unary("NEG", x))
+    after, model, result = apply(before, LegalizeNeg())
+    assert ops(model) == ["TANH", "MUL"]
+    assert_same_function(before, after, atol=0.0, rtol=0.0)
+    q8 = Graph("main")
+    xi = q8.add_tensor("x", (1, 4, 8), "INT8", quantization=_q(0.03, 4))
+    yi = q8.add_tensor("y", (1, 4, 8), "INT8", quantization=_q(0.03, -4))
+    q8.inputs, q8.outputs = [xi], [yi]
+    q8.add_op("NEG", [xi], [yi], {})
+    _, model, result = apply(flatbuffer.to_bytes(Model([q8])), LegalizeNeg())
+    assert ops(model) == ["NEG"]
+    assert refusals(result, "LegalizeNeg") == ["float-only rule; the op is quantized"]
 
 
 # -- real exports ----------------------------------------------------------------------------------

@@ -650,7 +650,35 @@ class LegalizeComputedFullyConnected(_MatmulRule):
         return _plan_chunks(plan, virtual) or plan
 
 
+# -- the LayerNorm around attention ----------------------------------------------------------
+class LegalizeNeg(Rule):
+    """NEG(x)  =>  MUL(x, -1).
+
+    Keras's LayerNormalization converts with a NEG (of the mean), which is outside the Edge TPU
+    table (so it cuts every attention block of a Keras model) and which litert-quantizer cannot
+    quantize (the `edgetpu` recipe then falls back to the converter's PTQ). A MUL by a constant
+    scalar is in the table and mapped in compiled models. Exact in float. Float only: the int8
+    NEG kernel negates the integer codes whatever the quantization (-128 wraps to -128), which
+    a MUL would not reproduce; legalized before quantizing, the MUL is quantized like any other.
+    """
+
+    int8_error_steps = 0  # float-only
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.NEG(p.x)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        """The float test is the pattern's; what is left is where the cut falls."""
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        b = m.builder(constants="last")
+        b.replace(m.root, b.MUL(m.x, b.scalar(-1.0, "minus_one", like=m.x)))
+
+
 ATTENTION_LEGALIZATION: tuple[Rule, ...] = (
     LegalizeActivationMatmul(),
     LegalizeComputedFullyConnected(),
+    LegalizeNeg(),
 )
