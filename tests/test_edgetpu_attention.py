@@ -281,6 +281,7 @@ def test_keras_multi_head_attention_converts_and_maps_past_its_products(tmp_path
     inputs = keras.Input((16, 32))
     x = layers.Dense(32)(inputs)
     x = layers.Add()([x, layers.MultiHeadAttention(num_heads=4, key_dim=8)(x, x)])
+    x = layers.LayerNormalization()(x)
     outputs = layers.Dense(10)(layers.GlobalAveragePooling1D()(x))
     model = keras.Model(inputs, outputs)
     calib = np.random.default_rng(0).normal(0.0, 1.0, (32, 16, 32)).astype(np.float32)
@@ -292,5 +293,7 @@ def test_keras_multi_head_attention_converts_and_maps_past_its_products(tmp_path
     fused, stock = report["edgetpu"]["fused"], report["edgetpu"]["stock"]
     assert stock["cut"]["op"] == "BATCH_MATMUL"
     assert (fused.get("cut") or {}).get("op") != "BATCH_MATMUL"
-    assert "BATCH_MATMUL" not in fused["cpu_ops"]
+    assert "BATCH_MATMUL" not in fused["cpu_ops"] and "NEG" not in fused["cpu_ops"]
     assert fused["mapped"] > stock["mapped"] + 50
+    # the LayerNorm's NEG legalized, litert-quantizer quantizes the fused model itself
+    assert report["rules"]["fired"].get("LegalizeNeg", 0) >= 1
