@@ -13,7 +13,7 @@ import pytest
 from conftest import SHARED
 from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
-from tflfuse.ir import Graph, Model, Quantization, flatbuffer
+from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.runtime import verify
 from tflfuse.targets import predict
 from tflfuse.targets.edgetpu import attention
@@ -84,6 +84,37 @@ def test_a_transpose_feeding_the_product_is_read_through() -> None:
     before = g.bytes(g.op("BATCH_MATMUL", [q, kt], (1, 2, 6, 6), adj_x=False, adj_y=False))
     after, model, _ = apply(before, LegalizeActivationMatmul())
     assert "TRANSPOSE" not in ops(model) and "BATCH_MATMUL" not in ops(model)
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+
+
+def _mha_heads() -> tuple[bytes, G]:
+    """Keras/timm-style heads: [1, 6, 8] -> RESHAPE [1, 6, 2, 4] -> TRANSPOSE (0, 2, 1, 3) per
+    q, k, v; softmax(q k^T) v; the merge TRANSPOSE back and a RESHAPE to [1, 6, 8]."""
+    g = G()
+    perm = g.const(np.array([0, 2, 1, 3]), "perm")
+
+    def heads(name: str) -> Tensor:
+        t = g.unary("TANH", g.input((1, 6, 8), name))
+        t = g.op("RESHAPE", [t, g.const(np.array([1, 6, 2, 4]), f"{name}/s")], (1, 6, 2, 4))
+        return g.op("TRANSPOSE", [t, perm], (1, 2, 6, 4))
+
+    q, k, v = heads("q"), heads("k"), heads("v")
+    scores = g.op("BATCH_MATMUL", [q, k], (1, 2, 6, 6), adj_x=False, adj_y=True)
+    probs = g.op("SOFTMAX", [scores], (1, 2, 6, 6), beta=1.0)
+    att = g.op("BATCH_MATMUL", [probs, v], (1, 2, 6, 4), adj_x=False, adj_y=False)
+    merged = g.op("TRANSPOSE", [att, perm], (1, 6, 2, 4))
+    return g.bytes(g.op("RESHAPE", [merged, g.const(np.array([1, 6, 8]), "o/s")], (1, 6, 8))), g
+
+
+def test_head_split_and_merge_transposes_are_read_through() -> None:
+    """The exporters' head TRANSPOSEs ([1, N, H, d] <-> [1, H, N, d], a form no compiled model
+    shows mapped) go: each head is a slice of the split's input, and the heads are joined in
+    the merge's order. What is left moves 2-D pieces only (v's rows, perm (1, 0))."""
+    before, _ = _mha_heads()
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    assert result.fired() == {RULE: 2}
+    transposes = [op for op in model.main.ops if op.type == "TRANSPOSE"]
+    assert len(transposes) == 2 and all(len(op.inputs[0].shape) == 2 for op in transposes)
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
 

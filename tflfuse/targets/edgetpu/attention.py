@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tflfuse.ir import Quantization, Tensor
+from tflfuse.ir import Graph, Op, Quantization, Tensor
 from tflfuse.rewrite import (
     Builder,
     Match,
@@ -129,9 +129,12 @@ class Operand:
     tensor: Tensor
     rows_last: bool
     view: tuple[int, ...] | None = None  # the shape it is read as (a RESHAPE), else its own
+    perm: tuple[int, ...] | None = None  # read through a TRANSPOSE: its axis i is tensor's perm[i]
 
     @property
     def shape(self) -> tuple[int, ...]:
+        if self.perm is not None:
+            return tuple(self.tensor.shape[p] for p in self.perm)
         return self.view if self.view is not None else tuple(self.tensor.shape)
 
     @property
@@ -150,6 +153,20 @@ class Operand:
     def depth(self) -> int:
         return self.shape[-1] if self.rows_last else self.shape[-2]
 
+    def axes(self) -> tuple[int, int]:
+        """The axes of the tensor sliced that hold the rows and the contracted depth."""
+        r = len(self.shape)
+        rows, depth = (r - 2, r - 1) if self.rows_last else (r - 1, r - 2)
+        if self.perm is not None:
+            return self.perm[rows], self.perm[depth]
+        return rows, depth
+
+    @property
+    def in_order(self) -> bool:
+        """A slice of it is [rows, depth] in memory order (no TRANSPOSE needed)."""
+        rows, depth = self.axes()
+        return rows < depth
+
 
 def _fold_broadcast_rows(
     x: Operand, y: Operand, out_shape: tuple[int, ...]
@@ -158,6 +175,8 @@ def _fold_broadcast_rows(
     entry, the right operand broadcast along that axis. Read as [h, N, d] @ [h, d, N] ->
     [h, N, N] (the same elements in the same order); other operands as they are."""
     lead = out_shape[:-2]
+    if x.perm is not None or y.perm is not None:
+        return x, y, out_shape
     if not (len(x.lead) == len(y.lead) == len(lead) >= 1 and x.rows == 1 == out_shape[-2]):
         return x, y, out_shape
     if x.lead[-1] != lead[-1] or lead[-1] == 1 or y.lead[-1] != 1:
@@ -168,28 +187,29 @@ def _fold_broadcast_rows(
 
 
 def _through_transpose(t: Tensor, rows_last: bool) -> Operand:
-    """The operand, read before a TRANSPOSE that swaps its last two axes (through a RESHAPE
-    that only regroups the leading axes): the swap then becomes the operand's orientation, and
-    the TRANSPOSE is left to whoever else reads it (dead code otherwise)."""
+    """The operand, read before a TRANSPOSE (through a RESHAPE that only regroups the leading
+    axes): each head's rows are sliced from the TRANSPOSE's input directly, which the exporters'
+    head splits ([1, N, H, d] -> [1, H, N, d]) and K^T make a plain slice, and the TRANSPOSE is
+    left to whoever else reads it (dead code otherwise)."""
     source, op = t, t.producer
     if op is not None and op.type == "RESHAPE" and op.inputs[0] is not None:
         inner = op.inputs[0]
-        if tuple(inner.shape[-2:]) == tuple(t.shape[-2:]) and len(inner.shape) >= 2:
+        same_lead = inner.size == t.size and len(inner.shape) >= 2
+        if same_lead and tuple(inner.shape[-2:]) == tuple(t.shape[-2:]):
             source, op = inner, inner.producer
     if op is None or op.type != "TRANSPOSE" or len(op.inputs) < 2 or op.inputs[1] is None:
         return Operand(t, rows_last)
-    perm_t = op.inputs[1]
-    if not perm_t.is_constant or op.inputs[0] is None:
+    perm_t, x = op.inputs[1], op.inputs[0]
+    if not perm_t.is_constant or x is None or len(x.shape) < 2:
         return Operand(t, rows_last)
-    x = op.inputs[0]
     rank = len(x.shape)
-    perm = [int(v) % max(rank, 1) for v in np.asarray(perm_t.data).reshape(-1)]
-    if rank < 2 or perm != [*range(rank - 2), rank - 1, rank - 2]:
+    perm = tuple(int(v) % rank for v in np.asarray(perm_t.data).reshape(-1))
+    if sorted(perm) != list(range(rank)):
         return Operand(t, rows_last)
     quantized = [q for q in (x.quantization, source.quantization, t.quantization) if q]
     if x.is_quantized and not all(q.same_as(x.quantization) for q in quantized):
         return Operand(t, rows_last)
-    return Operand(x, not rows_last)
+    return Operand(x, rows_last, perm=perm)
 
 
 # -- the plan --------------------------------------------------------------------------------------
@@ -207,6 +227,9 @@ class MatmulPlan:
     kind: str = "float"
     block_sum: bool = False
     swapped: bool = False  # computes C^T = Y . X^T per head, then transposes it
+    merge: Op | None = (
+        None  # the heads' merge TRANSPOSE it writes directly ([H, N, E] -> [N, H, E])
+    )
 
     @property
     def pieces(self) -> int:
@@ -233,7 +256,7 @@ def _layout(plan: MatmulPlan, block: bool) -> tuple[list, list] | None:
     row_limit, reshape_limit, transpose_limit = _limits()
     d, n, m = plan.d, plan.n, plan.m
     widest = min(row_limit, PARAMETER_BUDGET // d)  # m_c d: the row, and m_c d^2 repeat weights
-    if not plan.y.rows_last:
+    if not plan.y.in_order:
         widest = min(widest, transpose_limit)
     m_c = min(m, widest // d, math.isqrt(PARAMETER_BUDGET // d) if block else reshape_limit // d)
     if m_c < 1:
@@ -241,7 +264,7 @@ def _layout(plan: MatmulPlan, block: bool) -> tuple[list, list] | None:
     cols = _chunks(m, m_c)
     m_c = max(b - a for a, b in cols)
     tallest = n if block else reshape_limit // (m_c * d)
-    if not plan.x.rows_last:
+    if not plan.x.in_order:
         tallest = min(tallest, transpose_limit // d)
     return _chunks(n, max(1, tallest)), cols
 
@@ -387,23 +410,25 @@ class _Spell:
 
     # operand pieces ----------------------------------------------------------------------------
     def _rows(self, op: Operand, batch: int, lo: int, hi: int, name: str) -> Value | Tensor:
-        """Rows lo:hi of the operand at `batch`, as a [.., rows, k] tensor (SLICE, and a
-        TRANSPOSE when the operand is [k, rows])."""
-        t, rank = self._viewed(op), len(op.shape)
+        """Rows lo:hi of the operand at `batch`, in [rows, k] memory order (a SLICE, and a
+        TRANSPOSE of the 2-D piece when its rows come after its depth)."""
+        t = self._viewed(op)
         index = list(np.unravel_index(batch % op.batch, op.lead)) if op.lead else []
         if op.rows_last:
             begin, size = [*index, lo, 0], [*([1] * len(index)), hi - lo, op.depth]
         else:
             begin, size = [*index, 0, lo], [*([1] * len(index)), op.depth, hi - lo]
+        if op.perm is not None:  # logical axis i is the tensor's axis perm[i]
+            begin, size = _permuted(begin, op.perm), _permuted(size, op.perm)
         piece: Value | Tensor = t
         q = op.tensor.quantization
         if list(size) != list(t.shape):
             piece = self.b.SLICE(t, self.b.ints(begin, f"{name}/begin"),
                                  self.b.ints(size, f"{name}/size"), name=name,
                                  quant=q)  # fmt: skip
-        if not op.rows_last:
-            perm = [*range(rank - 2), rank - 1, rank - 2]
-            piece = self.b.TRANSPOSE(piece, self.b.ints(perm, f"{name}/perm"),
+        if not op.in_order:
+            flat = self._reshape(piece, [op.depth, hi - lo], f"{name}/flat", q)
+            piece = self.b.TRANSPOSE(flat, self.b.ints([1, 0], f"{name}/perm"),
                                      name=f"{name}/rows", quant=q)  # fmt: skip
         return piece
 
@@ -504,6 +529,14 @@ class _Spell:
         results = [self.batch_result(i) for i in range(p.batch)]
         if p.swapped:
             results = [self._transposed_back(r, i) for i, r in enumerate(results)]
+        if p.merge is not None:  # the heads' merge TRANSPOSE: join them as it lays them out
+            flat = [
+                self._reshape_to(r, [1, p.n, 1, p.m], f"h{i}/flat") for i, r in enumerate(results)
+            ]
+            merged = self._reshape_to(self._join(flat, 2, "heads"), p.merge.output.shape, "merged")
+            merged.tensor = p.merge.output
+            self.b.commit(remove=[p.merge, self.m.root])
+            return
         if not p.per_batch_reshape:
             joined = self._join(results, 1, "heads")
             self.b.replace(self.m.root, self._reshape_to(joined, out.shape, "result"))
@@ -515,6 +548,40 @@ class _Spell:
 
     def _reshape_to(self, x: Value, shape, name: str) -> Value:
         return self._reshape(x, list(shape), name, self.out.quantization)
+
+
+def _merge_transpose(graph: Graph, out: Tensor) -> Op | None:
+    """The TRANSPOSE that merges the product's heads, [.., H, N, E] -> [.., N, H, E] (over the
+    dimensions > 1), when it is the product's one reader and keeps its quantization: the
+    pieces can be joined in that order directly, and the TRANSPOSE (whose form no compiled model
+    shows mapped) goes."""
+    readers = out.consumers
+    if len(readers) != 1 or graph.is_graph_output(out):
+        return None
+    op = readers[0]
+    if op.type != "TRANSPOSE" or len(op.inputs) < 2 or op.inputs[0] is not out:
+        return None
+    perm_t = op.inputs[1]
+    if perm_t is None or not perm_t.is_constant or len(out.shape) < 3:
+        return None
+    if out.is_quantized and not op.output.quantization.same_as(out.quantization):
+        return None
+    rank = len(out.shape)
+    perm = [int(v) % rank for v in np.asarray(perm_t.data).reshape(-1)]
+    big = [i for i, a in enumerate(out.shape) if a > 1]
+    heads = [i for i in big if i < rank - 2]
+    if len(heads) != 1 or rank - 2 not in big or rank - 1 not in big:
+        return None
+    order = [i for i in perm if i in big]
+    return op if order == [rank - 2, heads[0], rank - 1] else None
+
+
+def _permuted(values: list[int], perm: tuple[int, ...]) -> list[int]:
+    """`values` given per logical axis, placed on the tensor's axes (axis perm[i] gets i's)."""
+    out = [0] * len(perm)
+    for i, p in enumerate(perm):
+        out[p] = values[i]
+    return out
 
 
 def _scale_zp_q(q: Quantization | None) -> float:
@@ -601,6 +668,8 @@ class LegalizeActivationMatmul(_MatmulRule):
             return refuse(
                 "its rows are spread over a batch axis and each head needs its own reshape"
             )
+        if isinstance(plan, MatmulPlan) and not plan.per_batch_reshape and shape == out.shape:
+            plan.merge = _merge_transpose(m.graph, out)
         return plan
 
 
