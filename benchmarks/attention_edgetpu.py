@@ -4,6 +4,7 @@ legalization of the product of two activations (tflfuse/targets/edgetpu/attentio
 
     .venv/bin/python benchmarks/attention_edgetpu.py                  # encoder, Keras MHA, corpus
     .venv/bin/python benchmarks/attention_edgetpu.py A.tflite B.tflite  # these files only
+    ATTENTION_KERAS=1 .venv/bin/python benchmarks/attention_edgetpu.py A.tflite  # and Keras MHA
 
 Models: the litert-torch export of PyTorch's TransformerEncoderLayer (../shared/models/pytorch/
 encoder.tflite), a Keras MultiHeadAttention block built here (random weights, seed 0), and every
@@ -147,9 +148,10 @@ def main(argv: list[str]) -> None:
             if path.name == "encoder.tflite" and calib.shape[1:] != (1, 32, 64):
                 calib = np.random.default_rng(0).normal(0, 1, (32, 1, 32, 64)).astype(np.float32)
             models.append((path.stem, path, calib))
-    if not argv:
+    if not argv or os.environ.get("ATTENTION_KERAS"):
         mha, calib = keras_mha(work)
         models.append(("keras_mha", mha, calib))
+    if not argv:
         models += [(p.stem, p, calibration_for(p)) for p in float_models()]
     rows = []
     for name, model, calib in models:

@@ -21,17 +21,23 @@ adj/transpose), C[i, j] = sum_k X[i, k] Y[j, k]:
                                                          channel (the grid)
 
 and the pieces are joined (CONCATENATION along the columns, then the rows and heads) and reshaped
-to the product's shape. Why this one, among those the brief names:
-  * the only product of two activations is a MUL whose second operand is one vector per channel
-    ([1, H, W, C] x [1, 1, 1, C], squeeze-and-excitation's shape): the broadcast form most
-    likely shown mapped by compiled models (MobileNetV3/EfficientNet-style SE blocks); a MUL of
-    [n, 1, d] x [1, m, d], broadcasting both operands, has no compiled model behind it;
-  * replication and reduction are 1x1 CONV_2Ds with constant 0/1 weights, the op the compiled
-    models show mapped most (728 1x1 convs in the shared and fetched pairs; a 1-output-channel
-    1x1 conv, the reduction, 14 of them mapped); weights 0 and 1 are exact in int8;
-  * the contracted axis ends in the channels, so the sum is a conv (a SUM over a spatial axis,
-    or a depthwise replication with depth_multiplier, would need forms with less evidence);
-  * the MUL broadcasts only along space, so it stays one op per chunk however many rows.
+to the product's shape. Why this one:
+  * replication and reduction are 1x1 CONV_2Ds with constant 0/1 weights, the best evidenced
+    op (delegates/edgetpu_forms.toml: `CONV_2D ... k=1x1`, mapped in hundreds of compiled
+    models, one-output-channel ones included); weights 0 and 1 are exact in int8;
+  * the contracted axis ends in the channels, so the sum is a conv: a SUM over the innermost
+    axis, or one over a spatial axis, is a reduction form no compiled model shows;
+  * the one product of two activations is a MUL whose second operand is one vector per channel
+    (squeeze-and-excitation's broadcast), one op per chunk however many rows. No compiled model
+    scanned shows a MUL of two activations broadcast against each other mapped (forms:
+    /work/evidence/FORMS-SUMMARY.md), this one included: `check` and the predictor call it
+    undecided (the forms gate), count it on the CPU, and give the reading where it maps. A
+    MUL of two activations of the same shape is shown mapped; making both operands full
+    ([1, d, 1, n m], each repeated by a 1x1 conv, the sum a d x 1 depthwise conv of ones) would
+    use only shown forms, at n m (n + m) repeat weights and many more pieces: not done.
+  * the exporters' head split and merge TRANSPOSEs ([1, N, H, d] <-> [1, H, N, d]; no compiled
+    model shows those 4-D permutations mapped) are read through: each head's rows are a SLICE
+    of the split's input, and the heads are joined in the merge's order, so both go.
 Chunks keep every tensor within the compiler's limits (edgetpu.toml [meta] and the RESHAPE and
 TRANSPOSE rows): m_c d within the row limit (and the TRANSPOSE limit when Y arrives as [d, m]),
 the replication weights m_c d^2 and the blocks m_c^2 d within PARAMETER_BUDGET, and on the grid
@@ -50,12 +56,13 @@ reduction rounds once into the original output's scale. Each element of t is off
 step s_t, so the sum by d s_t / 2: `matmul_int8_steps` declares ceil(d s_t / (2 s_out)) + 1
 steps for the match (the kernel's one rounding against ours).
 
-Not split here: a SOFTMAX, or a head split/merge RESHAPE/TRANSPOSE, whose own tensor is over
-the limits (more than 3 dimensions > 1, or the row limit). Cut into per-head pieces it would be
-exact, but its result keeps its shape: the CONCATENATION writing it, and every op reading it,
-would stay refused. The attention models measured have neither ([1, H, N, M] softmaxes within
-the row limit up to N = 420); the fix would rewrite the whole chain (Q.K^T, softmax, A.V) per
-head.
+Not split here: a SOFTMAX whose own tensor is over the limits (more than 3 dimensions > 1, or
+the row limit). Cut into per-head pieces it would be exact, but its result keeps its shape: the
+CONCATENATION writing it, and every op reading it, would stay refused. The attention models
+measured have none ([1, H, N, M] softmaxes within the row limit up to N = 420); the fix would
+rewrite the whole chain (Q.K^T, softmax, A.V) per head.
+
+`LegalizeNeg` (float NEG => MUL by -1) is here for the LayerNorm of Keras attention blocks.
 
 Every rule is gated like the other legalizations (`after_the_cut`): an op that reads what the
 CPU computes after the segment is left as it is.
