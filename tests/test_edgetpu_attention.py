@@ -271,6 +271,22 @@ def _assert_mapped_but_for_the_undecided_muls(model: Model) -> None:
     assert reading.mapped == total
 
 
+def test_int8_computed_weights_fully_connected_within_its_declared_steps() -> None:
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 6, 8), "INT8", quantization=_q(0.04, -3))
+    w = g.add_tensor("w", (5, 8), "INT8", quantization=_q(0.02, 2))
+    g.inputs = [x, w]
+    out = g.add_tensor("y", (6, 5), "INT8", quantization=_q(0.06, 0))
+    g.add_op("FULLY_CONNECTED", [x, w, None], [out], {"keep_num_dims": False})
+    g.outputs = [out]
+    before = flatbuffer.to_bytes(Model([g]))
+    after, model, result = apply(before, LegalizeComputedFullyConnected())
+    [event] = [e for e in result.events if e.rule == FC_RULE]
+    assert "FULLY_CONNECTED" not in ops(model) and event.int8_steps >= 2
+    agreement = verify.compare(before, after, int_atol=event.int8_steps, runs=4)
+    assert agreement.ok and agreement.varies, agreement
+
+
 def test_uint8_products_are_refused() -> None:
     _, model, result = apply(_int8_product("UINT8"), LegalizeActivationMatmul())
     assert ops(model) == ["BATCH_MATMUL"]
