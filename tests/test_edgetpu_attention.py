@@ -32,6 +32,13 @@ RULE = "LegalizeActivationMatmul"
 FC_RULE = "LegalizeComputedFullyConnected"
 
 
+@pytest.fixture
+def per_channel_mul(monkeypatch) -> None:
+    """The per-channel-vector MUL ways only (both operands repeated is tried first where it
+    fits in FULL_PIECES pieces per head)."""
+    monkeypatch.setattr(attention, "FULL_PIECES", 0)
+
+
 def _mapped_once_quantized(model: Model) -> Counter[str]:
     return Counter(key for key, _ in statuses_once_quantized(model.main))
 
@@ -46,6 +53,7 @@ def _product(a_shape, b_shape, out_shape, **options) -> tuple[bytes, G]:
 
 
 # -- float -----------------------------------------------------------------------------------------
+@pytest.mark.usefixtures("per_channel_mul")
 def test_heads_product_becomes_convs_and_a_per_channel_mul_exactly() -> None:
     """[2, 8, 4] @ [2, 4, 6]: per head a repeat conv, one vector MUL, a summing conv; the
     heads joined and reshaped. Every op maps once quantized (the BATCH_MATMUL did not)."""
@@ -62,6 +70,23 @@ def test_heads_product_becomes_convs_and_a_per_channel_mul_exactly() -> None:
     assert _mapped_once_quantized(model) == {"mapped": len(model.main.ops)}
 
 
+@pytest.mark.parametrize(("adj_x", "adj_y"), [(False, False), (False, True), (True, False)])
+def test_small_products_use_only_forms_compiled_models_show(adj_x: bool, adj_y: bool) -> None:
+    """Both operands repeated to [1, d, 1, n m] by 1x1 convs, a MUL of two tensors of the same
+    shape, the sum over d a depthwise conv of ones: exact."""
+    n, m, d = 8, 6, 4
+    a_shape = (2, d, n) if adj_x else (2, n, d)
+    b_shape = (2, m, d) if adj_y else (2, d, m)
+    before, _ = _product(a_shape, b_shape, (2, n, m), adj_x=adj_x, adj_y=adj_y)
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    assert result.fired() == {RULE: 1}
+    muls = [op for op in model.main.ops if op.type == "MUL"]
+    assert len(muls) == 2 and all(op.inputs[0].shape == op.inputs[1].shape for op in muls)
+    assert ops(model).count("DEPTHWISE_CONV_2D") == 2
+    assert_same_function(before, after, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.usefixtures("per_channel_mul")
 @pytest.mark.parametrize(("adj_x", "adj_y"), [(False, True), (True, False), (True, True)])
 def test_adjoint_operands_of_four_dimensional_heads(adj_x: bool, adj_y: bool) -> None:
     """[1, H, N, d] heads, either operand transposed by adj_x / adj_y (Q.K^T is adj_y)."""
@@ -75,6 +100,7 @@ def test_adjoint_operands_of_four_dimensional_heads(adj_x: bool, adj_y: bool) ->
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("per_channel_mul")
 def test_a_transpose_feeding_the_product_is_read_through() -> None:
     """q @ TRANSPOSE(k, swap last two): k's rows are read as they are; the TRANSPOSE goes."""
     g = G()
@@ -106,6 +132,7 @@ def _mha_heads() -> tuple[bytes, G]:
     return g.bytes(g.op("RESHAPE", [merged, g.const(np.array([1, 6, 8]), "o/s")], (1, 6, 8))), g
 
 
+@pytest.mark.usefixtures("per_channel_mul")
 def test_head_split_and_merge_transposes_are_read_through() -> None:
     """The exporters' head TRANSPOSEs ([1, N, H, d] <-> [1, H, N, d], a form no compiled model
     shows mapped) go: each head is a slice of the split's input, and the heads are joined in
@@ -118,6 +145,7 @@ def test_head_split_and_merge_transposes_are_read_through() -> None:
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("per_channel_mul")
 @pytest.mark.parametrize(("block", "muls", "joins"), [(False, 8, 7), (True, 4, 3)])
 def test_shared_operand_and_chunks_within_small_limits(monkeypatch, block, muls, joins) -> None:
     """Limits made small (row 24, RESHAPE 100, TRANSPOSE 64): the product is cut into column
@@ -149,6 +177,7 @@ def test_onnx2tf_rows_spread_over_a_broadcast_axis() -> None:
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("per_channel_mul")
 def test_few_columns_of_a_deep_product_are_computed_transposed(monkeypatch) -> None:
     """A.V-like: 4 rows, 50 columns, depth 30, repeat weights limited to 4 columns: C^T (4
     columns) needs one piece where C needs 13, so C^T is built and turned back per head."""
@@ -162,6 +191,7 @@ def test_few_columns_of_a_deep_product_are_computed_transposed(monkeypatch) -> N
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("per_channel_mul")
 def test_computed_weights_fully_connected_with_its_relu() -> None:
     """FULLY_CONNECTED(x, W) with W computed (onnx2tf's MatMul of two activations): the same
     spelling, W already as rows, the fused RELU on the summing conv."""
@@ -246,6 +276,7 @@ def _int8_product(dtype: str = "INT8") -> bytes:
     return flatbuffer.to_bytes(Model([g]))
 
 
+@pytest.mark.usefixtures("per_channel_mul")
 def test_int8_product_stays_within_its_declared_steps_and_maps() -> None:
     before = _int8_product()
     after, model, result = apply(before, LegalizeActivationMatmul())
@@ -285,6 +316,19 @@ def test_int8_computed_weights_fully_connected_within_its_declared_steps() -> No
     assert "FULLY_CONNECTED" not in ops(model) and event.int8_steps >= 2
     agreement = verify.compare(before, after, int_atol=event.int8_steps, runs=4)
     assert agreement.ok and agreement.varies, agreement
+
+
+def test_int8_small_product_maps_with_every_form_shown() -> None:
+    """The int8 product spelled with shown forms only: within its declared steps, and every op
+    predicted mapped with no undecided form (the per-channel MUL is not used)."""
+    before = _int8_product()
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    [event] = [e for e in result.events if e.rule == RULE]
+    assert "DEPTHWISE_CONV_2D" in ops(model)
+    agreement = verify.compare(before, after, int_atol=event.int8_steps, runs=4)
+    assert agreement.ok and agreement.varies, agreement
+    p = predict(model, "edgetpu")
+    assert (p.mapped, p.cpu, p.other_readings) == (len(model.main.ops), 0, [])
 
 
 def test_uint8_products_are_refused() -> None:

@@ -102,6 +102,8 @@ from tflfuse.targets.edgetpu.rules import (
 # Bytes of replication weights (m_c d^2, int8) one chunk may use: an eighth of the 8 MiB
 # parameter cache, so that the product leaves room for the model's own weights.
 PARAMETER_BUDGET = 1 << 20
+# Pieces per head up to which both operands are repeated (shown forms only; more ops).
+FULL_PIECES = 16
 
 
 def _limits() -> tuple[int, int, int]:
@@ -233,6 +235,7 @@ class MatmulPlan:
     per_batch_reshape: bool = False
     kind: str = "float"
     block_sum: bool = False
+    full: bool = False  # both operands repeated to [1, d, 1, n_c m_c]: shown forms only
     swapped: bool = False  # computes C^T = Y . X^T per head, then transposes it
     merge: Op | None = (
         None  # the heads' merge TRANSPOSE it writes directly ([H, N, E] -> [N, H, E])
@@ -276,11 +279,40 @@ def _layout(plan: MatmulPlan, block: bool) -> tuple[list, list] | None:
     return _chunks(n, max(1, tallest)), cols
 
 
+def _layout_full(plan: MatmulPlan) -> tuple[list, list] | None:
+    """(row chunks, column chunks) with both operands repeated: n_c m_c channels within the row
+    limit, repeat weights n_c m_c (n_c + m_c) within PARAMETER_BUDGET, transposed operand
+    pieces within the TRANSPOSE limit; None past FULL_PIECES pieces per head."""
+    row_limit, _, transpose_limit = _limits()
+    d, n, m = plan.d, plan.n, plan.m
+    best = None
+    for n_c in sorted({min(n, c) for c in (8, 16, 32, 48, 64, 80, 96, 128, 256, n)}):
+        rows = _chunks(n, n_c)
+        n_c = max(b - a for a, b in rows)
+        if plan.x.in_order and n_c * d > transpose_limit:
+            continue
+        m_c = min(m, row_limit // n_c, transpose_limit // d if plan.y.in_order else m)
+        while m_c > 0 and n_c * m_c * (n_c + m_c) > PARAMETER_BUDGET:
+            m_c -= 1
+        if m_c < 1:
+            continue
+        cols = _chunks(m, m_c)
+        if best is None or len(rows) * len(cols) < len(best[0]) * len(best[1]):
+            best = (rows, cols)
+    if best is None or len(best[0]) * len(best[1]) > FULL_PIECES:
+        return None
+    return best
+
+
 def _plan_chunks(plan: MatmulPlan, out: Tensor) -> Refusal | None:
-    """Fill in the chunks (the way of summing that needs fewer pieces) and the final reshape;
-    a refusal when no chunking fits the limits."""
+    """Fill in the chunks and the final reshape: both operands repeated (shown forms only)
+    when that needs at most FULL_PIECES pieces per head, else the way of summing that needs
+    fewer pieces; a refusal when no chunking fits the limits."""
     reshape_limit = _limits()[1]
     ways = []
+    full = _layout_full(plan)
+    if full is not None:
+        ways.append((0, False, *full, True))
     for block in (True, False):
         layout = _layout(plan, block)
         if layout is not None:
@@ -289,6 +321,7 @@ def _plan_chunks(plan: MatmulPlan, out: Tensor) -> Refusal | None:
     if not ways:
         return refuse(f"a contracted depth of {plan.d} leaves no column that fits the limits")
     _, _, plan.rows, plan.cols, plan.block_sum = min(ways)
+    plan.full = full is not None
     n, m = plan.n, plan.m
     if plan.batch * n * m > reshape_limit:
         lead = [a for a in out.shape[:-2] if a > 1]
@@ -328,6 +361,18 @@ def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
 
     for n_c in {b - a for a, b in plan.rows}:
         for m_c in {b - a for a, b in plan.cols}:
+            if plan.full:
+                wide = (1, d, 1, n_c * m_c)
+                asks = [
+                    ("CONV_2D", [t(1, d, 1, n_c)], wide, [np.zeros((n_c * m_c, 1, 1, n_c))]),
+                    ("MUL", [t(*wide), t(*wide)], wide, []),
+                    ("DEPTHWISE_CONV_2D", [t(*wide)], (1, 1, 1, n_c * m_c),
+                     [np.ones((1, d, 1, n_c * m_c))]),
+                ]  # fmt: skip
+                why = _first_refusal(asks)
+                if why:
+                    return why
+                continue
             w_rep = np.zeros((m_c * d, 1, 1, d), np.float32)
             wide = (1, n_c, 1, m_c * d)
             asks = [
@@ -346,6 +391,14 @@ def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
                                   consts)  # fmt: skip
                 if why:
                     return refuse(f"a {op_type} of the decomposition would stay on the CPU: {why}")
+    return None
+
+
+def _first_refusal(asks) -> Refusal | None:
+    for op_type, ins, shape, consts in asks:
+        why = _refusal_of(op_type, ins, shape, {"fused_activation_function": "NONE"}, consts)
+        if why:
+            return refuse(f"a {op_type} of the decomposition would stay on the CPU: {why}")
     return None
 
 
@@ -390,13 +443,15 @@ class _Spell:
         self._made: dict[tuple[str, int, int], Value] = {}
 
     # constants --------------------------------------------------------------------------------
-    def _conv_weights(self, key: str, value: np.ndarray, q_in: Quantization | None):
+    def _conv_weights(
+        self, key: str, value: np.ndarray, q_in: Quantization | None, depthwise: bool = False
+    ):
         """(weights, bias) of a 0/1 conv, made once per shape: float, or int8 1 at scale 1
         with an int32 zero bias at the input's scale."""
-        cache = (key, value.shape[0])
+        cache = (key, value.shape[-1] if depthwise else value.shape[0])
         if cache in self._weights:
             return self._weights[cache]
-        cout = value.shape[0]
+        cout = cache[1]
         if not self.int8:
             w = self.b.const(value.astype(np.float32), f"{key}{cout}/w")
             bias = self.b.const(np.zeros(cout, np.float32), f"{key}{cout}/b")
@@ -419,6 +474,17 @@ class _Spell:
     def _rows(self, op: Operand, batch: int, lo: int, hi: int, name: str) -> Value | Tensor:
         """Rows lo:hi of the operand at `batch`, in [rows, k] memory order (a SLICE, and a
         TRANSPOSE of the 2-D piece when its rows come after its depth)."""
+        piece = self._slice(op, batch, lo, hi, name)
+        if op.in_order:
+            return piece
+        q = op.tensor.quantization
+        flat = self._reshape(piece, [op.depth, hi - lo], f"{name}/flat", q)
+        return self.b.TRANSPOSE(flat, self.b.ints([1, 0], f"{name}/perm"), name=f"{name}/rows",
+                                quant=q)  # fmt: skip
+
+    def _slice(self, op: Operand, batch: int, lo: int, hi: int, name: str) -> Value | Tensor:
+        """Rows lo:hi of the operand at `batch` as they lie in memory (a SLICE when that is not
+        the whole tensor): [rows, k] when `op.in_order`, else [k, rows]."""
         t = self._viewed(op)
         index = list(np.unravel_index(batch % op.batch, op.lead)) if op.lead else []
         if op.rows_last:
@@ -427,17 +493,11 @@ class _Spell:
             begin, size = [*index, 0, lo], [*([1] * len(index)), op.depth, hi - lo]
         if op.perm is not None:  # logical axis i is the tensor's axis perm[i]
             begin, size = _permuted(begin, op.perm), _permuted(size, op.perm)
-        piece: Value | Tensor = t
-        q = op.tensor.quantization
-        if list(size) != list(t.shape):
-            piece = self.b.SLICE(t, self.b.ints(begin, f"{name}/begin"),
-                                 self.b.ints(size, f"{name}/size"), name=name,
-                                 quant=q)  # fmt: skip
-        if not op.in_order:
-            flat = self._reshape(piece, [op.depth, hi - lo], f"{name}/flat", q)
-            piece = self.b.TRANSPOSE(flat, self.b.ints([1, 0], f"{name}/perm"),
-                                     name=f"{name}/rows", quant=q)  # fmt: skip
-        return piece
+        if list(size) == list(t.shape):
+            return t
+        return self.b.SLICE(t, self.b.ints(begin, f"{name}/begin"),
+                            self.b.ints(size, f"{name}/size"), name=name,
+                            quant=op.tensor.quantization)  # fmt: skip
 
     def _viewed(self, op: Operand) -> Tensor | Value:
         """The operand's tensor, reshaped to its view once when it has one."""
@@ -491,6 +551,8 @@ class _Spell:
         """C[batch] as [1, n, m, 1] or, summed by blocks, [1, n, 1, m] (column chunks joined
         along the axis of m, rows along axis 1)."""
         p, qt = self.p, self._product_quant()
+        if p.full:
+            return self._full_result(batch, qt)
         row_pieces = []
         for r, (r0, r1) in enumerate(p.rows):
             img, n_c = self._image(batch, r, r0, r1), r1 - r0
@@ -505,6 +567,59 @@ class _Spell:
                 col_pieces.append(self._sum(prod, n_c, m_c, tag, qt))
             row_pieces.append(self._join(col_pieces, 3 if p.block_sum else 2, f"h{batch}/r{r}"))
         return self._join(row_pieces, 1, f"h{batch}")
+
+    def _full_result(self, batch: int, qt) -> Value:
+        """C[batch] as [1, n, 1, m], both operands repeated per piece (see `_full_piece`)."""
+        row_pieces = []
+        for r, (r0, r1) in enumerate(self.p.rows):
+            cols = [
+                self._full_piece(batch, (r, r0, r1), (c, c0, c1), qt)
+                for c, (c0, c1) in enumerate(self.p.cols)
+            ]
+            row_pieces.append(self._join(cols, 3, f"h{batch}/r{r}"))
+        return self._join(row_pieces, 1, f"h{batch}")
+
+    def _depth_image(self, op: Operand, batch: int, span, which: str) -> Value:
+        """The operand's rows lo:hi at `batch` as [1, d, 1, rows] (rows in the channels; a 2-D
+        TRANSPOSE when they lie as [rows, d])."""
+        key = (f"{which}d", batch % op.batch, span[0])
+        if key not in self._made:
+            _, lo, hi = span
+            name, q, d = f"h{batch}/{which}{span[0]}", op.tensor.quantization, self.p.d
+            piece: Value | Tensor = self._slice(op, batch, lo, hi, name)
+            if op.in_order:
+                flat = self._reshape(piece, [hi - lo, d], f"{name}/flat", q)
+                piece = self.b.TRANSPOSE(flat, self.b.ints([1, 0], f"{name}/perm"),
+                                         name=f"{name}/t", quant=q)  # fmt: skip
+            self._made[key] = self._reshape(piece, [1, d, 1, hi - lo], f"{name}/img", q)
+        return self._made[key]
+
+    def _full_piece(self, batch: int, rows, cols, qt) -> Value:
+        """C[rows, cols] as [1, n_c, 1, m_c]: X^T and Y^T as [1, d, 1, .] images, each repeated
+        by a 1x1 conv of 0/1 weights to the (i, j) channels, a MUL of the same shape, and the
+        sum over d a d x 1 depthwise conv of ones."""
+        (r, r0, r1), (c, c0, c1) = rows, cols
+        n_c, m_c, d, tag = r1 - r0, c1 - c0, self.p.d, f"h{batch}/r{r}c{c}"
+        xq, yq = self.p.x.tensor.quantization, self.p.y.tensor.quantization
+        xi = self._depth_image(self.p.x, batch, rows, "x")
+        yi = self._depth_image(self.p.y, batch, cols, "y")
+        wide = (1, d, 1, n_c * m_c)
+        wx = np.kron(np.eye(n_c, dtype=np.float32), np.ones((m_c, 1), np.float32))
+        wy = np.tile(np.eye(m_c, dtype=np.float32), (n_c, 1))
+        xr = self._conv(xi, self._conv_weights(f"rx{n_c}_", wx.reshape(-1, 1, 1, n_c), xq),
+                        f"{tag}/x_repeat", wide, xq)  # fmt: skip
+        yr = self._conv(yi, self._conv_weights(f"ry{m_c}_", wy.reshape(-1, 1, 1, m_c), yq),
+                        f"{tag}/y_repeat", wide, yq)  # fmt: skip
+        prod = self.b.MUL(xr, yr, name=f"{tag}/product", quant=qt)
+        ones, bias = self._conv_weights(f"dsum{d}_", np.ones((1, d, 1, n_c * m_c), np.float32),
+                                        qt, depthwise=True)  # fmt: skip
+        summed = self.b.DEPTHWISE_CONV_2D(
+            prod, ones, bias, name=f"{tag}/sum", shape=(1, 1, 1, n_c * m_c),
+            quant=self.out.quantization, padding="VALID", stride_w=1, stride_h=1,
+            depth_multiplier=1, dilation_w_factor=1, dilation_h_factor=1,
+            fused_activation_function=self.p.activation,
+        )  # fmt: skip
+        return self._reshape(summed, [1, n_c, 1, m_c], f"{tag}/c", self.out.quantization)
 
     def _sum(self, prod: Value, n_c: int, m_c: int, tag: str, qt) -> Value:
         """sum_k t[i, (j, k)]: a conv of 0/1 blocks ([1, n_c, 1, m_c]), or RESHAPE to the grid
