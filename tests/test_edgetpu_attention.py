@@ -406,6 +406,9 @@ def test_keras_multi_head_attention_converts_and_maps_past_its_products(tmp_path
     refused = _refused_on_their_own(flatbuffer.load(res.fused))
     assert refused == [], refused
     assert _refused_on_their_own(flatbuffer.load(res.stock))
+    # the products use shown forms only: the one segment runs past attention, to the
+    # LayerNorm's MEAN over the channels (a reduction form no compiled model shows)
+    assert fused["cut"]["op"] == "MEAN" and fused["mapped"] > 90 > 10 > stock["mapped"]
 
 
 def _refused_on_their_own(model: Model) -> list[str]:
