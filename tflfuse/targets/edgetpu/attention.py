@@ -772,10 +772,13 @@ class LegalizeActivationMatmul(_MatmulRule):
             return refusal
         if len(a.shape) < 2 or len(b.shape) < 2 or len(out.shape) < 2:
             return refuse("an operand has fewer than 2 dimensions")
-        x = _through_transpose(a, not m.root.options.get("adj_x", False))
-        y = _through_transpose(b, bool(m.root.options.get("adj_y", False)))
-        x, y, shape = _fold_broadcast_rows(x, y, tuple(out.shape))
+        rows_x, rows_y = not m.root.options.get("adj_x", False), bool(m.root.options.get("adj_y"))
+        x, y = _through_transpose(a, rows_x), _through_transpose(b, rows_y)
+        shape = tuple(out.shape)
         lead = shape[:-2]
+        if not (_lead_ok(x, lead) and _lead_ok(y, lead)):  # onnx2tf's rows on a batch axis
+            x, y, shape = _fold_broadcast_rows(Operand(a, rows_x), Operand(b, rows_y), shape)
+            lead = shape[:-2]
         batch = int(np.prod(lead, dtype=np.int64)) if lead else 1
         if not (_lead_ok(x, lead) and _lead_ok(y, lead)):
             return refuse("its operands broadcast their batch dimensions")
