@@ -370,6 +370,10 @@ def test_litert_torch_encoder_maps_whole_once_its_products_are_spelled_out() -> 
     fired = result.fired()
     assert fired[RULE] == 2 and fired["LegalizeGelu"] == 1
     assert "BATCH_MATMUL" not in ops(model) and "GELU" not in ops(model)
+    # the head merge (RESHAPE, then TRANSPOSE (2, 0, 1, 3)) is written directly: every TRANSPOSE
+    # left moves a 2-D piece
+    moved = [op.inputs[0].shape for op in model.main.ops if op.type == "TRANSPOSE"]
+    assert moved and all(sum(a > 1 for a in shape) == 2 for shape in moved), moved
     assert _mapped_once_quantized(model) == {"mapped": len(model.main.ops)}
     before = _mapped_once_quantized(flatbuffer.from_bytes(data))
     assert before["mapped"] < len(model.main.ops)

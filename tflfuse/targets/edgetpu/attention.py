@@ -655,9 +655,10 @@ class _Spell:
             flat = [
                 self._reshape_to(r, [1, p.n, 1, p.m], f"h{i}/flat") for i, r in enumerate(results)
             ]
-            merged = self._reshape_to(self._join(flat, 2, "heads"), p.merge.output.shape, "merged")
-            merged.tensor = p.merge.output
-            self.b.commit(remove=[p.merge, self.m.root])
+            last = p.merge[-1].output
+            merged = self._reshape_to(self._join(flat, 2, "heads"), last.shape, "merged")
+            merged.tensor = last
+            self.b.commit(remove=[*p.merge, self.m.root])
             return
         if not p.per_batch_reshape:
             joined = self._join(results, 1, "heads")
@@ -672,30 +673,40 @@ class _Spell:
         return self._reshape(x, list(shape), name, self.out.quantization)
 
 
-def _merge_transpose(graph: Graph, out: Tensor) -> Op | None:
+def _sole_reader(graph: Graph, t: Tensor) -> Op | None:
+    readers = t.consumers
+    return readers[0] if len(readers) == 1 and not graph.is_graph_output(t) else None
+
+
+def _merge_transpose(graph: Graph, out: Tensor) -> list[Op] | None:
     """The TRANSPOSE that merges the product's heads, [.., H, N, E] -> [.., N, H, E] (over the
-    dimensions > 1), when it is the product's one reader and keeps its quantization: the
-    pieces can be joined in that order directly, and the TRANSPOSE (whose form no compiled model
-    shows mapped) goes."""
-    readers = out.consumers
-    if len(readers) != 1 or graph.is_graph_output(out):
-        return None
-    op = readers[0]
-    if op.type != "TRANSPOSE" or len(op.inputs) < 2 or op.inputs[0] is not out:
+    dimensions > 1), when it is the product's one reader (after a RESHAPE that only adds or
+    drops dimensions of 1) and keeps its quantization: the pieces can be joined in that order
+    directly, and the TRANSPOSE (whose form no compiled model shows mapped) goes. Returns the
+    ops that go ([RESHAPE,] TRANSPOSE)."""
+    op, gone = _sole_reader(graph, out), []
+    if op is not None and op.type == "RESHAPE" and op.inputs[0] is out:
+        same = [a for a in op.output.shape if a > 1] == [a for a in out.shape if a > 1]
+        if not same or (out.is_quantized and not op.output.quantization.same_as(out.quantization)):
+            return None
+        gone.append(op)
+        op = _sole_reader(graph, op.output)
+    t = gone[-1].output if gone else out
+    if op is None or op.type != "TRANSPOSE" or len(op.inputs) < 2 or op.inputs[0] is not t:
         return None
     perm_t = op.inputs[1]
-    if perm_t is None or not perm_t.is_constant or len(out.shape) < 3:
+    if perm_t is None or not perm_t.is_constant or len(t.shape) < 3:
         return None
-    if out.is_quantized and not op.output.quantization.same_as(out.quantization):
+    if t.is_quantized and not op.output.quantization.same_as(t.quantization):
         return None
-    rank = len(out.shape)
+    rank = len(t.shape)
     perm = [int(v) % rank for v in np.asarray(perm_t.data).reshape(-1)]
-    big = [i for i, a in enumerate(out.shape) if a > 1]
+    big = [i for i, a in enumerate(t.shape) if a > 1]
     heads = [i for i in big if i < rank - 2]
     if len(heads) != 1 or rank - 2 not in big or rank - 1 not in big:
         return None
     order = [i for i in perm if i in big]
-    return op if order == [rank - 2, heads[0], rank - 1] else None
+    return [*gone, op] if order == [rank - 2, heads[0], rank - 1] else None
 
 
 def _permuted(values: list[int], perm: tuple[int, ...]) -> list[int]:
