@@ -11,12 +11,13 @@ an output is that error carried forward through the final graph to the output, w
 in real units, then `ceil(e(output) / scale(output))` steps (at most the 255 an int8 can differ
 by). `gain` is the op's worst-case sensitivity: 1 for data movement, max pools, activations that
 are 1-Lipschitz, ADD/SUB (summed over inputs), max(1, |alpha|) for LEAKY_RELU/PRELU, the largest
-row sum of |weights| (dequantized) for conv, depthwise, FC and TRANSPOSE_CONV, the other
-operand's largest magnitude for MUL. An output that no event reaches has bound 0: it must match
-bit for bit. An op type the table does not know makes the bound of what it feeds unlimited
+row sum of |weights| (dequantized) for conv, depthwise, FC and TRANSPOSE_CONV, the other operand's
+largest magnitude for MUL (times the contracted depth for BATCH_MATMUL), beta/2 for SOFTMAX (the
+largest row sum of its Jacobian's magnitudes). An output that no event reaches has bound 0: it must
+match bit for bit. An op type the table does not know makes the bound of what it feeds unlimited
 (reported as 255 steps). Events whose sites a later rewrite removed (an activation fused into the
-op a legalization wrote), and events in other subgraphs, count their steps at every output (for
-a float output of a DEQUANTIZE, in the steps of the int8 tensor it reads).
+op a legalization wrote), and events in other subgraphs, count their steps at every output (for a
+float output of a DEQUANTIZE, in the steps of the int8 tensor it reads).
 
 For a chain of ops that keep the scale (the common case after an exact fusion) this is the sum of
 the steps of the rewrites on the paths to the output, plus one per requantizing op after a
@@ -156,12 +157,26 @@ def _propagated(op: Op, errors: Sequence[float]) -> float:
     if t == "MUL" and len(data) == 2:
         a, b = op.inputs
         return _times(_magnitude(b), data[0]) + _times(_magnitude(a), data[1]) + data[0] * data[1]
+    if t == "BATCH_MATMUL" and len(data) == 2:
+        return _matmul_error(op, data[0], data[1])
+    if t == "SOFTMAX":
+        # |d softmax_i| <= sum_j |J_ij| |dx_j| with sum_j |J_ij| = 2 p_i (1 - p_i) beta <= beta/2
+        return 0.5 * abs(float(op.options.get("beta", 1.0))) * max(data)
     if t == "LEAKY_RELU":
         return _times(max(1.0, abs(float(op.options.get("alpha", 0.2)))), data[0])
     if t == "PRELU" and len(data) == 2:
         alpha = _magnitude(op.inputs[1])
         return _times(max(1.0, alpha), data[0]) + _times(_magnitude(op.inputs[0]), data[1])
     return math.inf
+
+
+def _matmul_error(op: Op, ea: float, eb: float) -> float:
+    """A product of two operands summed over the contracted depth: each of its terms moves by
+    ea |b| + eb |a| + ea eb."""
+    a, b = op.inputs[0], op.inputs[1]
+    depth = a.shape[-2] if op.options.get("adj_x") else a.shape[-1]
+    term = _times(_magnitude(b), ea) + _times(_magnitude(a), eb) + ea * eb
+    return depth * term
 
 
 def _requantizes(op: Op, out: Tensor) -> bool:
