@@ -53,7 +53,7 @@ from tflfuse.convert.records import (
     RuntimeRecord,
     UnfusedRecord,
 )
-from tflfuse.errors import TflfuseError
+from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import flatbuffer
 from tflfuse.rules import pipeline
@@ -522,12 +522,37 @@ def report(rec: Recipe, ctx: Context) -> None:
         seed=ctx.options.seed,
         parse=parse,
     )
+    _refuse_what_does_not_run(ctx.source.name, ctx.report["agreement"])
     if ctx.runtime is not None:
         section = dict(ctx.runtime.section)
         for name in MODELS:  # which of the three the runtime runs (only fused is required to)
             check = runtimes.check(parse(models[name]), rec.runtime)
             section[name] = {"runtime_ok": check.runtime_ok, "refusal": check.refusal() or None}
         ctx.report["runtime"] = section
+
+
+def _refuse_what_does_not_run(source: str, agreement: dict[str, Any]) -> None:
+    """One line when the model tflfuse made fails in the interpreter (nothing is written): the
+    file, which of the three models fail and how, and whether stock, litert-quantizer's int8 of
+    the same file, fails too (then the cause is the int8 quantization itself, e.g. an int8 DIV
+    whose divisor's range reaches 0, not a rewrite)."""
+    fused = agreement.get("fused", {})
+    if fused.get("runs", True):
+        return
+    stock = agreement.get("stock", {})
+    if stock.get("runs", True):
+        also = "stock (litert-quantizer's int8 of the same file) runs"
+    else:
+        same = stock.get("reason") == fused.get("reason")
+        also = "stock (litert-quantizer's int8 of the same file) fails " + (
+            "the same way" if same else f"too ({stock.get('reason')})"
+        )
+    unfused = "" if agreement.get("unfused", {}).get("runs", True) else ", and so does unfused"
+    raise ModelError(
+        source,
+        f"the int8 model tflfuse made (fused) fails in the interpreter: {fused.get('reason')};"
+        f" {also}{unfused}; nothing written",
+    )
 
 
 # what native code each stage runs, for the one line a crash there becomes (tflfuse.isolation)

@@ -1,0 +1,69 @@
+"""An int8 model the interpreter cannot run is refused in one line naming the file, which of the
+three models fail and how, and whether stock fails too (edgenext / MobileViT exports: an int8 DIV
+whose divisor quantizes to its zero point)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tflfuse.convert.pipeline import _refuse_what_does_not_run
+from tflfuse.convert.report import agreement, invoke_failure
+from tflfuse.errors import ModelError
+from tflfuse.ir import Graph, Model, Quantization, flatbuffer
+
+
+def _int8_div() -> bytes:
+    """x / y in int8 (float I/O through QUANTIZE / DEQUANTIZE): a divisor of 0 fails the
+    kernel's check."""
+    g = Graph("main")
+
+    def q(scale: float) -> Quantization:
+        return Quantization(scale=np.array([scale], np.float32), zero_point=np.array([0]))
+
+    x, y = g.add_tensor("x", (1, 4)), g.add_tensor("y", (1, 4))
+    xq = g.add_tensor("xq", (1, 4), "INT8", quantization=q(0.05))
+    yq = g.add_tensor("yq", (1, 4), "INT8", quantization=q(0.05))
+    zq = g.add_tensor("zq", (1, 4), "INT8", quantization=q(0.1))
+    z = g.add_tensor("z", (1, 4))
+    g.add_op("QUANTIZE", [x], [xq])
+    g.add_op("QUANTIZE", [y], [yq])
+    g.add_op("DIV", [xq, yq], [zq], {"fused_activation_function": "NONE"})
+    g.add_op("DEQUANTIZE", [zq], [z])
+    g.inputs, g.outputs = [x, y], [z]
+    return flatbuffer.to_bytes(Model([g]))
+
+
+def test_a_kernel_failure_is_an_agreement_that_did_not_run() -> None:
+    data = _int8_div()
+    x = np.ones((2, 4), np.float32)
+    fine = agreement(data, [x, 2 * x], [np.full((2, 4), 0.5)])
+    assert fine["verified"] and fine["max_abs"] <= 0.05
+    failed = agreement(data, [x, 0 * x], [np.full((2, 4), 0.5)])
+    assert failed["verified"] is False and failed["runs"] is False
+    assert failed["reason"].startswith("op 2 (DIV) failed to invoke: ")
+    assert "div.cc" in failed["reason"] and "\n" not in failed["reason"]
+
+
+def test_invoke_failure_without_a_node_keeps_the_message_in_one_clause() -> None:
+    text = invoke_failure(RuntimeError("something\nwent wrong"))
+    assert text == "the interpreter failed running it: something went wrong"
+
+
+@pytest.mark.parametrize("stock_runs", [False, True])
+def test_the_refusal_says_which_models_fail(stock_runs: bool) -> None:
+    reason = "op 61 (DIV) failed to invoke: tflite/kernels/div.cc:262 data[i] != zero_point"
+    failed = {"verified": False, "runs": False, "reason": reason}
+    agree = {
+        "fused": failed,
+        "unfused": {"verified": True},
+        "stock": {"verified": True} if stock_runs else dict(failed),
+    }
+    with pytest.raises(ModelError) as err:
+        _refuse_what_does_not_run("models/edgenext.tflite", agree)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("models/edgenext.tflite: ")
+    assert f"(fused) fails in the interpreter: {reason};" in line
+    tail = "runs" if stock_runs else "fails the same way"
+    assert f"stock (litert-quantizer's int8 of the same file) {tail}; nothing written" in line
+    _refuse_what_does_not_run("m.tflite", {**agree, "fused": {"verified": True}})  # runs: no error
