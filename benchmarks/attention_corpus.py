@@ -439,6 +439,9 @@ def main() -> int:
     if args.child:
         return child(args.child, args.out, args.timeout)
     todo = [c for c in cells() if not args.only or c.name in args.only or c.model in args.only]
+    if args.only:  # in the order given
+        rank = {name: i for i, name in enumerate(args.only)}
+        todo.sort(key=lambda c: rank.get(c.name, rank.get(c.model, 0)))
     if args.list:
         print("\n".join(c.name for c in todo))
         return 0

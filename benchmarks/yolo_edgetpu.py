@@ -2,7 +2,10 @@
 """Attention models and YOLO heads on the Edge TPU: the user's route, stock and tflfuse, predicted.
 
     /work/main/.venv/bin/python benchmarks/yolo_edgetpu.py [--corpus /work/corpus]
-        [--only yolo26n-640 deit_tiny_patch16_224.litert ...] [--eval 8]
+        [--only yolo26n-640 deit_tiny_patch16_224.litert ...] [--eval 8] [--cached]
+
+(`--cached` renders the rows earlier runs left in `--out` without measuring: several runs on
+disjoint `--only` sets, then one `--cached` run, give the whole table.)
 
 Reads the corpus `benchmarks/attention_corpus.py` builds (default `/work/corpus`, or
 `$TFLFUSE_CORPUS`; every `X.tflite` with its `X.json` and `X.calib.npy`; nothing copied here) and,
@@ -319,6 +322,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", type=int, default=8, help="image-like inputs for the errors")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "yolo_edgetpu")
     parser.add_argument("--md", type=Path, default=HERE / "YOLO_EDGETPU.md")
+    parser.add_argument(
+        "--cached",
+        action="store_true",
+        help="reuse the rows earlier runs left in --out (ROW.row.json) instead of measuring again",
+    )
     args = parser.parse_args(argv)
     if not args.corpus.is_dir():
         print(f"no corpus at {args.corpus} (build it: benchmarks/attention_corpus.py)")
@@ -332,8 +340,15 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.only and not {info["model"], side.stem} & set(args.only):
             continue
+        cached = args.out / f"{side.stem}.row.json"
+        if args.cached and cached.is_file():
+            rows.append(json.loads(cached.read_text()))
+            continue
+        if args.cached:  # render only: a file no run measured yet is left out
+            continue
         try:
             rows.append(measure(side, args.out, args.eval))
+            cached.write_text(json.dumps(rows[-1], indent=1) + "\n")
         except Exception as exc:  # a failure is a row, not a crash
             error = f"{type(exc).__name__}: {exc}"[:300]
             rows.append(

@@ -1,6 +1,9 @@
-"""MEAN over the plane of an NCHW tensor (onnx2tf 2.6's MobileNetV3 squeeze-excite): refused by
-the compiler as a reduction over W "channels" that are not a multiple of 4, laid out NHWC it is
-the global pool the compiler maps. Stand-ins built in the IR: float and int8, 7x7 and 14x14."""
+"""Forms onnx2tf 2.6 exports that the compiler refuses, legalized into ops it maps.
+
+MEAN over the plane of an NCHW tensor (its MobileNetV3 squeeze-excite): refused as a reduction
+over W "channels" that are not a multiple of 4; laid out NHWC it is the global pool the compiler
+maps. RELU_0_TO_1 (its HardSigmoid) in an int8 file: RELU, or RELU and MINIMUM. Stand-ins built
+in the IR: float and int8, 7x7 and 14x14 planes."""
 
 from __future__ import annotations
 
@@ -10,7 +13,11 @@ from rulekit import G, apply, assert_same_function, ops, refusals
 from test_rules_edgetpu import Q8, mapped
 
 from tflfuse.runtime import verify
-from tflfuse.targets.edgetpu.rules import MeanOverNchwPlane, SplitOversizedTranspose
+from tflfuse.targets.edgetpu.rules import (
+    LegalizeRelu0To1,
+    MeanOverNchwPlane,
+    SplitOversizedTranspose,
+)
 
 
 def _float_se_mean(c: int, hw: int, keep_dims: bool = True) -> bytes:
@@ -82,3 +89,27 @@ def test_a_mean_the_compiler_maps_or_another_reduction_is_left_alone() -> None:
     assert refusals(result, "MeanOverNchwPlane") == [
         "MEAN reduces axes [1, 2], not the two innermost"
     ]
+
+
+# -- RELU_0_TO_1 (an int8 file's; a float one is made int8 by int8_completion) -------------------
+@pytest.mark.parametrize(
+    ("scale", "zero", "expect"),
+    [
+        (1 / 255, -128, ["RELU"]),  # 1 is the type's top: RELU's clamp is the clamp at 1
+        (0.006, -20, ["RELU"]),  # 1 is past the top (q(1) = 147)
+        (0.01, -128, ["RELU", "MINIMUM"]),  # q(1) = -28: the clamp at 1 is a MINIMUM
+        (0.005, -100, ["RELU", "MINIMUM"]),
+    ],
+)
+def test_int8_relu_0_to_1_becomes_table_ops_exactly(scale: float, zero: int, expect) -> None:
+    g = Q8()
+    x = g.input((1, 6, 6, 8), 0.02, 3)
+    y = g.op("RELU_0_TO_1", [x], x.shape, scale, zero)
+    before = g.bytes(y)
+    assert mapped(before) == (0, 1)
+    after, model, result = apply(before, LegalizeRelu0To1())
+    assert result.fired() == {"LegalizeRelu0To1": 1}
+    assert ops(model) == expect
+    assert mapped(after) == (len(expect), 0)
+    agreement = verify.compare(before, after, int_atol=0, runs=4)
+    assert agreement.ok and agreement.varies, agreement
