@@ -189,7 +189,7 @@ def convert_child(src: Path, calib: Path, out: Path) -> tuple[float, int, int, s
     cmd = [sys.executable, "-m", "tflfuse.cli", "convert", str(src), "--recipe", "edgetpu"]
     cmd += ["--calib", str(calib), "-o", str(out)]
     t0 = time.perf_counter()
-    errf = out.with_suffix(".stderr")
+    errf = out.parent / f"{out.name}.stderr"
     with errf.open("w") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
         _, status, usage = os.wait4(proc.pid, 0)

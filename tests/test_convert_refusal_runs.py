@@ -9,7 +9,7 @@ import pytest
 
 from tflfuse.convert.pipeline import _refuse_what_does_not_run
 from tflfuse.convert.report import agreement, invoke_failure
-from tflfuse.errors import ModelError
+from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 
 
@@ -48,6 +48,30 @@ def test_a_kernel_failure_is_an_agreement_that_did_not_run() -> None:
 def test_invoke_failure_without_a_node_keeps_the_message_in_one_clause() -> None:
     text = invoke_failure(RuntimeError("something\nwent wrong"))
     assert text == "the interpreter failed running it: something went wrong"
+    said = TflfuseError(
+        "the interpreter failed to run the model: tflite/kernels/div.cc:262 data[i] !="
+        " zero_point was not true.Node number 101 (DIV) failed to invoke."
+    )
+    assert invoke_failure(said) == (
+        "op 101 (DIV) failed to invoke: tflite/kernels/div.cc:262 data[i] != zero_point was"
+        " not true"
+    )
+
+
+def test_stock_alone_failing_is_said_too() -> None:
+    reason = "op 101 (DIV) failed to invoke: tflite/kernels/div.cc:262 data[i] != zero_point"
+    agree = {
+        "fused": {"verified": True},
+        "unfused": {"verified": False, "runs": False, "reason": reason},
+        "stock": {"verified": False, "runs": False, "reason": reason},
+    }
+    with pytest.raises(ModelError) as err:
+        _refuse_what_does_not_run("edgenext.tflite", agree)
+    assert str(err.value) == (
+        "edgenext.tflite: stock (litert-quantizer's int8 of the same file) fails in the"
+        f" interpreter: {reason}, and so does unfused; the int8 model tflfuse made (fused) runs,"
+        " but convert measures it against stock; nothing written"
+    )
 
 
 @pytest.mark.parametrize("stock_runs", [False, True])
@@ -66,4 +90,4 @@ def test_the_refusal_says_which_models_fail(stock_runs: bool) -> None:
     assert f"(fused) fails in the interpreter: {reason};" in line
     tail = "runs" if stock_runs else "fails the same way"
     assert f"stock (litert-quantizer's int8 of the same file) {tail}; nothing written" in line
-    _refuse_what_does_not_run("m.tflite", {**agree, "fused": {"verified": True}})  # runs: no error
+    _refuse_what_does_not_run("m.tflite", {k: {"verified": True} for k in agree})  # all run

@@ -510,18 +510,24 @@ def report(rec: Recipe, ctx: Context) -> None:
     for name, data in zip((FUSED, UNFUSED, STOCK), (models[m] for m in MODELS)):
         (ctx.folder / name).write_bytes(data)
     parse = report_mod.ParseOnce()
-    ctx.report = report_mod.assemble(
-        rec,
-        ctx.loaded,
-        ctx.float_model,
-        ctx.fused,
-        ctx.unfused,
-        ctx.quantized,
-        ctx.legalization,
-        ctx.baselines,
-        seed=ctx.options.seed,
-        parse=parse,
-    )
+    try:
+        ctx.report = report_mod.assemble(
+            rec,
+            ctx.loaded,
+            ctx.float_model,
+            ctx.fused,
+            ctx.unfused,
+            ctx.quantized,
+            ctx.legalization,
+            ctx.baselines,
+            seed=ctx.options.seed,
+            parse=parse,
+        )
+    except TflfuseError as exc:  # a model fails in the interpreter beyond the agreement
+        if "failed to run the model" not in str(exc):
+            raise
+        _refuse_what_does_not_run(ctx.source.name, _agreements(ctx, models))
+        raise
     _refuse_what_does_not_run(ctx.source.name, ctx.report["agreement"])
     if ctx.runtime is not None:
         section = dict(ctx.runtime.section)
@@ -531,23 +537,40 @@ def report(rec: Recipe, ctx: Context) -> None:
         ctx.report["runtime"] = section
 
 
+def _agreements(ctx: Context, models: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+    """Each of the three models against the source on the report's inputs (whether it runs)."""
+    src, loaded = ctx.source, ctx.loaded
+    inputs = src.eval_inputs(loaded.calib, ctx.options.seed)
+    reference = src.reference(inputs)
+    return {
+        k: report_mod.agreement(v, inputs, reference, loaded.interface(k))
+        for k, v in models.items()
+    }
+
+
+_STOCK = "stock (litert-quantizer's int8 of the same file)"
+
+
 def _refuse_what_does_not_run(source: str, agreement: dict[str, Any]) -> None:
-    """One line when the model tflfuse made fails in the interpreter (nothing is written): the
+    """One line when a model convert made fails in the interpreter (nothing is written): the
     file, which of the three models fail and how, and whether stock, litert-quantizer's int8 of
     the same file, fails too (then the cause is the int8 quantization itself, e.g. an int8 DIV
     whose divisor's range reaches 0, not a rewrite)."""
-    fused = agreement.get("fused", {})
+    fused, stock = agreement.get("fused", {}), agreement.get("stock", {})
+    unfused = "" if agreement.get("unfused", {}).get("runs", True) else ", and so does unfused"
     if fused.get("runs", True):
-        return
-    stock = agreement.get("stock", {})
+        if stock.get("runs", True):
+            return
+        raise ModelError(
+            source,
+            f"{_STOCK} fails in the interpreter: {stock.get('reason')}{unfused}; the int8 model"
+            " tflfuse made (fused) runs, but convert measures it against stock; nothing written",
+        )
     if stock.get("runs", True):
-        also = "stock (litert-quantizer's int8 of the same file) runs"
+        also = f"{_STOCK} runs"
     else:
         same = stock.get("reason") == fused.get("reason")
-        also = "stock (litert-quantizer's int8 of the same file) fails " + (
-            "the same way" if same else f"too ({stock.get('reason')})"
-        )
-    unfused = "" if agreement.get("unfused", {}).get("runs", True) else ", and so does unfused"
+        also = f"{_STOCK} fails " + ("the same way" if same else f"too ({stock.get('reason')})")
     raise ModelError(
         source,
         f"the int8 model tflfuse made (fused) fails in the interpreter: {fused.get('reason')};"
