@@ -380,6 +380,12 @@ def write_readme(out: Path) -> None:
             f" {(info.get('calib') or {}).get('file', '-')} |"
             f" {'-' if err is None else f'{err:.3g}'} | {info.get('ops', '?')} |"
         )
+    notes = [
+        f"- {json.loads(p.read_text())['file']}: no onnx2tf 2.6 int8 ({why})"
+        for p in sorted(out.glob("*.onnx2tf26.json"))
+        for why in [json.loads(p.read_text()).get("user_int8")]
+        if why and why != "made"
+    ]
     index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else {}
     skipped = [f"- {k}: {v}" for k, v in sorted(index.get("skipped", {}).items())]
     text = [
@@ -397,10 +403,15 @@ def write_readme(out: Path) -> None:
         " `litert` = litert-torch float (Ultralytics 8.4 `format='tflite'` for YOLO);"
         " `onnx2tf26` = torch.onnx.export -> onnx2tf 2.6 float32.",
         "",
+        "`max abs vs torch`: the export against PyTorch on the reference inputs. YOLO exports"
+        " normalize box coordinates by the image size where PyTorch gives pixels, so theirs is"
+        " the box scale, not an export error.",
+        "",
         "| file | model | route | input | calibration | max abs vs torch | ops |",
         "|---|---|---|---|---|---|---|",
         *rows,
         "",
+        *(["## The user's int8 on the onnx2tf 2.6 route", "", *notes, ""] if notes else []),
         *(["## Not built", "", *skipped, ""] if skipped else []),
     ]
     (out / "README.md").write_text("\n".join(text) + "\n")
