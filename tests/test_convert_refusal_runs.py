@@ -91,3 +91,42 @@ def test_the_refusal_says_which_models_fail(stock_runs: bool) -> None:
     tail = "runs" if stock_runs else "fails the same way"
     assert f"stock (litert-quantizer's int8 of the same file) {tail}; nothing written" in line
     _refuse_what_does_not_run("m.tflite", {k: {"verified": True} for k in agree})  # all run
+
+
+# -- the cure for MobileViT's form: 1 / SQRT(y) as RSQRT(y) ---------------------------------------
+@pytest.mark.parametrize("c", [1.0, 0.5])
+def test_reciprocal_sqrt_becomes_rsqrt_and_its_int8_runs(c: float) -> None:
+    """DIV(c, SQRT(y)) over a variance that reaches 0: quantized as written the int8 DIV divides
+    by the zero point and fails; as RSQRT it quantizes and runs."""
+    from rulekit import G, apply, assert_same_function, ops
+
+    from tflfuse.rules.exporter import ReciprocalSqrtAsRsqrt
+
+    g = G()
+    x = g.input((1, 16, 8))
+    var = g.op("MEAN", [g.binary("MUL", x, x), g.const(np.array([2], np.int32), "axes")],
+               (1, 16, 1), keep_dims=True)  # fmt: skip
+    eps = g.binary("ADD", var, g.const(np.array([1e-6], np.float32), "eps"))
+    inv = g.op("DIV", [g.const(np.array([c], np.float32), "c"), g.unary("SQRT", eps)], (1, 16, 1))
+    before = g.bytes(g.binary("MUL", x, inv))
+    after, model, result = apply(before, ReciprocalSqrtAsRsqrt())
+    assert result.fired() == {"ReciprocalSqrtAsRsqrt": 1}
+    assert "DIV" not in ops(model) and "SQRT" not in ops(model) and "RSQRT" in ops(model)
+    assert_same_function(before, after, atol=1e-4, rtol=1e-4)
+    pytest.importorskip("litert_quantizer")
+    from tflfuse.convert.quantize import quantize
+    from tflfuse.runtime.runs import run_float
+    from tflfuse.sources import tflite
+
+    def signed(data: bytes) -> bytes:
+        return tflite.load(data).float_tflite(None)
+
+    before, after = signed(before), signed(after)
+    rng = np.random.default_rng(0)
+    calib = rng.normal(0, 2, (16, 16, 8)).astype(np.float32)
+    calib[:, :4] = 0  # rows whose variance is 0: 1 / sqrt(eps) is large, sqrt(eps) below a step
+    x_eval = calib[:2]
+    with pytest.raises(RuntimeError, match="DIV"):  # the int8 DIV divides by its zero point
+        run_float(quantize(before, "int8", [calib], progress=False).data, [x_eval])
+    got = run_float(quantize(after, "int8", [calib], progress=False).data, [x_eval])[0]
+    assert np.all(np.isfinite(got))
