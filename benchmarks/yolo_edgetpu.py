@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -196,7 +197,7 @@ def convert_child(src: Path, calib: Path, out: Path) -> tuple[float, int, int, s
     seconds = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     lines = [ln for ln in errf.read_text().splitlines() if ln.strip()]
-    return seconds, int(usage.ru_maxrss) * 1024, proc.returncode, (lines or [""])[-1][:300]
+    return seconds, int(usage.ru_maxrss) * 1024, proc.returncode, (lines or [""])[-1][:600]
 
 
 def measure(side: Path, out_root: Path, n_eval: int) -> dict[str, Any]:
@@ -262,6 +263,11 @@ def _err(p: dict[str, Any] | None) -> str:
     return f"{e['max_abs']:.3g} ({e['rel']:.1%}, cos {e['cosine']:.3f})"
 
 
+def _short(refusal: str) -> str:
+    """A refusal with long tensor names cut: 'op 21 RESHAPE: tensor '...;2' [1, 197, 3, 3, 64]...'."""
+    return re.sub(r"'([^']{40})[^']{8,}'", r"'\1...'", refusal)
+
+
 def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Attention models and YOLO heads on the Edge TPU (predicted)",
@@ -282,7 +288,8 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        note = f" convert failed: {r['convert_error']}" if "convert_error" in r else ""
+        failed = r.get("convert_error", "").removeprefix("tflfuse: error: ")
+        note = f" (convert refused: {failed[:90]}...; below)" if failed else ""
         u, s, f = r.get("user"), r.get("stock"), r.get("fused")
         lines.append(
             f"| {r['model']} | {r['route']} | {_cell(u)} | {_cell(s)} | {_cell(f)} |"
@@ -292,12 +299,15 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines += ["", "## Where each is cut (one segment)", ""]
     for r in rows:
         lines.append(f"- {r['model']} / {r['route']} ({r['file']}, input {r['input']}):")
+        if r.get("convert_error"):
+            lines.append(f"  - convert: {r['convert_error']}")
         if r.get("user_missing"):
             lines.append(f"  - user's int8: none ({r['user_missing']})")
         for who, label in (("user", "user's int8"), ("stock", "stock"), ("fused", "tflfuse")):
             p = r.get(who)
             if p:
-                lines.append(f"  - {label}: " + ("; ".join(p["refused"][:3]) or "nothing refused"))
+                cut = "; ".join(_short(x) for x in p["refused"][:3]) or "nothing refused"
+                lines.append(f"  - {label}: {cut}")
         if r.get("rules"):
             lines.append(
                 "  - rules: " + ", ".join(f"{k} x{v}" for k, v in sorted(r["rules"].items()))
