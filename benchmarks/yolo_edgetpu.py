@@ -264,7 +264,7 @@ def _err(p: dict[str, Any] | None) -> str:
 
 
 def _short(refusal: str) -> str:
-    """A refusal with long tensor names cut: 'op 21 RESHAPE: tensor '...;2' [1, 197, 3, 3, 64]...'."""
+    """A refusal whose long tensor names are cut to 40 characters and an ellipsis."""
     return re.sub(r"'([^']{40})[^']{8,}'", r"'\1...'", refusal)
 
 
