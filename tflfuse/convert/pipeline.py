@@ -452,6 +452,7 @@ def baselines(rec: Recipe, ctx: Context) -> None:
                 progress=ctx.options.progress,
             ).data
             what = "the input (channels-last) quantized as stock is"
+        unchecked = ""
         try:
             defused_base = _defused(base, ctx.source.name, ctx.options.verify)
         except TflfuseError as exc:  # the defused check runs stock: it may fail in the kernels
@@ -459,11 +460,13 @@ def baselines(rec: Recipe, ctx: Context) -> None:
                 raise
             made = {"fused": ctx.quantized.fused.data, "stock": stock}
             _refuse_what_does_not_run(ctx.source.name, _agreements(ctx, made))
-            raise
+            # fused runs: the unfused baseline is stock defused, unchecked (stock cannot run)
+            defused_base = _defused(base, ctx.source.name, verify=False)
+            unchecked = f"; not checked: stock fails in the interpreter ({exc})"
         unfused = Quantized(
             defused_base,
             f"{what}, then defused (litert-quantizer has no int8 config for {left} once they"
-            " are split off)",
+            f" are split off){unchecked}",
         )
     unfused = _unfused_for_runtime(rec, ctx, unfused)
     ctx.baselines = BaselinesRecord(ctx.quantized.fused.data, unfused, stock, stock_route)
@@ -536,7 +539,9 @@ def report(rec: Recipe, ctx: Context) -> None:
             raise
         _refuse_what_does_not_run(ctx.source.name, _agreements(ctx, models))
         raise
-    _refuse_what_does_not_run(ctx.source.name, ctx.report["agreement"])
+    said = _refuse_what_does_not_run(ctx.source.name, ctx.report["agreement"])
+    if said:
+        ctx.report["warnings"] = [*ctx.report.get("warnings", []), said]
     if ctx.runtime is not None:
         section = dict(ctx.runtime.section)
         for name in MODELS:  # which of the three the runtime runs (only fused is required to)
@@ -559,20 +564,20 @@ def _agreements(ctx: Context, models: dict[str, bytes]) -> dict[str, dict[str, A
 _STOCK = "stock (litert-quantizer's int8 of the same file)"
 
 
-def _refuse_what_does_not_run(source: str, agreement: dict[str, Any]) -> None:
-    """One line when a model convert made fails in the interpreter (nothing is written): the
+def _refuse_what_does_not_run(source: str, agreement: dict[str, Any]) -> str | None:
+    """One line when the model tflfuse made fails in the interpreter (nothing is written): the
     file, which of the three models fail and how, and whether stock, litert-quantizer's int8 of
     the same file, fails too (then the cause is the int8 quantization itself, e.g. an int8 DIV
-    whose divisor's range reaches 0, not a rewrite)."""
+    whose divisor's range reaches 0, not a rewrite). When fused runs and only the baselines
+    fail, the sentence the report warns with (None when all three run)."""
     fused, stock = agreement.get("fused", {}), agreement.get("stock", {})
     unfused = "" if agreement.get("unfused", {}).get("runs", True) else ", and so does unfused"
     if fused.get("runs", True):
         if stock.get("runs", True):
-            return
-        raise ModelError(
-            source,
+            return None
+        return (
             f"{_STOCK} fails in the interpreter: {stock.get('reason')}{unfused}; the int8 model"
-            " tflfuse made (fused) runs, but convert measures it against stock; nothing written",
+            " tflfuse made (fused) runs"
         )
     if stock.get("runs", True):
         also = f"{_STOCK} runs"
