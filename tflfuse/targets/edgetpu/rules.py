@@ -472,60 +472,6 @@ class MeanToAveragePool(Rule):
         b.replace(m.root, y)
 
 
-class MeanOverNchwPlane(Rule):
-    """MEAN(x [1, C, H, W], axes=[2, 3])  =>
-    RESHAPE(MEAN(TRANSPOSE(x, [0, 2, 3, 1]), axes=[1, 2], keep_dims), the MEAN's shape),
-    only where the compiler refuses the MEAN as it is.
-
-    An exporter that keeps a block in NCHW (onnx2tf 2.6's MobileNetV3 squeeze-excite: five of
-    them) averages the plane over the two innermost axes, which the compiler reads as a reduction
-    over W "channels" and refuses unless W is a multiple of 4 (`z_reduction_multiple`, 14 and 7
-    here). Laid out NHWC the same average is over height and width, the form the compiler maps
-    (MobileNet's global pool); the [1, 1, 1, C] result holds C values in the order the MEAN's
-    output holds them, so a RESHAPE (no data moves) gives its shape back. The TRANSPOSE is data
-    movement: on the int8 graph it keeps x's parameters, and one over the compiler's element
-    limit is cut by SplitOversizedTranspose. The float average is the same sum in another order;
-    the int8 MEAN kernel's two reductions may round one step apart.
-    """
-
-    quantized_ok = True
-    int8_error_steps = 1  # the same sum, requantized by another path of the int8 kernel
-
-    def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.MEAN(p.x, p.const("axes"))
-
-    @_gated
-    def check(self, m: Match) -> Refusal | None:
-        x, out = m.x, m.root.output
-        if len(x.shape) != 4 or x.shape[0] != 1:
-            return refuse(f"MEAN input {list(x.shape)} is not a batch-1 4-D tensor")
-        axes = sorted({int(a) % 4 for a in np.asarray(m.axes.data).reshape(-1)})
-        if axes != [2, 3]:
-            return refuse(f"MEAN reduces axes {axes}, not the two innermost")
-        refusal = _kind_refusal("MEAN", x, out)
-        if refusal is not None:
-            return refusal
-        if edgetpu_shape_refusal(m.root) is None:
-            return refuse("the compiler maps this MEAN as it is")
-        _, c, h, w = x.shape
-        nhwc = Tensor("nhwc", (1, h, w, c), x.dtype)
-        why = _refusal_of("MEAN", [nhwc], (1, 1, 1, c), {"keep_dims": True},
-                          consts=[np.array([1, 2], np.int32)])  # fmt: skip
-        if why:
-            return refuse(f"the NHWC MEAN would stay on the CPU too: {why}")
-        if x.size > _transpose_limit() and h * w > _transpose_limit():
-            return refuse(f"no cut of the [1, {c}, {h}, {w}] TRANSPOSE fits the compiler's limit")
-        return None
-
-    def rewrite(self, m: Match) -> None:
-        x, out, b = m.x, m.root.output, m.builder()
-        _, c, h, w = x.shape
-        nhwc = b.TRANSPOSE(x, b.ints([0, 2, 3, 1], "perm"), name="nhwc", like=x)
-        mean = b.MEAN(nhwc, b.ints([1, 2], "axes"), name="mean", shape=(1, 1, 1, c),
-                      like=out, keep_dims=True)  # fmt: skip
-        b.replace(m.root, b.RESHAPE(mean, b.ints(out.shape, "shape")))
-
-
 class SplitOversizedAveragePool(Rule):
     """AVERAGE_POOL_2D over a whole plane larger than the compiler maps  =>  two AVERAGE_POOL_2D
     stages (fh x fw windows, then their grid), the same mean (google-coral/edgetpu#461)."""
@@ -933,7 +879,6 @@ EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
     LegalizeHardSwish(),
     LegalizeGelu(),
     MeanToAveragePool(),
-    MeanOverNchwPlane(),
     SplitOversizedAveragePool(),
     SplitOversizedResize(),
     DropHalfPixelCentersFromNearestResize(),
