@@ -53,7 +53,7 @@ from tflfuse.convert.records import (
     RuntimeRecord,
     UnfusedRecord,
 )
-from tflfuse.errors import TflfuseError
+from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import flatbuffer
 from tflfuse.rules import pipeline
@@ -452,10 +452,21 @@ def baselines(rec: Recipe, ctx: Context) -> None:
                 progress=ctx.options.progress,
             ).data
             what = "the input (channels-last) quantized as stock is"
+        unchecked = ""
+        try:
+            defused_base = _defused(base, ctx.source.name, ctx.options.verify)
+        except TflfuseError as exc:  # the defused check runs stock: it may fail in the kernels
+            if "failed to run the model" not in str(exc):
+                raise
+            made = {"fused": ctx.quantized.fused.data, "stock": stock}
+            _refuse_what_does_not_run(ctx.source.name, _agreements(ctx, made))
+            # fused runs: the unfused baseline is stock defused, unchecked (stock cannot run)
+            defused_base = _defused(base, ctx.source.name, verify=False)
+            unchecked = f"; not checked: stock fails in the interpreter ({exc})"
         unfused = Quantized(
-            _defused(base, ctx.source.name, ctx.options.verify),
+            defused_base,
             f"{what}, then defused (litert-quantizer has no int8 config for {left} once they"
-            " are split off)",
+            f" are split off){unchecked}",
         )
     unfused = _unfused_for_runtime(rec, ctx, unfused)
     ctx.baselines = BaselinesRecord(ctx.quantized.fused.data, unfused, stock, stock_route)
@@ -510,24 +521,74 @@ def report(rec: Recipe, ctx: Context) -> None:
     for name, data in zip((FUSED, UNFUSED, STOCK), (models[m] for m in MODELS)):
         (ctx.folder / name).write_bytes(data)
     parse = report_mod.ParseOnce()
-    ctx.report = report_mod.assemble(
-        rec,
-        ctx.loaded,
-        ctx.float_model,
-        ctx.fused,
-        ctx.unfused,
-        ctx.quantized,
-        ctx.legalization,
-        ctx.baselines,
-        seed=ctx.options.seed,
-        parse=parse,
-    )
+    try:
+        ctx.report = report_mod.assemble(
+            rec,
+            ctx.loaded,
+            ctx.float_model,
+            ctx.fused,
+            ctx.unfused,
+            ctx.quantized,
+            ctx.legalization,
+            ctx.baselines,
+            seed=ctx.options.seed,
+            parse=parse,
+        )
+    except TflfuseError as exc:  # a model fails in the interpreter beyond the agreement
+        if "failed to run the model" not in str(exc):
+            raise
+        _refuse_what_does_not_run(ctx.source.name, _agreements(ctx, models))
+        raise
+    said = _refuse_what_does_not_run(ctx.source.name, ctx.report["agreement"])
+    if said:
+        ctx.report["warnings"] = [*ctx.report.get("warnings", []), said]
     if ctx.runtime is not None:
         section = dict(ctx.runtime.section)
         for name in MODELS:  # which of the three the runtime runs (only fused is required to)
             check = runtimes.check(parse(models[name]), rec.runtime)
             section[name] = {"runtime_ok": check.runtime_ok, "refusal": check.refusal() or None}
         ctx.report["runtime"] = section
+
+
+def _agreements(ctx: Context, models: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+    """Each of the three models against the source on the report's inputs (whether it runs)."""
+    src, loaded = ctx.source, ctx.loaded
+    inputs = src.eval_inputs(loaded.calib, ctx.options.seed)
+    reference = src.reference(inputs)
+    return {
+        k: report_mod.agreement(v, inputs, reference, loaded.interface(k))
+        for k, v in models.items()
+    }
+
+
+_STOCK = "stock (litert-quantizer's int8 of the same file)"
+
+
+def _refuse_what_does_not_run(source: str, agreement: dict[str, Any]) -> str | None:
+    """One line when the model tflfuse made fails in the interpreter (nothing is written): the
+    file, which of the three models fail and how, and whether stock, litert-quantizer's int8 of
+    the same file, fails too (then the cause is the int8 quantization itself, e.g. an int8 DIV
+    whose divisor's range reaches 0, not a rewrite). When fused runs and only the baselines
+    fail, the sentence the report warns with (None when all three run)."""
+    fused, stock = agreement.get("fused", {}), agreement.get("stock", {})
+    unfused = "" if agreement.get("unfused", {}).get("runs", True) else ", and so does unfused"
+    if fused.get("runs", True):
+        if stock.get("runs", True):
+            return None
+        return (
+            f"{_STOCK} fails in the interpreter: {stock.get('reason')}{unfused}; the int8 model"
+            " tflfuse made (fused) runs"
+        )
+    if stock.get("runs", True):
+        also = f"{_STOCK} runs"
+    else:
+        same = stock.get("reason") == fused.get("reason")
+        also = f"{_STOCK} fails " + ("the same way" if same else f"too ({stock.get('reason')})")
+    raise ModelError(
+        source,
+        f"the int8 model tflfuse made (fused) fails in the interpreter: {fused.get('reason')};"
+        f" {also}{unfused}; nothing written",
+    )
 
 
 # what native code each stage runs, for the one line a crash there becomes (tflfuse.isolation)

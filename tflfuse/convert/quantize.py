@@ -122,6 +122,7 @@ def quantize(
         isolation.detail(f"litert-quantizer {desc}")
         stats = _statistics(q, float_model, mode, signature.key, samples, desc, progress)
         calibration_result, adjusted = usable_ranges(model.main, stats)
+        calibration_result = in_tensor_ranks(model.main, calibration_result)
     isolation.detail(f"litert-quantizer quantizing ({desc})")
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
@@ -206,6 +207,31 @@ def _calibrate(q: Any, float_model: bytes, dataset: dict[str, list[dict[str, np.
         except (ValueError, RuntimeError):
             continue
     raise TflfuseError("litert-quantizer could not calibrate this model")
+
+
+def in_tensor_ranks(graph: Graph, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-tensor statistics shaped as litert-quantizer's own calibrator keeps them: min and max
+    with one dimension of size 1 per dimension of the tensor (keepdims).
+
+    The profiler-based calibration (`_calibrate`) gives them as shape (1,). The quantizer turns a
+    min/max into a scale of the same shape, and an op that shares one scale between its inputs
+    and output (CONCATENATION, its SAME_AS_OUTPUT constraint) quantizes a constant input with the
+    scale of its output, which a same-scale op upstream (RESHAPE) may have handed on from a
+    tensor of another rank: a rank-4 scale for a rank-3 constant is refused ("Ranks of scales (4)
+    and zps (4) must be the same as the tensor rank (3)", a DeiT's class token concatenated after
+    CONV_2D -> RESHAPE). With every range in its own tensor's rank, the scales are too. Entries
+    of more than one value (per-channel) and tensors not in the graph are left as they are."""
+    rank = {t.name: len(t.shape) for t in graph.tensors}
+    out = {}
+    for name, entry in stats.items():
+        shaped = dict(entry)
+        n = rank.get(name)
+        for key in ("min", "max"):
+            value = entry.get(key)
+            if n is not None and value is not None and np.size(value) == 1:
+                shaped[key] = np.asarray(value).reshape((1,) * n)
+        out[name] = shaped
+    return out
 
 
 def _global_min_max(qsv: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -70,6 +70,19 @@ def model_facts(data: bytes, model: Model | None = None) -> dict[str, Any]:
     }
 
 
+def invoke_failure(exc: BaseException) -> str:
+    """The interpreter's failure to run a model, in one clause: the op and the kernel's check
+    ("node 61 (DIV) failed to invoke: tflite/kernels/div.cc:262 data[i] != zero_point was not
+    true")."""
+    text = " ".join(str(exc).split()).removeprefix("the interpreter failed to run the model: ")
+    match = re.search(r"Node number (\d+) \((\w+)\) failed to (invoke|prepare)", text)
+    if match is None:
+        return f"the interpreter failed running it: {text[:200]}"
+    check = text[: match.start()].rstrip(" .")
+    node, op, step = match.groups()
+    return f"op {node} ({op}) failed to {step}" + (f": {check[:160]}" if check else "")
+
+
 def agreement(
     data: bytes,
     inputs: list[np.ndarray],
@@ -87,7 +100,11 @@ def agreement(
         else:
             got = interface.adapt_outputs(run_float(data, interface.adapt_inputs(inputs)))
     except TflfuseError as exc:
+        if "failed to run the model" in str(exc):  # (tflfuse.runtime.runs)
+            return {"verified": False, "runs": False, "reason": invoke_failure(exc)}
         return {"verified": False, "reason": str(exc)}
+    except RuntimeError as exc:  # a kernel that fails at run time (e.g. an int8 DIV by zero)
+        return {"verified": False, "runs": False, "reason": invoke_failure(exc)}
     out: dict[str, Any] = {"verified": True, "samples": len(inputs[0]), "outputs": []}
     for k, (ref, cand) in enumerate(zip(reference, got)):
         ref = ref.astype(np.float64)

@@ -707,6 +707,38 @@ class RecognizeClamp(Rule):
         b.replace(m.root, b.op(activation, x))
 
 
+class ReciprocalSqrtAsRsqrt(Rule):
+    """DIV(c, SQRT(y))  =>  RSQRT(y)  (c = 1),  MUL(RSQRT(y), c)  (another single number c).
+
+    onnx2tf 2.6 writes a normalization's 1 / sqrt(var + eps) this way (MobileViT: 21 of them).
+    Quantized as written, the DIV reads the SQRT's int8 tensor, whose range starts at 0, so a
+    small variance quantizes to the zero point and the int8 DIV kernel refuses to divide by it
+    (`div.cc: data[i] != zero_point`): litert-quantizer's int8 of the file fails in the
+    interpreter. RSQRT is the same function in one op (within float32 round-off of the quotient)
+    and its int8 form has no divisor. Float only; the SQRT must have no other reader.
+    """
+
+    int8_error_steps = 0  # float-only
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.DIV(p.const("c"), p.SQRT(p.y, out="sqrt"))
+
+    def check(self, m: Match) -> Refusal | None:
+        if not common.is_float(m.y) or not common.is_float(m.root.output):
+            return NotApplicable("not float")
+        if m.c.size != 1 or m.c.is_raw:
+            return refuse("the numerator is not one number")
+        if m.root.output.shape != m.y.shape or not common.single_reader(m.graph, m.sqrt):
+            return refuse("the quotient is broadcast, or the SQRT has other readers")
+        return None
+
+    def rewrite(self, m: Match) -> None:
+        b = m.builder()
+        c = float(np.asarray(m.c.data, np.float64).reshape(-1)[0])
+        r = b.RSQRT(m.y, name="rsqrt", like=m.y)
+        b.replace(m.root, r if c == 1.0 else b.MUL(r, b.scalar(c, "c", like=m.y)))
+
+
 def _non_negative(t: Tensor) -> bool:
     """t >= 0 everywhere: it comes from a RELU/RELU6 (or fused one), or it is int8/uint8 whose
     zero point is its lowest value (real range starts at 0)."""
@@ -955,6 +987,7 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
     rules: list[Rule] = [
         ShortenLayerNorm(),
         RecognizeClamp(),
+        ReciprocalSqrtAsRsqrt(),
         SliceBeforeLayout(),
         SinkReshapeBelowScalarOp(),
         CanonicalizeLayoutChain(traits.cost.max_nontrivial_dims if traits else None),

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from tflfuse.errors import ModelError, TflfuseError
-from tflfuse.ir import Model, Signature, flatbuffer, qparams, summary
+from tflfuse.ir import Graph, Model, Signature, Tensor, flatbuffer, qparams, summary
 from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import quantization_summary
 from tflfuse.runtime import verify as verify_mod
@@ -66,13 +66,23 @@ def _name(text: str, fallback: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", text.split(":")[0]) or fallback
 
 
-def _static(model: Model, where: str, notices: list[str]) -> None:
-    """Refuse dynamic shapes; a dynamic batch over a static stored shape is pinned (notice)."""
+def _dynamic(t: Tensor) -> bool:
+    return t.shape_signature is not None and -1 in t.shape_signature
+
+
+def _static(model: Model, data: bytes, where: str, notices: list[str]) -> None:
+    """Refuse dynamic shapes; a dynamic batch over a static stored shape is pinned (notice), and
+    so are internal tensors an exporter marked dynamic although every input is static
+    (`_inferred_static`)."""
     graph = model.main
+    inferred = _inferred_static(graph, data)
     pinned = False
     for t in graph.tensors:
         sig = t.shape_signature
         if sig is None or -1 not in sig:
+            continue
+        if t in inferred:
+            t.shape_signature = inferred[t]
             continue
         if -1 in sig[1:] or len(sig) != len(t.shape):
             kind = "input" if t in graph.inputs else "tensor"
@@ -86,6 +96,46 @@ def _static(model: Model, where: str, notices: list[str]) -> None:
     if pinned:
         batch = graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape else 1
         notices.append(f"dynamic batch dimension taken at the stored size {batch}")
+    if inferred:
+        notices.append(
+            f"{len(inferred)} internal tensors the exporter marked dynamic take static shapes:"
+            " every input is static, and the interpreter computes those shapes from them"
+        )
+
+
+def _inferred_static(graph: Graph, data: bytes) -> dict[Tensor, tuple[int, ...]]:
+    """{tensor: its static shape} for the internal tensors an exporter left dynamic (-1 beyond
+    the batch in `shape_signature`) in a model whose inputs are all static: onnx2tf 2.6 marks
+    the tensors after a SLICE whose size reads "to the end" (-1), and everything shaped from
+    them, though each has one shape for the one input shape (a MobileViT: 117 of them).
+
+    The shapes are propagated from the inputs by the interpreter's own shape functions (each
+    kernel's Prepare at allocation, a dynamic tensor's at its first run): the model is run once
+    on zeros and every tensor's shape read. Each must keep its rank and every dimension the
+    signature fixes, and equal the stored shape (what the exporter computed): a disagreement
+    leaves the tensor dynamic (refused by `_static`). Empty when an input is dynamic, when no
+    internal tensor is, or when the interpreter cannot run the model (`_runnable` says why)."""
+    dynamic = [t for t in graph.tensors if _dynamic(t) and -1 in t.shape_signature[1:]]
+    if not dynamic or any(t in dynamic for t in graph.inputs):
+        return {}
+    try:
+        interp = make_interpreter(data, delegate="none")
+        for d in interp.get_input_details():
+            interp.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+        interp.invoke()
+        shapes = {
+            d["index"]: tuple(int(n) for n in d["shape"]) for d in interp.get_tensor_details()
+        }
+    except (TflfuseError, ValueError, RuntimeError):
+        return {}
+    index = {t: i for i, t in enumerate(graph.tensors)}
+    out = {}
+    for t in dynamic:
+        shape = shapes.get(index[t])
+        fixed = all(s == -1 or s == n for s, n in zip(t.shape_signature, shape or ()))
+        if shape is not None and shape == tuple(t.shape) and fixed:
+            out[t] = shape
+    return out
 
 
 def _signed(model: Model, notices: list[str]) -> None:
@@ -302,7 +352,7 @@ def load(model: bytes | str | Path) -> TfliteSource:
     if kind in INT_KINDS:  # an unusable scale aborts some interpreters: refuse it first
         qparams.check(parsed, where)
     check_names(parsed, where)  # (litert-quantizer decodes every name strictly)
-    _static(parsed, where, notices)
+    _static(parsed, data, where, notices)
     _signed(parsed, notices)
     data = flatbuffer.to_bytes(parsed)
     _runnable(data, parsed, where)

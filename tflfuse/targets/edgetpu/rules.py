@@ -181,6 +181,58 @@ class LegalizeLeakyRelu(Rule):
         b.replace(m.root, b.ADD(scaled, kept))
 
 
+class LegalizeRelu0To1(Rule):
+    """int8: RELU_0_TO_1(x)  =>  RELU(x)                 when the output saturates at 1 or below
+                             =>  MINIMUM(RELU(x), q(1))  otherwise (q(1): 1 at the output's scale)
+
+    The int8 RELU_0_TO_1 kernel requantizes x to the output and clamps to [q(0), q(1)] (each
+    within the type's range); RELU requantizes the same way and clamps to [q(0), the type's top],
+    so where q(1) is at or past the top the two are the same op, and otherwise the MINIMUM with
+    the constant q(1), at the output's parameters, is the missing clamp: exact either way. The
+    Edge TPU maps RELU and MINIMUM, not RELU_0_TO_1. A float RELU_0_TO_1 is made int8 where it is
+    quantized (`tflfuse.convert.int8_completion`); this takes the ones an int8 file brings.
+    """
+
+    quantized_ok = True
+    int8_error_steps = 0  # the same requantization and clamps
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.RELU_0_TO_1(p.x)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | None:
+        if _kind(m.x) == "float":
+            return NotApplicable("float: made int8 where it is quantized (int8_completion)")
+        refusal = _kind_refusal("RELU_0_TO_1", m.x, m.root.output)
+        if refusal is not None:
+            return refusal
+        if self._one(m) is not None:
+            why = _refusal_of("MINIMUM", [m.root.output], m.root.output.shape,
+                              consts=[np.zeros(1, np.int8)])  # fmt: skip
+            if why:
+                return refuse(f"the clamp at 1 would stay on the CPU: {why}")
+        return None
+
+    @staticmethod
+    def _one(m: Match) -> int | None:
+        """1 at the output's scale when it is below the type's top (a clamp RELU lacks)."""
+        out = m.root.output
+        scale, zero = _scale_zp(out)
+        top = 127 if out.dtype == "INT8" else 255
+        one = zero + round(1.0 / scale)
+        return one if one < top else None
+
+    def rewrite(self, m: Match) -> None:
+        out, b = m.root.output, m.builder()
+        one = self._one(m)
+        relu = b.RELU(m.x, name="relu", quant=out.quantization)
+        if one is None:
+            b.replace(m.root, relu)
+            return
+        clamp = b.const(np.array([one]), "one", out.dtype, out.quantization)
+        b.replace(m.root, b.MINIMUM(relu, clamp))
+
+
 class LegalizeHardSwish(Rule):
     """HARD_SWISH(x)  =>  MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6).
 
@@ -823,6 +875,7 @@ def fused_activation_refusal(op_type: str, activation: str) -> Refusal | None:
 
 EDGETPU_LEGALIZATION: tuple[Rule | Pass, ...] = (
     LegalizeLeakyRelu(),
+    LegalizeRelu0To1(),
     LegalizeHardSwish(),
     LegalizeGelu(),
     MeanToAveragePool(),

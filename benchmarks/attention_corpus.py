@@ -1,0 +1,496 @@
+#!/usr/bin/env python3
+"""Build the attention corpus of issue 25: YOLO26n / YOLO11n and timm ViTs, exported by the
+routes their users take in 2026, each with image-like calibration data in its own layout.
+
+Runs in an export venv outside the repo (never tflfuse's venv, never importing tflfuse), with a
+second venv for onnx2tf 2.6 (Python >= 3.12), called as a subprocess:
+
+    pyenv's 3.11 -m venv /work/venvs/export
+    /work/venvs/export/bin/pip install torch==2.14.1 torchvision==0.29.1   # CPU wheels, local
+    /work/venvs/export/bin/pip install 'ultralytics==8.4.*' litert-torch timm onnx onnxruntime \\
+        'onnx2tf==1.28.*' 'tensorflow==2.21.*' tf_keras onnx_graphsurgeon sng4onnx onnxslim
+    pyenv's 3.12 -m venv /work/venvs/onnx2tf26
+    /work/venvs/onnx2tf26/bin/pip install 'onnx2tf==2.6.*' (and what it asks for)
+    YOLO_OFFLINE=1 YOLO_AUTOINSTALL=False nice /work/venvs/export/bin/python \\
+        benchmarks/attention_corpus.py [-o /work/corpus] [--only NAME ...] [--list] [--force]
+
+Cells (MODEL.ROUTE; every file lands in the output folder with NAME.json and NAME.calib.npy):
+- YOLO11n and YOLO26n, detect / seg / pose, at 320 and 640 pixels, from Ultralytics' yaml
+  (random weights; BatchNorm statistics averaged over forward passes on image-like inputs, so
+  the outputs vary with the input):
+  - `edgetpu`: `YOLO(yaml).export(format="edgetpu", imgsz=S, data=LOCAL.yaml)`, Ultralytics'
+    Coral route: ONNX, then onnx2tf 1.28 with int8 calibration from the local images, then the
+    Edge TPU compiler, absent here, which stops it. onnx2tf has already written
+    `*_full_integer_quant.tflite` (the user's int8: `NAME.edgetpu-int8.tflite`) and
+    `*_float32.tflite` (`NAME.edgetpu-float32.tflite`, NHWC input, what tflfuse converts).
+    onnx2tf 1.28 downloads a calibration sample unless one lies in its working folder: one is
+    written there.
+  - `litert`: `YOLO(yaml).export(format="tflite", imgsz=S)`: in Ultralytics 8.4 this goes
+    through litert-torch (NCHW input, float).
+- timm classifiers and hybrids (`pretrained=False`, BatchNorm averaged likewise), and
+  torchvision's MobileNetV3-large:
+  - `litert`: `litert_torch.convert(model, (x,)).export(f)` (NCHW input).
+  - `onnx2tf26`: `torch.onnx.export(..., opset 17, dynamo=False)`, then onnx2tf 2.6 in its own
+    venv (`onnx2tf -i m.onnx -o out`) -> `*_float32.tflite` (NHWC input).
+Calibration: 32 image-like samples (smooth random fields at several scales, a gradient, a little
+noise; never uniform noise), seed 11, in [0, 1] for YOLO and ImageNet-normalized for the
+classifiers, laid out as the model's input (batch dimension dropped: what `--calib` takes).
+Each cell runs in a child process with a timeout; `README.md` in the output folder lists every
+file (model, route, input shape, calibration file) and is rewritten after each cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("YOLO_AUTOINSTALL", "False")
+
+import corpus_build as cb  # noqa: E402  (its data, BatchNorm and .tflite helpers)
+
+DEFAULT_OUT = Path("/work/corpus")
+ONNX2TF26 = Path(os.environ.get("ONNX2TF26_VENV", "/work/venvs/onnx2tf26")) / "bin" / "onnx2tf"
+YOLOS = ("yolo11n", "yolo26n")
+TASKS = ("", "-seg", "-pose")
+SIZES = (320, 640)
+# (name, timm or torchvision constructor, input size): ViTs and conv/attention hybrids
+CLASSIFIERS = (
+    ("deit_tiny_patch16_224", "timm", 224),
+    ("vit_tiny_patch16_224", "timm", 224),
+    ("mobilevit_xxs", "timm", 256),
+    ("levit_128s", "timm", 224),
+    ("efficientformer_l1", "timm", 224),
+    ("edgenext_xx_small", "timm", 256),
+    ("mobilenet_v3_large", "torchvision", 224),
+)
+# built first: what other work waits for
+FIRST = (
+    "yolo11n-320.edgetpu",
+    "yolo11n-320.litert",
+    "deit_tiny_patch16_224.litert",
+    "mobilenet_v3_large.onnx2tf26",
+    "mobilevit_xxs.onnx2tf26",
+    "edgenext_xx_small.litert",
+    "yolo26n-320.edgetpu",
+    "yolo26n-320.litert",
+    "yolo26n-640.edgetpu",
+)
+
+
+@dataclass
+class Cell:
+    model: str  # e.g. yolo11n-seg-320, deit_tiny_patch16_224
+    route: str  # edgetpu, litert, onnx2tf26
+    arch: str  # yaml or constructor name
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}.{self.route}"
+
+    @property
+    def yolo(self) -> bool:
+        return self.arch.startswith("yolo")
+
+    def spec(self) -> cb.TorchSpec:
+        kind = "unit" if self.yolo else "imagenet"
+        return cb.TorchSpec(self.model, (1, 3, self.size, self.size), kind, dict, self.arch)
+
+
+def cells() -> list[Cell]:
+    out = []
+    for size in SIZES:
+        for yolo in YOLOS:
+            for task in TASKS:
+                for route in ("edgetpu", "litert"):
+                    out.append(Cell(f"{yolo}{task}-{size}", route, f"{yolo}{task}.yaml", size))
+    for name, _, size in CLASSIFIERS:
+        routes = ("onnx2tf26",) if name == "mobilenet_v3_large" else ("litert", "onnx2tf26")
+        out += [Cell(name, r, name, size) for r in routes]
+    out.sort(key=lambda c: (c.name not in FIRST, FIRST.index(c.name) if c.name in FIRST else 0))
+    return out
+
+
+# ---------------------------------------------------------------- building one cell
+
+
+def build_module(cell: Cell) -> tuple[Any, Any]:
+    """(nn.Module in eval mode, BatchNorm averaged over image-like passes; the YOLO or None)."""
+    import torch
+
+    torch.manual_seed(0)
+    if cell.yolo:
+        from ultralytics import YOLO
+
+        yolo = YOLO(cell.arch)
+        cb.calibrate_batchnorm(yolo.model, cell.spec())
+        return yolo.model, yolo
+    if cell.arch == "mobilenet_v3_large":
+        import torchvision
+
+        module = torchvision.models.mobilenet_v3_large(weights=None)
+    else:
+        import timm
+
+        module = timm.create_model(cell.arch, pretrained=False)
+    cb.calibrate_batchnorm(module, cell.spec())
+    return module, None
+
+
+def calib_for(cell: Cell, shape: list[int], n: int = cb.CALIB_SAMPLES) -> np.ndarray:
+    """`n` image-like samples laid out as the model's input `shape` (batch dropped)."""
+    xs = cb.varied_input((1, 3, cell.size, cell.size), n, 11, cell.spec().kind)
+    return cb.to_model_layout(xs, shape).astype(np.float32)
+
+
+def onnx2tf_sample(folder: Path) -> None:
+    """onnx2tf 1.28's calibration sample (it downloads it unless it lies in its working folder)."""
+    cb.onnx2tf_sample(folder)
+
+
+def export_edgetpu(cell: Cell, yolo: Any, work: Path) -> dict[str, Path]:
+    """Ultralytics' Coral route, stopped by the missing compiler: the two onnx2tf files."""
+    data = cb.yolo_calib_dataset(work / "data", cell.size)
+    onnx2tf_sample(work)
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        yolo.export(format="edgetpu", imgsz=cell.size, data=str(data), device="cpu", batch=1)
+    except Exception as exc:  # the compiler step: expected here
+        print(f"export stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        os.chdir(cwd)
+    found = {}
+    for kind, pattern in (("int8", "*_full_integer_quant.tflite"), ("float32", "*_float32.tflite")):
+        hits = sorted(work.rglob(pattern))
+        if not hits:
+            raise RuntimeError(f"format=edgetpu left no {pattern}")
+        found[kind] = hits[0]
+    return found
+
+
+def export_litert_yolo(cell: Cell, yolo: Any, work: Path) -> Path:
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        made = yolo.export(format="tflite", imgsz=cell.size, device="cpu")
+    finally:
+        os.chdir(cwd)
+    path = work / str(made or "")
+    if not made or not path.is_file():
+        hits = sorted(work.rglob("*.tflite"))
+        if not hits:
+            raise RuntimeError(f"format=tflite returned {made!r}")
+        path = hits[0]
+    return path
+
+
+def export_litert_torch(cell: Cell, module: Any, work: Path) -> Path:
+    import litert_torch
+    import torch
+
+    x = torch.from_numpy(calib_for(cell, [1, 3, cell.size, cell.size], 1))
+    dest = work / f"{cell.model}.tflite"
+    litert_torch.convert(module.eval(), (x,)).export(str(dest))
+    return dest
+
+
+def export_onnx2tf26(cell: Cell, module: Any, work: Path, timeout: float) -> tuple[Path, Path]:
+    import torch
+
+    x = torch.from_numpy(calib_for(cell, [1, 3, cell.size, cell.size], 1))
+    onnx_path = work / f"{cell.model}.onnx"
+    torch.onnx.export(
+        module.eval(), (x,), str(onnx_path), opset_version=17, dynamo=False,
+        input_names=["input"], output_names=["output"],
+    )  # fmt: skip
+    onnx2tf_sample(work)
+    env = {**os.environ, "PATH": f"{ONNX2TF26.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(
+        [str(ONNX2TF26), "-i", onnx_path.name, "-o", "out"],
+        cwd=work, capture_output=True, text=True, timeout=timeout, check=False, env=env,
+    )  # fmt: skip
+    print(proc.stdout[-20000:] + proc.stderr[-20000:], file=sys.stderr)
+    made = work / "out" / f"{cell.model}_float32.tflite"
+    if not made.is_file():
+        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "rror" in ln]
+        raise RuntimeError(f"onnx2tf 2.6 exit {proc.returncode}: {(lines or ['?'])[-1][:200]}")
+    return made, onnx_path
+
+
+def onnx2tf26_int8(cell: Cell, work: Path, timeout: float) -> tuple[Path | None, str]:
+    """onnx2tf 2.6's own int8 (`-oiqt`, calibrated on the image-like NHWC samples, the input's
+    normalization already in them): the user's int8 on this route, or why it made none."""
+    nhwc = calib_for(cell, [1, cell.size, cell.size, 3], 20)
+    np.save(work / "calib_nhwc.npy", nhwc)
+    cmd = [str(ONNX2TF26), "-i", f"{cell.model}.onnx", "-o", "out8", "-oiqt"]
+    cmd += ["-cind", "input", "calib_nhwc.npy", "[[[[0.0,0.0,0.0]]]]", "[[[[1.0,1.0,1.0]]]]"]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=work, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"onnx2tf 2.6 -oiqt timed out after {timeout:.0f} s"
+    text = proc.stdout + proc.stderr
+    print(text[-20000:], file=sys.stderr)
+    hits = sorted((work / "out8").glob("*_full_integer_quant.tflite"))
+    if hits:
+        return hits[0], "made"
+    lines = [ln.strip() for ln in text.splitlines() if "rror" in ln or "nsupported" in ln]
+    return None, f"onnx2tf 2.6 -oiqt exit {proc.returncode}: {(lines or ['?'])[-1][:240]}"
+
+
+def reference(module: Any, cell: Cell) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Four NCHW samples and the module's first output on each (the float model's answer)."""
+    import torch
+
+    xs = cb.varied_input((1, 3, cell.size, cell.size), cb.SPREAD_SAMPLES, 11, cell.spec().kind)
+    outs = []
+    with torch.no_grad():
+        for x in xs:
+            y = module(torch.from_numpy(x[None]))
+            y = y[0] if isinstance(y, (tuple, list)) else y
+            outs.append(y.detach().numpy().copy())
+    return xs, outs
+
+
+def place(src: Path, dest: Path, cell: Cell, route: str, steps: list[str], extra: dict) -> dict:
+    """Copy `src` to `dest` with its calibration file and sidecar; return the sidecar."""
+    shutil.copyfile(src, dest)
+    io = cb.tflite_io(dest)
+    shape = io["inputs"][0]["shape"]
+    calib_file = dest.with_suffix(".calib.npy")
+    info: dict[str, Any] = {
+        "name": dest.stem,
+        "file": dest.name,
+        "model": cell.model,
+        "architecture": cell.arch,
+        "route": route,
+        "steps": steps,
+        "versions": cb.versions(),
+        "input_shape": shape,
+        "input_dtype": io["inputs"][0]["dtype"],
+        **io,
+        **extra,
+    }
+    layout = "NHWC" if len(shape) == 4 and shape[-1] == 3 and shape[1] != 3 else "NCHW"
+    info["input_layout"] = layout
+    calib = calib_for(cell, shape)
+    np.save(calib_file, calib)
+    info["calib"] = {
+        "file": calib_file.name,
+        "shape": list(calib.shape),
+        "range": [float(calib.min()), float(calib.max())],
+        "data": f"{len(calib)} image-like samples ({cell.spec().kind}), seed 11, {layout}",
+    }
+    dest.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
+
+
+def float_error(path: Path, cell: Cell, xs: np.ndarray, ref: list[np.ndarray]) -> float | None:
+    with contextlib.suppress(Exception):
+        shape = cb.tflite_io(path)["inputs"][0]["shape"]
+        if cb.tflite_io(path)["inputs"][0]["dtype"] != "float32":
+            return None
+        return cb.export_error(path, cb.to_model_layout(xs, shape), ref)
+    return None
+
+
+def build(cell: Cell, out: Path, timeout: float) -> list[str]:
+    """Export one cell into `out`; return the files written."""
+    t0 = time.perf_counter()
+    module, yolo = build_module(cell)
+    if yolo is not None:
+        head = module.model[-1]
+        head.export = True
+    xs, ref = reference(module, cell)
+    np.save(out / f"{cell.model}.reference_inputs.npy", xs)
+    for i, r in enumerate(ref[:1]):
+        np.save(out / f"{cell.model}.reference_output{i}.npy", r)
+    written = []
+    with tempfile.TemporaryDirectory(prefix=f"acorpus-{cell.model}-") as tmp:
+        work = Path(tmp)
+        extra = {"torch_output_shape": list(ref[0].shape)}
+        if cell.route == "edgetpu":
+            found = export_edgetpu(cell, yolo, work)
+            steps = [f"YOLO({cell.arch}).export(format='edgetpu', imgsz={cell.size}, data=local)"]
+            for kind, src in found.items():
+                dest = out / f"{cell.model}.edgetpu-{kind}.tflite"
+                x = {**extra, "made_by": src.name, "export_seconds": time.perf_counter() - t0}
+                x["max_abs_error_vs_torch"] = float_error(src, cell, xs, ref)
+                place(src, dest, cell, f"edgetpu-{kind}", steps, x)
+                written.append(dest.name)
+            return written
+        if cell.route == "litert" and yolo is not None:
+            src = export_litert_yolo(cell, yolo, work)
+            steps = [f"YOLO({cell.arch}).export(format='tflite', imgsz={cell.size})"]
+        elif cell.route == "litert":
+            src = export_litert_torch(cell, module, work)
+            steps = ["litert_torch.convert(model, (x,)).export(f)"]
+        else:
+            src, onnx_path = export_onnx2tf26(cell, module, work, timeout)
+            shutil.copyfile(onnx_path, out / f"{cell.name}.onnx")
+            steps = ["torch.onnx.export(opset 17, dynamo=False)", "onnx2tf 2.6 -i m.onnx -o out"]
+            int8, why = onnx2tf26_int8(cell, work, timeout / 2)
+            extra["user_int8"] = why
+            if int8 is not None:
+                dest8 = out / f"{cell.model}.onnx2tf26-int8.tflite"
+                place(int8, dest8, cell, "onnx2tf26-int8", [*steps[:1], "onnx2tf 2.6 -oiqt"], {})
+                written.append(dest8.name)
+        dest = out / f"{cell.name}.tflite"
+        extra["export_seconds"] = round(time.perf_counter() - t0, 1)
+        extra["max_abs_error_vs_torch"] = float_error(src, cell, xs, ref)
+        place(src, dest, cell, cell.route, steps, extra)
+        written.append(dest.name)
+    return written
+
+
+# ---------------------------------------------------------------- index and driver
+
+
+def write_readme(out: Path) -> None:
+    """README.md: every file with its model, route, input shape and calibration file."""
+    rows = []
+    for side in sorted(out.glob("*.json")):
+        if side.name == "index.json":
+            continue
+        info = json.loads(side.read_text())
+        if "file" not in info:
+            continue
+        err = info.get("max_abs_error_vs_torch")
+        rows.append(
+            f"| {info['file']} | {info['architecture']} | {info['route']} |"
+            f" {info['input_shape']} {info['input_dtype']} {info.get('input_layout', '')} |"
+            f" {(info.get('calib') or {}).get('file', '-')} |"
+            f" {'-' if err is None else f'{err:.3g}'} | {info.get('ops', '?')} |"
+        )
+    notes = [
+        f"- {json.loads(p.read_text())['file']}: no onnx2tf 2.6 int8 ({why})"
+        for p in sorted(out.glob("*.onnx2tf26.json"))
+        for why in [json.loads(p.read_text()).get("user_int8")]
+        if why and why != "made"
+    ]
+    index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else {}
+    skipped = [f"- {k}: {v}" for k, v in sorted(index.get("skipped", {}).items())]
+    text = [
+        "# Attention corpus (issue 25)",
+        "",
+        "Built by `benchmarks/attention_corpus.py` (branch h-corpus; routes and calibration data"
+        " in its docstring). Random weights, BatchNorm averaged over image-like passes. Each"
+        " `X.tflite` has `X.json` (versions, I/O, op counts) and `X.calib.npy` (32 image-like"
+        " samples in the model's input layout, batch dropped: `--calib` takes it).",
+        "`MODEL.reference_inputs.npy` / `MODEL.reference_output0.npy`: 4 NCHW samples and the"
+        " PyTorch model's first output on them (the float reference).",
+        "",
+        "Routes: `edgetpu-int8` = Ultralytics `format='edgetpu'` onnx2tf 1.28 full-integer int8"
+        " (the user's Coral file); `edgetpu-float32` = the float32 file of the same export;"
+        " `litert` = litert-torch float (Ultralytics 8.4 `format='tflite'` for YOLO);"
+        " `onnx2tf26` = torch.onnx.export -> onnx2tf 2.6 float32.",
+        "",
+        "`max abs vs torch`: the export against PyTorch on the reference inputs. YOLO exports"
+        " normalize box coordinates by the image size where PyTorch gives pixels, so theirs is"
+        " the box scale, not an export error.",
+        "",
+        "| file | model | route | input | calibration | max abs vs torch | ops |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        *(["## The user's int8 on the onnx2tf 2.6 route", "", *notes, ""] if notes else []),
+        *(["## Not built", "", *skipped, ""] if skipped else []),
+    ]
+    (out / "README.md").write_text("\n".join(text) + "\n")
+
+
+def child(name: str, out: Path, timeout: float) -> int:
+    cell = next(c for c in cells() if c.name == name)
+    try:
+        files = build(cell, out, timeout)
+        print("RESULT " + json.dumps({"ok": True, "files": files}), flush=True)
+        return 0
+    except Exception as exc:
+        traceback.print_exc()
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        print("RESULT " + json.dumps({"ok": False, "reason": reason}), flush=True)
+        return 1
+
+
+def done(cell: Cell, out: Path) -> bool:
+    if cell.route == "edgetpu":
+        return (out / f"{cell.model}.edgetpu-int8.tflite").exists()
+    return (out / f"{cell.name}.tflite").exists()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--only", nargs="+", help="cell names (MODEL.ROUTE) or models")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--readme", action="store_true", help="rewrite README.md only")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        return child(args.child, args.out, args.timeout)
+    todo = [c for c in cells() if not args.only or c.name in args.only or c.model in args.only]
+    if args.only:  # in the order given
+        rank = {name: i for i, name in enumerate(args.only)}
+        todo.sort(key=lambda c: rank.get(c.name, rank.get(c.model, 0)))
+    if args.list:
+        print("\n".join(c.name for c in todo))
+        return 0
+    if args.readme:
+        write_readme(args.out)
+        return 0
+    index_path = args.out / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {"skipped": {}}
+    for i, cell in enumerate(todo, 1):
+        head = f"[{i}/{len(todo)}] {cell.name}"
+        if done(cell, args.out) and not args.force:
+            print(f"{head}: exists", flush=True)
+            continue
+        t0 = time.perf_counter()
+        log = args.out / "logs" / f"{cell.name}.log"
+        log.parent.mkdir(exist_ok=True)
+        cmd = [sys.executable, __file__, "-o", str(args.out), "--child", cell.name]
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=args.timeout, check=False
+            )
+            text = proc.stdout + proc.stderr
+            line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("RESULT ")), "")
+            result = json.loads(line[7:]) if line else {"ok": False, "reason": "no result"}
+        except subprocess.TimeoutExpired as exc:
+            text = str(exc.stdout or "") + str(exc.stderr or "")
+            result = {"ok": False, "reason": f"timed out after {args.timeout:.0f} s"}
+        log.write_text(text)
+        if result["ok"]:
+            index["skipped"].pop(cell.name, None)
+            print(f"{head}: {result['files']} in {time.perf_counter() - t0:.0f} s", flush=True)
+        else:
+            index["skipped"][cell.name] = result["reason"]
+            print(f"{head}: skipped: {result['reason']} (log: {log})", flush=True)
+        index_path.write_text(json.dumps(index, indent=1) + "\n")
+        write_readme(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
