@@ -100,6 +100,16 @@ class Form:
 
         return Form(self.op, tuple(one(o) for o in self.operands), one(self.output), self.detail)
 
+    def matching(self) -> Form:
+        """What the evidence is looked up by: `eight_bit`, and a reduction's keep_dims dropped.
+        keep_dims adds only size-1 dimensions to the output, so the reduction over the same
+        non-trivial dims is the same computation either way (a MEAN over the plane of
+        [1, 7, 7, 1280] mapped without keep_dims stands for one that keeps them)."""
+        form = self.eight_bit()
+        if self.op in REDUCTIONS and form.detail.endswith(" keep"):
+            return Form(form.op, form.operands, form.output, form.detail.removesuffix(" keep"))
+        return form
+
 
 @dataclass(frozen=True, order=True)
 class Size:
@@ -328,14 +338,15 @@ class FormTable:
         return cls({e.form.key: e for e in entries})
 
     def lookup(self, form: Form) -> list[FormEntry]:
-        """The entry of `form`, and those of the same form in the other 8-bit type."""
+        """The entry of `form`, and those of the same form in the other 8-bit type or with the
+        other keep_dims (`Form.matching`)."""
         if self._index is None or self._index[0] != len(self.entries):
             index: dict[str, list[FormEntry]] = {}
             for e in self.entries.values():
-                index.setdefault(e.form.eight_bit().key, []).append(e)
+                index.setdefault(e.form.matching().key, []).append(e)
             self._index = (len(self.entries), index)
         exact = self.entries.get(form.key)
-        same = [e for e in self._index[1].get(form.eight_bit().key, []) if e is not exact]
+        same = [e for e in self._index[1].get(form.matching().key, []) if e is not exact]
         return ([exact] if exact else []) + same
 
     def to_toml(self) -> str:
