@@ -104,6 +104,11 @@ from tflfuse.targets.edgetpu.rules import (
 PARAMETER_BUDGET = 1 << 20
 # Pieces per head up to which both operands are repeated (shown forms only; more ops).
 FULL_PIECES = 16
+# Channels of the summing DEPTHWISE_CONV_2D: ai-edge-litert 2.3's float kernel (the one every
+# verification runs) hangs on a depthwise conv of 4900 channels or more with a tall kernel
+# ([1, 8, 1, 4900]: no answer in minutes; 4800 and below: microseconds), which stalled a
+# YOLO11n convert; 4096 keeps every piece well under it.
+SUM_CHANNELS = 4096
 
 
 def _limits() -> tuple[int, int, int]:
@@ -292,6 +297,7 @@ def _layout_full(plan: MatmulPlan) -> tuple[list, list] | None:
         if plan.x.in_order and n_c * d > transpose_limit:
             continue
         m_c = min(m, row_limit // n_c, transpose_limit // d if plan.y.in_order else m)
+        m_c = min(m_c, SUM_CHANNELS // n_c)
         while m_c > 0 and n_c * m_c * (n_c + m_c) > PARAMETER_BUDGET:
             m_c -= 1
         if m_c < 1:
