@@ -145,7 +145,8 @@ def test_convert_takes_a_float16_model_to_the_edge_tpu(tmp_path: Path) -> None:
         assert a["verified"] and all(o["varies"] for o in a["outputs"])
     assert r["float_agreement"]["fused"]["max_abs"] <= 1e-3
     tpu = r["edgetpu"]
-    assert tpu["fused"]["mapped"] >= tpu["stock"]["mapped"]
+    cpu = {k: tpu[k]["ops"] - tpu[k]["mapped"] for k in ("fused", "stock")}
+    assert cpu["fused"] <= cpu["stock"]  # both cut at the head RESHAPE, an undecided form
     # ops of forms no compiled model shows (the forms gate) are counted on the CPU; on the
     # reading where they map, every op of the fused model maps
     readings = {o["mapped"] for o in tpu["fused"].get("other_readings", [])}
