@@ -39,15 +39,20 @@ def _invoke(model: bytes, inputs: list[list[np.ndarray]], delegate: str, interp:
     out_details = interp.get_output_details()
     results = []
     for one in inputs:
-        for d, value in zip(in_details, one):
-            interp.set_tensor(d["index"], value)
-        try:
-            interp.invoke()
-        except (RuntimeError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TflfuseError(f"the interpreter failed to run the model: {first}") from None
+        _invoke_once(interp, in_details, one)
         results.append([interp.get_tensor(d["index"]).copy() for d in out_details])
     return results
+
+
+def _invoke_once(interp: Any, in_details: list[dict[str, Any]], values: list[np.ndarray]) -> None:
+    """Set the inputs and invoke once; a failing invoke is a TflfuseError in one line."""
+    for d, value in zip(in_details, values):
+        interp.set_tensor(d["index"], value)
+    try:
+        interp.invoke()
+    except (RuntimeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TflfuseError(f"the interpreter failed to run the model: {first}") from None
 
 
 def run_keeping(
@@ -72,13 +77,7 @@ def run_keeping(
     in_details = interp.get_input_details()
     kept = []
     for one in inputs:
-        for d, value in zip(in_details, one):
-            interp.set_tensor(d["index"], value)
-        try:
-            interp.invoke()
-        except (RuntimeError, ValueError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TflfuseError(f"the interpreter failed to run the model: {first}") from None
+        _invoke_once(interp, in_details, one)
         kept.append({n: interp.get_tensor(i).copy() for n, i in wanted.items()})
     return kept
 
