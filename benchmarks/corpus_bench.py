@@ -31,17 +31,14 @@ here): the ratio between models timed in one run is the number to read.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -90,41 +87,11 @@ def checkout_id(checkout: Path | None, exe: list[str]) -> str:
 
 
 def run_limited(cmd: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
-    """Run `cmd` in its own process group; kill the group after `timeout` s. Exit code (negative:
-    the signal), stdout, stderr, wall time and peak RSS of the child and its waited-for
-    descendants (wait4's rusage)."""
-    t0 = time.perf_counter()
-    out_path, err_path = cwd / ".stdout", cwd / ".stderr"
-    with out_path.open("wb") as out, err_path.open("wb") as err:
-        proc = subprocess.Popen(
-            cmd, cwd=cwd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True
-        )
-        timed_out = threading.Event()
+    """Run `cmd` in its own process group, killed after `timeout` s (sweep's runner: exit code,
+    stdout, stderr, wall time and peak RSS)."""
+    from tflfuse.convert.sweep_cell import run_process
 
-        def kill() -> None:
-            timed_out.set()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
-        timer = threading.Timer(timeout, kill)
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    result = {
-        "exit": proc.returncode,
-        "timed_out": timed_out.is_set(),
-        "seconds": time.perf_counter() - t0,
-        "peak_rss_mib": usage.ru_maxrss / 1024,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "stdout": out_path.read_text(errors="replace"),
-        "stderr": err_path.read_text(errors="replace"),
-    }
-    out_path.unlink()
-    err_path.unlink()
-    return result
+    return run_process(cmd, cwd, timeout)
 
 
 def printed_lines(text: str) -> list[str]:

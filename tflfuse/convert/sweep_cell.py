@@ -153,12 +153,18 @@ def _tflfuse_env() -> dict[str, str]:
 
 
 def run_limited(argv: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
-    """`python -c LAUNCH *argv` (the tflfuse CLI) in its own process group, killed with its
-    children after `timeout` s: exit code (negative: the signal), stdout, stderr, wall time and
-    the peak RSS of it and its waited-for children (wait4)."""
+    """`python -c LAUNCH *argv` (the tflfuse CLI): `run_process` with this tflfuse importable."""
+    return run_process([sys.executable, "-c", _LAUNCH, *argv], cwd, timeout, _tflfuse_env())
+
+
+def run_process(
+    cmd: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """`cmd` in its own process group, killed with its children after `timeout` s: exit code
+    (negative: the signal), stdout, stderr, wall time and the peak RSS of it and its waited-for
+    children (wait4). Its output goes through cwd/.stdout and cwd/.stderr, removed after."""
     t0 = time.perf_counter()
     out_path, err_path = cwd / ".stdout", cwd / ".stderr"
-    cmd = [sys.executable, "-c", _LAUNCH, *argv]
     with out_path.open("wb") as out, err_path.open("wb") as err:
         proc = subprocess.Popen(
             cmd,
@@ -167,7 +173,7 @@ def run_limited(argv: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
             stderr=err,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env=_tflfuse_env(),
+            env=env,
         )
         timed_out = threading.Event()
 
