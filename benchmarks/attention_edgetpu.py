@@ -50,8 +50,9 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def keras_mha(folder: Path) -> tuple[Path, np.ndarray]:
-    """A MultiHeadAttention block on 16 tokens of 32 features, saved as .keras."""
+def keras_mha_model() -> tuple[Any, np.ndarray]:
+    """A MultiHeadAttention block on 16 tokens of 32 features (seed 0), and 32 calibration
+    samples (tests/test_edgetpu_attention.py converts the same block)."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -61,9 +62,16 @@ def keras_mha(folder: Path) -> tuple[Path, np.ndarray]:
     x = layers.Add()([x, layers.MultiHeadAttention(num_heads=4, key_dim=8)(x, x)])
     x = layers.LayerNormalization()(x)
     outputs = layers.Dense(10)(layers.GlobalAveragePooling1D()(x))
+    calib = np.random.default_rng(0).normal(0.0, 1.0, (32, 16, 32)).astype(np.float32)
+    return keras.Model(inputs, outputs), calib
+
+
+def keras_mha(folder: Path) -> tuple[Path, np.ndarray]:
+    """`keras_mha_model`, saved as .keras."""
+    model, calib = keras_mha_model()
     path = folder / "keras_mha.keras"
-    keras.Model(inputs, outputs).save(path)
-    return path, np.random.default_rng(0).normal(0.0, 1.0, (32, 16, 32)).astype(np.float32)
+    model.save(path)
+    return path, calib
 
 
 def calibration_for(path: Path) -> np.ndarray:

@@ -6,7 +6,9 @@ model converted end to end."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -380,21 +382,22 @@ def test_litert_torch_encoder_maps_whole_once_its_products_are_spelled_out() -> 
     assert_same_function(data, fused, atol=1e-4, rtol=1e-3)
 
 
+def _benchmark():
+    """benchmarks/attention_edgetpu.py as a module (it is a script, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "attention_edgetpu.py"
+    spec = importlib.util.spec_from_file_location("attention_edgetpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_keras_multi_head_attention_converts_and_maps_past_its_products(tmp_path) -> None:
     """A Keras MultiHeadAttention block through `convert --recipe edgetpu`: verified, and the
     fused model maps past attention (the stock model stops at its first BATCH_MATMUL)."""
-    keras = pytest.importorskip("keras")
+    pytest.importorskip("keras")
     from tflfuse.convert.pipeline import convert_keras
 
-    keras.utils.set_random_seed(0)
-    layers = keras.layers
-    inputs = keras.Input((16, 32))
-    x = layers.Dense(32)(inputs)
-    x = layers.Add()([x, layers.MultiHeadAttention(num_heads=4, key_dim=8)(x, x)])
-    x = layers.LayerNormalization()(x)
-    outputs = layers.Dense(10)(layers.GlobalAveragePooling1D()(x))
-    model = keras.Model(inputs, outputs)
-    calib = np.random.default_rng(0).normal(0.0, 1.0, (32, 16, 32)).astype(np.float32)
+    model, calib = _benchmark().keras_mha_model()  # the block the benchmark measures
     res = convert_keras(model, "edgetpu", calibration=calib, output_dir=tmp_path / "o",
                         progress=False)  # fmt: skip
     report = res.report
