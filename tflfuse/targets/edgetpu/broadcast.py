@@ -19,31 +19,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from tflfuse.ir import Graph, Tensor
+from tflfuse.ir import Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.edgetpu.forms import gate
-from tflfuse.targets.edgetpu.predict import edgetpu_shape_refusal
-from tflfuse.targets.edgetpu.rules import _gated, _kind
+from tflfuse.targets.edgetpu.heads import form_verdict
+from tflfuse.targets.edgetpu.rules import _gated, _kind, _refusal_of
 
 _OPS = ("MUL", "ADD", "SUB")
 
 
-def _scratch_verdict(
+def _not_shown_mapped(
     op_type: str, ins: list[Tensor], out: Tensor, options: dict, consts=()
 ) -> str | None:
     """Why the op a rule would write is not shown mapped: the op table's refusal, or the forms
     gate's answer when it is not "mapped" (refused or undecided); None when it is shown mapped."""
-    g = Graph("scratch")
-    inputs = [g.add_tensor(f"in{i}", t.shape, t.dtype, quantization=t.quantization)
-              for i, t in enumerate(ins)]  # fmt: skip
-    inputs += [g.add_constant(f"c{i}", np.asarray(c)) for i, c in enumerate(consts)]
-    written = g.add_tensor("out", tuple(out.shape), out.dtype, quantization=out.quantization)
-    op = g.add_op(op_type, inputs, [written], dict(options))
-    why = edgetpu_shape_refusal(op)
+    why = _refusal_of(op_type, ins, out.shape, options, consts)
     if why:
         return why
-    verdict = gate(op, as_quantized=True)
+    verdict = form_verdict(op_type, ins, out.shape, options, consts)
     return None if verdict.answer == "mapped" else f"{verdict.answer}: {verdict.reason}"
 
 
@@ -97,11 +91,11 @@ class TileBroadcastOperand(Rule):
             return NotApplicable("the broadcast form is shown mapped as it is")
         multiples = [o // d for d, o in zip(s.shape, out.shape)]
         tiled = Tensor("tiled", tuple(out.shape), s.dtype, quantization=s.quantization)
-        why = _scratch_verdict("TILE", [s], tiled, {}, [np.asarray(multiples, np.int32)])
+        why = _not_shown_mapped("TILE", [s], tiled, {}, [np.asarray(multiples, np.int32)])
         if why:
             return refuse(f"its TILE is not shown mapped ({why})")
         operands = [tiled, b] if which == 0 else [a, tiled]
-        why = _scratch_verdict(op.type, operands, out, op.options)
+        why = _not_shown_mapped(op.type, operands, out, op.options)
         if why:
             return refuse(f"the {op.type} of two same-shape tensors is not shown mapped ({why})")
         return which, multiples

@@ -32,7 +32,7 @@ from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, 
 from tflfuse.rewrite.build import ELEMENTWISE_BINARY
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.capabilities import capability
-from tflfuse.targets.edgetpu.forms import gate
+from tflfuse.targets.edgetpu.forms import Verdict, gate
 from tflfuse.targets.edgetpu.predict import cut_origins, edgetpu_shape_refusal
 from tflfuse.targets.edgetpu.rules import (
     _gated,
@@ -741,16 +741,22 @@ def _channel_multiple() -> int:
     return int(capability("edgetpu")["ops"]["MEAN"].get("z_reduction_multiple", 1))
 
 
-def _form_refusal(op_type: str, ins: list[Tensor], out_shape, options, consts) -> str | None:
-    """Why a compiled model shows the form of the op a rule would write refused (`forms.gate`
-    on a scratch op, judged as quantized), or None (mapped, or undecided: no compiled model
-    shows it, which the forms evidence reports, not this rule)."""
+def form_verdict(op_type: str, ins: list[Tensor], out_shape, options, consts=()) -> Verdict:
+    """`forms.gate` on the op a rule would write (a scratch op reading tensors like `ins` plus
+    the constants `consts`, judged as quantized; the rule's own graph is not touched)."""
     g = Graph("scratch")
     inputs = [g.add_tensor(f"in{i}", t.shape, t.dtype, quantization=t.quantization)
               for i, t in enumerate(ins)]  # fmt: skip
     inputs += [g.add_constant(f"c{i}", np.asarray(c)) for i, c in enumerate(consts)]
     out = g.add_tensor("out", tuple(out_shape), ins[0].dtype)
-    verdict = gate(g.add_op(op_type, inputs, [out], dict(options or {})), as_quantized=True)
+    return gate(g.add_op(op_type, inputs, [out], dict(options or {})), as_quantized=True)
+
+
+def _form_refusal(op_type: str, ins: list[Tensor], out_shape, options, consts) -> str | None:
+    """Why a compiled model shows the form of the op a rule would write refused, or None
+    (mapped, or undecided: no compiled model shows it, which the forms evidence reports, not
+    this rule)."""
+    verdict = form_verdict(op_type, ins, out_shape, options, consts)
     return verdict.reason if verdict.answer == "refused" else None
 
 
