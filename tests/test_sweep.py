@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -396,3 +397,27 @@ def test_a_cells_memory_request_is_its_models_measured_peak(inputs, tmp_path) ->
     assert sweep_ray.memory_request(cell, peaks, 64 * gib) == int(500 * sweep_ray.MARGIN * 2**20)
     assert sweep_ray.memory_request(cell, {}, 64 * gib) == sweep_ray.FIRST_GUESS_MIB * 2**20
     assert sweep_ray.memory_request(cell, {"a": 1e6}, 2 * gib) == 2 * gib
+
+
+def test_a_stale_looking_folder_no_cell_made_is_kept() -> None:
+    """remove_stale removes only folders holding the marker a cell writes first: a folder of the
+    same name pattern with a dead pid but no marker is someone else's, and stays."""
+    import subprocess
+    import sys
+
+    from tflfuse.convert import sweep_cell
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    tmp = Path(tempfile.gettempdir())
+    theirs, ours = tmp / f"tflfuse-cell-{dead}-theirs", tmp / f"tflfuse-cell-{dead}-ours"
+    for folder in (theirs, ours):
+        folder.mkdir()
+        (folder / "data.txt").write_text("x")
+    (ours / sweep_cell._MARKER).touch()
+    try:
+        remove_stale()
+        assert (theirs / "data.txt").is_file() and not ours.exists()
+    finally:
+        shutil.rmtree(theirs, ignore_errors=True)
+        shutil.rmtree(ours, ignore_errors=True)

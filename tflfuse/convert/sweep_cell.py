@@ -44,6 +44,7 @@ _LAUNCH = (
     "runpy.run_module('tflfuse.cli', run_name='__main__', alter_sys=True)\n"
 )
 _PREFIX = "tflfuse-cell-"  # + the pid of the process running the cell + a random part
+_MARKER = ".tflfuse-sweep-cell"  # written first in every cell folder: only those are removed
 _running: set[int] = set()  # process groups of the CLI children running now (stop_all)
 _lock = threading.Lock()
 _SIGNALS = {9: "SIGKILL (out of memory?)", 6: "SIGABRT", 11: "SIGSEGV", 15: "SIGTERM"}
@@ -259,11 +260,12 @@ def measurements(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def remove_stale() -> None:
-    """Remove the cell folders of processes that are gone (a killed worker cannot clean up)."""
+    """Remove the cell folders of processes that are gone (a killed worker cannot clean up):
+    only folders holding the marker a cell writes first, whatever else matches the name."""
     for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
         pid = folder.name[len(_PREFIX) :].split("-")[0]
-        if not pid.isdigit():
-            continue
+        if not pid.isdigit() or not (folder / _MARKER).is_file():
+            continue  # a folder no cell made: not ours to remove
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
@@ -280,6 +282,7 @@ def run_cell(
     remove_stale()
     with tempfile.TemporaryDirectory(prefix=f"{_PREFIX}{os.getpid()}-") as tmp:
         folder = Path(tmp)
+        (folder / _MARKER).touch()
         inputs = folder / "in"
         inputs.mkdir()
         argv = ["convert", str(model.write(inputs)), "-o", "out", "--json"]
@@ -295,7 +298,9 @@ def run_cell(
         files: dict[str, bytes] = {}
         out = folder / "out"
         if status != "converted":  # a failed convert leaves nothing: what it did leave
-            row["left_behind"] = sorted(p.name for p in folder.iterdir() if p.name != "in")
+            row["left_behind"] = sorted(
+                p.name for p in folder.iterdir() if p.name not in ("in", _MARKER)
+            )
         if status == "converted":
             try:
                 row.update(measurements(json.loads(run["stdout"])))
