@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse.errors import TflfuseError
 from tflfuse.ir import Op, Tensor
 from tflfuse.targets.capabilities import FLOAT_TYPES, _axes, _const_ints, capability, op_label
 
@@ -373,7 +374,7 @@ def load_table() -> FormTable:
     """`delegates/edgetpu_forms.toml`, parsed once (an empty table when it is absent)."""
     try:
         return FormTable.from_dict(capability("edgetpu_forms"))
-    except Exception:  # no table installed: every gated form is undecided
+    except TflfuseError:  # no table installed: every gated form is undecided
         return FormTable()
 
 
