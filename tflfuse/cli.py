@@ -315,6 +315,13 @@ def _add_check(sub: Any) -> None:
         " (edgetpu_compiler -a)",
     )
     p.add_argument(
+        "--num-segments",
+        type=int,
+        metavar="N",
+        help="with --target edgetpu: also predict edgetpu_compiler -n N (where it cuts the model"
+        " into N pipelined segments, and what each maps)",
+    )
+    p.add_argument(
         "--twin",
         metavar="X_edgetpu.tflite",
         help="with --target edgetpu: the model compiled by edgetpu_compiler from MODEL; predict in"
@@ -334,6 +341,7 @@ def _add_check(sub: Any) -> None:
 _COMPILER_FLAGS = {
     "--compiler-version": "compiler_version",
     "--multiple-subgraphs": "multiple_subgraphs",
+    "--num-segments": "num_segments",
     "--twin": "twin",
 }
 
@@ -349,7 +357,10 @@ def _run_check(args: argparse.Namespace) -> int:
     from tflfuse.ir import flatbuffer
 
     compiled = args.target in target_names(compiled=True)  # its compiler decides the mapping
-    if not compiled and (args.compiler_version or args.multiple_subgraphs or args.twin):
+    if args.num_segments is not None and args.num_segments < 2:
+        raise UsageError("--num-segments must be at least 2")
+    flags = (args.compiler_version, args.multiple_subgraphs, args.num_segments, args.twin)
+    if not compiled and any(flags):
         given = [f for f, v in _COMPILER_FLAGS.items() if getattr(args, v)]
         if args.target is not None:
             raise UsageError(f"{' and '.join(given)}: for --target {_compiled_choices()} only")
@@ -415,7 +426,7 @@ def _compile_modes(model: Any, args: argparse.Namespace) -> Any:
     something to map; None for a float model (every mode maps nothing)."""
     from tflfuse.targets.edgetpu.modes import compare_modes
 
-    choice = compare_modes(model, args.compiler_version)
+    choice = compare_modes(model, args.compiler_version, args.num_segments)
     return choice if any(o.mapped for o in choice.outcomes) else None
 
 

@@ -6,12 +6,10 @@
   segments are TFLite's delegate partitioning of them (`predict._segments`; exact on the twins
   compiled with `-a`: `benchmarks/edgetpu_oracle_score.py`).
 - **pipelined** (`-n N`, `--num_segments`): the model is cut into N pieces compiled one by one,
-  one Edge TPU each, for N devices. It applies when the parameters exceed one Edge TPU's cache.
-  Each piece is compiled in one segment, so at least the one-segment mapping maps; where the
-  compiler puts the N-1 cuts is not decided by the evidence (Coral's test data splits SSD
-  MobileNet v1/v2 into 2-4 pieces whose cached parameters range from 1.09 to 3.69 MB, not an
-  even split), so tflfuse predicts its segment count and says the mapping is at least the
-  one-segment one.
+  one Edge TPU each, for N devices; offered when the parameters exceed one Edge TPU's cache, or
+  for the N asked. The cuts follow Coral's parameter heuristic (`pipeline.pipeline_split`: all 15
+  cuts of Coral's 6 SSD MobileNet pipeline twins), and each piece is predicted in the default
+  one-segment mode on its own (`predict_pipelined`), so a refusal cuts only its own piece.
 
 Between the CPU and the Edge TPU, data crosses wherever a tensor written on one side is read on
 the other: `crossings` counts those tensors and their bytes (model inputs and outputs, which
@@ -25,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tflfuse.ir import Graph, Model
-from tflfuse.targets.capabilities import Prediction, capability
+from tflfuse.targets.capabilities import OpPrediction, Prediction, capability
+from tflfuse.targets.edgetpu.pipeline import PipelineSplit, pipeline_split, segment_graph
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 
 COMPILER = "edgetpu_compiler"
@@ -137,9 +136,12 @@ def pipeline_segments(prediction: Prediction) -> int | None:
     return -(-total // cache)
 
 
-def compare_modes(model: Model, compiler_version: str | None = None) -> ModeChoice:
+def compare_modes(
+    model: Model, compiler_version: str | None = None, num_segments: int | None = None
+) -> ModeChoice:
     """The one-segment and `-a` compiles predicted (and `-n N` where the parameters exceed the
-    cache), and the best: the most ops mapped, then the fewest crossings, then segments."""
+    cache, or `num_segments` asks), and the best: the most ops mapped, then the fewest
+    crossings, then segments."""
     graph = model.main
     single = predict_edgetpu(model, compiler_version)
     multi = predict_edgetpu(model, compiler_version, multiple_subgraphs=True)
@@ -147,21 +149,62 @@ def compare_modes(model: Model, compiler_version: str | None = None) -> ModeChoi
         _outcome("single", [], graph, single),
         _outcome("multi", ["-a"], graph, multi),
     ]
-    pieces = pipeline_segments(single)
-    if pieces:
-        piped = _outcome("pipelined", ["-n", str(pieces)], graph, single)
-        piped.segments = pieces
-        piped.note = (
-            f"{pieces} Edge TPUs cache all {single.memory['parameter_bytes']:,} parameter bytes;"
-            " at least the one-segment mapping (where the compiler cuts is undecided)"
-        )
-        outcomes.append(piped)
+    pieces = num_segments or pipeline_segments(single)
+    if pieces and pieces > 1:
+        outcomes.append(pipelined_outcome(model, pieces, compiler_version, single))
     ranked = sorted(
         range(len(outcomes)),
         key=lambda i: (-outcomes[i].mapped, outcomes[i].crossings.count, outcomes[i].segments),
     )
     failure = failure_note(model, multi)
     return ModeChoice(outcomes, ranked[0], [failure] if failure else [])
+
+
+def predict_pipelined(
+    model: Model, n: int, compiler_version: str | None = None
+) -> tuple[PipelineSplit, Prediction] | None:
+    """`edgetpu_compiler -n N`: the cuts (`pipeline.pipeline_split`) and every piece predicted in
+    the default one-segment mode on its own, as the compiler compiles them (None when the
+    model cannot be cut N times)."""
+    graph = model.main
+    split = pipeline_split(graph, n)
+    if split is None:
+        return None
+    ops: list[OpPrediction] = []
+    for k, indices in enumerate(split.ops):
+        piece = Model([segment_graph(graph, split, k)])
+        predicted = predict_edgetpu(piece, compiler_version)
+        for index, o in zip(indices, predicted.ops):
+            ops.append(OpPrediction(index, o.op, o.target, o.status, o.reason))
+    whole = Prediction("edgetpu", ops, compiler_version=compiler_version, mode="pipelined")
+    whole.segments = sum(
+        any(o.target != "cpu" for o in ops if o.index in set(indices)) for indices in split.ops
+    )
+    return split, whole
+
+
+def pipelined_outcome(
+    model: Model, pieces: int, compiler_version: str | None, single: Prediction
+) -> ModeOutcome:
+    """The `-n N` outcome: its pieces predicted, or (when the model cannot be cut N times) the
+    one-segment mapping with a note saying so."""
+    graph = model.main
+    found = predict_pipelined(model, pieces, compiler_version)
+    if found is None:
+        outcome = _outcome("pipelined", ["-n", str(pieces)], graph, single)
+        outcome.note = f"cannot be cut into {pieces} segments (a first segment over the average)"
+        return outcome
+    split, prediction = found
+    outcome = _outcome("pipelined", ["-n", str(pieces)], graph, prediction)
+    outcome.segments = pieces
+    cache = single.memory.get("cache_bytes", 0)
+    over = [k for k, b in enumerate(split.parameter_bytes) if cache and b > cache]
+    outcome.note = (
+        "cuts by Coral's parameter heuristic: "
+        + ", ".join(f"{len(s)} ops / {b:,} B" for s, b in zip(split.ops, split.parameter_bytes))
+        + (f"; segment {over[0]} still exceeds one cache" if over else "")
+    )
+    return outcome
 
 
 def failure_note(model: Model, prediction: Prediction) -> str | None:
