@@ -158,7 +158,7 @@ def pipeline_cuts_exact(source: Path, n: int, twins: dict[int, Path]) -> tuple[i
 
 def _print_pipelines(name: str, root: Path) -> None:
     """`-n N` cuts against pipelined twins whose source is at hand; the sets without one are
-    counted (Coral's SSD MobileNet twins: checked on rebuilt sources, tests/test_edgetpu_pipeline)."""
+    counted (Coral's SSD MobileNet twins: checked on rebuilt sources in tests)."""
     found = pipelines(root)
     if not found:
         return
