@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tflfuse.ir import Graph, flatbuffer
+from tflfuse.ir import Graph, Model, Quantization, flatbuffer
+from tflfuse.targets.edgetpu.modes import compare_modes
 from tflfuse.targets.edgetpu.pipeline import parameter_bytes, pipeline_split
 
 PIPELINE = Path("/work/evidence/twins/google-coral__test_data@104342d/pipeline")
@@ -134,3 +135,36 @@ def test_cuts_of_corals_pipeline_twins(version, build, n):
         twin = flatbuffer.load(twins[k])
         read = {t.name.split(";")[0] for t in twin.main.inputs}
         assert set(split.inputs[k]) == read, (k, split.inputs[k], read)
+
+
+def _quantized_chain(kinds: list[str]) -> Graph:
+    """int8 1x1 convolutions of 64 channels (or a custom op where `kinds` says "CUSTOM")."""
+    qp = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 8, 8, 64), "INT8", quantization=qp)
+    g.inputs = [x]
+    for i, kind in enumerate(kinds):
+        y = g.add_tensor(f"t{i}", (1, 8, 8, 64), "INT8", quantization=qp)
+        if kind == "CUSTOM":
+            g.add_op("CUSTOM", [x], [y], custom_code="MyOp")
+        else:
+            w = g.add_constant(f"w{i}", np.ones((64, 1, 1, 64), np.int8), "INT8", qp)
+            b = g.add_constant(f"b{i}", np.zeros(64, np.int32), "INT32", qp)
+            g.add_op("CONV_2D", [x, w, b], [y], {"stride_h": 1, "stride_w": 1, "padding": "SAME"})
+        x = y
+    g.outputs = [x]
+    return g
+
+
+def test_each_piece_is_compiled_on_its_own():
+    """conv, custom, conv, conv: one segment stops at the custom op (1 of 4 mapped); cut in two
+    after the custom op, the second piece starts afresh and maps both its convolutions."""
+    model = Model([_quantized_chain(["CONV_2D", "CUSTOM", "CONV_2D", "CONV_2D"])])
+    split = pipeline_split(model.main, 2)
+    assert split is not None and [len(s) for s in split.ops] == [2, 2]
+    choice = compare_modes(model, None, 2)
+    single, piped = choice.of("single"), choice.of("pipelined")
+    assert single is not None and piped is not None
+    assert single.mapped == 1 and piped.mapped == 3 and piped.segments == 2
+    assert piped.flags == ["-n", "2"] and "parameter heuristic" in piped.note
+    assert choice.chosen.mode == "multi"  # -a maps as much on one Edge TPU: ranked first

@@ -423,11 +423,12 @@ def _run_check(args: argparse.Namespace) -> int:
 
 def _compile_modes(model: Any, args: argparse.Namespace) -> Any:
     """The compiler's modes predicted side by side (`targets.edgetpu.modes`), for a model with
-    something to map; None for a float model (every mode maps nothing)."""
+    something to map or a predicted refusal of the whole model ("Model not quantized"); None
+    otherwise."""
     from tflfuse.targets.edgetpu.modes import compare_modes
 
     choice = compare_modes(model, args.compiler_version, args.num_segments)
-    return choice if any(o.mapped for o in choice.outcomes) else None
+    return choice if any(o.mapped for o in choice.outcomes) or choice.notes else None
 
 
 def _compare_with_twin(model: Any, args: argparse.Namespace) -> int:

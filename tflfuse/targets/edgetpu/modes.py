@@ -24,6 +24,7 @@ from typing import Any
 
 from tflfuse.ir import Graph, Model
 from tflfuse.targets.capabilities import OpPrediction, Prediction, capability
+from tflfuse.targets.edgetpu.failures import whole_model_failures
 from tflfuse.targets.edgetpu.pipeline import PipelineSplit, pipeline_split, segment_graph
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 
@@ -156,8 +157,11 @@ def compare_modes(
         range(len(outcomes)),
         key=lambda i: (-outcomes[i].mapped, outcomes[i].crossings.count, outcomes[i].segments),
     )
+    notes = [f.line() for f in whole_model_failures(model, compiler_version)]
     failure = failure_note(model, multi)
-    return ModeChoice(outcomes, ranked[0], [failure] if failure else [])
+    if failure:
+        notes.append(f"{failure}; {search_note(len(graph.ops))}")
+    return ModeChoice(outcomes, ranked[0], notes)
 
 
 def predict_pipelined(
@@ -223,6 +227,28 @@ def failure_note(model: Model, prediction: Prediction) -> str | None:
         f" than any activation seen compiled ({limit:,}): whether edgetpu_compiler fails with"
         " 'large activation tensors' is undecided by the evidence (YOLOv5s fails at 352 px and"
         " compiles at 384 px, gh512)"
+    )
+
+
+def search_prefixes(total: int, step: int = 10) -> list[int]:
+    """The op counts `edgetpu_compiler -d -k STEP` tries after a failed compile of `total` ops:
+    the first `total`, `total - STEP`, ... ops in execution order ("Try to compile segment with
+    N ops", the ops after each prefix cut at its "Intermediate tensors": gh608 with step 1,
+    534, 533, 532; gh671 with step 10, 340, 330, 320)."""
+    if step < 1:
+        raise ValueError("the search step is at least 1")
+    return list(range(total, 0, -step))
+
+
+def search_note(total: int, step: int = 10) -> str:
+    """What the delegate search (`-d -k STEP`, Ultralytics' export) does after such a failure,
+    and what stays undecided."""
+    tried = search_prefixes(total, step)[:4]
+    return (
+        f"with -d -k {step} (Ultralytics' export) a failed compile is retried on the first"
+        f" {', '.join(map(str, tried[1:]))}, ... ops; the first prefix that compiles maps in one"
+        " segment and every later op runs on the CPU, so where it stops is undecided with the"
+        " failure"
     )
 
 
