@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 if s.status[0] != s.status[1]:
                     print(_status_misses(s, licensed or args.misses))
         _print_pipelines(name, root)
-        if not args.half:
+        if not args.half and scores:
             k = sum(s.exact for s in scores)
             b = sum(s.baseline_exact for s in scores)
             n = len(scores)

@@ -508,7 +508,14 @@ def test_a_segmentation_models_half_pixel_full_size_resize_is_tiled_exactly(q8: 
     assert all(op.output.shape[1] * op.output.shape[2] <= 65536 for op in resizes)
     if q8:
         assert verify.compare(before, after, int_atol=0, runs=2).identical
-        assert mapped(before) == (0, 1) and mapped(after) == (len(model.main.ops), 0)
+        assert mapped(before) == (0, 1)
+        # no compiled model shows a x4 half-pixel bilinear resize mapped (forms.gated): the
+        # tiles are undecided, predicted on the CPU, and the other reading maps every op
+        p = predict(model, "edgetpu")
+        n = len(model.main.ops)
+        assert all(p.ops[i].target == "cpu" for i, op in enumerate(model.main.ops)
+                   if op.type == "RESIZE_BILINEAR")  # fmt: skip
+        assert [r.mapped for r in p.other_readings] == [n]
     else:
         assert_same_function(before, after, atol=1e-6, rtol=1e-6)
 

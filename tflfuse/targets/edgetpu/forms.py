@@ -252,7 +252,9 @@ def gated(form: Form) -> bool:
     SOFTMAX over more than one non-trivial dimension; DEPTHWISE_CONV_2D with depth_multiplier
     > 1; TILE and BROADCAST_TO; TRANSPOSE; RESHAPE between tensors of 2 or more non-trivial
     dimensions that moves them (head splits and merges; a flatten to one dimension is not
-    gated)."""
+    gated); RESIZE_BILINEAR with half_pixel_centers (one compiled model maps it, at 64 channels
+    and fewer; one refuses it at 1280, by a compiler whose version its twin does not tell: the
+    sky-detection UNet, see "Not decided" in delegates/edgetpu.toml)."""
     if form.op in BINARY:
         acts = [o for o in form.operands if o.startswith("a:")]
         return len(acts) >= 2 and form.detail not in ("same", "")
@@ -262,6 +264,8 @@ def gated(form: Form) -> bool:
         return not form.detail.startswith(("nt=0", "nt=1"))
     if form.op == "DEPTHWISE_CONV_2D":
         return form.detail != "dm=1"
+    if form.op == "RESIZE_BILINEAR":
+        return form.detail.endswith(" half")
     if form.op == "RESHAPE":  # a head split or merge: both sides keep 2+ non-trivial dims
         nt = form.detail.split()[0].removeprefix("nt=").split(">")
         return "squeeze" not in form.detail and min(int(n) for n in nt) >= 2
