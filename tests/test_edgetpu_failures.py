@@ -60,3 +60,23 @@ def test_no_compiled_pair_is_predicted_to_fail():
         for pair in find_pairs(root):
             model = flatbuffer.load(pair.cpu)
             assert [f for f in whole_model_failures(model) if f.decided] == [], pair.key
+
+
+def test_the_log_reader_names_the_failure_and_the_search_tries():
+    from tflfuse.targets.edgetpu.compiler_log import parse_log
+
+    searched = parse_log(
+        "Edge TPU Compiler version 16.0.384591198\nSearching for valid delegate with step 10\n"
+        "Try to compile segment with 340 ops\n"
+        "ERROR: Restored original execution plan after delegate application failure.\n"
+        "Compilation failed: Compilation failed due to large activation tensors in model.\n"
+        "Compilation failed! \nTry to compile segment with 330 ops\nIntermediate tensors: a,b\n"
+        "Model compiled successfully in 2270 ms.\n"
+    )
+    assert searched.search_tries == [340, 330]
+    assert searched.failure is not None and "large activation tensors" in searched.failure
+    refused = parse_log(
+        "Edge TPU Compiler version 15.0.340273435\nInvalid model: x.tflite\nModel not quantized\n"
+    )
+    assert refused.failure == "Model not quantized" and refused.search_tries == []
+    assert parse_log("Edge TPU Compiler version 16.0.384591198\n").failure is None

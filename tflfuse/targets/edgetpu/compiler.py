@@ -245,7 +245,8 @@ def compile_model(
     atomic_write_text(console, text)
     if done.returncode != 0:
         last = next((ln for ln in reversed(text.splitlines()) if ln.strip()), "no output")
-        raise TflfuseError(f"edgetpu_compiler failed (exit {done.returncode}): {last.strip()}")
+        why = parse_log(text).failure or last.strip()
+        raise TflfuseError(f"edgetpu_compiler failed (exit {done.returncode}): {why}")
     log = parse_log(text)
     outputs = sorted(out_dir.glob(f"{model.stem}*_edgetpu.tflite"))
     single = out_dir / f"{model.stem}_edgetpu.tflite"

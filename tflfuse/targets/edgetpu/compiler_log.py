@@ -33,6 +33,18 @@ _HEADER_KEYS = {
 }
 _INT_KEYS = {"edgetpu_subgraphs", "total_ops", "ops_on_edgetpu", "ops_on_cpu"}
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+# How the compiler words a refusal of the whole model (google-coral/edgetpu issues: gh34, gh340,
+# gh879 parse; gh168, gh313 not quantized; gh439-gh686 large activations; gh49, gh100, gh211).
+FAILURE_LINES = (  # the most telling first
+    "Compilation failed:",
+    "ERROR: Didn't find op for builtin opcode",
+    "Model not quantized",
+    "Internal compiler error",
+    "Model could not be parsed",
+    "Invalid model",
+    "Compilation failed",
+)
+_SEARCH_TRY = re.compile(r"^Try to compile segment with (\d+) ops")
 _ROW = re.compile(r"^(\S+)\s+(\d+)\s+(\S.*?)\s*$")
 _TABLE_HEADER = re.compile(r"^Operator\s+Count\s+Status\s*$")
 
@@ -52,6 +64,22 @@ class CompilerLog:
     header: dict[str, Any] = field(default_factory=dict)
     rows: list[tuple[str, int, str]] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
+
+    @property
+    def failure(self) -> str | None:
+        """The compiler's refusal of the whole model (or of one try of its delegate search), as
+        it printed it: its most telling line (`FAILURE_LINES`; None when it printed none)."""
+        for start in FAILURE_LINES:
+            found = next((m for m in self.messages if m.startswith(start)), None)
+            if found:
+                return found
+        return None
+
+    @property
+    def search_tries(self) -> list[int]:
+        """The op counts the delegate search (`-d`) tried, in order ("Try to compile segment
+        with N ops"); the last one compiled when the log goes on to a model."""
+        return [int(m.group(1)) for m in map(_SEARCH_TRY.match, self.messages) if m]
 
     @property
     def mapped(self) -> int:
