@@ -76,6 +76,7 @@ class ModeOutcome:
     segments: int
     crossings: Crossings
     note: str = ""
+    pieces: list[dict[str, Any]] = field(default_factory=list)  # -n: each segment's ops and bytes
 
     def command(self, model_name: str = "MODEL.tflite") -> str:
         return " ".join([COMPILER, *self.flags, model_name])
@@ -92,6 +93,7 @@ class ModeOutcome:
             "crossings_to_edgetpu": self.crossings.to_edgetpu,
             "crossing_bytes": self.crossings.bytes,
             **({"note": self.note} if self.note else {}),
+            **({"pieces": self.pieces} if self.pieces else {}),
         }
 
 
@@ -201,6 +203,7 @@ def pipelined_outcome(
     split, prediction = found
     outcome = _outcome("pipelined", ["-n", str(pieces)], graph, prediction)
     outcome.segments = pieces
+    outcome.pieces = split.to_dict()["segments"]
     cache = single.memory.get("cache_bytes", 0)
     over = [k for k, b in enumerate(split.parameter_bytes) if cache and b > cache]
     outcome.note = (
