@@ -178,7 +178,7 @@ def predict_pipelined(
         return None
     ops: list[OpPrediction] = []
     for k, indices in enumerate(split.ops):
-        piece = Model([segment_graph(graph, split, k)])
+        piece = Model([segment_graph(graph, split, k), *model.subgraphs[1:]])
         predicted = predict_edgetpu(piece, compiler_version)
         for index, o in zip(indices, predicted.ops):
             ops.append(OpPrediction(index, o.op, o.target, o.status, o.reason))
