@@ -10,7 +10,7 @@ from conftest import ORACLE, needs_oracle
 
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 from tflfuse.targets.edgetpu.failures import parse_failures, whole_model_failures
-from tflfuse.targets.edgetpu.modes import compare_modes, search_prefixes
+from tflfuse.targets.edgetpu.modes import compare_modes, format_modes, search_prefixes
 from tflfuse.targets.edgetpu.truth import find_pairs
 
 
@@ -43,6 +43,7 @@ def test_a_float_model_is_not_quantized_and_check_says_so():
     assert [(f.kind, f.decided) for f in failures] == [("not_quantized", True)]
     choice = compare_modes(_relu("FLOAT32"))
     assert any("Model not quantized" in n for n in choice.notes)
+    assert "Best mode: none" in "\n".join(format_modes(choice))
     assert whole_model_failures(_relu("INT8")) == []
 
 

@@ -29,6 +29,7 @@ from tflfuse.targets.edgetpu.pipeline import PipelineSplit, pipeline_split, segm
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 
 COMPILER = "edgetpu_compiler"
+FAILS = "edgetpu_compiler fails"  # how a decided whole-model refusal's note starts (failures.py)
 
 
 @dataclass
@@ -266,5 +267,8 @@ def format_modes(choice: ModeChoice, model_name: str = "MODEL.tflite") -> list[s
             f"{'s' * (o.segments != 1)}; {o.crossings.count} CPU<->Edge TPU crossings"
             f" ({o.crossings.bytes:,} bytes)" + (f"; {o.note}" if o.note else "")
         )
-    lines.append(f"Best mode: {choice.chosen.command(model_name)}")
+    if any(n.startswith(FAILS) for n in choice.notes):
+        lines.append("Best mode: none, the compiler refuses the model (see the note)")
+    else:
+        lines.append(f"Best mode: {choice.chosen.command(model_name)}")
     return lines + [f"note: {n}" for n in choice.notes]
