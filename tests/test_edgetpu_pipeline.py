@@ -11,7 +11,7 @@ import pytest
 
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 from tflfuse.targets.edgetpu.modes import compare_modes
-from tflfuse.targets.edgetpu.pipeline import parameter_bytes, pipeline_split
+from tflfuse.targets.edgetpu.pipeline import parameter_bytes, pipeline_split, segment_graph
 
 PIPELINE = Path("/work/evidence/twins/google-coral__test_data@104342d/pipeline")
 
@@ -162,6 +162,10 @@ def test_each_piece_is_compiled_on_its_own():
     model = Model([_quantized_chain(["CONV_2D", "CUSTOM", "CONV_2D", "CONV_2D"])])
     split = pipeline_split(model.main, 2)
     assert split is not None and [len(s) for s in split.ops] == [2, 2]
+    first, second = (segment_graph(model.main, split, k) for k in (0, 1))
+    assert [t.name for t in first.inputs] == ["x"] and [t.name for t in first.outputs] == ["t1"]
+    assert [t.name for t in second.inputs] == ["t1"] and [t.name for t in second.outputs] == ["t3"]
+    assert [op.type for op in second.ops] == ["CONV_2D", "CONV_2D"] and len(model.main.ops) == 4
     choice = compare_modes(model, None, 2)
     single, piped = choice.of("single"), choice.of("pipelined")
     assert single is not None and piped is not None
