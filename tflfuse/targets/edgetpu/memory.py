@@ -62,17 +62,41 @@ def _convolution(outputs: int, taps: int, inputs: int, words: int) -> int:
     return _pad(total, ALIGN)
 
 
-def softmax_bytes(op: Op) -> int:
-    """A SOFTMAX that reads a FULLY_CONNECTED (a classifier's head), compiled by 16: three
-    sections of 16 bytes per class, the classes padded to 4, each section padded to 64 bytes
-    (dev pairs: 2 classes 192 bytes in 5 files, 5 classes 384 in 2, 10 classes 576 in 3). Other
-    softmaxes, and those compiled by 15, are not laid out (0; see the table's comment)."""
+def _classifier_logits(op: Op) -> Op | None:
+    """The layer whose channels a SOFTMAX normalises: a FULLY_CONNECTED it reads, or a CONV_2D
+    read through a RESHAPE that only drops unit dims (MobileNet v1's [1, 1, 1, 1001] logits);
+    None otherwise (a spatial softmax over a flattened map, as LibrEdgeTPU's trackers)."""
     x = op.inputs[0] if op.inputs else None
     producer = x.producer if x is not None else None
-    if producer is None or producer.type != "FULLY_CONNECTED" or x.dtype != "INT8":
+    if producer is not None and producer.type == "RESHAPE" and producer.inputs:
+        source = producer.inputs[0]
+        kept = [d for d in source.shape if d != 1]
+        if kept != [d for d in x.shape if d != 1] or source.producer is None:
+            return None
+        return source.producer if source.producer.type == "CONV_2D" else None
+    return producer if producer is not None and producer.type == "FULLY_CONNECTED" else None
+
+
+def softmax_bytes(op: Op, compiler_major: int = 16) -> int:
+    """A classifier's SOFTMAX (`_classifier_logits`), by the compiler that lays it out: sections
+    of 16 bytes per class (the classes padded to 4), each section padded to 64 bytes.
+
+    - 16: three sections, for INT8 and UINT8 (dev: 2 classes 192 bytes in 5 files, 5 classes 384
+      in 2, 10 classes 576 in 3; UINT8 965 classes 46,464 in Coral's iNat birds compiled by 16),
+      and one 64-byte block more when the logits come through a RESHAPE (MobileNet v1 of 1001
+      classes, 48,256 bytes in the 5 dev twins whose package form is 16's, 0 in the 15.0 ones).
+    - 15: two sections, INT8 only (dev: 2 classes 128, 5 classes 256; a UINT8 one lays out none).
+    - older (1.x, 2.x): none.
+    Other softmaxes are not laid out (0; see the comment above the table's [meta])."""
+    logits = _classifier_logits(op)
+    x = op.inputs[0] if op.inputs else None
+    if logits is None or x is None or x.dtype not in ("INT8", "UINT8") or compiler_major < 15:
         return 0
     classes = int(x.shape[-1]) if x.shape else 1
-    return 3 * _pad(16 * _pad(classes, 4), ALIGN)
+    section = _pad(16 * _pad(classes, 4), ALIGN)
+    if compiler_major == 15:
+        return 2 * section if x.dtype == "INT8" and logits.type == "FULLY_CONNECTED" else 0
+    return 3 * section + (ALIGN if logits.type == "CONV_2D" else 0)
 
 
 def layer_bytes(op: Op) -> int | None:
@@ -110,8 +134,8 @@ def predicted_memory(
     seen: set[int] = set()
     for op in mapped_ops:
         size = layer_bytes(op)
-        if op.type == "SOFTMAX" and compiler_major >= 16:
-            size = softmax_bytes(op)
+        if op.type == "SOFTMAX":
+            size = softmax_bytes(op, compiler_major)
         if size is None:
             unknown += 1
             size = 0

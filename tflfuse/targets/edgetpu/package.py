@@ -39,7 +39,7 @@ _PACKAGE_ID = b"DWN1"
 _PKG_RUNTIME, _PKG_MULTI, _PKG_COMPILER, _PKG_IDENTIFIER = 0, 1, 4, 7
 _EXE_NAME, _EXE_BATCH, _EXE_SCRATCH, _EXE_PARAMS = 1, 3, 4, 6
 _EXE_INPUTS, _EXE_OUTPUTS, _EXE_CHIP, _EXE_TYPE, _EXE_TOKEN = 8, 9, 10, 13, 14
-_EXE_DRAM, _EXE_CYCLES = 15, 16
+_EXE_CYCLES_32, _EXE_DRAM, _EXE_CYCLES = 11, 15, 16
 _LAYER_NAME, _LAYER_SIZE, _LAYER_Y, _LAYER_X, _LAYER_Z = 0, 1, 2, 3, 4
 _LAYER_TYPE, _LAYER_COUNT = 6, 9  # field 7/8 is the AnyLayer union (type, value)
 _DATA_TYPES = {0: "UINT8", 1: "UINT16", 2: "INT32", 3: "BFLOAT16", 4: "FLOAT16", 5: "FLOAT32"}
@@ -133,6 +133,7 @@ class Executable:
     chip: str | None = None
     estimated_cycles: int = 0
     parameters_in_dram: bool = False
+    cycle_estimate_written: bool = False  # field 11 or 16 present: compilers before 16 wrote one
     inputs: tuple[Layer, ...] = ()
     outputs: tuple[Layer, ...] = ()
 
@@ -171,6 +172,11 @@ class Package:
         return sum(e.parameter_bytes for e in self.executables if e.type != "PARAMETER_CACHING")
 
     @property
+    def compiler_major(self) -> int | None:
+        """The edgetpu_compiler generation the package's form shows (`compiler_generation`)."""
+        return compiler_generation(self)
+
+    @property
     def caching_tokens(self) -> list[int]:
         return sorted({e.caching_token for e in self.executables if e.caching_token})
 
@@ -196,6 +202,22 @@ class Package:
             "outputs": [layer.to_dict() for layer in self.outputs],
             "executable_list": [e.to_dict() for e in self.executables],
         }
+
+
+def compiler_generation(package: Package) -> int | None:
+    """Which edgetpu_compiler wrote `package`, from its form (its version string is only "cl/"):
+    16 when it needs runtime 12 or later and no executable that runs carries a cycle estimate,
+    15 when they carry one (64-bit) and it needs runtime 12; None for runtime 10/11 (1.x/2.x).
+    On the twins whose compiler log survives: 16.0 wrote runtime 14 and no estimate (123 of 123),
+    15.0 runtime 12 with an estimate (3 of 3), 1.0 runtime 10 with or without one (43). A twin of
+    runtime 12 without an estimate is 16 asked for an older runtime (`-m 12`): Coral's MoveNet
+    and LSTM twins, which map what only 16 maps."""
+    if package.runtime_version < 12:
+        return None
+    running = [e for e in package.executables if e.type != "PARAMETER_CACHING"]
+    if not running:
+        return None
+    return 15 if any(e.cycle_estimate_written for e in running) else 16
 
 
 def _layer(t: Table) -> Layer:
@@ -224,6 +246,7 @@ def _executable(raw: bytes) -> Executable:
         chip=_text(t, _EXE_CHIP),
         estimated_cycles=_scalar(t, _EXE_CYCLES, fb_types.Int64Flags),
         parameters_in_dram=bool(_scalar(t, _EXE_DRAM, fb_types.BoolFlags)),
+        cycle_estimate_written=bool(_slot(t, _EXE_CYCLES_32) or _slot(t, _EXE_CYCLES)),
         inputs=tuple(_layer(x) for x in _tables(t, _EXE_INPUTS)),
         outputs=tuple(_layer(x) for x in _tables(t, _EXE_OUTPUTS)),
     )
@@ -288,9 +311,11 @@ def package_memory(compiled: Model) -> dict[str, Any] | None:
     if not readable:
         return None
     counts = {k: sum(len(p.of_type(k)) for p in readable) for k in EXECUTABLE_TYPES}
+    majors = {p.compiler_major for p in readable}
     return {
         "segments": len(packages),
         "readable_packages": len(readable),
+        "compiler_major": majors.pop() if len(majors) == 1 else None,
         "on_chip_bytes": sum(p.cached_bytes for p in readable),
         "off_chip_bytes": sum(p.streamed_bytes for p in readable),
         "executables": sum(counts.values()),

@@ -335,22 +335,35 @@ def score_pair(pair: Pair) -> PairScore:
     return score
 
 
+def twin_compiler_major(truth: Truth) -> int:
+    """The compiler generation that made the twin: its log's version, else its package's form
+    (`package.compiler_generation`), else 2 (a runtime-10 package: 1.x or 2.x)."""
+    if truth.compiler_version:
+        return compiler_version_key(truth.compiler_version)[0]
+    major = truth.memory.get("compiler_major") if truth.memory else None
+    return int(major) if major is not None else 2
+
+
 def memory_comparison(prediction: Prediction, truth: Truth) -> dict[str, Any] | None:
     """The predicted parameter memory against the twin's packages (None when they do not parse):
-    the bytes on chip and streamed as predicted (with the predicted placement), and the layout
-    alone (`layout_bytes`: the compiler's layout applied to the ops the twin maps), so that a
-    placement miss and a layout miss are told apart."""
+    the bytes on chip and streamed as predicted (the ops the prediction maps, laid out for the
+    compiler the twin shows, `twin_compiler_major`), and the layout alone (`layout_bytes`: the
+    same layout applied to the ops the twin maps), so that a placement miss and a layout miss
+    are told apart."""
     if truth.memory is None:
         return None
+    ops = truth.model.main.ops
     cpu = set(truth.cpu_ops)
-    mapped = [op for i, op in enumerate(truth.model.main.ops) if i not in cpu]
-    major = compiler_version_key(prediction.compiler_version or "16")[0]
-    layout = predicted_memory(mapped, capability("edgetpu"), major)
+    major = twin_compiler_major(truth)
+    table = capability("edgetpu")
+    layout = predicted_memory([op for i, op in enumerate(ops) if i not in cpu], table, major)
+    mapped = [ops[o.index] for o in prediction.ops if o.target != "cpu"]
+    predicted = predicted_memory(mapped, table, major) if prediction.ops else prediction.memory
     on, off = truth.memory["on_chip_bytes"], truth.memory["off_chip_bytes"]
-    predicted = prediction.memory
     return {
         "on_chip_bytes": on,
         "off_chip_bytes": off,
+        "compiler_major": major,
         "predicted_on_chip_bytes": predicted.get("on_chip_bytes"),
         "predicted_off_chip_bytes": predicted.get("off_chip_bytes"),
         "layout_bytes": layout["parameter_bytes"],
