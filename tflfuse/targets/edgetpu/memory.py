@@ -5,7 +5,10 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
 
 - CONV_2D, FULLY_CONNECTED, and a DEPTHWISE_CONV_2D that reads one channel (a depth multiplier
   makes it a convolution): output channels in groups of 64; a layer of at most 64 outputs is
-  one group padded to a multiple of 16, a larger one is padded to whole groups of 64. Per group
+  one group padded to a multiple of 16, a larger one is padded to whole groups of 64; a
+  CONV_2D of a single output is padded to 4 (BodyPix's segmentation head of 384 inputs: 1,600
+  bytes, not 6,208, in its 4 dev twins), a FULLY_CONNECTED of one to 16 (edgetpu-tcn, dev).
+  Per group
   and per kernel tap, the input channels in chunks of 4 bytes for every (padded) output: a
   1x1 layer of 256 inputs and 64 outputs stores 64 chunks x 64 outputs x 4 = 16,384 bytes.
   Before each group, a header per padded output channel: its float scale when the weights'
@@ -32,6 +35,7 @@ from tflfuse.ir import Op
 
 GROUP = 64  # output channels per group
 SMALL_PAD = 16  # a layer of at most GROUP outputs is padded to a multiple of this
+SINGLE_CONV_PAD = 4  # ... except a CONV_2D of one output channel, padded to this
 CHUNK = 4  # input channels per 4-byte chunk
 ALIGN = 64  # every layer's section starts on this boundary
 _LAID_OUT = ("CONV_2D", "FULLY_CONNECTED", "DEPTHWISE_CONV_2D")
@@ -53,11 +57,11 @@ def header_words(op: Op) -> int:
     return int(distinct) + int(nonzero_bias) + int(per_channel)
 
 
-def _convolution(outputs: int, taps: int, inputs: int, words: int) -> int:
+def _convolution(outputs: int, taps: int, inputs: int, words: int, small: int = SMALL_PAD) -> int:
     total = 0
     for start in range(0, outputs, GROUP):
         real = min(GROUP, outputs - start)
-        padded = _pad(real, SMALL_PAD) if outputs <= GROUP else GROUP
+        padded = _pad(real, small) if outputs <= GROUP else GROUP
         total += 4 * words * padded + taps * _pad(inputs, CHUNK) * padded
     return _pad(total, ALIGN)
 
@@ -111,7 +115,8 @@ def layer_bytes(op: Op) -> int | None:
     words = header_words(op)
     if op.type == "CONV_2D":
         outputs, kh, kw, inputs = w.shape
-        return _convolution(outputs, kh * kw, inputs, words)
+        small = SINGLE_CONV_PAD if outputs == 1 else SMALL_PAD
+        return _convolution(outputs, kh * kw, inputs, words, small)
     if op.type == "FULLY_CONNECTED":
         outputs, inputs = w.shape
         return _convolution(outputs, 1, inputs, words)
