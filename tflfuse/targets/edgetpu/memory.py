@@ -66,41 +66,52 @@ def _convolution(outputs: int, taps: int, inputs: int, words: int, small: int = 
     return _pad(total, ALIGN)
 
 
-def _classifier_logits(op: Op) -> Op | None:
-    """The layer whose channels a SOFTMAX normalises: a FULLY_CONNECTED it reads, or a CONV_2D
-    read through a RESHAPE that only drops unit dims (MobileNet v1's [1, 1, 1, 1001] logits);
-    None otherwise (a spatial softmax over a flattened map, as LibrEdgeTPU's trackers)."""
+def _softmax_form(op: Op) -> tuple[str, int] | None:
+    """What a SOFTMAX normalises, as (form, channels): "fc" over the outputs of a
+    FULLY_CONNECTED it reads; "conv" over a CONV_2D's channels read through a RESHAPE that only
+    drops unit dims (MobileNet v1's [1, 1, 1, 1001] logits); "map" over a map of one channel
+    flattened by a RESHAPE (LibrEdgeTPU's trackers: [1, H, W, 1] to [1, H x W]), laid out as
+    that one channel. None for any other softmax (not laid out)."""
     x = op.inputs[0] if op.inputs else None
     producer = x.producer if x is not None else None
-    if producer is not None and producer.type == "RESHAPE" and producer.inputs:
-        source = producer.inputs[0]
-        kept = [d for d in source.shape if d != 1]
-        if kept != [d for d in x.shape if d != 1] or source.producer is None:
-            return None
-        return source.producer if source.producer.type == "CONV_2D" else None
-    return producer if producer is not None and producer.type == "FULLY_CONNECTED" else None
+    if x is None or producer is None or not x.shape:
+        return None
+    if producer.type == "FULLY_CONNECTED":
+        return "fc", int(x.shape[-1])
+    if producer.type != "RESHAPE" or not producer.inputs:
+        return None
+    source = producer.inputs[0]
+    kept = [d for d in source.shape if d != 1]
+    if kept == [d for d in x.shape if d != 1]:
+        conv = source.producer is not None and source.producer.type == "CONV_2D"
+        return ("conv", int(x.shape[-1])) if conv else None
+    if len(source.shape) == 4 and source.shape[-1] == 1 and len(kept) == 2:
+        return "map", 1
+    return None
 
 
 def softmax_bytes(op: Op, compiler_major: int = 16) -> int:
-    """A classifier's SOFTMAX (`_classifier_logits`), by the compiler that lays it out: sections
-    of 16 bytes per class (the classes padded to 4), each section padded to 64 bytes.
+    """A SOFTMAX (`_softmax_form`), by the compiler that lays it out: sections of 16 bytes per
+    channel (the channels padded to 4), each section padded to 64 bytes.
 
     - 16: three sections, for INT8 and UINT8 (dev: 2 classes 192 bytes in 5 files, 5 classes 384
       in 2, 10 classes 576 in 3; UINT8 965 classes 46,464 in Coral's iNat birds compiled by 16),
-      and one 64-byte block more when the logits come through a RESHAPE (MobileNet v1 of 1001
-      classes, 48,256 bytes in the 5 dev twins whose package form is 16's, 0 in the 15.0 ones).
-    - 15: two sections, INT8 only (dev: 2 classes 128, 5 classes 256; a UINT8 one lays out none).
+      and one 64-byte block more over a CONV_2D's logits (MobileNet v1 of 1001 classes: 48,256
+      bytes in the 5 dev twins whose package form is 16's, 0 in the 15.0 ones); over a flattened
+      one-channel map, 192 bytes (LibrEdgeTPU's bright tracker, dev, at 16,384 elements).
+    - 15: two sections, over a FULLY_CONNECTED's INT8 outputs only (dev: 2 classes 128, 5
+      classes 256; UINT8 ones lay out none).
     - older (1.x, 2.x): none.
     Other softmaxes are not laid out (0; see the comment above the table's [meta])."""
-    logits = _classifier_logits(op)
+    form = _softmax_form(op)
     x = op.inputs[0] if op.inputs else None
-    if logits is None or x is None or x.dtype not in ("INT8", "UINT8") or compiler_major < 15:
+    if form is None or x is None or x.dtype not in ("INT8", "UINT8") or compiler_major < 15:
         return 0
-    classes = int(x.shape[-1]) if x.shape else 1
-    section = _pad(16 * _pad(classes, 4), ALIGN)
+    kind, channels = form
+    section = _pad(16 * _pad(channels, 4), ALIGN)
     if compiler_major == 15:
-        return 2 * section if x.dtype == "INT8" and logits.type == "FULLY_CONNECTED" else 0
-    return 3 * section + (ALIGN if logits.type == "CONV_2D" else 0)
+        return 2 * section if x.dtype == "INT8" and kind == "fc" else 0
+    return 3 * section + (ALIGN if kind == "conv" else 0)
 
 
 def layer_bytes(op: Op) -> int | None:
