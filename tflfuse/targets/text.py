@@ -7,6 +7,7 @@ The header names the target by its label in the registry; the table is the compi
 from __future__ import annotations
 
 from tflfuse.targets.capabilities import Prediction
+from tflfuse.targets.edgetpu.memory import undecided_line
 from tflfuse.targets.registry import target
 
 
@@ -36,6 +37,9 @@ def format_prediction(prediction: Prediction, model_name: str) -> str:
             f"Off-chip memory used for streaming uncached model parameters:"
             f" {_mib(mem['off_chip_bytes'])}",
         ]
+        undecided = undecided_line(mem)
+        if undecided:
+            lines.append(undecided)
     if prediction.segments is not None:
         lines.append(f"Number of Edge TPU subgraphs: {prediction.segments}")
     lines += [

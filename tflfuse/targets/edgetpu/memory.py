@@ -38,6 +38,16 @@ SMALL_PAD = 16  # a layer of at most GROUP outputs is padded to a multiple of th
 SINGLE_CONV_PAD = 4  # ... except a CONV_2D of one output channel, padded to this
 CHUNK = 4  # input channels per 4-byte chunk
 ALIGN = 64  # every layer's section starts on this boundary
+# A FULLY_CONNECTED of more inputs than this streams (`streamed_layer`); the dev twins cache one
+# of WIDE_FC_CACHED and stream one of WIDE_FC_STREAMED: between the two the width is undecided.
+WIDE_FC_INPUTS = 8192
+WIDE_FC_CACHED = 6272
+WIDE_FC_STREAMED = 16384
+# Below this many parameter bytes every fully laid-out model compiled by 15 or 16 caches all it
+# does not stream by `streamed_layer`; above it, twins of the same size differ (Coral's
+# MobileNetV2 classifier of 3,094,912 bytes streams 598,080; iNat birds of 3,947,328 streams
+# 1,623,872 in one commit and none in two others; YAMNet's 4,042,752 all cached).
+SPLIT_SURE_BYTES = 3_000_000
 _LAID_OUT = ("CONV_2D", "FULLY_CONNECTED", "DEPTHWISE_CONV_2D")
 
 
@@ -137,37 +147,82 @@ def layer_bytes(op: Op) -> int | None:
     return _pad(channels * (4 * kh * kw + 4 * words), ALIGN)
 
 
+def streamed_layer(op: Op) -> bool:
+    """Whether the compiler streams this layer's parameters even when the model fits the cache:
+    a FULLY_CONNECTED of more than WIDE_FC_INPUTS inputs (dev: LibrEdgeTPU's trackers stream
+    their [1, 16384] ones and cache the [1, 4096] ones, edgetpu-tcn streams its [1, 94400] one,
+    RPS caches its [512, 6272] one; holdout: [10, 9504] and [10, 13104] streamed)."""
+    w = op.inputs[1] if op.type == "FULLY_CONNECTED" and len(op.inputs) > 1 else None
+    return w is not None and w.is_constant and len(w.shape) == 2 and w.shape[1] > WIDE_FC_INPUTS
+
+
+def _undecided_width(op: Op) -> bool:
+    w = op.inputs[1] if op.type == "FULLY_CONNECTED" and len(op.inputs) > 1 else None
+    if w is None or not w.is_constant or len(w.shape) != 2:
+        return False
+    return WIDE_FC_CACHED < w.shape[1] < WIDE_FC_STREAMED
+
+
 def predicted_memory(
     mapped_ops: list[Op], table: dict[str, Any], compiler_major: int = 16
 ) -> dict[str, int]:
     """Parameter bytes of the mapped ops in the compiler's layout, and how they split between the
-    on-chip cache and streaming (the cache's size from the table; which layers of a model that
-    fits the compiler still streams is not predicted: see the comment above the table's [meta]).
-    `compiler_major`: the edgetpu_compiler predicted (a classifier's SOFTMAX is laid out for 16)."""
-    total = 0
-    raw = 0
-    unknown = 0
+    on-chip cache and streaming: `streamed_layer`s stream, the rest is cached up to the cache's
+    size (from the table) and streams beyond it. What the evidence leaves undecided is counted
+    in `undecided_*` keys (`undecided_line` says it in words).
+    `compiler_major`: the edgetpu_compiler predicted (a SOFTMAX is laid out by generation)."""
+    total = streamed = raw = 0
+    counts = {"layers_not_laid_out": 0, "undecided_softmax": 0, "undecided_fc_width": 0}
     seen: set[int] = set()
     for op in mapped_ops:
         size = layer_bytes(op)
         if op.type == "SOFTMAX":
             size = softmax_bytes(op, compiler_major)
+            counts["undecided_softmax"] += compiler_major >= 16 and _softmax_form(op) is None
         if size is None:
-            unknown += 1
+            counts["layers_not_laid_out"] += 1
             size = 0
         total += size
+        streamed += size if streamed_layer(op) else 0
+        counts["undecided_fc_width"] += _undecided_width(op)
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
                 seen.add(id(t))
                 raw += int(t.data.nbytes) if not t.is_raw else 0
     cache = int(table["meta"]["parameter_cache_bytes"])
+    on_chip = min(total - streamed, cache)
     memory = {
         "parameter_bytes": total,
         "tensor_bytes": raw,
         "cache_bytes": cache,
-        "on_chip_bytes": min(total, cache),
-        "off_chip_bytes": max(0, total - cache),
+        "on_chip_bytes": on_chip,
+        "off_chip_bytes": total - on_chip,
     }
-    if unknown:
-        memory["layers_not_laid_out"] = unknown
+    if total > SPLIT_SURE_BYTES:
+        counts["undecided_split"] = 1
+    memory.update({key: int(n) for key, n in counts.items() if n})
     return memory
+
+
+def undecided_line(memory: dict[str, int]) -> str | None:
+    """One line naming what the evidence cannot decide of `predicted_memory`'s numbers, or None
+    when every layer is laid out by a rule the compiled models show."""
+    reasons = []
+    if memory.get("layers_not_laid_out"):
+        n = memory["layers_not_laid_out"]
+        reasons.append(
+            f"{n} layer{'s' * (n > 1)} whose constants the layout does not cover (counted as 0)"
+        )
+    if memory.get("undecided_softmax"):
+        reasons.append("a softmax of a form no compiled model lays out (counted as 0)")
+    if memory.get("undecided_fc_width"):
+        reasons.append(
+            f"whether a FULLY_CONNECTED of {WIDE_FC_CACHED:,} to {WIDE_FC_STREAMED:,} inputs is"
+            " cached or streamed"
+        )
+    if memory.get("undecided_split"):
+        reasons.append(
+            f"which layers a model of more than {SPLIT_SURE_BYTES:,} parameter bytes streams"
+            " although it fits the cache (compiled models of that size differ)"
+        )
+    return "memory: exact layout undecided: " + "; ".join(reasons) if reasons else None
