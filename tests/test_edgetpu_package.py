@@ -21,21 +21,27 @@ from test_edgetpu_compiler import _chain_with_a_custom_op, stand_in  # noqa: F40
 from tflfuse.cli import main
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 from tflfuse.targets import capability
-from tflfuse.targets.edgetpu.memory import layer_bytes, predicted_memory
+from tflfuse.targets.edgetpu.memory import (
+    layer_bytes,
+    predicted_memory,
+    streamed_layer,
+    undecided_line,
+)
 from tflfuse.targets.edgetpu.modes import compare_modes, crossings
 from tflfuse.targets.edgetpu.package import (
     PackageError,
+    compiler_generation,
     model_packages,
     package_memory,
     read_package,
 )
-from tflfuse.targets.edgetpu.truth import read_truth, truth_of
+from tflfuse.targets.edgetpu.truth import read_truth, truth_of, twin_compiler_major
 
 MORE = ORACLE.parent / "edgetpu-more"
 
 
 # -- a package written here, field by field -------------------------------------------------
-def _executable(kind: int, params: int, token: int, layer: str) -> bytes:
+def _executable(kind: int, params: int, token: int, layer: str, cycles: int = 0) -> bytes:
     b = flatbuffers.Builder(0)
     name = b.CreateString(layer)
     b.StartObject(12)  # Layer
@@ -52,6 +58,8 @@ def _executable(kind: int, params: int, token: int, layer: str) -> bytes:
     b.PrependUOffsetTRelativeSlot(8, layers, 0)
     b.PrependInt16Slot(13, kind, 0)
     b.PrependUint64Slot(14, token, 0)
+    if cycles:  # estimated_cycles_64bit: compilers before 16 wrote it
+        b.PrependInt64Slot(16, cycles, 0)
     b.Finish(b.EndObject())
     return bytes(b.Output())
 
@@ -340,3 +348,76 @@ def test_the_report_tables_the_modes_and_names_the_flags(tmp_path: Path) -> None
     assert "| fused | multi (best) | `-a` | 2/3 | 2 | 2 | 64 |" in text
     assert "| stock | single | `(none)` | 1/3 | 1 | 1 | 32 |" in text
     assert "Compile the fused model with `edgetpu_compiler -a fused.tflite`." in text
+
+
+def test_the_package_form_names_the_compiler_generation() -> None:
+    """16 writes no cycle estimate; 15.0 writes one and needs runtime 12; runtime 10 is older."""
+    token = 7
+    sixteen = [_executable(2, 64, token, "x"), _executable(1, 128, token, "x")]
+    fifteen = [_executable(2, 64, token, "x", cycles=1234), _executable(1, 128, token, "x")]
+    assert compiler_generation(read_package(_custom_options(sixteen, runtime=14))) == 16
+    assert compiler_generation(read_package(_custom_options(sixteen, runtime=12))) == 16
+    assert compiler_generation(read_package(_custom_options(fifteen, runtime=12))) == 15
+    assert compiler_generation(read_package(_custom_options(fifteen, runtime=10))) is None
+
+
+def _single_output_conv(inputs: int, kernel: int) -> Model:
+    g = Graph("main")
+    q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    x = g.add_tensor("x", (1, 8, 8, inputs), "INT8", quantization=q)
+    wq = Quantization(scale=np.array([0.01], np.float32), zero_point=np.array([0], np.int64))
+    w = g.add_constant("w", np.ones((1, kernel, kernel, inputs), np.int8), quantization=wq)
+    b = g.add_constant("b", np.array([5], np.int32))
+    y = g.add_tensor("y", (1, 8, 8, 1), "INT8", quantization=q)
+    g.add_op("CONV_2D", [x, w, b], [y])
+    g.inputs, g.outputs = [x], [y]
+    return Model([g])
+
+
+def test_a_conv_of_one_output_is_padded_to_four_outputs_and_an_fc_to_sixteen() -> None:
+    # BodyPix's segmentation head: 1x1, 384 inputs, a bias: 4 outputs x (4 B bias + 96 chunks
+    # x 4 B) = 1,552, padded to 1,600 (padded to 16 outputs it would be 6,208)
+    assert layer_bytes(_single_output_conv(384, 1).main.ops[0]) == 1600
+    # a FULLY_CONNECTED of one output (its bias 0: no header word) keeps 16 padded outputs
+    assert layer_bytes(_fc(1, 384, per_channel=False, bias=True).main.ops[0]) == 16 * 384
+
+
+def test_a_wide_fully_connected_streams_although_the_model_fits() -> None:
+    table = capability("edgetpu")
+    wide = _fc(1, 16384, per_channel=False, bias=False).main.ops[0]
+    narrow = _fc(1, 4096, per_channel=False, bias=False).main.ops[0]
+    assert streamed_layer(wide) and not streamed_layer(narrow)
+    memory = predicted_memory([wide, narrow], table)
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (16 * 4096, 16 * 16384)
+    assert undecided_line(memory) is None
+    between = _fc(1, 9504, per_channel=False, bias=False).main.ops[0]
+    line = undecided_line(predicted_memory([between], table))
+    assert line is not None and line.startswith("memory: exact layout undecided:")
+
+
+@pytest.mark.parametrize(
+    ("where", "name", "rule_bytes"),
+    [
+        # compiler 16's softmax over MobileNet v1's 1001 logits: 3 x 16,064 + 64
+        (ORACLE, "mobilenet_v1_0.25_128_quant", 48_256),
+        # a softmax over a flattened one-channel map: 3 x 64
+        (MORE / "ricardodeazambuja__LibrEdgeTPU", "bright_128x128", 192),
+    ],
+)
+def test_predicted_memory_is_the_packages_to_the_byte(
+    where: Path, name: str, rule_bytes: int
+) -> None:
+    """On real twins, the layout (for the compiler the package's form shows) gives the bytes the
+    package caches and streams; without the softmax rule it would be `rule_bytes` short."""
+    cpu_path = next(where.rglob(f"{name}.tflite"), None) if where.is_dir() else None
+    if cpu_path is None:
+        pytest.skip(f"{name} is not in ../shared/oracle")
+    cpu = flatbuffer.load(cpu_path)
+    truth = truth_of(cpu, flatbuffer.load(cpu_path.with_name(f"{name}_edgetpu.tflite")))
+    assert truth.memory is not None and twin_compiler_major(truth) == 16
+    mapped = [op for i, op in enumerate(cpu.main.ops) if i not in set(truth.cpu_ops)]
+    memory = predicted_memory(mapped, capability("edgetpu"), twin_compiler_major(truth))
+    on, off = truth.memory["on_chip_bytes"], truth.memory["off_chip_bytes"]
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (on, off)
+    older = predicted_memory(mapped, capability("edgetpu"), compiler_major=2)
+    assert older["parameter_bytes"] == on + off - rule_bytes
