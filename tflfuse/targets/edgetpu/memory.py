@@ -8,8 +8,7 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
   one group padded to a multiple of 16, a larger one is padded to whole groups of 64; a
   CONV_2D of a single output is padded to 4 (BodyPix's segmentation head of 384 inputs: 1,600
   bytes, not 6,208, in its 4 dev twins), a FULLY_CONNECTED of one to 16 (edgetpu-tcn, dev).
-  Per group
-  and per kernel tap, the input channels in chunks of 4 bytes for every (padded) output: a
+  Per group and per kernel tap, the input channels in chunks of 4 bytes for every (padded) output: a
   1x1 layer of 256 inputs and 64 outputs stores 64 chunks x 64 outputs x 4 = 16,384 bytes.
   Before each group, a header per padded output channel: its float scale when the weights'
   per-channel scales differ, its int32 bias when the bias is not all zero, and one more
@@ -17,12 +16,15 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
   which stores int8 weights offset by 128).
 - DEPTHWISE_CONV_2D: per channel, 4 bytes per kernel tap and the same header.
 - Each layer's section padded to 64 bytes.
-- A classifier's SOFTMAX (reading a FULLY_CONNECTED), compiled by 16: `softmax_bytes`.
+- A SOFTMAX, by the compiler's generation (`softmax_bytes`; the package's form names the
+  generation of a compiled twin: `package.compiler_generation`).
+- A FULLY_CONNECTED of more than 8192 inputs streams although the model fits (`streamed_layer`).
 
-Applied to the ops each twin maps, the bytes are exact on 205 of 316 compiled pairs (93/149 dev,
-112/167 holdout; Coral's own 146/171) and within 1% on 247 (`benchmarks/edgetpu_oracle_score.py`
-with the local sets); what the layout does not cover yet is in the comment above [meta] in
-`delegates/edgetpu.toml`. No TensorFlow here.
+Applied to the ops each twin maps, the bytes are exact on 234 of 316 compiled pairs (dev
+106/149, holdout 128/167; they were 93 and 112), cached and streamed both exact on 217 (dev 97,
+holdout 120) (`benchmarks/edgetpu_oracle_score.py` with the local sets); what the layout does
+not cover is in the comment above [meta] in `delegates/edgetpu.toml`, and `undecided_line` says
+it of a model. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -156,6 +158,15 @@ def streamed_layer(op: Op) -> bool:
     return w is not None and w.is_constant and len(w.shape) == 2 and w.shape[1] > WIDE_FC_INPUTS
 
 
+def _undecided_single_conv(op: Op) -> bool:
+    """A CONV_2D of one output other than 1x1 over 4+ inputs: the twins disagree with the layout
+    (LibrEdgeTPU's looming 3x3 of one input, its colour trackers' 1x1 of 3 inputs)."""
+    w = op.inputs[1] if op.type == "CONV_2D" and len(op.inputs) > 1 else None
+    if w is None or not w.is_constant or len(w.shape) != 4 or w.shape[0] != 1:
+        return False
+    return tuple(w.shape[1:3]) != (1, 1) or w.shape[3] < CHUNK
+
+
 def _undecided_width(op: Op) -> bool:
     w = op.inputs[1] if op.type == "FULLY_CONNECTED" and len(op.inputs) > 1 else None
     if w is None or not w.is_constant or len(w.shape) != 2:
@@ -172,7 +183,9 @@ def predicted_memory(
     in `undecided_*` keys (`undecided_line` says it in words).
     `compiler_major`: the edgetpu_compiler predicted (a SOFTMAX is laid out by generation)."""
     total = streamed = raw = 0
-    counts = {"layers_not_laid_out": 0, "undecided_softmax": 0, "undecided_fc_width": 0}
+    counts = dict.fromkeys(
+        ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width", "undecided_conv"), 0
+    )
     seen: set[int] = set()
     for op in mapped_ops:
         size = layer_bytes(op)
@@ -185,6 +198,7 @@ def predicted_memory(
         total += size
         streamed += size if streamed_layer(op) else 0
         counts["undecided_fc_width"] += _undecided_width(op)
+        counts["undecided_conv"] += _undecided_single_conv(op)
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
                 seen.add(id(t))
@@ -219,6 +233,10 @@ def undecided_line(memory: dict[str, int]) -> str | None:
         reasons.append(
             f"whether a FULLY_CONNECTED of {WIDE_FC_CACHED:,} to {WIDE_FC_STREAMED:,} inputs is"
             " cached or streamed"
+        )
+    if memory.get("undecided_conv"):
+        reasons.append(
+            "a CONV_2D of one output other than 1x1 over 4+ inputs (twins hold other bytes)"
         )
     if memory.get("undecided_split"):
         reasons.append(
