@@ -111,10 +111,12 @@ def _print_memory(name: str, half: str, scores: list[PairScore], show_path: bool
         <= 0.01 * (s.memory["on_chip_bytes"] + s.memory["off_chip_bytes"])
         for s in parsed
     )
+    confident = sum(not s.memory["exact"] and not s.memory["undecided"] for s in parsed)
     print(
         f"{name:<12} {half:<8} memory: on-chip and streamed exact {exact}/{n},"
         f" total exact {total}/{n}, layout on the twin's ops exact {layout}/{n}"
-        f" (within 1%: {near}/{n}; {len(scores) - n} packages unreadable)"
+        f" (within 1%: {near}/{n}; {len(scores) - n} packages unreadable;"
+        f" inexact without `check` saying undecided: {confident})"
     )
     for s in parsed:
         m = s.memory

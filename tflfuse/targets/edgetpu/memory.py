@@ -214,6 +214,8 @@ def predicted_memory(
     }
     if total > SPLIT_SURE_BYTES:
         counts["undecided_split"] = 1
+    if compiler_major < 15 and total:
+        counts["undecided_compiler"] = 1
     memory.update({key: int(n) for key, n in counts.items() if n})
     return memory
 
@@ -237,6 +239,11 @@ def undecided_line(memory: dict[str, int]) -> str | None:
     if memory.get("undecided_conv"):
         reasons.append(
             "a CONV_2D of one output other than 1x1 over 4+ inputs (twins hold other bytes)"
+        )
+    if memory.get("undecided_compiler"):
+        reasons.append(
+            "the layout of compilers before 15 (their twins hold 960 to 102,976 bytes more on"
+            " MobileNetV2, stacked convolutions and dense layers)"
         )
     if memory.get("undecided_split"):
         reasons.append(

@@ -27,7 +27,7 @@ from flatbuffers.table import Table
 from tflfuse.ir import Model, Op, flatbuffer
 from tflfuse.targets.capabilities import OpPrediction, Prediction, capability, op_label
 from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP, CompilerLog, parse_log
-from tflfuse.targets.edgetpu.memory import predicted_memory
+from tflfuse.targets.edgetpu.memory import predicted_memory, undecided_line
 from tflfuse.targets.edgetpu.package import package_memory
 from tflfuse.targets.edgetpu.predict import compiler_version_key, predict_edgetpu
 
@@ -370,6 +370,7 @@ def memory_comparison(prediction: Prediction, truth: Truth) -> dict[str, Any] | 
         "exact": predicted.get("on_chip_bytes") == on and predicted.get("off_chip_bytes") == off,
         "total_exact": predicted.get("parameter_bytes") == on + off,
         "layout_exact": layout["parameter_bytes"] == on + off,
+        "undecided": undecided_line(predicted) is not None,  # `check` says what it cannot decide
     }
 
 
