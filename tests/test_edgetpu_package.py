@@ -421,3 +421,13 @@ def test_predicted_memory_is_the_packages_to_the_byte(
     assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (on, off)
     older = predicted_memory(mapped, capability("edgetpu"), compiler_major=2)
     assert older["parameter_bytes"] == on + off - rule_bytes
+
+
+@needs_oracle()
+def test_a_runtime_12_twin_without_a_cycle_estimate_is_named_compiler_16() -> None:
+    """Coral's LSTM twin needs runtime 12 yet maps what only 16 maps: its package's form says 16."""
+    from tflfuse.targets.edgetpu.truth import compiled_summary
+
+    summary = compiled_summary(flatbuffer.load(ORACLE / "keras_lstm_mnist_ptq_edgetpu.tflite"))
+    assert summary["runtime_version"] == 12
+    assert "edgetpu_compiler 16 asked for runtime 12" in str(summary["compiler"])

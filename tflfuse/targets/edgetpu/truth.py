@@ -395,6 +395,14 @@ def compiled_summary(compiled: Model) -> dict[str, object]:
             f"edgetpu_compiler 15.0 or older (runtime {runtime}), or a newer one asked for an"
             " older runtime (-m)"
         )
+    package = package_memory(compiled)
+    major = package.get("compiler_major") if package else None
+    if major is not None and runtime is not None and runtime < 14:  # the package's form tells
+        compiler = (
+            f"edgetpu_compiler 16 asked for runtime {runtime} (-m {runtime}: no cycle estimate)"
+            if major >= 16
+            else f"edgetpu_compiler 15.0 (runtime {runtime}, a cycle estimate)"
+        )
     mode = (
         "several Edge TPU subgraphs (edgetpu_compiler -a)"
         if segments > 1
@@ -414,7 +422,7 @@ def compiled_summary(compiled: Model) -> dict[str, object]:
         "runtime_version": runtime,
         "compiler": compiler,
         "cpu_ops": cpu,
-        "package": package_memory(compiled),
+        "package": package,
     }
 
 
