@@ -7,7 +7,8 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
   makes it a convolution): output channels in groups of 64; a layer of at most 64 outputs is
   one group padded to a multiple of 16, a larger one is padded to whole groups of 64; a
   CONV_2D of a single output is padded to 4 (BodyPix's segmentation head of 384 inputs: 1,600
-  bytes, not 6,208, in its 4 dev twins), a FULLY_CONNECTED of one to 16 (edgetpu-tcn, dev).
+  bytes, not 6,208, in its 4 dev twins; LibrEdgeTPU's 3x3 and 1x1 ones, read in their streams),
+  a FULLY_CONNECTED of one to 16 (edgetpu-tcn, dev).
   Per group and per kernel tap, the input channels in chunks of 4 bytes for every (padded) output: a
   1x1 layer of 256 inputs and 64 outputs stores 64 chunks x 64 outputs x 4 = 16,384 bytes.
   Before each group, a header per padded output channel: its float scale when the weights'
@@ -18,6 +19,8 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
 - Each layer's section padded to 64 bytes.
 - A SOFTMAX, by the compiler's generation (`softmax_bytes`; the package's form names the
   generation of a compiled twin: `package.compiler_generation`).
+- Lane selections (a zero block and a 64-byte one-hot block per lane): a RESHAPE flattening a
+  one-channel map (`flatten_bytes`), a CONCATENATION of one-channel tensors (`concat_bytes`).
 - A FULLY_CONNECTED of more than 8192 inputs streams although the model fits (`streamed_layer`).
 
 Applied to the ops each twin maps, the bytes are exact on 234 of 316 compiled pairs (dev
@@ -110,7 +113,8 @@ def softmax_bytes(op: Op, compiler_major: int = 16) -> int:
       in 2, 10 classes 576 in 3; UINT8 965 classes 46,464 in Coral's iNat birds compiled by 16),
       and one 64-byte block more over a CONV_2D's logits (MobileNet v1 of 1001 classes: 48,256
       bytes in the 5 dev twins whose package form is 16's, 0 in the 15.0 ones); over a flattened
-      one-channel map, 192 bytes (LibrEdgeTPU's bright tracker, dev, at 16,384 elements).
+      one-channel map, none (LibrEdgeTPU's trackers: their 192 bytes are the lanes of the
+      CONCATENATION after it, `concat_bytes`, as in split_concat, which has no softmax).
     - 15: two sections, over a FULLY_CONNECTED's INT8 outputs only (dev: 2 classes 128, 5
       classes 256; UINT8 ones lay out none).
     - older (1.x, 2.x): none.
@@ -123,12 +127,48 @@ def softmax_bytes(op: Op, compiler_major: int = 16) -> int:
     section = _pad(16 * _pad(channels, 4), ALIGN)
     if compiler_major == 15:
         return 2 * section if x.dtype == "INT8" and kind == "fc" else 0
+    if kind == "map":
+        return 0
     return 3 * section + (ALIGN if kind == "conv" else 0)
+
+
+def _lanes(n: int) -> int:
+    """A zero block and one 64-byte one-hot lane selection per lane (at most 16 lanes)."""
+    return ALIGN * (1 + min(n, 16))
+
+
+def flatten_bytes(op: Op) -> int:
+    """A RESHAPE that flattens a one-channel map ([1, H, W, 1] to [1, H x W]) an Edge TPU op
+    computed: `_lanes(H x W)`, read in the parameter streams of LibrEdgeTPU's colour trackers
+    (after a CONV_2D, 64x64 and 128x128: 1,088 bytes, 9 dev twins) and looming templates (after
+    an AVERAGE_POOL_2D, 3x3: 640 bytes, 2 dev twins). The same flatten of a QUANTIZE of the input
+    (its bright trackers) holds none."""
+    x = op.inputs[0] if op.type == "RESHAPE" and op.inputs else None
+    if x is None or x.producer is None or x.producer.type == "QUANTIZE" or len(x.shape) != 4:
+        return 0
+    kept = [d for d in x.shape if d != 1]
+    if x.shape[-1] != 1 or len(kept) != 2 or len(op.outputs[0].shape) != 2:
+        return 0
+    return _lanes(kept[0] * kept[1])
+
+
+def concat_bytes(op: Op) -> int:
+    """A CONCATENATION of one-channel tensors along their last axis: `_lanes(inputs)` (the
+    trackers' [1, 1] scores joined: 192 bytes; split_concat's two [1, 8, 8, 1]: 192; dev)."""
+    if op.type != "CONCATENATION" or not op.inputs or not op.outputs[0].shape:
+        return 0
+    rank = len(op.outputs[0].shape)
+    axis = int((op.options or {}).get("axis", -1))
+    if axis % rank != rank - 1 or any(t is None or t.shape[-1:] != (1,) for t in op.inputs):
+        return 0
+    return _lanes(len(op.inputs))
 
 
 def layer_bytes(op: Op) -> int | None:
     """Parameter bytes of one mapped op in the compiler's layout; 0 for ops without weights the
     layout is known for, None for an op with constant operands the layout does not cover."""
+    if op.type in ("RESHAPE", "CONCATENATION"):
+        return flatten_bytes(op) + concat_bytes(op)
     if op.type not in _LAID_OUT:
         weights = [t for t in op.inputs if t is not None and t.is_constant and t.dtype != "INT32"]
         return None if weights else 0  # e.g. an LSTM's gates, an ADD of a constant
@@ -158,15 +198,6 @@ def streamed_layer(op: Op) -> bool:
     return w is not None and w.is_constant and len(w.shape) == 2 and w.shape[1] > WIDE_FC_INPUTS
 
 
-def _undecided_single_conv(op: Op) -> bool:
-    """A CONV_2D of one output other than 1x1 over 4+ inputs: the twins disagree with the layout
-    (LibrEdgeTPU's looming 3x3 of one input, its colour trackers' 1x1 of 3 inputs)."""
-    w = op.inputs[1] if op.type == "CONV_2D" and len(op.inputs) > 1 else None
-    if w is None or not w.is_constant or len(w.shape) != 4 or w.shape[0] != 1:
-        return False
-    return tuple(w.shape[1:3]) != (1, 1) or w.shape[3] < CHUNK
-
-
 def _undecided_width(op: Op) -> bool:
     w = op.inputs[1] if op.type == "FULLY_CONNECTED" and len(op.inputs) > 1 else None
     if w is None or not w.is_constant or len(w.shape) != 2:
@@ -183,9 +214,7 @@ def predicted_memory(
     in `undecided_*` keys (`undecided_line` says it in words).
     `compiler_major`: the edgetpu_compiler predicted (a SOFTMAX is laid out by generation)."""
     total = streamed = raw = 0
-    counts = dict.fromkeys(
-        ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width", "undecided_conv"), 0
-    )
+    counts = dict.fromkeys(("layers_not_laid_out", "undecided_softmax", "undecided_fc_width"), 0)
     seen: set[int] = set()
     for op in mapped_ops:
         size = layer_bytes(op)
@@ -198,7 +227,6 @@ def predicted_memory(
         total += size
         streamed += size if streamed_layer(op) else 0
         counts["undecided_fc_width"] += _undecided_width(op)
-        counts["undecided_conv"] += _undecided_single_conv(op)
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
                 seen.add(id(t))
@@ -235,10 +263,6 @@ def undecided_line(memory: dict[str, int]) -> str | None:
         reasons.append(
             f"whether a FULLY_CONNECTED of {WIDE_FC_CACHED:,} to {WIDE_FC_STREAMED:,} inputs is"
             " cached or streamed"
-        )
-    if memory.get("undecided_conv"):
-        reasons.append(
-            "a CONV_2D of one output other than 1x1 over 4+ inputs (twins hold other bytes)"
         )
     if memory.get("undecided_compiler"):
         reasons.append(
