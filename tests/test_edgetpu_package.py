@@ -437,3 +437,19 @@ def test_a_runtime_12_twin_without_a_cycle_estimate_is_named_compiler_16() -> No
     summary = compiled_summary(flatbuffer.load(ORACLE / "keras_lstm_mnist_ptq_edgetpu.tflite"))
     assert summary["runtime_version"] == 12
     assert "edgetpu_compiler 16 asked for runtime 12" in str(summary["compiler"])
+
+
+def test_a_fully_connected_of_a_constant_input_stores_its_rows_padded_to_16() -> None:
+    """The GEMM random-forest form: a constant [M, K] input times computed weights; each row of
+    the constant padded to 16 bytes, the whole to 64; where it is kept is undecided."""
+    g = Graph("main")
+    q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([-128], np.int64))
+    const = g.add_constant("c", np.zeros((5, 20), np.int8), quantization=q)
+    w = g.add_tensor("w", (1000, 20), "INT8", quantization=q)
+    y = g.add_tensor("y", (5, 1000), "INT8", quantization=q)
+    g.add_op("FULLY_CONNECTED", [const, w, None], [y])
+    g.inputs, g.outputs = [w], [y]
+    fc = g.ops[0]
+    assert layer_bytes(fc) == 5 * 32 + 32  # 5 rows of 32 bytes = 160, padded to 192
+    line = undecided_line(predicted_memory([fc], capability("edgetpu")))
+    assert line is not None and "computed weights" in line
