@@ -24,8 +24,8 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
 - A FULLY_CONNECTED of more than 8192 inputs streams although the model fits (`streamed_layer`).
 
 Applied to the ops each twin maps, the bytes are exact on 253 of 316 compiled pairs (dev
-118/149, holdout 135/167; they were 93 and 112), cached and streamed both exact on 234 (dev
-109, holdout 125) (`benchmarks/edgetpu_oracle_score.py` with the local sets); what the layout does
+118/149, holdout 135/167; they were 93 and 112), cached and streamed both exact on 235 (dev
+110, holdout 125) (`benchmarks/edgetpu_oracle_score.py` with the local sets); what the layout does
 not cover is in the comment above [meta] in `delegates/edgetpu.toml`, and `undecided_line` says
 it of a model. No TensorFlow here.
 """
