@@ -5,17 +5,31 @@
     .venv/bin/python benchmarks/fingerprint.py -o after.json            # on the new tree
     .venv/bin/python benchmarks/fingerprint.py --compare before.json after.json
 
-It drives the command line only (so it survives any internal reshuffle) over three sets:
+The quick check (about 5 minutes on 2 cores; run it twice on one tree and the two compare equal):
+
+    .venv/bin/python benchmarks/fingerprint.py --sets runtime sweep -o before.json
+
+It drives the command line only (so it survives any internal reshuffle) of the tree it sits in
+(that tree's tflfuse comes first on the children's path) over five sets:
   zoo      every `tflfuse example` architecture, converted with every shipped recipe
   tflite   every float .tflite it is given (the PyTorch exports in ../shared/models/pytorch and,
            with --corpus DIR, other people's models), converted with the int8 recipes and
            optimized for every target
   oracle   the source models of ../shared/oracle: optimized for every target and checked for the
            Edge TPU
+  runtime  `convert --runtime` and `optimize --runtime` for the interpreter releases the runtime
+           rules lower for (GELU spelled out, TRANSPOSE_CONV's fused activation split off; one
+           int8 GELU refused) and one that needs nothing lowered: a transformer encoder (GELU) and
+           a small Keras decoder (TRANSPOSE_CONV + RELU), from .keras and from the float .tflite
+           the plain route wrote for them
+  sweep    a `tflfuse sweep` of 3 cells (ds_cnn x edgetpu, xnnpack-int8, gpu-fp16) on the local
+           pool, then resumed: every cell's models and report, and each row's stable fields
 and records, per run: the exit code and the first line of stderr, the sha256 of every .tflite
-written, the op list of each, and the JSON of `check`/the report with its timings removed.
+written, the op list of each, and the JSON of `check`/the report/the sweep's rows with what
+changes from run to run (timings, paths, peak memory, host, cell keys that hash the code) removed.
 `--compare` prints every difference and exits 1 if there is one. Two runs of the same tree must
-compare equal (conversion is seeded); a refactoring that keeps behaviour must too.
+compare equal (conversion is seeded); a refactoring that keeps behaviour must too. The full run
+(the default: every set) takes well over an hour on 2 cores.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,11 +53,56 @@ INT8_RECIPES = ("edgetpu", "xnnpack-int8")
 TARGETS = ("edgetpu", "xnnpack", "gpu", "cpu")
 ZOO_SIZES = {"mobilenet_v2": 64, "mobilenet_v3_small": 64, "efficientnet_b0": 64}
 VOLATILE = {"timings_s", "elapsed_s", "output_dir", "model", "path", "created", "tflfuse_version"}
+CELL_TMP = re.compile(r"\S*tflfuse-cell-\d+-[^/\s]+")  # sweep_cell's mkdtemp folder
+SETS = ("zoo", "tflite", "oracle", "runtime", "sweep")
+# The releases the runtime rules lower for: 2.5.0 lacks GELU (TFLite 2.8) and TRANSPOSE_CONV v4
+# (2.12), 2.11.0 only the latter; tensorflow 2.5.0 and ai-edge-litert 1.4.0 are the other
+# packages' oldest; ai-edge-litert 2.3.0 needs nothing lowered.
+RUNTIMES = (
+    "tflite-runtime==2.5.0",
+    "tflite-runtime==2.11.0",
+    "tensorflow==2.5.0",
+    "ai-edge-litert==1.4.0",
+    "ai-edge-litert==2.3.0",
+)
+# (model, recipe, runtime) for `convert --runtime`
+RUNTIME_CONVERTS = (
+    ("transformer_encoder", "cpu-float", "tflite-runtime==2.5.0"),
+    ("transformer_encoder", "xnnpack-int8", "tflite-runtime==2.5.0"),  # refused: an int8 GELU
+    ("decoder", "cpu-float", "tflite-runtime==2.5.0"),
+    ("decoder", "xnnpack-int8", "tflite-runtime==2.11.0"),
+    ("decoder", "edgetpu", "tflite-runtime==2.5.0"),
+)
+SWEEP_PLAN = """recipes = ["edgetpu", "xnnpack-int8", "gpu-fp16"]
+[[model]]
+example = "ds_cnn"
+"""
+# a sweep row's fields that change from run to run (the key hashes tflfuse's own files)
+SWEEP_VOLATILE = {"seconds", "peak_rss_mib", "node", "turnaround_s", "cpu_s", "key"}
+# A Keras decoder with a TRANSPOSE_CONV whose RELU the converter fuses (v4, TFLite 2.12), seeded.
+DECODER = """
+import sys, numpy as np, keras
+keras.utils.set_random_seed(0)
+x = keras.Input((8, 8, 3))
+h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(x)
+h = keras.layers.Conv2DTranspose(8, 3, strides=2, padding="same", activation="relu")(h)
+y = keras.layers.Conv2D(4, 1)(h)
+keras.Model(x, y).save(sys.argv[1])
+np.save(sys.argv[2], np.random.default_rng(0).uniform(-1, 1, (16, 8, 8, 3)).astype(np.float32))
+"""
+
+
+def child_env() -> dict[str, str]:
+    """This tree's tflfuse first on the children's path, whatever the current directory."""
+    path = os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
 def tflfuse(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "tflfuse.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=1800)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, cwd=cwd, timeout=1800, env=child_env()
+    )
 
 
 def sha256(path: Path) -> str:
@@ -66,14 +126,22 @@ def first_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def unpath(text: str, root: str = "") -> str:
+    """`text` with the paths that differ between runs and trees named instead: the run's
+    folder, a sweep cell's temporary folder, the fingerprinted tree (its recipes' paths)."""
+    if root:
+        text = text.replace(root, "<tmp>")
+    return CELL_TMP.sub("<cell>", text.replace(str(HERE.parent), "<tree>"))
+
+
 def scrub(value: Any, root: str = "") -> Any:
     """A report with what changes from run to run (timings, paths) taken out."""
     if isinstance(value, dict):
         return {k: scrub(v, root) for k, v in sorted(value.items()) if k not in VOLATILE}
     if isinstance(value, list):
         return [scrub(v, root) for v in value]
-    if isinstance(value, str) and root:
-        return value.replace(root, "<tmp>")
+    if isinstance(value, str):
+        return unpath(value, root)
     if isinstance(value, float):
         return float(f"{value:.6g}")
     return value
@@ -88,7 +156,7 @@ def models_in(folder: Path) -> dict[str, Any]:
 def record(proc: subprocess.CompletedProcess, out: Path | None, root: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"exit": proc.returncode}
     if proc.returncode != 0:
-        entry["error"] = first_line(proc.stderr).replace(root, "<tmp>")
+        entry["error"] = unpath(first_line(proc.stderr), root)
     if out is not None and out.is_dir():
         entry["models"] = models_in(out)
         report = out / "report.json"
@@ -169,6 +237,69 @@ def oracle_cases(work: Path) -> Iterator[tuple[str, list[str], Path | None]]:
             yield from optimize_cases(key, path, work)
 
 
+def runtime_sources(work: Path) -> Iterator[tuple[str, Path | None, Path]]:
+    """(name, .keras or None when it could not be built, calibration .npy) for the runtime set."""
+    model, calib = work / "transformer_encoder.keras", work / "transformer_encoder.npy"
+    proc = tflfuse("example", "transformer_encoder", "-o", str(model), "--calib", str(calib))
+    yield "transformer_encoder", model if proc.returncode == 0 else None, calib
+    model, calib = work / "decoder.keras", work / "decoder.npy"
+    cmd = [sys.executable, "-c", DECODER, str(model), str(calib)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=child_env())
+    yield "decoder", model if proc.returncode == 0 else None, calib
+
+
+def runtime_cases(work: Path) -> Iterator[tuple[str, list[str], Path]]:
+    sources = {name: (model, calib) for name, model, calib in runtime_sources(work)}
+    for name, recipe, runtime in RUNTIME_CONVERTS:
+        model, calib = sources[name]
+        if model is None:
+            yield f"runtime/{name}/build", [], work / "missing"
+            continue
+        out = work / f"rt-{name}-{recipe}-{runtime}"
+        args = ["convert", str(model), "--recipe", recipe, "--calib", str(calib)]
+        yield (
+            f"runtime/{name}/{recipe}/{runtime}",
+            [*args, "--runtime", runtime, "-o", str(out)],
+            out,
+        )
+    for name, (_, calib) in sources.items():  # the float .tflite the plain route wrote
+        stock = work / f"rt-{name}-cpu-float-{RUNTIMES[0]}" / "model_stock.tflite"
+        out = work / f"rt-tflite-{name}"
+        args = ["convert", str(stock), "--recipe", "xnnpack-int8", "--calib", str(calib)]
+        yield (
+            f"runtime/{name}.tflite/xnnpack-int8/{RUNTIMES[1]}",
+            [*args, "-o", str(out), "--runtime", RUNTIMES[1]],
+            out,
+        )
+        for runtime in RUNTIMES:
+            out = work / f"rt-opt-{name}-{runtime}.tflite"
+            args = ["optimize", str(stock), "-o", str(out), "--target", "xnnpack"]
+            yield f"runtime/{name}/optimize-xnnpack/{runtime}", [*args, "--runtime", runtime], out
+
+
+def sweep_rows(stdout: str, root: str) -> list[Any]:
+    rows = json.loads(stdout)
+    return [scrub({k: v for k, v in row.items() if k not in SWEEP_VOLATILE}, root) for row in rows]
+
+
+def sweep_results(work: Path) -> dict[str, Any]:
+    """A 3-cell sweep on the local pool, then resumed (nothing converted again)."""
+    plan, out, root = work / "plan.toml", work / "sweep", str(work)
+    plan.write_text(SWEEP_PLAN)
+    results: dict[str, Any] = {}
+    for key, extra in (("sweep/run", []), ("sweep/resume", ["--resume"])):
+        argv = ["sweep", str(plan), "-o", str(out), "--engine", "pool", "--jobs", "2", "--json"]
+        proc = tflfuse(*argv, *extra)
+        entry = record(proc, None, root)
+        if proc.returncode == 0:
+            entry["rows"] = sweep_rows(proc.stdout, root)
+        results[key] = entry
+        print(f"{key}: exit {entry['exit']}", file=sys.stderr, flush=True)
+    for cell in sorted((out / "cells").glob("*")):
+        results[f"sweep/cells/{cell.name}"] = record(subprocess.CompletedProcess([], 0), cell, root)
+    return results
+
+
 def run(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tflfuse-fp-") as tmp:
@@ -183,6 +314,8 @@ def run(args: argparse.Namespace) -> int:
             cases.append(tflite_cases(files, work))
         if "oracle" in args.sets:
             cases.append(oracle_cases(work))
+        if "runtime" in args.sets:
+            cases.append(runtime_cases(work))
         for group in cases:
             for key, argv, out in group:
                 if not argv:
@@ -194,6 +327,8 @@ def run(args: argparse.Namespace) -> int:
                     entry["json"] = scrub(json.loads(proc.stdout), tmp)
                 results[key] = entry
                 print(f"{key}: exit {entry['exit']}", file=sys.stderr, flush=True)
+        if "sweep" in args.sets:
+            results.update(sweep_results(work))
     Path(args.output).write_text(json.dumps(results, indent=1, sort_keys=True))
     return 0
 
@@ -221,7 +356,7 @@ def compare(before: Path, after: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-o", "--output", default="fingerprint.json")
-    parser.add_argument("--sets", nargs="+", default=["zoo", "tflite", "oracle"])
+    parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--corpus", help="a folder of other people's .tflite models (+ .npy)")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     args = parser.parse_args()
