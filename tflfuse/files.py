@@ -356,7 +356,7 @@ def prepare_output(
         ) from None
 
 
-def _check_replaceable(label: Path, real: Path, force: bool, names: Iterable[str]) -> None:
+def _check_replaceable(label: str, real: Path, force: bool, names: Iterable[str]) -> None:
     """Refuse (one line, listing the files) an existing folder tflfuse may not write into."""
     entries = _content(real)
     manifest = read_manifest(real)
@@ -447,7 +447,7 @@ def publish(tmp: Path, output_dir: Path, *, force: bool = False) -> list[str]:
 def _publish_into(
     tmp: Path,
     real: Path,
-    label: Path,
+    label: str,
     files: dict[str, Path],
     digests: dict[str, str],
     force: bool,

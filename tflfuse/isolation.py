@@ -304,7 +304,7 @@ def _child(work: Callable[[], Any], fd: int, parent: int) -> None:
     finally:
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             with contextlib.suppress(Exception):
-                stream.flush()
+                stream.flush()  # type: ignore[union-attr]  # a None stream: suppressed
         os._exit(0)
 
 

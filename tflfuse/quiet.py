@@ -23,12 +23,22 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import Any, TextIO
+from types import FrameType
+from typing import Any, TextIO, cast
 
 from tqdm import tqdm
 
 # modules whose frames are plumbing between the code that writes and the stream
-_PLUMBING = ("io", "_io", "codecs", "encodings", "logging", "warnings", "tqdm", "contextlib")
+_PLUMBING: tuple[str, ...] = (
+    "io",
+    "_io",
+    "codecs",
+    "encodings",
+    "logging",
+    "warnings",
+    "tqdm",
+    "contextlib",
+)
 _PLUMBING += ("threading", "traceback")
 # tflfuse's code is known by its file (the CLI may run as `python -m tflfuse.cli`: `__main__`)
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -44,7 +54,7 @@ def _is_plumbing(frame: Any) -> bool:
 
 def _written_by_tflfuse() -> bool:
     """True when the code behind the current write is tflfuse's (see the module docstring)."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if not _is_plumbing(frame):
             return os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE)
@@ -143,7 +153,14 @@ def captured() -> Iterator[Capture]:
     shown_out = _terminal(old_out, 1, saved[1])
     shown_err = _terminal(old_err, 2, saved[2])
 
-    def show_warning(message: Any, category: Any, filename: str, lineno: int, *a: Any) -> None:
+    def show_warning(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         log_text.write(warnings.formatwarning(message, category, filename, lineno))
 
     try:
@@ -165,7 +182,7 @@ def captured() -> Iterator[Capture]:
             if shown is not old:
                 with contextlib.suppress(Exception):
                     shown.flush()
-                    shown.detach()
+                    cast(io.TextIOWrapper, shown).detach()  # made by _terminal
         log_text.flush()
         log_text.detach()
         capture._close()

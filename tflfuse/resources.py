@@ -8,12 +8,13 @@ editable install has no such copy and reads the top-level folders directly. No T
 
 from __future__ import annotations
 
+import sys
 from importlib import resources
 from pathlib import Path
 
-try:
+if sys.version_info >= (3, 11):
     from importlib.resources.abc import Traversable
-except ImportError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10
     from importlib.abc import Traversable
 
 FOLDERS = ("converters", "delegates", "device_scripts")

@@ -16,7 +16,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -176,7 +176,7 @@ class Tensor:
         """The least and largest real values a quantized integer tensor can hold: its type's
         extremes through its (first) scale and zero point."""
         info = np.iinfo(self.np_dtype)
-        q = self.quantization
+        q = cast(Quantization, self.quantization)  # quantized: the caller checked
         scale = float(np.asarray(q.scale).reshape(-1)[0])
         zero = 0 if q.zero_point is None else int(np.asarray(q.zero_point).reshape(-1)[0])
         return scale * (info.min - zero), scale * (info.max - zero)
@@ -383,6 +383,10 @@ class Graph:
         (rules replace them, never edit them in place)."""
         twin: dict[int, Tensor] = {}
 
+        @overload
+        def copy(t: Tensor) -> Tensor: ...
+        @overload
+        def copy(t: Tensor | None) -> Tensor | None: ...
         def copy(t: Tensor | None) -> Tensor | None:
             if t is None:
                 return None

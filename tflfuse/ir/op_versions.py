@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -101,7 +102,8 @@ def _rescale_at_least_1(op: Op) -> bool:
     s = [_scale(_tensor(op, "in", 0)), _scale(_tensor(op, "in", 1)), _scale(_tensor(op, "out", 0))]
     if any(v is None or v == 0 for v in s):
         return False
-    return s[0] * s[1] / s[2] >= 1.0
+    scales = cast("list[float]", s)
+    return scales[0] * scales[1] / scales[2] >= 1.0
 
 
 _FEATURES: dict[str, Callable[[Op], bool]] = {

@@ -6,9 +6,12 @@ Everything here is machine-independent (counts and byte sizes), so tests can ass
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from tflfuse.ir.graph import Graph, Model, Op, Tensor
+from tflfuse.ir.graph import Graph, Model, Op, Quantization, Tensor
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def tensor_brief(t: Tensor | None) -> dict[str, Any] | None:
@@ -40,7 +43,7 @@ def parameter_bytes(graph: Graph) -> int:
         for t in op.inputs:
             if t is not None and t.is_constant and id(t.data) not in seen:
                 seen.add(id(t.data))
-                total += int(t.data.nbytes)
+                total += int(cast("np.ndarray", t.data).nbytes)
     return total
 
 
@@ -56,7 +59,7 @@ def quantization_summary(graph: Graph) -> dict[str, Any]:
     for t in graph.tensors:
         dtypes[t.dtype] = dtypes.get(t.dtype, 0) + 1
         if t.is_quantized:
-            if t.quantization.per_channel:
+            if cast(Quantization, t.quantization).per_channel:
                 per_channel += 1
             else:
                 per_tensor += 1

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -241,7 +241,7 @@ class Builder:
     def set_weights(self, op: Op, value: np.ndarray) -> Value:
         """`op` reads new float32 weights `value`, named after the old ones ("<name>_fused")."""
         index = WEIGHT_INDEX[op.type]
-        name = op.inputs[index].name + "_fused"
+        name = cast(Tensor, op.inputs[index]).name + "_fused"
         w = self._named_const(name, value)
         self.set_input(op, index, w)
         return w
@@ -306,7 +306,9 @@ class Builder:
             if shape is None:
                 raise BuildError(f"{type} needs shape= (its shape is not inferred)")
             first = next((t for t in inputs if t is not None), None)
-            dtype = dtype or (like.dtype if like is not None else first.dtype)
+            dtype = dtype or (
+                like.dtype if like is not None else cast("Tensor | Value", first).dtype
+            )
             if quant is None and like is not None:
                 quant = like.quantization
             result = self._value(name or type.lower(), shape, dtype, quant)
@@ -333,7 +335,7 @@ class Builder:
             raise BuildError(f"{type} needs outputs")
         first, *rest = outs
         values = [self.op(type, *inputs, out=first, **options)]
-        pending = values[0].producer
+        pending = cast(_PendingOp, values[0].producer)
         for out in rest:
             if isinstance(out, Tensor):
                 v = Value(self, out.name, out.shape, out.dtype, out.quantization)
@@ -389,7 +391,7 @@ class Builder:
             if v.tensor is not None:
                 continue
             if v.is_constant:
-                v.tensor = g.add_constant(v.name, v.data, v.dtype, v.quantization)
+                v.tensor = g.add_constant(v.name, cast(np.ndarray, v.data), v.dtype, v.quantization)
             else:
                 v.tensor = g.add_tensor(v.name, v.shape, v.dtype, quantization=v.quantization)
         for op, where, index, value in self._edits:
@@ -402,12 +404,12 @@ class Builder:
                     fit_version(op)
             else:
                 outs = list(op.outputs)
-                outs[index] = tensor
+                outs[index] = cast(Tensor, tensor)
                 op.outputs = outs
         made = []
         for p in self._ops:
             ins = [t.tensor if isinstance(t, Value) else t for t in p.inputs]
-            outs = [p.out.tensor, *(v.tensor for v in p.more)]
+            outs = cast("list[Tensor]", [p.out.tensor, *(v.tensor for v in p.more)])
             made.append(g.add_op(p.type, ins, outs, p.options, before=anchor, **p.kwargs))
         return made
 
@@ -467,7 +469,7 @@ def infer_shape(type: str, inputs: list[Input], options: dict) -> tuple[int, ...
             return tuple(size)
     if type == "CONCATENATION":
         axis = int(options.get("axis", 0)) % len(x)
-        shapes = [tuple(t.shape) for t in inputs]
+        shapes = [tuple(cast("Tensor | Value", t).shape) for t in inputs]
         if any(len(s) != len(x) or s[:axis] + s[axis + 1 :] != x[:axis] + x[axis + 1 :]
                for s in shapes):  # fmt: skip
             raise BuildError(f"CONCATENATION along {axis} of {[list(s) for s in shapes]}")

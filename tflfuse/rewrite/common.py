@@ -6,6 +6,8 @@ New weights and biases are made by the match's builder (`b.set_weights`, `b.set_
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
@@ -66,7 +68,7 @@ def weights(op: Op) -> np.ndarray | None:
 
 
 def out_channels(op: Op) -> int:
-    w = op.inputs[_WEIGHT_INDEX[op.type]]
+    w = cast(Tensor, op.inputs[_WEIGHT_INDEX[op.type]])
     return int(w.shape[3] if op.type == "DEPTHWISE_CONV_2D" else w.shape[0])
 
 
@@ -95,7 +97,7 @@ def pads_for_same(size: int, kernel: int, stride: int, dilation: int = 1) -> tup
 def kernel_hw(op: Op) -> tuple[int, int]:
     """Spatial kernel size of a conv, depthwise conv or pool."""
     if op.type in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-        w = op.inputs[1]
+        w = cast(Tensor, op.inputs[1])
         return int(w.shape[1]), int(w.shape[2])
     return int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
 
@@ -104,7 +106,7 @@ def same_padding_is_zero(op: Op) -> bool:
     """The op pads nothing: VALID, or SAME where the kernel needs no border on this input."""
     if op.options.get("padding") != "SAME":
         return True
-    x = op.inputs[0]
+    x = cast(Tensor, op.inputs[0])
     if len(x.shape) != 4:
         return False
     kh, kw = kernel_hw(op)

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
-from tflfuse.ir import Model, Op, Tensor
+from tflfuse.ir import Model, Op, Quantization, Tensor
 
 MAX_STEPS = 255
 _MOVES = frozenset(
@@ -102,7 +103,7 @@ def _magnitude(t: Tensor) -> float:
     if s is None or t.np_dtype is None or t.np_dtype.kind not in "iu":
         return math.inf
     info = np.iinfo(t.np_dtype)
-    zero = int(np.asarray(t.quantization.zero_point).reshape(-1)[0])
+    zero = int(np.asarray(cast(Quantization, t.quantization).zero_point).reshape(-1)[0])
     return s * max(abs(info.min - zero), abs(info.max - zero))
 
 
@@ -155,7 +156,7 @@ def _propagated(op: Op, errors: Sequence[float]) -> float:
     if t == "TRANSPOSE_CONV":
         return _times(_weight_gain(op), data[2]) if len(data) > 2 else math.inf
     if t == "MUL" and len(data) == 2:
-        a, b = op.inputs
+        a, b = cast("tuple[Tensor, Tensor]", op.inputs)
         return _times(_magnitude(b), data[0]) + _times(_magnitude(a), data[1]) + data[0] * data[1]
     if t == "BATCH_MATMUL" and len(data) == 2:
         return _matmul_error(op, data[0], data[1])
@@ -165,15 +166,16 @@ def _propagated(op: Op, errors: Sequence[float]) -> float:
     if t == "LEAKY_RELU":
         return _times(max(1.0, abs(float(op.options.get("alpha", 0.2)))), data[0])
     if t == "PRELU" and len(data) == 2:
-        alpha = _magnitude(op.inputs[1])
-        return _times(max(1.0, alpha), data[0]) + _times(_magnitude(op.inputs[0]), data[1])
+        x, alpha_t = cast(Tensor, op.inputs[0]), cast(Tensor, op.inputs[1])
+        alpha = _magnitude(alpha_t)
+        return _times(max(1.0, alpha), data[0]) + _times(_magnitude(x), data[1])
     return math.inf
 
 
 def _matmul_error(op: Op, ea: float, eb: float) -> float:
     """A product of two operands summed over the contracted depth: each of its terms moves by
     ea |b| + eb |a| + ea eb."""
-    a, b = op.inputs[0], op.inputs[1]
+    a, b = cast(Tensor, op.inputs[0]), cast(Tensor, op.inputs[1])
     depth = a.shape[-2] if op.options.get("adj_x") else a.shape[-1]
     term = _times(_magnitude(b), ea) + _times(_magnitude(a), eb) + ea * eb
     return depth * term
@@ -226,7 +228,9 @@ def output_bounds(model: Model, events: Sequence) -> dict[str, float]:
             # count in the steps of the int8 tensor it dequantizes
             source = out.producer.inputs[0] if out.producer is not None else None
             s_in = (
-                scale(source) if source is not None and out.producer.type == "DEQUANTIZE" else None
+                scale(source)
+                if source is not None and cast(Op, out.producer).type == "DEQUANTIZE"
+                else None
             )
             bounds[out.name] = e + everywhere * (s_in or 0.0)
             continue

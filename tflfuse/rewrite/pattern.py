@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from tflfuse.ir import Graph, Op, Tensor
+from tflfuse.ir import Graph, Op, Quantization, Tensor
 from tflfuse.rewrite.build import Builder
 
 COMMUTATIVE = frozenset(
@@ -37,7 +37,7 @@ def tensor_kind_is(t: Tensor | None, kind: str) -> bool:
     if kind == "float":
         return t.dtype == "FLOAT32" and not t.is_quantized
     if kind == "int8":
-        q = t.quantization
+        q = cast(Quantization, t.quantization)
         return t.dtype in ("INT8", "UINT8") and t.is_quantized and not q.per_channel
     return t.dtype == kind
 

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -120,7 +120,9 @@ def static_facts(model: bytes | str | Path) -> dict[str, Any]:
     return {
         "op_count": len(ops),
         "op_counts": dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))),
-        "arena_bytes_estimate": plan_arena(sizes, {t: tuple(lifetimes[t]) for t in sizes}),
+        "arena_bytes_estimate": plan_arena(
+            sizes, {t: cast("tuple[int, int]", tuple(lifetimes[t])) for t in sizes}
+        ),
     }
 
 

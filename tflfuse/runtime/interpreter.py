@@ -107,7 +107,7 @@ def _load(module: Any, library: str, options: dict | None, what: str) -> Any:
 def _edgetpu_delegate(module: Any, device: str | None) -> Any:
     options = {"device": device} if device else None
     try:  # Coral's own pycoral, when present, knows the platform's library name
-        from pycoral.utils import edgetpu as coral  # type: ignore[import-not-found]
+        from pycoral.utils import edgetpu as coral
     except ImportError:
         coral = None
     if coral is not None and hasattr(coral, "load_edgetpu_delegate"):

@@ -62,7 +62,7 @@ def dense_value(t: Tensor) -> np.ndarray:
     return densify(values, sparsity, t.shape, t.name)
 
 
-def _listed(v: object | None) -> list | np.ndarray:
+def _listed(v: list | np.ndarray | None) -> list | np.ndarray:
     """A schema vector field (None, a list or a numpy array) as something to iterate."""
     return [] if v is None else v
 

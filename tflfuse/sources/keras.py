@@ -125,7 +125,7 @@ def _specs_from_keras(model: Any, batch: int, quiet: bool) -> tuple[list, list[s
     return specs, names, notices
 
 
-def _frozen(fn: Any, specs: list) -> Any:
+def _frozen(fn: Any, specs: list | None) -> Any:
     from tensorflow.python.framework.convert_to_constants import (
         convert_variables_to_constants_v2,
     )

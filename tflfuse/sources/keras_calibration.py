@@ -280,8 +280,8 @@ def ranges(
                     continue
                 low, high = finite.min(), finite.max()
             lo[j], hi[j] = low, high
-        for a, b in merged:
-            lo[a], hi[a] = min(lo[a], lo[b]), max(hi[a], hi[b])
+        for into, other in merged:
+            lo[into], hi[into] = min(lo[into], lo[other]), max(hi[into], hi[other])
         yield lo, hi
 
 

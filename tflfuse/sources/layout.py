@@ -11,7 +11,7 @@ to the new model and its outputs compared with the original's. No TensorFlow her
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -163,7 +163,7 @@ def _input_transposes(model: Model) -> list[int]:
             continue
         src = op.inputs[0]
         if src.producer is not None and src.producer.type == "QUANTIZE":
-            src = src.producer.inputs[0]
+            src = cast(Tensor, src.producer.inputs[0])
         if src in graph.inputs:
             found.append(i)
     return found

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -115,7 +115,11 @@ def _inferred_static(graph: Graph, data: bytes) -> dict[Tensor, tuple[int, ...]]
     signature fixes, and equal the stored shape (what the exporter computed): a disagreement
     leaves the tensor dynamic (refused by `_static`). Empty when an input is dynamic, when no
     internal tensor is, or when the interpreter cannot run the model (`_runnable` says why)."""
-    dynamic = [t for t in graph.tensors if _dynamic(t) and -1 in t.shape_signature[1:]]
+    dynamic = [
+        t
+        for t in graph.tensors
+        if _dynamic(t) and -1 in cast("tuple[int, ...]", t.shape_signature)[1:]
+    ]
     if not dynamic or any(t in dynamic for t in graph.inputs):
         return {}
     try:
@@ -132,7 +136,8 @@ def _inferred_static(graph: Graph, data: bytes) -> dict[Tensor, tuple[int, ...]]
     out = {}
     for t in dynamic:
         shape = shapes.get(index[t])
-        fixed = all(s == -1 or s == n for s, n in zip(t.shape_signature, shape or ()))
+        signature = cast("tuple[int, ...]", t.shape_signature)  # dynamic: it has one
+        fixed = all(s == -1 or s == n for s, n in zip(signature, shape or ()))
         if shape is not None and shape == tuple(t.shape) and fixed:
             out[t] = shape
     return out
@@ -306,7 +311,7 @@ class TfliteSource:
         return run_float(self.given, inputs)
 
     def describe(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "kind": self.kind,
             "entered_at": "int8 rules (already quantized)" if self.quantized else "float .tflite",
             "quantized_input": self.quantized,
@@ -365,8 +370,8 @@ def load(model: bytes | str | Path) -> TfliteSource:
             f"the input is already {kind}: the int8 rules and legalization run on it, with no"
             " re-quantization (it is its own stock baseline)"
         )
-    model = flatbuffer.from_bytes(data, where)
-    return TfliteSource(data, where, model, notices, given=given, widened=widened)
+    read = flatbuffer.from_bytes(data, where)
+    return TfliteSource(data, where, read, notices, given=given, widened=widened)
 
 
 def _widen_float16(
