@@ -88,6 +88,7 @@ from tflfuse.rewrite import (
 )
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.capabilities import capability
+from tflfuse.targets.edgetpu.headsplit import HEAD_SPLIT_LEGALIZATION
 
 # the other legalizations' gate and quantization helpers (one definition, in rules.py)
 from tflfuse.targets.edgetpu.rules import (
@@ -889,6 +890,7 @@ class LegalizeNeg(Rule):
 
 
 ATTENTION_LEGALIZATION: tuple[Rule, ...] = (
+    *HEAD_SPLIT_LEGALIZATION,
     LegalizeActivationMatmul(),
     LegalizeComputedFullyConnected(),
     LegalizeNeg(),
