@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from rulekit import apply, ops, refusals
+from rulekit import apply, assert_same_function, ops, refusals
 from test_edgetpu_heads import Head, identical, mapped
 
+from tflfuse.ir import Quantization
 from tflfuse.targets.edgetpu.headsplit import SplitHeadsInWindows, window
+from tflfuse.targets.edgetpu.rows import SplitFullyConnectedRows
 
 RULE = "SplitHeadsInWindows"
 
@@ -75,3 +77,55 @@ def test_every_window_found_is_the_slice_it_stands_for(shape) -> None:
         got = view[tuple(slice(b, b + s) for b, s in zip(w.begin, w.size))]
         assert np.array_equal(got.reshape(-1), g.reshape(-1))
     assert found > 10
+
+
+# -- SplitFullyConnectedRows ---------------------------------------------------------------------
+def fc_rows(side: int = 64, c_in: int = 8, c: int = 48, float32: bool = False) -> bytes:
+    """x [1, side^2, c_in] -> FULLY_CONNECTED -> [1, side^2, c] -> RESHAPE [1, side, side, c]."""
+    h = Head()
+    rows = side * side
+    if float32:
+        g = h.g
+        x = g.add_tensor("x", (1, rows, c_in), "FLOAT32")
+        g.inputs.append(x)
+        w = g.add_constant("w", h.rng.normal(size=(c, c_in)).astype(np.float32))
+        bias = g.add_constant("b", h.rng.normal(size=c).astype(np.float32))
+        y = g.add_tensor("y", (1, rows, c), "FLOAT32")
+        g.add_op("FULLY_CONNECTED", [x, w, bias], [y], {"fused_activation_function": "NONE",
+                 "keep_num_dims": True})  # fmt: skip
+        o = g.add_tensor("o", (1, side, side, c), "FLOAT32")
+        g.add_op("RESHAPE", [y, h.ints([1, side, side, c])], [o], {})
+        r = g.add_tensor("r", o.shape, "FLOAT32")
+        g.add_op("RELU", [o], [r], {})
+        return h.bytes(r)
+    x = h.input((1, rows, c_in), "x")
+    q_bias = Quantization(np.array([0.05 * 0.02], np.float32), np.zeros(1, np.int64))
+    bias = h.g.add_constant("bias", h.rng.integers(-500, 500, c).astype(np.int32), "INT32", q_bias)
+    y = h.op("FULLY_CONNECTED", [x, h.int8((c, c_in)), bias], (1, rows, c), 0.1, -5,
+             fused_activation_function="NONE", keep_num_dims=True)  # fmt: skip
+    o = h.op("RESHAPE", [y, h.ints([1, side, side, c])], (1, side, side, c), 0.1, -5)
+    return h.bytes(h.op("ADD", [o, o], o.shape, fused_activation_function="NONE"))
+
+
+def test_a_fully_connected_over_the_row_limit_is_computed_in_pieces_of_map_rows_bit_exactly():
+    before = fc_rows()
+    assert mapped(before) == (1, 2)  # FC and RESHAPE: rows [4096, 48] hold 196608 > 176400
+    after, model, result = apply(before, SplitFullyConnectedRows())
+    assert result.fired() == {"SplitFullyConnectedRows": 1}
+    kinds = ops(model)
+    # pieces of 28 map rows (28 x 64 x 48 = 86016, the largest row-split RESHAPE shown mapped)
+    assert kinds.count("FULLY_CONNECTED") == 3 and kinds.count("CONCATENATION") == 1
+    assert mapped(after) == (len(kinds), 0)
+    identical(before, after)
+
+
+def test_a_float_fully_connected_in_pieces_computes_the_same_rows() -> None:
+    before = fc_rows(float32=True)
+    after, model, result = apply(before, SplitFullyConnectedRows())
+    assert result.fired() == {"SplitFullyConnectedRows": 1}
+    assert_same_function(before, after, atol=1e-6, rtol=1e-6)
+
+
+def test_a_fully_connected_within_the_row_limit_is_left_alone() -> None:
+    _, model, result = apply(fc_rows(side=32), SplitFullyConnectedRows())
+    assert result.fired() == {} and ops(model).count("FULLY_CONNECTED") == 1

@@ -201,7 +201,7 @@ def _piece_shape(plan: EndPlan) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _unshown(op_type: str, ins: list[Tensor], out_shape, options=None, consts=()) -> str | None:
+def unshown(op_type: str, ins: list[Tensor], out_shape, options=None, consts=()) -> str | None:
     """Why an op the rule would write is not shown mapped: the op table refuses it, or its form
     is one the forms gate asks about and compiled evidence does not show it mapped."""
     why = _refusal_of(op_type, ins, out_shape, options, consts)
@@ -276,7 +276,7 @@ class SplitHeadsInWindows(Rule):
                 if key in seen:
                     continue
                 seen.add(key)
-                why = _unshown(op_type, ins, shape, options, consts)
+                why = unshown(op_type, ins, shape, options, consts)
                 if why:
                     return refuse(f"the {op_type} it would write is not shown mapped ({why})")
             plans.append(plan)
