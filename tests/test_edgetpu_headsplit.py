@@ -19,7 +19,16 @@ from tflfuse.targets.edgetpu.rows import SplitFullyConnectedRows
 RULE = "SplitHeadsInWindows"
 
 
-def qkv_split(tokens: int = 17, heads: int = 3, depth: int = 8, requantize: bool = False) -> bytes:
+def _float(h: Head) -> None:
+    """Make every activation of `h`'s graph float32 (the same chain before quantization)."""
+    for t in h.g.tensors:
+        if not t.is_constant:
+            t.dtype, t.quantization = "FLOAT32", None
+
+
+def qkv_split(
+    tokens: int = 17, heads: int = 3, depth: int = 8, requantize: bool = False, f32: bool = False
+) -> bytes:
     h = Head()
     width = 3 * heads * depth
     x = h.input((1, tokens, width), "x")
@@ -34,6 +43,8 @@ def qkv_split(tokens: int = 17, heads: int = 3, depth: int = 8, requantize: bool
         shape = (1, heads, tokens, depth) if i < 2 else (heads, tokens, depth)
         part = h.op("RESHAPE", [part, h.ints(list(shape))], shape, scale=scale)
         outs.append(h.op("ADD", [part, part], shape, fused_activation_function="NONE"))
+    if f32:
+        _float(h)
     return h.bytes(*outs)
 
 
@@ -48,6 +59,13 @@ def test_a_qkv_head_split_is_written_per_head_bit_exactly_and_maps_in_one_segmen
     assert all(sum(d > 1 for d in t.shape) <= 3 for t in model.main.tensors if not t.is_constant)
     assert mapped(after) == (len(kinds), 0)
     identical(before, after)
+
+
+def test_a_float_head_split_computes_the_same_q_k_v() -> None:
+    before = qkv_split(f32=True)
+    after, model, result = apply(before, SplitHeadsInWindows())
+    assert result.fired() == {RULE: 1} and "TRANSPOSE" not in ops(model)
+    assert_same_function(before, after, atol=0, rtol=0)
 
 
 def test_a_chain_that_requantizes_is_left_alone() -> None:

@@ -15,9 +15,12 @@ that are windows (one head each: a SLICE of x's columns), and the slabs are join
 CONCATENATION along that dimension. Every tensor written has at most 3 dimensions > 1; the
 chain's own ops go.
 
-Exact: SLICE, RESHAPE and CONCATENATION copy codes, every tensor written keeps x's
-quantization (the rule waits for the int8 graph, where the chain does too, and is refused
-where an op of the chain requantizes). Fires only when every op it writes is accepted by the
+Exact: SLICE, RESHAPE and CONCATENATION copy values. On the int8 graph every tensor written
+keeps x's quantization (refused where an op of the chain requantizes): bit-identical. On the
+float graph (where the `edgetpu` recipe legalizes first, so that what follows the split, the
+products of two activations and GELU, is legalized in float too) the same values are copied;
+the quantizer then calibrates the pieces and their join like any tensor (the end-to-end check
+judges the int8 model). Fires only when every op it writes is accepted by the
 compiler's table and, for a form the forms gate asks about (`forms.gated`), shown mapped by
 compiled evidence (`heads.form_verdict`): otherwise the chain stays as it is.
 """
@@ -233,6 +236,8 @@ def _written(x: Tensor, plan: EndPlan):
 
 def _same_quantization(chain: Chain) -> bool:
     q = chain.x.quantization
+    if q is None:  # a float graph
+        return all(op.outputs[0].quantization is None for op in chain.ops)
     return all(op.outputs[0].quantization.same_as(q) for op in chain.ops)
 
 
@@ -256,9 +261,7 @@ class SplitHeadsInWindows(Rule):
         x, out = m.x, m.root.output
         if nontrivial(out.shape) <= MAX_DIMS or nontrivial(x.shape) > MAX_DIMS:
             return NotApplicable("not a reshape into more than 3 dimensions > 1")
-        if _kind(x) == "float":
-            return NotApplicable("float graph: rewritten after quantization, one scale throughout")
-        if _kind(x) != "int":
+        if _kind(x) is None:
             return refuse(f"RESHAPE on {x.dtype} with per-channel or no quantization")
         chain = find_chain(m.graph, m.root)
         if isinstance(chain, Refusal):

@@ -74,14 +74,14 @@ class SplitFullyConnectedRows(Rule):
     int8_error_steps = 0  # the same sums requantized the same way
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.RESHAPE(p.y, p.const("shape"))
+        return p.RESHAPE(p.FULLY_CONNECTED(p.x, p.w, ..., out="y"), p.const("shape"))
 
     @_gated
     def check(self, m: Match) -> Refusal | int:
         """A refusal, or k, the map rows per piece (the plan)."""
         y, out = m.y, m.root.output
         fc = y.producer
-        if fc is None or fc.type != "FULLY_CONNECTED" or len(y.consumers) != 1:
+        if len(y.consumers) != 1:
             return NotApplicable("not the one reader of a FULLY_CONNECTED")
         if m.graph.is_graph_output(y):
             return NotApplicable("the rows tensor is an output")
@@ -132,7 +132,7 @@ class SplitFullyConnectedRows(Rule):
                                     like=out))  # fmt: skip
             start += n
         b.replace(m.root, b.CONCATENATION(*pieces, axis=len(out.shape) - 3, like=out))
-        if not m.y.consumers and not m.graph.is_graph_output(m.y):
+        if any(op is fc for op in m.graph.ops) and not m.y.consumers:
             m.graph.remove_op(fc)
 
 
