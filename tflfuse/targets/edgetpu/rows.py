@@ -15,9 +15,10 @@ form the forms gate asks about (the RESHAPE that splits rows into a map: `forms.
 mapped at its size by compiled evidence; no k, no rewrite.
 
 Exact: every output element is the same sum of the same products, requantized with the same
-parameters (int8), or the same float sum. On the float graph each piece is calibrated with the
-rest, as one op's output would be (the pieces share no scale by construction, the quantizer
-gives each the range of its rows); the end-to-end check judges the int8 model.
+parameters (int8: bit-identical), or the same float sum. On the float graph (where the `edgetpu`
+recipe legalizes first, so that the GELU after it is legalized in float too) the quantizer then
+calibrates each piece on its own rows, which may give the pieces their own scales; the
+end-to-end check judges the int8 model.
 """
 
 from __future__ import annotations
