@@ -27,7 +27,12 @@ def _float(h: Head) -> None:
 
 
 def qkv_split(
-    tokens: int = 17, heads: int = 3, depth: int = 8, requantize: bool = False, f32: bool = False
+    tokens: int = 17,
+    heads: int = 3,
+    depth: int = 8,
+    requantize: bool = False,
+    f32: bool = False,
+    transposed_k: bool = False,
 ) -> bytes:
     h = Head()
     width = 3 * heads * depth
@@ -42,6 +47,9 @@ def qkv_split(
                     (1, 1, heads, tokens, depth), scale=scale)  # fmt: skip
         shape = (1, heads, tokens, depth) if i < 2 else (heads, tokens, depth)
         part = h.op("RESHAPE", [part, h.ints(list(shape))], shape, scale=scale)
+        if i == 1 and transposed_k:  # onnx2tf's K^T: [1, H, N, d] -> [1, H, d, N]
+            shape = (1, heads, depth, tokens)
+            part = h.op("TRANSPOSE", [part, h.ints([0, 1, 3, 2])], shape)
         outs.append(h.op("ADD", [part, part], shape, fused_activation_function="NONE"))
     if f32:
         _float(h)
@@ -66,6 +74,15 @@ def test_a_float_head_split_computes_the_same_q_k_v() -> None:
     after, model, result = apply(before, SplitHeadsInWindows())
     assert result.fired() == {RULE: 1} and "TRANSPOSE" not in ops(model)
     assert_same_function(before, after, atol=0, rtol=0)
+
+
+def test_a_transpose_of_a_head_tensor_that_fits_is_left_to_its_readers() -> None:
+    before = qkv_split(transposed_k=True)
+    after, model, result = apply(before, SplitHeadsInWindows())
+    assert result.fired() == {RULE: 1}
+    assert ops(model).count("TRANSPOSE") == 1  # K^T stays; the 5-D transpose goes
+    assert all(sum(d > 1 for d in t.shape) <= 3 for t in model.main.tensors if not t.is_constant)
+    identical(before, after)
 
 
 def test_a_chain_that_requantizes_is_left_alone() -> None:

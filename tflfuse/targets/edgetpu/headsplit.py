@@ -98,8 +98,18 @@ class Chain:
     ends: list[tuple[Tensor, np.ndarray]]
 
 
+def _squeeze_only(op: Op) -> bool:
+    """A RESHAPE (SQUEEZE, EXPAND_DIMS) that only adds or drops dimensions of 1."""
+    if op.type not in ("RESHAPE", "SQUEEZE", "EXPAND_DIMS"):
+        return False
+    dims = [[d for d in t.shape if d > 1] for t in (op.inputs[0], op.outputs[0])]
+    return dims[0] == dims[1]
+
+
 def find_chain(graph: Graph, root: Op) -> Chain | Refusal:
-    """The movement ops reachable from `root` (its input is x) through movement ops only."""
+    """The movement ops reachable from `root` (its input is x) through tensors of more than 3
+    dimensions > 1, and the RESHAPEs that only drop dimensions of 1 after them: a TRANSPOSE of a
+    tensor that fits (an exporter's K^T) is left to the ops that read it."""
     x = root.inputs[0]
     ops, todo, seen = [], [root], set()
     while todo:
@@ -108,7 +118,9 @@ def find_chain(graph: Graph, root: Op) -> Chain | Refusal:
             continue
         seen.add(id(op))
         ops.append(op)
-        todo += [r for r in op.outputs[0].consumers if r.type in MOVES]
+        out = op.outputs[0]
+        todo += [r for r in out.consumers if r.type in MOVES and (nontrivial(out.shape) > MAX_DIMS
+                 or _squeeze_only(r))]  # fmt: skip
     ops.sort(key=graph.ops.index)
     values: dict[int, np.ndarray] = {id(x): np.arange(x.size).reshape(x.shape)}
     ends = []
