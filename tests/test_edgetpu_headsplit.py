@@ -13,6 +13,7 @@ from rulekit import apply, assert_same_function, ops, refusals
 from test_edgetpu_heads import Head, identical, mapped
 
 from tflfuse.ir import Quantization
+from tflfuse.targets.edgetpu.gelu import LegalizeGeluInt8
 from tflfuse.targets.edgetpu.headsplit import SplitHeadsInWindows, window
 from tflfuse.targets.edgetpu.rows import SplitFullyConnectedRows
 
@@ -164,3 +165,35 @@ def test_a_float_fully_connected_in_pieces_computes_the_same_rows() -> None:
 def test_a_fully_connected_within_the_row_limit_is_left_alone() -> None:
     _, model, result = apply(fc_rows(side=32), SplitFullyConnectedRows())
     assert result.fired() == {} and ops(model).count("FULLY_CONNECTED") == 1
+
+
+# -- LegalizeGeluInt8 ----------------------------------------------------------------------------
+def int8_gelu(approximate: bool = False) -> bytes:
+    h = Head()
+    x = h.input((1, 16, 16), "x")  # 256 values: every code once
+    x.quantization = Quantization(np.array([0.04], np.float32), np.array([5], np.int64))
+    y = h.op("GELU", [x], x.shape, 5.2 / 255, -124, approximate=approximate)
+    return h.bytes(y)
+
+
+@pytest.mark.parametrize("approximate", [False, True])
+def test_an_int8_gelu_is_a_sigmoid_swish_within_its_declared_steps_on_every_code(approximate):
+    from tflfuse.runtime.interpreter import make_interpreter
+
+    before = int8_gelu(approximate)
+    assert mapped(before) == (0, 1)
+    after, model, result = apply(before, LegalizeGeluInt8())
+    assert result.fired() == {"LegalizeGeluInt8": 1}
+    assert ops(model) == ["MUL", "LOGISTIC", "MUL"] and mapped(after) == (3, 0)
+    declared = result.events[0].int8_steps
+    assert 1 <= declared <= 4
+    codes = np.arange(-128, 128, dtype=np.int8).reshape(1, 16, 16)
+    got = []
+    for data in (before, after):
+        it = make_interpreter(data, delegate="none")
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], codes)
+        it.invoke()
+        got.append(it.get_tensor(it.get_output_details()[0]["index"]).astype(int))
+    worst = int(np.abs(got[0] - got[1]).max())
+    assert 0 < worst <= declared  # an approximation, held to what it declares
