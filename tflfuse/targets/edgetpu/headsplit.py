@@ -250,7 +250,8 @@ def _same_quantization(chain: Chain) -> bool:
     q = chain.x.quantization
     if q is None:  # a float graph
         return all(op.outputs[0].quantization is None for op in chain.ops)
-    return all(op.outputs[0].quantization.same_as(q) for op in chain.ops)
+    outs = [op.outputs[0].quantization for op in chain.ops]
+    return all(o is not None and o.same_as(q) for o in outs)
 
 
 class SplitHeadsInWindows(Rule):
