@@ -88,6 +88,9 @@ from tflfuse.rewrite import (
 )
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.capabilities import capability
+from tflfuse.targets.edgetpu.gelu import GELU_LEGALIZATION
+from tflfuse.targets.edgetpu.headsplit import HEAD_SPLIT_LEGALIZATION
+from tflfuse.targets.edgetpu.rows import ROWS_LEGALIZATION
 
 # the other legalizations' gate and quantization helpers (one definition, in rules.py)
 from tflfuse.targets.edgetpu.rules import (
@@ -889,6 +892,9 @@ class LegalizeNeg(Rule):
 
 
 ATTENTION_LEGALIZATION: tuple[Rule, ...] = (
+    *HEAD_SPLIT_LEGALIZATION,
+    *ROWS_LEGALIZATION,
+    *GELU_LEGALIZATION,
     LegalizeActivationMatmul(),
     LegalizeComputedFullyConnected(),
     LegalizeNeg(),

@@ -1,0 +1,101 @@
+"""Edge TPU legalization of an int8 GELU: x * LOGISTIC(1.702 x), with its error declared per model.
+
+GELU is outside the compiler's table. `LegalizeGelu` spells it in float before quantization,
+but on the int8 graph (an NCHW export whose float legalization stops at the input TRANSPOSE, a
+stock int8 model given to `optimize`) a GELU stays and ends the Edge TPU segment at the first
+MLP of every ViT. In int8 GELU is a function of the input's 256 codes, but no op of the table
+looks a code up. The form used here is the sigmoid approximation GELU(x) ~ x sigma(1.702 x)
+(Hendrycks and Gimpel 2016): a swish with a slope, the form compiled YOLO models show mapped at
+every activation (MUL by a constant, LOGISTIC, MUL of two tensors of one shape,
+`delegates/edgetpu_forms.toml`).
+
+    t = MUL(x, 1.702)      its scale is 1.702 s_x, its zero point x's: the codes of x, exactly
+    s = LOGISTIC(t)        int8's fixed output parameters (1/256, -128)
+    y = MUL(x, s)          y's own parameters
+
+The error is not guessed: x has 256 codes, so the rule computes, for each, the code the
+rewrite gives (sigma rounded to its 1/256 step, the product rounded to y's step) and the code
+the GELU kernel gives (erf form, or tanh form when `approximate`), and declares the largest
+difference plus one step (the kernels' fixed-point rounding against this float model of it)
+as the rewrite's int8 error, which the per-rewrite check then holds it to. Refused when that
+exceeds `MAX_STEPS` (then it is another function, not a legalization).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tflfuse.ir import Tensor
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets.edgetpu.headsplit import unshown
+from tflfuse.targets.edgetpu.rules import _gated, _kind, _quant, _scale_zp
+
+SLOPE = 1.702
+MAX_STEPS = 4
+
+
+def _gelu(x: np.ndarray, approximate: bool) -> np.ndarray:
+    if approximate:
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    erf = np.vectorize(math.erf)
+    return 0.5 * x * (1 + erf(x / math.sqrt(2)))
+
+
+def gelu_steps(s_x: float, z_x: int, s_y: float, z_y: int, approximate: bool) -> int:
+    """The largest |rewrite - GELU| over x's 256 codes, in y's steps, plus one."""
+    codes = np.arange(-128, 128, dtype=np.float64)
+    x = s_x * (codes - z_x)
+    sig = np.clip(np.round(1 / (1 + np.exp(-SLOPE * x)) * 256) - 128, -128, 127)
+    ours = np.clip(np.round(x * (sig + 128) / 256 / s_y) + z_y, -128, 127)
+    ref = np.clip(np.round(_gelu(x, approximate) / s_y) + z_y, -128, 127)
+    return int(np.abs(ours - ref).max()) + 1
+
+
+class LegalizeGeluInt8(Rule):
+    """int8: GELU(x)  =>  MUL(x, LOGISTIC(MUL(x, 1.702)))  (module docstring: the error)."""
+
+    quantized_ok = True
+    int8_error_steps = MAX_STEPS  # the most it fires with; `int8_error` gives each match's
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.GELU(p.x)
+
+    def int8_error(self, m: Match) -> int:
+        return m.plan if isinstance(m.plan, int) else MAX_STEPS
+
+    @_gated
+    def check(self, m: Match) -> Refusal | int:
+        """A refusal, or the declared int8 steps (the plan)."""
+        x, out = m.x, m.root.output
+        if _kind(x) == "float":
+            return NotApplicable("float GELU: LegalizeGelu spells it before quantization")
+        if _kind(x) != "int" or _kind(out) != "int" or x.dtype != "INT8" or out.dtype != "INT8":
+            return refuse("GELU on other than per-tensor int8")
+        (s_x, z_x), (s_y, z_y) = _scale_zp(x), _scale_zp(out)
+        steps = gelu_steps(s_x, z_x, s_y, z_y, bool(m.root.options.get("approximate")))
+        if steps > MAX_STEPS:
+            return refuse(f"x sigma(1.702 x) is {steps} steps off GELU here (at most {MAX_STEPS})")
+        t = Tensor("t", x.shape, "INT8", quantization=_quant(SLOPE * s_x, z_x))
+        s = Tensor("s", x.shape, "INT8", quantization=_quant(1 / 256, -128))
+        scalar = np.array([127], np.int8)
+        for op_type, ins, consts in (("MUL", [x], [scalar]), ("LOGISTIC", [t], []),
+                                     ("MUL", [x, s], [])):  # fmt: skip
+            why = unshown(op_type, ins, x.shape, {"fused_activation_function": "NONE"}, consts)
+            if why:
+                return refuse(f"its {op_type} is not shown mapped ({why})")
+        return steps
+
+    def rewrite(self, m: Match) -> None:
+        x = m.x
+        s_x, z_x = _scale_zp(x)
+        b = m.builder(constants="last")
+        t = b.MUL(x, b.scalar(SLOPE, "slope", like=x), name="sloped",
+                  quant=_quant(SLOPE * s_x, z_x))  # fmt: skip
+        s = b.LOGISTIC(t, name="sigma", quant=_quant(1 / 256, -128))
+        b.replace(m.root, b.MUL(x, s))
+
+
+GELU_LEGALIZATION: tuple[Rule, ...] = (LegalizeGeluInt8(),)
