@@ -266,12 +266,12 @@ def _q(scale: float, zero: int) -> Quantization:
     return Quantization(scale=np.array([scale], np.float32), zero_point=np.array([zero], np.int64))
 
 
-def _int8_product(dtype: str = "INT8") -> bytes:
+def _int8_product(dtype: str = "INT8", out_scale: float = 0.07) -> bytes:
     g = Graph("main")
     a = g.add_tensor("a", (2, 6, 4), dtype, quantization=_q(0.02, 5))
     b = g.add_tensor("b", (2, 4, 5), dtype, quantization=_q(0.03, -7))
     g.inputs = [a, b]
-    out = g.add_tensor("scores", (2, 6, 5), dtype, quantization=_q(0.05, 3))
+    out = g.add_tensor("scores", (2, 6, 5), dtype, quantization=_q(out_scale, 3))
     g.add_op("BATCH_MATMUL", [a, b], [out], {"adj_x": False, "adj_y": False})
     g.outputs = [out]
     g.validate()
@@ -283,13 +283,23 @@ def test_int8_product_stays_within_its_declared_steps_and_maps() -> None:
     before = _int8_product()
     after, model, result = apply(before, LegalizeActivationMatmul())
     [event] = [e for e in result.events if e.rule == RULE]
-    # d = 4 products rounded at s_t = (2.66 * 3.63 * 2) / 255 = 0.0757: 4 * 0.0757 / (2 * 0.05)
-    # = 3.03 -> 4, plus one for the two final roundings
-    assert event.int8_steps == 5
+    # d = 4 products rounded at s_t = (2.66 * 3.63 * 2) / 255 = 0.0757: 4 * 0.0757 / (2 * 0.07)
+    # = 2.16 -> 3, plus one for the two final roundings
+    assert event.int8_steps == 4
     agreement = verify.compare(before, after, int_atol=event.int8_steps, runs=4)
     assert agreement.ok and agreement.varies, agreement
     assert predict(flatbuffer.from_bytes(before), "edgetpu").mapped == 0
     _assert_mapped_but_for_the_undecided_muls(model)
+
+
+def test_an_int8_product_whose_bound_exceeds_four_steps_stays_whole() -> None:
+    """The same product with a finer output step: 4 * 0.0757 / (2 * 0.05) = 3.03 -> 4, + 1 = 5
+    steps, more than the 4 an int8 legalization may declare (a looser bound checks little)."""
+    before = _int8_product(out_scale=0.05)
+    _, model, result = apply(before, LegalizeActivationMatmul())
+    assert "BATCH_MATMUL" in ops(model)
+    [reason] = refusals(result, RULE)
+    assert "may differ by 5 steps of the output (at most 4 kept)" in reason
 
 
 def _assert_mapped_but_for_the_undecided_muls(model: Model) -> None:
@@ -309,7 +319,7 @@ def test_int8_computed_weights_fully_connected_within_its_declared_steps() -> No
     x = g.add_tensor("x", (1, 6, 8), "INT8", quantization=_q(0.04, -3))
     w = g.add_tensor("w", (5, 8), "INT8", quantization=_q(0.02, 2))
     g.inputs = [x, w]
-    out = g.add_tensor("y", (6, 5), "INT8", quantization=_q(0.06, 0))
+    out = g.add_tensor("y", (6, 5), "INT8", quantization=_q(0.15, 0))
     g.add_op("FULLY_CONNECTED", [x, w, None], [out], {"keep_num_dims": False})
     g.outputs = [out]
     before = flatbuffer.to_bytes(Model([g]))

@@ -54,7 +54,10 @@ int8 model given to `optimize`): the copies and the 0/1 weights are exact (a con
 over the range every product of X's and Y's representable values spans (no clamping), and the
 reduction rounds once into the original output's scale. Each element of t is off by half its
 step s_t, so the sum by d s_t / 2: `matmul_int8_steps` declares ceil(d s_t / (2 s_out)) + 1
-steps for the match (the kernel's one rounding against ours).
+steps for the match (the kernel's one rounding against ours). Over MAX_INT8_STEPS (4) the
+product is left whole: on attention's wide operands the bound reached 12 and 53 steps (YOLO11n's
+C2PSA, onnx2tf's int8) and DeiT's int8 output lost all likeness (cosine 0.006 against 0.835 for
+stock), a check that passes everything. Legalized before quantizing, the product is calibrated.
 
 Not split here: a SOFTMAX whose own tensor is over the limits (more than 3 dimensions > 1, or
 the row limit). Cut into per-head pieces it would be exact, but its result keeps its shape: the
@@ -745,6 +748,9 @@ def matmul_int8_steps(plan: MatmulPlan, out: Tensor) -> int:
 
 
 # -- the rules -----------------------------------------------------------------------------------
+MAX_INT8_STEPS = 4  # an int8 product's declared error, in steps of its output (LegalizeGeluInt8's)
+
+
 class _MatmulRule(Rule):
     """What both product rules share: the plan, its int8 bound and the rewrite."""
 
@@ -761,6 +767,22 @@ class _MatmulRule(Rule):
 
     def _plan(self, m: Match) -> MatmulPlan | Refusal:
         raise NotImplementedError
+
+    def _bounded(self, m: Match) -> MatmulPlan | Refusal:
+        """The plan, or a refusal where its int8 spelling may differ from the kernel by more
+        than MAX_INT8_STEPS of the output (the product's step spans every representable
+        product, so on wide operands the bound covers much of the output's range: such a
+        rewrite would pass a check that says nothing). A float product is calibrated later."""
+        plan = self._plan(m)
+        if not isinstance(plan, MatmulPlan):
+            return plan
+        steps = matmul_int8_steps(plan, m.root.output)
+        if steps > MAX_INT8_STEPS:
+            return refuse(
+                f"its int8 spelling may differ by {steps} steps of the output"
+                f" (at most {MAX_INT8_STEPS} kept); legalized before quantizing it is calibrated"
+            )
+        return plan
 
     def rewrite(self, m: Match) -> None:
         _Spell(m, m.plan).build()
@@ -781,7 +803,7 @@ class LegalizeActivationMatmul(_MatmulRule):
     @_gated
     def check(self, m: Match) -> Refusal | MatmulPlan:
         """A refusal, or the plan (operands as rows, chunks)."""
-        return self._plan(m)
+        return self._bounded(m)
 
     def _plan(self, m: Match) -> MatmulPlan | Refusal:
         a, b, out = m.a, m.b, m.root.output
@@ -832,7 +854,7 @@ class LegalizeComputedFullyConnected(_MatmulRule):
     @_gated
     def check(self, m: Match) -> Refusal | MatmulPlan:
         """A refusal, or the plan (operands as rows, chunks)."""
-        return self._plan(m)
+        return self._bounded(m)
 
     def _plan(self, m: Match) -> MatmulPlan | Refusal:
         x, w, out = m.x, m.w, m.root.output
