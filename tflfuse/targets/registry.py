@@ -162,13 +162,14 @@ def _edgetpu_legalization() -> tuple[Any, ...]:
     from tflfuse.targets.edgetpu.attention import ATTENTION_LEGALIZATION
     from tflfuse.targets.edgetpu.broadcast import BROADCAST_LEGALIZATION
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
+    from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION
     from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
 
     # the heads first: a head cut along its anchors takes its oversized transposes with it,
     # which SplitOversizedTranspose would otherwise split and join again; the broadcasts last,
     # so that they also take the squeeze-excite-shaped MULs the attention products write
     legalizations = (*EDGETPU_LEGALIZATION, *ATTENTION_LEGALIZATION, *BROADCAST_LEGALIZATION)
-    return (*HEAD_LEGALIZATION, *legalizations)
+    return (*HEAD_LEGALIZATION, *LAYOUT_LEGALIZATION, *legalizations)
 
 
 # -- the registry -------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ scored on real compiled pairs by `benchmarks/edgetpu_oracle_score.py` (see
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -506,13 +507,42 @@ def statuses_once_quantized(
     quantized = any(t.dtype in ("INT8", "UINT8") for t in acts)
     statuses = []
     for op in graph.ops:
+        key = (_op_key(op), quantized, compiler_version)
+        known = _STATUS_MEMO.get(op)
+        if known is not None and known[0] == key:
+            statuses.append(known[1])
+            continue
         types = {t.dtype for t in (*op.inputs, *op.outputs) if t and not t.is_constant}
         if quantized or not types & FLOAT_TYPES or types - FLOAT_TYPES - {"INT8", "UINT8"}:
-            statuses.append(edgetpu_op_status(op, table, compiler_version))
-            continue
-        refusal = edgetpu_shape_refusal(op, table)
-        statuses.append(("mapped", "") if refusal is None else ("limitation", refusal))
+            status = edgetpu_op_status(op, table, compiler_version)
+        else:
+            refusal = edgetpu_shape_refusal(op, table)
+            status = ("mapped", "") if refusal is None else ("limitation", refusal)
+        _STATUS_MEMO[op] = (key, status)
+        statuses.append(status)
     return statuses
+
+
+# An op's status depends only on the op and its tensors: kept per op while they stay the same
+# (the legalization asks the whole graph's statuses after each rewrite, `after_the_cut`, and a
+# rewrite changes a few ops of hundreds).
+_STATUS_MEMO: weakref.WeakKeyDictionary[Op, tuple[tuple, tuple[str, str]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _tensor_key(t: Tensor | None) -> tuple:
+    if t is None:
+        return ()
+    q = t.quantization
+    return (id(t), t.name, t.shape, t.dtype, id(t.data), t.is_variable, id(q))
+
+
+def _op_key(op: Op) -> tuple:
+    """What an op's status is computed from: its type, version and options, and its tensors
+    (each by identity, name, shape, type, data and quantization objects)."""
+    tensors = tuple(_tensor_key(t) for t in (*op.inputs, *op.outputs))
+    return (op.type, op.version, op.custom_code, repr(op.options), tensors)
 
 
 def cut_origins(graph: Graph, compiler_version: str | None = None) -> dict[int, int]:

@@ -1,0 +1,417 @@
+"""Edge TPU legalization: head RESHAPE / TRANSPOSE / SOFTMAX cut into pieces compiled models show.
+
+Attention blocks (YOLO11's and YOLO26's C2PSA) and detection heads (the DFL) split and merge
+heads with RESHAPEs and TRANSPOSEs, and normalize scores with SOFTMAX, in forms or at sizes the
+compiler's table accepts but no compiled model shows mapped (`delegates/edgetpu_forms.toml`):
+a RESHAPE [1, 256, 10, 10] -> [1, 2, 128, 100] ("nt=3>3", seen mapped with at most 10200 elements
+in its two innermost dimensions, 12800 here); a per-head TRANSPOSE "perm=021" or an NCHW -> NHWC
+"perm=120" (never seen mapped: only "perm=10" up to 4096 elements and "perm=201" up to 57600 /
+2880 innermost are); a SOFTMAX over more rows than seen. The forms gate predicts them undecided,
+and a one-segment compile stops at the first.
+
+Each is pure data movement (SOFTMAX: each row on its own), so it can be cut into pieces along
+axes it moves whole: pieces of the input (SLICE), each moved by the same op, joined
+(CONCATENATION) where the piece lands in the output. A TRANSPOSE may first merge the axes that
+stay adjacent and in order (a RESHAPE before and after), which turns "perm=120" over
+[C, H, W] into "perm=10" over [C, H W]; a RESHAPE is cut in blocks along its outermost axis
+that are whole rows of both its input and its output. The plan with the fewest ops whose every
+op is shown mapped at its size (table and forms evidence; a gated form must be "mapped") is
+taken, or the rule does not fire.
+
+int8 only (the quantized stage): every piece keeps the tensor's quantization, so the pieces copy
+codes (SOFTMAX: the same kernel on the same rows): bit-identical. Only ops the op table maps and
+the forms evidence does not show mapped are touched (the table's own size refusals are
+`SplitOversizedTranspose`'s). No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tflfuse.ir import Op, Tensor
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rewrite.common import NotApplicable
+from tflfuse.targets.edgetpu.forms import form_of, gate, gated
+from tflfuse.targets.edgetpu.heads import form_verdict
+from tflfuse.targets.edgetpu.predict import edgetpu_shape_refusal
+from tflfuse.targets.edgetpu.rules import _gated, _kind, _pieces, _refusal_of, _slice
+
+MOST_PIECES = 64  # more would spell one op in hundreds
+
+
+# -- whether an op the rule would write is shown mapped -------------------------------------------
+@functools.lru_cache(maxsize=65536)
+def _off(op_type: str, shapes: tuple, dtype: str, out_shape: tuple, extra) -> str | None:
+    """Why an `op_type` op reading tensors of `shapes` (plus the constant `extra`: a perm or a
+    shape, or None) and writing `out_shape` would not be shown mapped: the op table's refusal,
+    or, for a gated form, the forms gate's answer when it is not "mapped"."""
+    ins = [Tensor(f"in{i}", s, dtype) for i, s in enumerate(shapes)]
+    consts = [] if extra is None else [np.asarray(extra, np.int32)]
+    options = {"axis": extra[0]} if op_type == "CONCATENATION" else {}
+    consts = [] if op_type == "CONCATENATION" else consts
+    why = _refusal_of(op_type, ins, out_shape, options, consts)
+    if why:
+        return why
+    verdict = form_verdict(op_type, ins, out_shape, options, consts)
+    if gated(verdict.form) and verdict.answer != "mapped":
+        return f"{verdict.answer}: {verdict.reason}"
+    return None
+
+
+def _undecided(op: Op) -> Refusal | None:
+    """NotApplicable unless the op table maps `op` and the forms evidence does not show it."""
+    if edgetpu_shape_refusal(op) is not None:
+        return NotApplicable("the op table refuses it (SplitOversizedTranspose's case)")
+    if not gated(form_of(op)) or gate(op).answer == "mapped":
+        return NotApplicable("its form is shown mapped at its size")
+    return None
+
+
+def _int8_refusal(x: Tensor, out: Tensor, same_q: bool = True) -> Refusal | None:
+    kind = _kind(x)
+    if kind == "float":
+        return NotApplicable("float graph: cut after quantization, one scale for all pieces")
+    if kind is None or _kind(out) != "int":
+        return refuse(f"{x.dtype} with per-channel or no quantization")
+    if same_q and not out.quantization.same_as(x.quantization):
+        return refuse("the op requantizes")
+    return None
+
+
+# -- a plan: pieces of a base tensor, each moved by one op, joined --------------------------------
+@dataclass(frozen=True)
+class CutPlan:
+    """`base`: x's shape as the pieces are cut from it (x reshaped to it first when it differs);
+    `perm`: the TRANSPOSE's permutation of `base` (None: SOFTMAX, the identity); `cuts`: per cut
+    axis of `base` (outermost join first) the piece sizes; `moved`: the shape the joined pieces
+    make (reshaped to the op's output when it differs)."""
+
+    base: tuple[int, ...]
+    perm: tuple[int, ...] | None
+    cuts: tuple[tuple[int, tuple[int, ...]], ...]
+    moved: tuple[int, ...]
+
+    @property
+    def pieces(self) -> int:
+        return math.prod(len(sizes) for _, sizes in self.cuts)
+
+    def out_axis(self, axis: int) -> int:
+        return axis if self.perm is None else self.perm.index(axis)
+
+    def moved_shape(self, piece: tuple[int, ...]) -> tuple[int, ...]:
+        return piece if self.perm is None else tuple(piece[p] for p in self.perm)
+
+    def ops(self, x: Tensor, out: Tensor) -> int:
+        joins = sum(math.prod(len(s) for _, s in self.cuts[:i]) for i in range(len(self.cuts)))
+        slices = self.pieces if self.pieces > 1 else 0
+        reshapes = (self.base != tuple(x.shape)) + (self.moved != tuple(out.shape))
+        return reshapes + slices + self.pieces + joins
+
+
+def piece_op(plan: CutPlan, op_type: str, piece: tuple[int, ...]) -> tuple[str, tuple | None]:
+    """The op that moves one piece and its constant: a TRANSPOSE that keeps the piece's
+    non-trivial axes in order moves no byte, so it is the RESHAPE to its result."""
+    if plan.perm is None:
+        return op_type, None
+    order = [p for p in plan.perm if piece[p] > 1]
+    if order == sorted(order):
+        return "RESHAPE", plan.moved_shape(piece)
+    return op_type, plan.perm
+
+
+def _piece_shapes(plan: CutPlan) -> set[tuple[int, ...]]:
+    axes = {a: set(sizes) for a, sizes in plan.cuts}
+    choices = [sorted(axes.get(i, {d})) for i, d in enumerate(plan.base)]
+    return set(itertools.product(*choices))
+
+
+def _join_shapes(plan: CutPlan) -> list[tuple[list[tuple[int, ...]], tuple[int, ...], int]]:
+    """(input shapes, output shape, axis) of each distinct join, innermost level first."""
+    joins = []
+    for level in range(len(plan.cuts) - 1, -1, -1):
+        axis, sizes = plan.cuts[level]
+        inner = {a: set(s) for a, s in plan.cuts[:level]}
+        choices = [sorted(inner.get(i, {d})) for i, d in enumerate(plan.base)]
+        for lead in itertools.product(*choices):
+            parts = [plan.moved_shape(tuple(s if i == axis else d for i, d in enumerate(lead)))
+                     for s in sizes]  # fmt: skip
+            joins.append((parts, plan.moved_shape(lead), plan.out_axis(axis)))
+    return joins
+
+
+def plan_refusal(plan: CutPlan, op_type: str, x: Tensor, out: Tensor) -> str | None:
+    """Why some op `plan` writes would not be shown mapped, or None."""
+    dt = x.dtype
+    asks = []
+    if plan.base != tuple(x.shape):
+        asks.append(("RESHAPE", (tuple(x.shape),), plan.base, plan.base))
+    for piece in sorted(_piece_shapes(plan)):
+        if plan.pieces > 1:
+            asks.append(("SLICE", (plan.base,), piece, None))
+        kind, extra = piece_op(plan, op_type, piece)
+        asks.append((kind, (piece,), plan.moved_shape(piece), extra))
+    for parts, shape, axis in _join_shapes(plan):
+        if len(parts) > 1:
+            asks.append(("CONCATENATION", tuple(parts), shape, (axis,)))
+    if plan.moved != tuple(out.shape):
+        asks.append(("RESHAPE", (plan.moved,), tuple(out.shape), tuple(out.shape)))
+    for kind, shapes, shape, ext in asks:
+        why = _off(kind, shapes, dt, tuple(shape), ext)
+        if why:
+            return f"its {kind} would not be shown mapped ({why})"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _counts(length: int) -> tuple[int, ...]:
+    """Piece counts giving each distinct largest piece size of an axis of `length`."""
+    return tuple(sorted({math.ceil(length / s) for s in range(1, length + 1)}))
+
+
+def _candidates(base: tuple[int, ...], axes: list[int]) -> list[tuple[tuple[int, int], ...]]:
+    """Cuts of up to two of `axes` into (axis, count), fewest pieces first."""
+    found: list[tuple[tuple[int, int], ...]] = [()]
+    for a in axes:
+        found += [((a, c),) for c in _counts(base[a]) if 1 < c <= MOST_PIECES]
+    for a, b in itertools.combinations(axes, 2):
+        for ca in _counts(base[a]):
+            for cb in _counts(base[b]):
+                if ca > 1 and cb > 1 and ca * cb <= MOST_PIECES:
+                    found.append(((a, ca), (b, cb)))
+    return sorted(found, key=lambda cut: (math.prod(c for _, c in cut), cut))
+
+
+def best_plan(op_type: str, x: Tensor, out: Tensor, bases) -> CutPlan | str:
+    """The plan with the fewest ops whose every op is shown mapped, over `bases`
+    ((base shape, perm or None, axes that may be cut)), or why none is."""
+    plans = []
+    for base, perm, axes in bases:
+        moved = base if perm is None else tuple(base[p] for p in perm)
+        for cut in _candidates(base, [a for a in axes if base[a] > 1]):
+            cuts = tuple((a, tuple(_pieces(base[a], c))) for a, c in cut)
+            plans.append(CutPlan(tuple(base), perm, cuts, tuple(moved)))
+    plans.sort(key=lambda p: (p.ops(x, out), p.pieces))
+    last = "no piece plan"
+    for plan in plans:
+        why = plan_refusal(plan, op_type, x, out)
+        if why is None:
+            return plan
+        last = why
+    return f"no cut into at most {MOST_PIECES} pieces is shown mapped (e.g. {last})"
+
+
+def build_plan(m: Match, plan: CutPlan, make) -> None:
+    """Write `plan` in place of `m.root`: `make(b, piece, name)` moves one piece."""
+    x, out = m.root.inputs[0], m.root.output
+    b = m.builder(constants="after_reader")
+    src = x
+    if plan.base != tuple(x.shape):
+        src = b.RESHAPE(x, b.ints(plan.base, "base/shape"), name="base", quant=x.quantization,
+                        shape=plan.base)  # fmt: skip
+
+    def level(i: int, begin: list[int], shape: list[int], name: str):
+        if i == len(plan.cuts):
+            part = src
+            if plan.pieces > 1:
+                part = _slice(b, src, begin, shape, f"{name}/in", x.quantization)
+            return make(b, part, name)
+        axis, sizes = plan.cuts[i]
+        parts, start = [], begin[axis]
+        for j, size in enumerate(sizes):
+            at = [start if k == axis else v for k, v in enumerate(begin)]
+            sh = [size if k == axis else v for k, v in enumerate(shape)]
+            parts.append(level(i + 1, at, sh, f"{name}/p{j}"))
+            start += size
+        if len(parts) == 1:
+            return parts[0]
+        joined = plan.moved_shape(tuple(shape))
+        return b.CONCATENATION(*parts, axis=plan.out_axis(axis), name=f"{name}/join",
+                               shape=joined, quant=out.quantization)  # fmt: skip
+
+    result = level(0, [0] * len(plan.base), list(plan.base), "cut")
+    if plan.moved != tuple(out.shape):
+        result = b.RESHAPE(result, b.ints(out.shape, "moved/shape"), name="moved",
+                           quant=out.quantization, shape=tuple(out.shape))  # fmt: skip
+    b.replace(m.root, result)
+
+
+# -- the bases a TRANSPOSE can be cut from ---------------------------------------------------------
+def _nt_adjacent(shape: tuple[int, ...], a: int, b: int) -> bool:
+    return b > a and all(shape[k] == 1 for k in range(a + 1, b))
+
+
+def transpose_bases(shape: tuple[int, ...], perm: list[int]):
+    """x as it is, and the merged transpose when it has fewer axes."""
+    bases = [(tuple(shape), tuple(perm), list(range(len(shape))))]
+    keep = [a for a in perm if shape[a] > 1]
+    groups: list[list[int]] = []
+    for a in keep:
+        if groups and _nt_adjacent(shape, groups[-1][-1], a):
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    if len(groups) < len(keep) or len(groups) < len(shape):
+        order = sorted(range(len(groups)), key=lambda g: groups[g][0])
+        dims = tuple(math.prod(shape[a] for a in groups[g]) for g in order)
+        new_perm = tuple(order.index(g) for g in range(len(groups)))
+        if len(dims) >= 2:
+            bases.append((dims, new_perm, list(range(len(dims)))))
+    return bases
+
+
+class CutTransposeIntoShownForms(Rule):
+    """int8: TRANSPOSE(x, perm), mapped by the op table but of a form or size no compiled model
+    shows mapped  =>  [RESHAPE] CONCATENATION(TRANSPOSE(SLICE(x)) ...) [RESHAPE], every op of a
+    form and size compiled models show mapped (the module docstring). A slice along axis a of x,
+    transposed, is the slice along perm.index(a) of the output: bit-identical."""
+
+    quantized_ok = True
+    int8_error_steps = 0  # data movement only
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.TRANSPOSE(p.x, p.const("perm"))
+
+    @_gated
+    def check(self, m: Match) -> Refusal | CutPlan:
+        """A refusal, or the pieces (the plan)."""
+        x, out = m.x, m.root.output
+        refusal = _int8_refusal(x, out) or _undecided(m.root)
+        if refusal is not None:
+            return refusal
+        perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
+        plan = best_plan("TRANSPOSE", x, out, transpose_bases(tuple(x.shape), perm))
+        return refuse(plan) if isinstance(plan, str) else plan
+
+    def rewrite(self, m: Match) -> None:
+        plan: CutPlan = m.plan
+        q = m.root.output.quantization
+
+        def make(b, part, name):
+            moved = plan.moved_shape(tuple(part.shape))
+            kind, extra = piece_op(plan, "TRANSPOSE", tuple(part.shape))
+            return b.op(kind, part, b.ints(extra, f"{name}/{kind.lower()}"), name=name, quant=q,
+                        shape=moved)  # fmt: skip
+
+        build_plan(m, plan, make)
+
+
+class CutSoftmaxIntoShownRows(Rule):
+    """int8: SOFTMAX(x) over more rows than compiled models show mapped  =>
+    CONCATENATION(SOFTMAX(SLICE(x)) ...) cut along the rows (any axis but the last): each row is
+    normalized on its own, by the same kernel with the same parameters: bit-identical."""
+
+    quantized_ok = True
+    int8_error_steps = 0  # the same kernel on the same rows
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.SOFTMAX(p.x)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | CutPlan:
+        """A refusal, or the pieces (the plan)."""
+        x, out = m.x, m.root.output
+        refusal = _int8_refusal(x, out, same_q=False) or _undecided(m.root)
+        if refusal is not None:
+            return refusal
+        rows = list(range(len(x.shape) - 1))
+        plan = best_plan("SOFTMAX", x, out, [(tuple(x.shape), None, rows)])
+        return refuse(plan) if isinstance(plan, str) else plan
+
+    def rewrite(self, m: Match) -> None:
+        q, options = m.root.output.quantization, dict(m.root.options)
+
+        def make(b, part, name):
+            return b.SOFTMAX(part, name=name, quant=q, shape=tuple(part.shape), options=options)
+
+        build_plan(m, m.plan, make)
+
+
+# -- a RESHAPE in blocks of whole rows -------------------------------------------------------------
+def _lead(shape: tuple[int, ...]) -> int:
+    return next((i for i, d in enumerate(shape) if d > 1), 0)
+
+
+@dataclass(frozen=True)
+class ReshapePlan:
+    """`count` pieces of x along its axis `axis_in`, each reshaped and joined along the output's
+    axis `axis_out`."""
+
+    axis_in: int
+    axis_out: int
+    rows_in: tuple[int, ...]
+    rows_out: tuple[int, ...]
+
+
+def reshape_plan(src: tuple[int, ...], dst: tuple[int, ...], dtype: str) -> ReshapePlan | str:
+    """Blocks of the flat data that are whole rows of both shapes' outermost non-trivial axis,
+    the fewest pieces whose ops are all shown mapped."""
+    i0, o0 = _lead(src), _lead(dst)
+    s_in, s_out = math.prod(src[i0 + 1 :]), math.prod(dst[o0 + 1 :])
+    block = math.lcm(s_in, s_out)
+    blocks = math.prod(src) // block
+    last = "the data is one block of whole rows"
+    for count in range(2, min(blocks, MOST_PIECES) + 1):
+        if blocks % count:
+            continue
+        per = blocks // count * block
+        piece_in = tuple(per // s_in if i == i0 else d for i, d in enumerate(src))
+        piece_out = tuple(per // s_out if i == o0 else d for i, d in enumerate(dst))
+        why = (
+            _off("SLICE", (src,), dtype, piece_in, None)
+            or _off("RESHAPE", (piece_in,), dtype, piece_out, piece_out)
+            or _off("CONCATENATION", (piece_out,) * count, dtype, dst, (o0,))
+        )
+        if why is None:
+            return ReshapePlan(i0, o0, (piece_in[i0],) * count, (piece_out[o0],) * count)
+        last = why
+    return f"no cut into blocks of whole rows is shown mapped ({last})"
+
+
+class CutReshapeIntoShownBlocks(Rule):
+    """int8: RESHAPE(x) of 2+ non-trivial dims each way (a head split or merge) that the op table
+    maps but no compiled model shows mapped at its size  =>  CONCATENATION(RESHAPE(SLICE(x)) ...):
+    blocks of the flat data that are whole rows of x's outermost axis and of the output's, so
+    each is a slice of x and a slice of the output: bit-identical."""
+
+    quantized_ok = True
+    int8_error_steps = 0  # data movement only
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.RESHAPE(p.x, ...)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | ReshapePlan:
+        """A refusal, or the blocks (the plan)."""
+        x, out = m.x, m.root.output
+        refusal = _int8_refusal(x, out) or _undecided(m.root)
+        if refusal is not None:
+            return refusal
+        plan = reshape_plan(tuple(x.shape), tuple(out.shape), x.dtype)
+        return refuse(plan) if isinstance(plan, str) else plan
+
+    def rewrite(self, m: Match) -> None:
+        x, out, plan = m.x, m.root.output, m.plan
+        b = m.builder(constants="after_reader")
+        parts, start = [], 0
+        for j, (rin, rout) in enumerate(zip(plan.rows_in, plan.rows_out)):
+            begin = [start if k == plan.axis_in else 0 for k in range(len(x.shape))]
+            size = [rin if k == plan.axis_in else d for k, d in enumerate(x.shape)]
+            part = _slice(b, x, begin, size, f"block{j}/in", x.quantization)
+            shape = tuple(rout if k == plan.axis_out else d for k, d in enumerate(out.shape))
+            parts.append(b.RESHAPE(part, b.ints(shape, f"block{j}/shape"), name=f"block{j}",
+                                   quant=out.quantization, shape=shape))  # fmt: skip
+            start += rin
+        b.replace(m.root, b.CONCATENATION(*parts, axis=plan.axis_out, shape=tuple(out.shape),
+                                          quant=out.quantization))  # fmt: skip
+
+
+LAYOUT_LEGALIZATION: tuple[Rule, ...] = (
+    CutReshapeIntoShownBlocks(),
+    CutTransposeIntoShownForms(),
+    CutSoftmaxIntoShownRows(),
+)
