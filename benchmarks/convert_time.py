@@ -15,7 +15,8 @@ are recorded too: on a shared machine the wall time moves with the load, the CPU
 less. Goal: tflfuse adds at most 30% to stock's wall time.
 
 `--tflite MODEL.tflite --calib C.npy` also times `tflfuse convert` on a .tflite (e.g. the corpus'
-yolo11n export), interleaved with the rest: wall, CPU, peak RSS and stage split.
+yolo11n export), interleaved with the rest: wall, CPU, peak RSS and stage split; with `--before`
+the same .tflite from the other tree too ("tflite_before").
 
     .venv/bin/python benchmarks/convert_time.py --repeats 3 --size 96 --samples 100 \
         --markdown benchmarks/CONVERT_TIME.md
@@ -116,13 +117,15 @@ def main() -> int:
         if args.tflite:
             runs["tflite"] = [python, "-m", "tflfuse.cli", "convert", args.tflite]
             runs["tflite"] += ["--recipe", args.tflite_recipe, "--calib", args.calib]
+            if args.before:  # the same .tflite from the other tree, interleaved with the rest
+                runs["tflite_before"] = list(runs["tflite"])
         rows: dict[str, list[dict[str, float]]] = {k: [] for k in runs}
         stages: dict[str, list[dict[str, float]]] = {k: [] for k in runs if k != "stock"}
         for i in range(args.repeats):
             for name, cmd in runs.items():
                 out = work / f"{name}{i}"
                 full = cmd if name == "stock" else [*cmd, "-o", str(out), "--json"]
-                pythonpath = args.before if name == "before" else None
+                pythonpath = args.before if name in ("before", "tflite_before") else None
                 rows[name].append(_run(full, work / f"{name}{i}.log", pythonpath))
                 if name != "stock":
                     report = json.loads((out / "report.json").read_text())
@@ -200,10 +203,11 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     paired = r.get("ratio_wall_paired_median", {})
     for name, m in med.items():
-        ratio = "" if name in ("stock", "tflite") else f"{m['wall_s'] / med['stock']['wall_s']:.2f}"
-        cpu = "" if name in ("stock", "tflite") else f"{m['cpu_s'] / med['stock']['cpu_s']:.2f}"
+        own = name in ("stock", "tflite", "tflite_before")
+        ratio = "" if own else f"{m['wall_s'] / med['stock']['wall_s']:.2f}"
+        cpu = "" if own else f"{m['cpu_s'] / med['stock']['cpu_s']:.2f}"
         pair = f"{paired[name]:.2f}" if name in paired else ""
-        label = r.get("tflite", name) if name == "tflite" else name
+        label = f"{r['tflite']} ({name})" if name.startswith("tflite") else name
         lines.append(
             f"| {label} | {m['wall_s']:.1f} | {m['cpu_s']:.1f} | {m['peak_rss_mib']:.0f} |"
             f" {ratio} | {pair} | {cpu} |"

@@ -167,9 +167,10 @@ def _edgetpu_legalization() -> tuple[Any, ...]:
 
     # the heads first: a head cut along its anchors takes its oversized transposes with it,
     # which SplitOversizedTranspose would otherwise split and join again; the broadcasts last,
-    # so that they also take the squeeze-excite-shaped MULs the attention products write
+    # so that they also take the squeeze-excite-shaped MULs the attention products write; the
+    # layout cuts after them all, on the reshapes and transposes they write too
     legalizations = (*EDGETPU_LEGALIZATION, *ATTENTION_LEGALIZATION, *BROADCAST_LEGALIZATION)
-    return (*HEAD_LEGALIZATION, *LAYOUT_LEGALIZATION, *legalizations)
+    return (*HEAD_LEGALIZATION, *legalizations, *LAYOUT_LEGALIZATION)
 
 
 # -- the registry -------------------------------------------------------------------------------
