@@ -116,3 +116,18 @@ def test_a_float_graph_waits_for_quantization() -> None:
     _, model, result = apply(before, *LAYOUT_LEGALIZATION)
     assert ops(model) == ["TRANSPOSE", "RESHAPE", "TRANSPOSE"]
     assert any("float graph" in r for r in refusals(result, "CutReshapeIntoShownBlocks"))
+
+
+def test_the_status_memo_follows_an_op_changed_in_place() -> None:
+    """predict's per-op memo: a status is recomputed when the op's tensors or constants change."""
+    from tflfuse.targets.edgetpu.predict import statuses_once_quantized
+
+    model = flatbuffer.from_bytes(
+        chain((1, 8, 8, 16), [("TRANSPOSE", [0, 3, 1, 2], (1, 16, 8, 8))])
+    )
+    graph = model.main
+    assert statuses_once_quantized(graph)[0][0] == "mapped"
+    op = graph.ops[0]
+    op.inputs[1].data[:] = [0, 1, 3, 2]  # another perm, written in place
+    op.inputs[0].shape, op.outputs[0].shape = (1, 300, 300, 16), (1, 300, 16, 300)
+    assert statuses_once_quantized(graph)[0][0] != "mapped"  # 1440000 elements moved

@@ -534,13 +534,16 @@ _STATUS_MEMO: weakref.WeakKeyDictionary[Op, tuple[tuple, tuple[str, str]]] = (
 def _tensor_key(t: Tensor | None) -> tuple:
     if t is None:
         return ()
-    q = t.quantization
-    return (id(t), t.name, t.shape, t.dtype, id(t.data), t.is_variable, id(q))
+    data = t.data
+    # small constants (perms, axes, paddings, sizes) by value: a row's check reads them
+    values = data.tobytes() if data is not None and data.size <= 64 else id(data)
+    return (id(t), t.name, t.shape, t.dtype, values, t.is_variable, id(t.quantization))
 
 
 def _op_key(op: Op) -> tuple:
     """What an op's status is computed from: its type, version and options, and its tensors
-    (each by identity, name, shape, type, data and quantization objects)."""
+    (each by identity, name, shape, type, small constants' values, and data and quantization
+    objects)."""
     tensors = tuple(_tensor_key(t) for t in (*op.inputs, *op.outputs))
     return (op.type, op.version, op.custom_code, repr(op.options), tensors)
 
