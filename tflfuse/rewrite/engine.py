@@ -56,10 +56,12 @@ class PassManager:
         return result
 
     def _run_graph(self, index: int, graph: Graph, result: PassResult) -> None:
+        fired: list[str] = []
         for round_no in range(1, self.max_rounds + 1):
             result.rounds = max(result.rounds, round_no)
             refusals: dict[tuple, RefusalEvent] = {}
             changed = False
+            fired = []
             for p in self.passes:
                 if isinstance(p, Rule):
                     n = self._apply_rule(p, index, graph, result, refusals)
@@ -70,12 +72,16 @@ class PassManager:
                         result.note_pass(p.name, before, Counter(op.type for op in graph.ops))
                 if n:
                     changed = True
+                    fired.append(p.name)
                     self._check(graph, p.name)
             if not changed:
                 for r in refusals.values():
                     (result.not_applicable if r.quiet else result.refusals).append(r)
                 return
-        raise RewriteError(f"no fixed point after {self.max_rounds} rounds (rules keep rewriting)")
+        raise RewriteError(
+            f"no fixed point after {self.max_rounds} rounds"
+            f" (rules keep rewriting: {', '.join(fired)})"
+        )
 
     def _apply_rule(
         self, rule: Rule, index: int, graph: Graph, result: PassResult, refusals: dict

@@ -16,6 +16,7 @@ construction (int8 included: they only move bytes).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -449,8 +450,13 @@ class CanonicalizeLayoutChain(Rule):
     quantized_ok = True
     int8_error_steps = 0
 
-    def __init__(self, max_nontrivial_dims: int | None = None) -> None:
+    def __init__(
+        self,
+        max_nontrivial_dims: int | None = None,
+        kept: Callable[[Sequence[Op]], bool] | None = None,
+    ) -> None:
         self.max_nontrivial_dims = max_nontrivial_dims
+        self.kept = kept  # the target's `layout_chain_kept`: a chain it keeps as written
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any(*_MOVEMENT, "SLICE")(p.x, ...)
@@ -464,6 +470,8 @@ class CanonicalizeLayoutChain(Rule):
         chain = _chain_up(m.root, m.graph)
         if len(chain) < 2:
             return NotApplicable("a single layout op")
+        if self.kept is not None and self.kept(chain):
+            return NotApplicable("the target keeps the chain as written (every op shown mapped)")
         source = chain[0].inputs[0]
         tensors = [source, *(op.output for op in chain)]
         if not _same_layout_q(tensors):
@@ -990,7 +998,10 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
         ReciprocalSqrtAsRsqrt(),
         SliceBeforeLayout(),
         SinkReshapeBelowScalarOp(),
-        CanonicalizeLayoutChain(traits.cost.max_nontrivial_dims if traits else None),
+        CanonicalizeLayoutChain(
+            traits.cost.max_nontrivial_dims if traits else None,
+            traits.layout_chain_kept if traits else None,
+        ),
         SoftmaxThroughReshape(),
         LegalizePadV2BeforeMaxPool(),
     ]

@@ -20,7 +20,7 @@ Adding a target: a `Target` in `_TARGETS` below, its table in `delegates/`, its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +98,11 @@ class Target:
     # pool the compiler leaves on the CPU. FuseActivationIntoProducer and the int8 completion
     # ask it (`fused_activation_refusal`).
     fused_activation_limit: Callable[[str, str], Any] | None = None
+    # Whether a chain of layout ops (RESHAPE, TRANSPOSE, SLICE...) stays as written rather than
+    # shortened by CanonicalizeLayoutChain, loaded on first use: the Edge TPU keeps a chain whose
+    # every op compiled models show mapped at its size, so the shortening cannot undo the layout
+    # cuts (targets/edgetpu/layout.py), which would cut the shortened op again, and so on.
+    layout_chain_kept: Callable[[Sequence[Any]], bool] | None = None
 
     def predict(
         self, model: Model, compiler_version: str | None = None, multiple_subgraphs: bool = False
@@ -158,6 +163,12 @@ def _edgetpu_fused_activation_limit(op_type: str, activation: str) -> Any:
     return fused_activation_refusal(op_type, activation)
 
 
+def _edgetpu_layout_chain_kept(chain: Sequence[Any]) -> bool:
+    from tflfuse.targets.edgetpu.layout import every_op_shown_mapped
+
+    return every_op_shown_mapped(chain)
+
+
 def _edgetpu_legalization() -> tuple[Any, ...]:
     from tflfuse.targets.edgetpu.attention import ATTENTION_LEGALIZATION
     from tflfuse.targets.edgetpu.broadcast import BROADCAST_LEGALIZATION
@@ -190,6 +201,7 @@ _TARGETS: tuple[Target, ...] = (
         recognizes_activations=False,  # it maps none of HARD_SWISH, LEAKY_RELU, GELU
         kernel_rewrites=False,  # its pipeline keeps its own mapping-driven choices
         fused_activation_limit=_edgetpu_fused_activation_limit,
+        layout_chain_kept=_edgetpu_layout_chain_kept,
     ),
     Target(
         name="xnnpack",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,16 @@ def _undecided(op: Op) -> Refusal | None:
     if not gated(form_of(op)) or gate(op).answer == "mapped":
         return NotApplicable("its form is shown mapped at its size")
     return None
+
+
+def every_op_shown_mapped(ops: Sequence[Op]) -> bool:
+    """Whether the op table maps every op of `ops` and each gated form is shown mapped at its
+    size (a chain the Edge TPU keeps as written: `Target.layout_chain_kept`)."""
+    return all(
+        edgetpu_shape_refusal(op) is None
+        and (not gated(form_of(op)) or gate(op).answer == "mapped")
+        for op in ops
+    )
 
 
 def _int8_refusal(x: Tensor, out: Tensor, same_q: bool = True) -> Refusal | None:
