@@ -46,6 +46,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -347,7 +348,7 @@ def build(cell: Cell, out: Path, timeout: float) -> list[str]:
             src, onnx_path = export_onnx2tf26(cell, module, work, timeout)
             shutil.copyfile(onnx_path, out / f"{cell.name}.onnx")
             steps = ["torch.onnx.export(opset 17, dynamo=False)", "onnx2tf 2.6 -i m.onnx -o out"]
-            int8, why = onnx2tf26_int8(cell, work, timeout / 2)
+            int8, why = onnx2tf26_int8(cell, work, min(timeout / 2, 600))
             extra["user_int8"] = why
             if int8 is not None:
                 dest8 = out / f"{cell.model}.onnx2tf26-int8.tflite"
@@ -436,6 +437,45 @@ def done(cell: Cell, out: Path) -> bool:
     return (out / f"{cell.name}.tflite").exists()
 
 
+def salvage_float32(cell: Cell, out: Path) -> str:
+    """After a failed or timed-out `edgetpu` cell: keep the float32 file onnx2tf wrote before its
+    int8 step (what tflfuse converts), from the killed child's working folder; remove the folder.
+    Return what was kept, or ""."""
+    dirs = sorted(Path(tempfile.gettempdir()).glob(f"acorpus-{cell.model}-*"), key=os.path.getmtime)
+    hits = sorted(dirs[-1].rglob("*_float32.tflite")) if dirs else []
+    kept = ""
+    refs = out / f"{cell.model}.reference_inputs.npy", out / f"{cell.model}.reference_output0.npy"
+    if hits and all(p.exists() for p in refs):
+        xs, ref = np.load(refs[0]), [np.load(refs[1])]
+        dest = out / f"{cell.model}.edgetpu-float32.tflite"
+        steps = [f"YOLO({cell.arch}).export(format='edgetpu', imgsz={cell.size}, data=local)"]
+        extra = {"made_by": hits[0].name, "torch_output_shape": list(ref[0].shape)}
+        extra["note"] = "the int8 step did not finish: float32 kept from the export's folder"
+        extra["max_abs_error_vs_torch"] = float_error(hits[0], cell, xs, ref)
+        place(hits[0], dest, cell, "edgetpu-float32", steps, extra)
+        kept = f"kept {dest.name}"
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+    return kept
+
+
+def run_child(cmd: list[str], timeout: float) -> tuple[str, dict]:
+    """Run one cell's child in its own process group (a timeout ends the whole group: onnx2tf's
+    subprocesses too); return its output and its RESULT line."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        text, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
+        return text or "", {"ok": False, "reason": f"timed out after {timeout:.0f} s"}
+    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("RESULT ")), "")
+    return text, json.loads(line[7:]) if line else {"ok": False, "reason": "no result"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
@@ -470,16 +510,10 @@ def main() -> int:
         log = args.out / "logs" / f"{cell.name}.log"
         log.parent.mkdir(exist_ok=True)
         cmd = [sys.executable, __file__, "-o", str(args.out), "--child", cell.name]
-        try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=args.timeout, check=False
-            )
-            text = proc.stdout + proc.stderr
-            line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("RESULT ")), "")
-            result = json.loads(line[7:]) if line else {"ok": False, "reason": "no result"}
-        except subprocess.TimeoutExpired as exc:
-            text = str(exc.stdout or "") + str(exc.stderr or "")
-            result = {"ok": False, "reason": f"timed out after {args.timeout:.0f} s"}
+        text, result = run_child(cmd, args.timeout)
+        if not result["ok"] and cell.route == "edgetpu":
+            kept = salvage_float32(cell, args.out)
+            result["reason"] += f" ({kept})" if kept else ""
         log.write_text(text)
         if result["ok"]:
             index["skipped"].pop(cell.name, None)

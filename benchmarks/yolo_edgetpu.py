@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """Attention models and YOLO heads on the Edge TPU: the user's route, stock and tflfuse, predicted.
 
-    /work/main/.venv/bin/python benchmarks/yolo_edgetpu.py [--corpus /work/corpus]
-        [--only yolo26n-640 deit_tiny_patch16_224.litert ...] [--eval 8] [--cached]
+    /work/main/.venv/bin/python benchmarks/yolo_edgetpu.py [--corpus /work/corpus] [--jobs 2]
+        [--only yolo26n-640 deit_tiny_patch16_224.litert ...] [--eval 8] [--fresh | --cached]
 
-(`--cached` renders the rows earlier runs left in `--out` without measuring: several runs on
-disjoint `--only` sets, then one `--cached` run, give the whole table.)
+Each float export is measured in a child process (`--jobs` at once, each killed after
+`--timeout` seconds), which leaves `--out`/STEM.row.json and STEM.log; progress goes to stderr.
+A row is reused when it was measured on the same inputs: the float export, its calibration
+data, the user's int8 file, the tflfuse package's files (sha256 of each) and the eval count
+(`--fresh` measures anyway, e.g. after a change to what this script measures; `--cached`
+renders whatever rows `--out` holds, without measuring). Each model's placement (keyed by its
+bytes and the package's files) and error (by its bytes, the float export's and the eval count)
+are cached on their own too: a predictor change re-predicts the user's and stock models but
+reuses their errors when their bytes did not change. An interrupted run resumes where it stopped.
 
 Reads the corpus `benchmarks/attention_corpus.py` builds (default `/work/corpus`, or
 `$TFLFUSE_CORPUS`; every `X.tflite` with its `X.json` and `X.calib.npy`; nothing copied here) and,
@@ -33,10 +40,13 @@ benchmarks/out/yolo_edgetpu.json. Predictions, not compiler or device numbers.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -111,6 +121,7 @@ def placement(path: Path) -> dict[str, Any]:
         "crossings": cross1,
         "mapped_a": many.mapped,
         "segments_a": many.segments,
+        "other_readings_a": [r.to_dict() for r in many.other_readings],
         "crossings_a": cross_a,
         "cpu_types": dict(Counter(o.op for o in cpu)),
         "refused": [f"op {o.index} {o.op}: {o.reason}" for o in roots],
@@ -200,63 +211,127 @@ def convert_child(src: Path, calib: Path, out: Path) -> tuple[float, int, int, s
     return seconds, int(usage.ru_maxrss) * 1024, proc.returncode, (lines or [""])[-1][:600]
 
 
+def column(who: str, path: Path, ref: list, xs: np.ndarray, keys: dict[str, Any]) -> dict:
+    """One model's placement and error, each from the cache when measured before on the same
+    inputs (`cache/`: the placement keyed by the model's sha256 and the tflfuse package's, the
+    error by the model's, the float export's and the eval count)."""
+    digest = file_hash(path)[:20]
+    place_file = keys["cache"] / f"place-{digest}-{keys['package']}.json"
+    error_file = keys["cache"] / f"error-{digest}-{keys['float']}-e{keys['eval']}.json"
+    keys["cache"].mkdir(parents=True, exist_ok=True)
+    reused = [k for k, f in (("placement", place_file), ("error", error_file)) if f.is_file()]
+    if place_file.is_file():
+        result = json.loads(place_file.read_text())
+    else:
+        result = placement(path)
+        place_file.write_text(json.dumps(result) + "\n")
+    if error_file.is_file():
+        result["error"] = json.loads(error_file.read_text())
+    else:
+        try:
+            result["error"] = errors(ref, run_model(path, xs))
+        except Exception as exc:  # a model the interpreter cannot run: a finding
+            result["error"] = {"error": str(exc).splitlines()[0][:200]}
+        error_file.write_text(json.dumps(result["error"]) + "\n")
+    again = f" ({' and '.join(reused)} reused)" if reused else ""
+    log(f"{path.name} ({who}): {result['mapped']}/{result['total']} mapped{again}")
+    return result
+
+
 def measure(side: Path, out_root: Path, n_eval: int) -> dict[str, Any]:
     info = json.loads(side.read_text())
     src = side.with_suffix(".tflite")
     route, user_route = FLOAT_ROUTES[info["route"]]
     row: dict[str, Any] = {"model": info["model"], "route": route, "file": src.name}
     row["input"] = f"{info['input_shape']} {info.get('input_layout', '')}"
+    row["key"] = row_key(side, n_eval)
     xs = eval_inputs(info, n_eval)
     ref = run_model(src, xs)
     user = src.with_name(f"{info['model']}.{user_route}.tflite") if user_route else None
-    models: dict[str, Path] = {}
+    keys = {"float": file_hash(src)[:20], "package": package_hash()[:20], "eval": n_eval}
+    keys["cache"] = out_root / "cache"
     if user is not None and user.is_file():
-        models["user"] = user
+        row["user"] = column("user", user, ref, xs, keys)
     elif user_route:
-        row["user_missing"] = json.loads(side.read_text()).get("user_int8") or "not made"
+        row["user_missing"] = info.get("user_int8") or "not made"
     out = out_root / src.stem
     log(f"{src.name}: convert --recipe edgetpu")
     seconds, rss, code, last = convert_child(src, side.with_suffix(".calib.npy"), out)
     row.update(convert_s=round(seconds, 1), peak_rss_mib=round(rss / 2**20))
     if code != 0:
         row["convert_error"] = last
-    else:
-        models["stock"], models["fused"] = out / "model_stock.tflite", out / "model.tflite"
-        report = json.loads((out / "report.json").read_text())
-        rules = report.get("rules", {}).get("fired", {})
-        leg = report.get("legalization", {}).get("fired", {})
-        row["rules"] = dict(Counter(rules) + Counter(leg))
-    for who, path in models.items():
-        if not path.is_file():
-            continue
-        row[who] = placement(path)
-        try:
-            row[who]["error"] = errors(ref, run_model(path, xs))
-        except Exception as exc:  # a model the interpreter cannot run: a finding
-            row[who]["error"] = {"error": str(exc).splitlines()[0][:200]}
+        return row
+    report = json.loads((out / "report.json").read_text())
+    rules = report.get("rules", {}).get("fired", {})
+    leg = report.get("legalization", {}).get("fired", {})
+    row["rules"] = dict(Counter(rules) + Counter(leg))
+    for who, name in (("stock", "model_stock.tflite"), ("fused", "model.tflite")):
+        if (out / name).is_file():
+            row[who] = column(who, out / name, ref, xs, keys)
     return row
+
+
+# ---------------------------------------------------------------- cache keys
+
+_HASHES: dict[tuple[str, int, int], str] = {}
+
+
+def file_hash(path: Path) -> str:
+    """sha256 of a file's bytes (remembered per path, size and mtime)."""
+    st = path.stat()
+    memo = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if memo not in _HASHES:
+        _HASHES[memo] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _HASHES[memo]
+
+
+def package_hash() -> str:
+    """sha256 over the tflfuse package's source and data files (names and bytes): what the
+    convert, the predictor and its tables are made of."""
+    import tflfuse
+
+    root = Path(tflfuse.__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def row_key(side: Path, n_eval: int) -> str:
+    """What a row depends on: the float export, its calibration data, the user's int8 file,
+    the tflfuse package and the eval count (not this script: after changing what it measures,
+    run with `--fresh`)."""
+    files = [side.with_suffix(".tflite"), side.with_suffix(".calib.npy")]
+    info = json.loads(side.read_text())
+    user_route = FLOAT_ROUTES[info["route"]][1]
+    user = side.with_name(f"{info['model']}.{user_route}.tflite") if user_route else None
+    files += [user] if user is not None and user.is_file() else []
+    parts = [file_hash(f)[:20] for f in files] + [package_hash()[:20], f"e{n_eval}"]
+    return "-".join(parts)
 
 
 # ---------------------------------------------------------------- the markdown
 
+WHO = (("user", "user's int8"), ("stock", "stock"), ("fused", "tflfuse"))
 
-def _cell(p: dict[str, Any] | None) -> str:
-    if not p:
+
+def _mapped(p: dict[str, Any], many: bool) -> str:
+    """`mapped/total` on the evidence, `(or N)` per other reading (forms no compiled model shows
+    mapped, read as mapped), and with `-a` the segments."""
+    n = p["mapped_a"] if many else p["mapped"]
+    others = p.get("other_readings_a", []) if many else p["other_readings"]
+    text = f"{n}/{p['total']}" + "".join(f" (or {r['mapped']})" for r in others)
+    return f"{text} in {p['segments_a']}" if many else text
+
+
+def _crossing(pair: list[int] | tuple[int, int] | None) -> str:
+    if not pair:
         return "-"
-    others = "".join(f" (or {r['mapped']})" for r in p["other_readings"])
-    return f"{p['mapped']}/{p['total']}{others}"
+    return f"{pair[0]} x {pair[1] / 1024:.0f} KiB"
 
 
-def _cell_a(p: dict[str, Any] | None) -> str:
-    if not p:
-        return "-"
-    n, nbytes = p["crossings_a"]
-    return f"{p['mapped_a']}/{p['total']} in {p['segments_a']}, {n} x {nbytes / 1024:.0f} KiB"
-
-
-def _err(p: dict[str, Any] | None) -> str:
-    if not p:
-        return "-"
+def _err(p: dict[str, Any]) -> str:
     e = p.get("error", {})
     if "error" in e:
         return f"fails: {e['error'][:60]}"
@@ -268,6 +343,54 @@ def _short(refusal: str) -> str:
     return re.sub(r"'([^']{40})[^']{8,}'", r"'\1...'", refusal)
 
 
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per model x route, one line each for the user's int8, stock and tflfuse."""
+    lines = [
+        "| model | route | file | mapped, one segment | crossings | mapped, -a | -a crossings |"
+        " error vs float export | convert s / MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        head = f"| {r['model']} | {r['route']} |"
+        if r.get("user_missing"):
+            lines.append(f"{head} user's int8 | none | | | | | |")
+        for who, label in WHO:
+            p = r.get(who)
+            if not p:
+                continue
+            conv = f"{r.get('convert_s', '-')} / {r.get('peak_rss_mib', '-')}" * (who == "fused")
+            lines.append(
+                f"{head} {label} | {_mapped(p, False)} | {_crossing(p.get('crossings'))} |"
+                f" {_mapped(p, True)} | {_crossing(p.get('crossings_a'))} | {_err(p)} | {conv} |"
+            )
+        if r.get("convert_error"):
+            failed = r["convert_error"].removeprefix("tflfuse: error: ")
+            lines.append(f"{head} tflfuse | refused: {failed[:120]} (below) | | | | | |")
+    return lines
+
+
+def cut_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each model is cut in one segment, the readings, and the rules that fired."""
+    lines = []
+    for r in rows:
+        lines.append(f"- {r['model']} / {r['route']} ({r['file']}, input {r['input']}):")
+        if r.get("convert_error"):
+            lines.append(f"  - convert: {r['convert_error']}")
+        if r.get("user_missing"):
+            lines.append(f"  - user's int8: none ({r['user_missing']})")
+        for who, label in WHO:
+            p = r.get(who)
+            if p:
+                cut = "; ".join(_short(x) for x in p["refused"][:3]) or "nothing refused"
+                lines.append(f"  - {label}: {cut}")
+                lines += [f"    - reading: {o['reading']}" for o in p["other_readings"]]
+        if r.get("rules"):
+            lines.append(
+                "  - rules: " + ", ".join(f"{k} x{v}" for k, v in sorted(r["rules"].items()))
+            )
+    return lines
+
+
 def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Attention models and YOLO heads on the Edge TPU (predicted)",
@@ -275,43 +398,25 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Generated by `{meta['command']}` in {meta['minutes']:.1f} min on {meta['corpus']}"
         " (built by `benchmarks/attention_corpus.py`: random weights, BatchNorm averaged over"
         " image-like inputs). Predicted by tflfuse's Edge TPU predictor (compiler 16); not run"
-        " on a compiler or a device. Routes and columns: this script's docstring.",
+        f" on a compiler or a device. tflfuse package {meta['package'][:12]}. Routes and"
+        " columns: this script's docstring.",
         "",
-        "Mapped, one segment: ops predicted on the Edge TPU in one Edge TPU subgraph (`(or N)`:"
-        " the other reading where the evidence cannot decide). `-a`: mapped with several"
-        " subgraphs, in how many segments, the tensors x bytes crossing CPU <-> Edge TPU per"
-        " inference. Error: largest |output - float export| on image-like inputs calibration"
-        " never saw (over the float output's largest magnitude; worst cosine).",
+        "Per model x route: the route's own int8 (`user's int8`: Ultralytics' onnx2tf 1.28"
+        " full-integer file, onnx2tf 2.6 `-oiqt`; litert-torch makes none), litert-quantizer's"
+        " int8 of the float export (`stock`) and `tflfuse convert --recipe edgetpu`. Mapped: ops"
+        " predicted on the Edge TPU, on the evidence (forms no compiled model shows mapped are"
+        " counted on the CPU); `(or N)`: the other reading, where those forms map. One segment:"
+        " the compiler's default; `-a`: several Edge TPU subgraphs, `in S` segments. Crossings:"
+        " tensors x bytes moving between the CPU and the Edge TPU per inference (graph inputs"
+        " and outputs included). Error: largest |output - float export| on image-like inputs"
+        " calibration never saw (over the float output's largest magnitude; worst cosine).",
         "",
-        "| model | route | mapped: user's int8 | stock | tflfuse | -a: user's | -a: stock |"
-        " -a: tflfuse | error: user's | stock | tflfuse | convert s / MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *table_lines(rows),
+        "",
+        "## Where each is cut (one segment)",
+        "",
+        *cut_lines(rows),
     ]
-    for r in rows:
-        failed = r.get("convert_error", "").removeprefix("tflfuse: error: ")
-        note = f" (convert refused: {failed[:90]}...; below)" if failed else ""
-        u, s, f = r.get("user"), r.get("stock"), r.get("fused")
-        lines.append(
-            f"| {r['model']} | {r['route']} | {_cell(u)} | {_cell(s)} | {_cell(f)} |"
-            f" {_cell_a(u)} | {_cell_a(s)} | {_cell_a(f)} | {_err(u)} | {_err(s)} | {_err(f)} |"
-            f" {r.get('convert_s', '-')} / {r.get('peak_rss_mib', '-')}{note} |"
-        )
-    lines += ["", "## Where each is cut (one segment)", ""]
-    for r in rows:
-        lines.append(f"- {r['model']} / {r['route']} ({r['file']}, input {r['input']}):")
-        if r.get("convert_error"):
-            lines.append(f"  - convert: {r['convert_error']}")
-        if r.get("user_missing"):
-            lines.append(f"  - user's int8: none ({r['user_missing']})")
-        for who, label in (("user", "user's int8"), ("stock", "stock"), ("fused", "tflfuse")):
-            p = r.get(who)
-            if p:
-                cut = "; ".join(_short(x) for x in p["refused"][:3]) or "nothing refused"
-                lines.append(f"  - {label}: {cut}")
-        if r.get("rules"):
-            lines.append(
-                "  - rules: " + ", ".join(f"{k} x{v}" for k, v in sorted(r["rules"].items()))
-            )
     over = [
         f"- {r['model']} / {r['route']}: {r.get('convert_s')} s, {r.get('peak_rss_mib')} MiB"
         f" (limit {lim[0]:.0f} s, {lim[1] / 2**30:.0f} GiB)"
@@ -325,6 +430,101 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- the driver
+
+
+def float_exports(corpus: Path, only: list[str] | None) -> list[Path]:
+    """The sidecars of the corpus' float exports (`--only`: models or files' stems), the
+    largest file first (the longest converts start first under `--jobs`)."""
+    sides = []
+    for side in sorted(corpus.glob("*.json")):
+        with contextlib.suppress(ValueError, OSError):
+            info = json.loads(side.read_text())
+            if info.get("route") not in FLOAT_ROUTES or not side.with_suffix(".tflite").is_file():
+                continue
+            if only and not {info["model"], side.stem} & set(only):
+                continue
+            sides.append(side)
+    return sorted(sides, key=lambda s: -s.with_suffix(".tflite").stat().st_size)
+
+
+def one_row(side: Path, out: Path, n_eval: int) -> int:
+    """`--row`: measure one float export into OUT/STEM.row.json (a failure is a row too)."""
+    info = json.loads(side.read_text())
+    try:
+        row = measure(side, out, n_eval)
+    except Exception as exc:  # a failure is a row, not a crash
+        row = {"model": info["model"], "route": FLOAT_ROUTES[info["route"]][0]}
+        row |= {"file": side.name, "input": "", "convert_error": f"{type(exc).__name__}: {exc}"}
+        row["convert_error"] = row["convert_error"].splitlines()[0][:300]
+        row["key"] = row_key(side, n_eval)
+        log(f"{side.stem}: {row['convert_error']}")
+    (out / f"{side.stem}.row.json").write_text(json.dumps(row, indent=1) + "\n")
+    return 0
+
+
+def summary(row: dict[str, Any]) -> str:
+    parts = [
+        f"{label} {row[who]['mapped']}/{row[who]['total']}" for who, label in WHO if row.get(who)
+    ]
+    if row.get("convert_error"):
+        parts.append("convert refused")
+    return ", ".join(parts) + (f"; convert {row['convert_s']} s" if "convert_s" in row else "")
+
+
+def cached_row(side: Path, out: Path, n_eval: int, any_key: bool) -> dict[str, Any] | None:
+    """The row an earlier run left for `side`, if it was measured on the same inputs (or, with
+    `any_key`, whatever it was measured on)."""
+    path = out / f"{side.stem}.row.json"
+    if not path.is_file():
+        return None
+    row = json.loads(path.read_text())
+    return row if any_key or row.get("key") == row_key(side, n_eval) else None
+
+
+def run_all(todo: list[Path], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Measure `todo`, `args.jobs` children at a time (each `--row`, its own process group,
+    killed after `args.timeout`), printing progress; return the rows by stem."""
+    rows: dict[str, dict[str, Any]] = {}
+    waiting, running = list(todo), {}
+    t0, done = time.perf_counter(), 0
+    while waiting or running:
+        while waiting and len(running) < args.jobs:
+            side = waiting.pop(0)
+            cmd = [sys.executable, __file__, "--row", str(side), "--out", str(args.out)]
+            cmd += ["--eval", str(args.eval)]
+            (args.out / f"{side.stem}.row.json").unlink(missing_ok=True)  # the child writes it
+            logf = (args.out / f"{side.stem}.log").open("w")
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+            running[side] = (proc, time.perf_counter(), logf)
+            log(f"started {side.stem} ({len(running)} running, {len(waiting)} waiting)")
+        time.sleep(1)
+        for side, (proc, started, logf) in list(running.items()):
+            late = time.perf_counter() - started > args.timeout
+            if proc.poll() is None and not late:
+                continue
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            logf.close()
+            del running[side]
+            done += 1
+            row = cached_row(side, args.out, args.eval, any_key=True)
+            if row is None or late:
+                info = json.loads(side.read_text())
+                why = f"timed out after {args.timeout:.0f} s" if late else "the child left no row"
+                row = {"model": info["model"], "route": FLOAT_ROUTES[info["route"]][0]}
+                row |= {"file": side.name, "input": "", "convert_error": why}
+            rows[side.stem] = row
+            took = time.perf_counter() - started
+            left = (time.perf_counter() - t0) / done * (len(todo) - done) / max(args.jobs, 1)
+            log(f"[{done}/{len(todo)}] {side.stem} in {took:.0f} s: {summary(row)}"
+                f" (about {left / 60:.0f} min left; log {args.out / side.stem}.log)")  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
@@ -332,48 +532,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", type=int, default=8, help="image-like inputs for the errors")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "yolo_edgetpu")
     parser.add_argument("--md", type=Path, default=HERE / "YOLO_EDGETPU.md")
+    parser.add_argument("--jobs", type=int, default=1, help="float exports measured at once")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per float export")
+    parser.add_argument("--fresh", action="store_true", help="measure even rows cached as current")
     parser.add_argument(
         "--cached",
         action="store_true",
-        help="reuse the rows earlier runs left in --out (ROW.row.json) instead of measuring again",
+        help="render the rows earlier runs left in --out, whatever they were measured on",
     )
+    parser.add_argument("--row", type=Path, help=argparse.SUPPRESS)  # a child: one sidecar
     args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.row:
+        return one_row(args.row, args.out, args.eval)
     if not args.corpus.is_dir():
         print(f"no corpus at {args.corpus} (build it: benchmarks/attention_corpus.py)")
         return 1
     started = time.perf_counter()
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for side in sorted(args.corpus.glob("*.json")):
-        info = json.loads(side.read_text())
-        if info.get("route") not in FLOAT_ROUTES or not side.with_suffix(".tflite").is_file():
-            continue
-        if args.only and not {info["model"], side.stem} & set(args.only):
-            continue
-        cached = args.out / f"{side.stem}.row.json"
-        if args.cached and cached.is_file():
-            rows.append(json.loads(cached.read_text()))
-            continue
-        if args.cached:  # render only: a file no run measured yet is left out
-            continue
-        try:
-            rows.append(measure(side, args.out, args.eval))
-            cached.write_text(json.dumps(rows[-1], indent=1) + "\n")
-        except Exception as exc:  # a failure is a row, not a crash
-            error = f"{type(exc).__name__}: {exc}"[:300]
-            rows.append(
-                {"model": info["model"], "route": info["route"], "file": side.name}
-                | {"input": "", "convert_error": error}
-            )
-            log(f"{side.stem}: {exc}")
+    sides = float_exports(args.corpus, args.only)
+    rows, todo = {}, []
+    for side in sides:
+        row = None if args.fresh else cached_row(side, args.out, args.eval, args.cached)
+        if row is not None:
+            rows[side.stem] = row
+        elif not args.cached:
+            todo.append(side)
+    log(f"{len(sides)} float exports: {len(rows)} cached, {len(todo)} to measure")
+    rows |= run_all(todo, args)
+    ordered = [rows[s.stem] for s in sorted(sides, key=lambda s: s.stem) if s.stem in rows]
     meta = {
         "command": "python benchmarks/yolo_edgetpu.py " + " ".join(argv or sys.argv[1:]),
         "minutes": (time.perf_counter() - started) / 60,
         "corpus": str(args.corpus),
+        "package": package_hash(),
     }
-    (args.out.parent / "yolo_edgetpu.json").write_text(json.dumps(rows, indent=1) + "\n")
-    args.md.write_text(render(rows, meta))
-    print(f"{len(rows)} rows -> {args.md} in {meta['minutes']:.1f} min")
+    (args.out.parent / "yolo_edgetpu.json").write_text(json.dumps(ordered, indent=1) + "\n")
+    args.md.write_text(render(ordered, meta))
+    print(f"{len(ordered)} rows -> {args.md} in {meta['minutes']:.1f} min")
     return 0
 
 
