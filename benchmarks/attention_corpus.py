@@ -408,6 +408,10 @@ def write_readme(out: Path) -> None:
         " normalize box coordinates by the image size where PyTorch gives pixels, so theirs is"
         " the box scale, not an export error.",
         "",
+        "Measured by `benchmarks/yolo_edgetpu.py` (every float file here, with its route's int8"
+        " beside it) into `benchmarks/YOLO_EDGETPU.md`; a missing cell is built by running"
+        " `attention_corpus.py` again (it resumes).",
+        "",
         "| file | model | route | input | calibration | max abs vs torch | ops |",
         "|---|---|---|---|---|---|---|",
         *rows,
