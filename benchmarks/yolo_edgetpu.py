@@ -482,46 +482,67 @@ def cached_row(side: Path, out: Path, n_eval: int, any_key: bool) -> dict[str, A
     return row if any_key or row.get("key") == row_key(side, n_eval) else None
 
 
+def start_child(side: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, float, Any]:
+    """One `--row` child for `side`, in its own process group, its output in OUT/STEM.log."""
+    cmd = [sys.executable, __file__, "--row", str(side), "--out", str(args.out)]
+    cmd += ["--eval", str(args.eval)]
+    (args.out / f"{side.stem}.row.json").unlink(missing_ok=True)  # the child writes it
+    logf = (args.out / f"{side.stem}.log").open("w")
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    return proc, time.perf_counter(), logf
+
+
+def stop_child(proc: subprocess.Popen) -> None:
+    """End a child and everything it started (its convert)."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def finished_row(side: Path, args: argparse.Namespace, late: bool) -> dict[str, Any]:
+    """The row a finished child wrote, or one saying why there is none."""
+    row = None if late else cached_row(side, args.out, args.eval, any_key=True)
+    if row is None:
+        info = json.loads(side.read_text())
+        why = f"timed out after {args.timeout:.0f} s" if late else "the child left no row"
+        row = {"model": info["model"], "route": FLOAT_ROUTES[info["route"]][0]}
+        row |= {"file": side.name, "input": "", "convert_error": why}
+    return row
+
+
 def run_all(todo: list[Path], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Measure `todo`, `args.jobs` children at a time (each `--row`, its own process group,
-    killed after `args.timeout`), printing progress; return the rows by stem."""
+    """Measure `todo`, `args.jobs` children at a time (each killed after `args.timeout`, all
+    of them when this run is interrupted), printing progress; return the rows by stem."""
     rows: dict[str, dict[str, Any]] = {}
     waiting, running = list(todo), {}
-    t0, done = time.perf_counter(), 0
-    while waiting or running:
-        while waiting and len(running) < args.jobs:
-            side = waiting.pop(0)
-            cmd = [sys.executable, __file__, "--row", str(side), "--out", str(args.out)]
-            cmd += ["--eval", str(args.eval)]
-            (args.out / f"{side.stem}.row.json").unlink(missing_ok=True)  # the child writes it
-            logf = (args.out / f"{side.stem}.log").open("w")
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # fmt: skip
-            running[side] = (proc, time.perf_counter(), logf)
-            log(f"started {side.stem} ({len(running)} running, {len(waiting)} waiting)")
-        time.sleep(1)
-        for side, (proc, started, logf) in list(running.items()):
-            late = time.perf_counter() - started > args.timeout
-            if proc.poll() is None and not late:
-                continue
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            logf.close()
-            del running[side]
-            done += 1
-            row = cached_row(side, args.out, args.eval, any_key=True)
-            if row is None or late:
-                info = json.loads(side.read_text())
-                why = f"timed out after {args.timeout:.0f} s" if late else "the child left no row"
-                row = {"model": info["model"], "route": FLOAT_ROUTES[info["route"]][0]}
-                row |= {"file": side.name, "input": "", "convert_error": why}
-            rows[side.stem] = row
-            took = time.perf_counter() - started
-            left = (time.perf_counter() - t0) / done * (len(todo) - done) / max(args.jobs, 1)
-            log(f"[{done}/{len(todo)}] {side.stem} in {took:.0f} s: {summary(row)}"
-                f" (about {left / 60:.0f} min left; log {args.out / side.stem}.log)")  # fmt: skip
+    t0 = time.perf_counter()
+    try:
+        while waiting or running:
+            while waiting and len(running) < args.jobs:
+                side = waiting.pop(0)
+                running[side] = start_child(side, args)
+                log(f"started {side.stem} ({len(running)} running, {len(waiting)} waiting)")
+            time.sleep(1)
+            for side, (proc, started, logf) in list(running.items()):
+                late = time.perf_counter() - started > args.timeout
+                if proc.poll() is None and not late:
+                    continue
+                stop_child(proc)
+                logf.close()
+                del running[side]
+                rows[side.stem] = finished_row(side, args, late)
+                left = (time.perf_counter() - t0) / len(rows) * (len(todo) - len(rows))
+                log(
+                    f"[{len(rows)}/{len(todo)}] {side.stem} in"
+                    f" {time.perf_counter() - started:.0f} s: {summary(rows[side.stem])}"
+                    f" (about {left / 60:.0f} min left; log {args.out / side.stem}.log)"
+                )
+    finally:
+        for proc, _, _ in running.values():
+            stop_child(proc)
     return rows
 
 
@@ -558,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.cached:
             todo.append(side)
     log(f"{len(sides)} float exports: {len(rows)} cached, {len(todo)} to measure")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run_all's cleanup runs on kill
     rows |= run_all(todo, args)
     ordered = [rows[s.stem] for s in sorted(sides, key=lambda s: s.stem) if s.stem in rows]
     meta = {
