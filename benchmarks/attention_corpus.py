@@ -168,20 +168,25 @@ def onnx2tf_sample(folder: Path) -> None:
 def export_edgetpu(cell: Cell, yolo: Any, work: Path) -> dict[str, Path]:
     """Ultralytics' Coral route, stopped by the missing compiler: the two onnx2tf files."""
     data = cb.yolo_calib_dataset(work / "data", cell.size)
+    kpt_shape = getattr(yolo.model.model[-1], "kpt_shape", None)
+    if kpt_shape:  # a pose data set names its keypoints' shape (Ultralytics checks it)
+        data.write_text(data.read_text() + f"kpt_shape: {list(kpt_shape)}\n")
     onnx2tf_sample(work)
     cwd = os.getcwd()
     os.chdir(work)
+    stopped = ""
     try:
         yolo.export(format="edgetpu", imgsz=cell.size, data=str(data), device="cpu", batch=1)
     except Exception as exc:  # the compiler step: expected here
-        print(f"export stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        stopped = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        print(f"export stopped: {stopped}", file=sys.stderr)
     finally:
         os.chdir(cwd)
     found = {}
     for kind, pattern in (("int8", "*_full_integer_quant.tflite"), ("float32", "*_float32.tflite")):
         hits = sorted(work.rglob(pattern))
         if not hits:
-            raise RuntimeError(f"format=edgetpu left no {pattern}")
+            raise RuntimeError(f"format=edgetpu left no {pattern} (it stopped at: {stopped})")
         found[kind] = hits[0]
     return found
 
