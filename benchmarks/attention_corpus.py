@@ -258,8 +258,15 @@ def onnx2tf26_int8(cell: Cell, work: Path, timeout: float) -> tuple[Path | None,
     hits = sorted((work / "out8").glob("*_full_integer_quant.tflite"))
     if hits:
         return hits[0], "made"
-    lines = [ln.strip() for ln in text.splitlines() if "rror" in ln or "nsupported" in ln]
-    return None, f"onnx2tf 2.6 -oiqt exit {proc.returncode}: {(lines or ['?'])[-1][:240]}"
+    return None, f"onnx2tf 2.6 -oiqt exit {proc.returncode}: {int8_failure(text)}"
+
+
+def int8_failure(text: str) -> str:
+    """The line of onnx2tf's output that says why its int8 failed: the last error or refusal
+    other than the generic "flatbuffer_direct fast path failed" it ends with."""
+    lines = [ln.strip() for ln in text.splitlines() if "rror:" in ln or "nsupported" in ln]
+    named = [ln for ln in lines if "fast path failed" not in ln]
+    return ((named or lines or ["?"])[-1])[:240]
 
 
 def reference(module: Any, cell: Cell) -> tuple[np.ndarray, list[np.ndarray]]:
