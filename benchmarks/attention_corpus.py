@@ -150,8 +150,34 @@ def build_module(cell: Cell) -> tuple[Any, Any]:
         import timm
 
         module = timm.create_model(cell.arch, pretrained=False)
+    module.corpus_revived = revive_residuals(module)
     cb.calibrate_batchnorm(module, cell.spec())
     return module, None
+
+
+def revive_residuals(module: Any) -> int:
+    """Set to 1 the residual branches' scales an untrained network starts at (nearly) zero:
+    norm weights initialized to 0 (LeViT's projections) and layer scales at 1e-5 / 1e-6
+    (EfficientFormer, EdgeNeXt). Left so, a branch adds nothing and an exporter folds it away
+    (litert-torch dropped 9 of LeViT-128S's 11 attention blocks); trained scales are not near 0.
+    Returns how many tensors were set."""
+    import torch
+
+    count = 0
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+            norm = isinstance(owner, (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm))
+            scale = (
+                leaf.startswith("gamma")
+                or "layer_scale" in name
+                or "LayerScale" in str(type(owner).__name__)
+            )
+            if ((norm and leaf == "weight") or scale) and float(param.abs().max()) < 1e-3:
+                param.fill_(1.0)
+                count += 1
+    return count
 
 
 def calib_for(cell: Cell, shape: list[int], n: int = cb.CALIB_SAMPLES) -> np.ndarray:
@@ -340,6 +366,7 @@ def build(cell: Cell, out: Path, timeout: float) -> list[str]:
     with tempfile.TemporaryDirectory(prefix=f"acorpus-{cell.model}-") as tmp:
         work = Path(tmp)
         extra = {"torch_output_shape": list(ref[0].shape)}
+        extra["residual_scales_set_to_1"] = getattr(module, "corpus_revived", 0)
         if cell.route == "edgetpu":
             found = export_edgetpu(cell, yolo, work)
             steps = [f"YOLO({cell.arch}).export(format='edgetpu', imgsz={cell.size}, data=local)"]
