@@ -438,6 +438,10 @@ def write_readme(out: Path) -> None:
         "`MODEL.reference_inputs.npy` / `MODEL.reference_output0.npy`: 4 NCHW samples and the"
         " PyTorch model's first output on them (the float reference).",
         "",
+        "timm models: residual scales an untrained network starts at 0 (zero-initialized"
+        " norms, 1e-5 layer scales) are set to 1 first (`revive_residuals`; their count is the"
+        " sidecar's `residual_scales_set_to_1`), else exporters fold the branches away.",
+        "",
         "Routes: `edgetpu-int8` = Ultralytics `format='edgetpu'` onnx2tf 1.28 full-integer int8"
         " (the user's Coral file); `edgetpu-float32` = the float32 file of the same export;"
         " `litert` = litert-torch float (Ultralytics 8.4 `format='tflite'` for YOLO);"
