@@ -428,6 +428,8 @@ def write_readme(out: Path) -> None:
     ]
     index = json.loads((out / "index.json").read_text()) if (out / "index.json").exists() else {}
     skipped = [f"- {k}: {v}" for k, v in sorted(index.get("skipped", {}).items())]
+    tried = index.get("skipped", {})
+    pending = [c.name for c in cells() if not done(c, out) and c.name not in tried]
     text = [
         "# Attention corpus (issue 25)",
         "",
@@ -461,6 +463,7 @@ def write_readme(out: Path) -> None:
         "",
         *(["## The user's int8 on the onnx2tf 2.6 route", "", *notes, ""] if notes else []),
         *(["## Not built", "", *skipped, ""] if skipped else []),
+        *(["## Not attempted yet", "", ", ".join(pending), ""] if pending else []),
     ]
     (out / "README.md").write_text("\n".join(text) + "\n")
 
