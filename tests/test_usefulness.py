@@ -38,7 +38,10 @@ def _row(**kw: object) -> dict:
         # the source gives one class for every input: its top-1 says nothing, the cosine judges
         (_row(top1_agreement=0.0, reference_classes=1, cosine=0.85, spread=10 * STEP), None),
         (_row(top1_agreement=0.0, reference_classes=1, cosine=0.2, spread=10 * STEP), "cosine"),
-        (_row(top1_agreement=0.0, reference_classes=2, cosine=0.9, spread=10 * STEP), "top-1"),
+        (
+            _row(top1_agreement=0.0, reference_classes=2, cosine=0.9, spread=10 * STEP),
+            "top-1 agreement 0.000",
+        ),
         (_row(cosine=0.0, spread=50 * STEP), "centered cosine 0.000"),  # no class scores
     ],
 )
