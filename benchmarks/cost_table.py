@@ -39,6 +39,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from tflfuse.device.bench import run_benchmark  # noqa: E402
+from tflfuse.device.interpreter import interpreter_package  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
 from tflfuse.ir import (  # noqa: E402
     Graph,
@@ -47,8 +49,6 @@ from tflfuse.ir import (  # noqa: E402
     Tensor,
     flatbuffer,
 )
-from tflfuse.runtime.bench import run_benchmark  # noqa: E402
-from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 from tflfuse.targets import cost  # noqa: E402
 
 RUNTIMES = ("xnnpack", "none")

@@ -98,7 +98,7 @@ def placement(model: Model) -> dict[str, Any]:
 
 def _run(data: bytes, x: np.ndarray) -> np.ndarray:
     """One float NHWC sample through a model: quantized to its input, its output dequantized."""
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     interpreter = make_interpreter(data, delegate="none")
     [inp], out = interpreter.get_input_details(), interpreter.get_output_details()[0]

@@ -35,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from tflfuse.convert.optimize import optimize_bytes  # noqa: E402
+from tflfuse.device.interpreter import make_interpreter  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
 from tflfuse.ir import flatbuffer  # noqa: E402
 from tflfuse.rewrite import PassManager, TopologicalSort  # noqa: E402
@@ -44,7 +45,6 @@ from tflfuse.runtime import (  # noqa: E402
     runs,
     verify,
 )
-from tflfuse.runtime.interpreter import make_interpreter  # noqa: E402
 
 PYTORCH = HERE.parent.parent / "shared" / "models" / "pytorch"
 ZOO = ("mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "resnet_v2_style")

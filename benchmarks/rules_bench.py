@@ -21,11 +21,12 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from tflfuse.convert.optimize import optimize_bytes
+from tflfuse.device import bench
 from tflfuse.examples import zoo
 from tflfuse.ir import flatbuffer
 from tflfuse.rewrite import PassManager
 from tflfuse.rules.defuse import Defuse
-from tflfuse.runtime import bench, verify
+from tflfuse.runtime import verify
 from tflfuse.targets import cost
 
 OUT = Path(__file__).resolve().parent / "out" / "rules"

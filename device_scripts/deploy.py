@@ -6,7 +6,7 @@
 
 Runs on the host (needs tflfuse and the OpenSSH client). The device needs Python >= 3.8, numpy
 and tflite_runtime or ai_edge_litert; see tflfuse/runtime/packing.py for what is sent and
-tflfuse/runtime/bundle.py for how the device checks it.
+tflfuse/device/bundle.py for how the device checks it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tflfuse.device.bench import format_table
 from tflfuse.errors import TflfuseError
 from tflfuse.files import atomic_write_text
-from tflfuse.runtime.bench import format_table
 from tflfuse.runtime.deploy import SshTarget, deploy_and_bench
 
 

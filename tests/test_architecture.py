@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tflfuse.runtime.bundle import SHIPPED_MODULES
+from tflfuse.device.bundle import SHIPPED_MODULES
 from tflfuse.targets import TARGETS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,26 +37,26 @@ REPO = Path(__file__).resolve().parents[1]
 # -- the rules -------------------------------------------------------------------------------
 BASE = ("errors", "files", "quiet", "resources", "isolation", "version")  # below every part
 # part -> the parts it may import (besides itself and BASE); a part is the first name under
-# tflfuse (`targets` for tflfuse.targets.edgetpu.rules); the device side of runtime is its own
+# tflfuse (`targets` for tflfuse.targets.edgetpu.rules): a folder, or a module of the top floor
 ALLOWED: dict[str, set[str]] = {
     "ir": set(),
+    "device": set(),  # interpreter, bench, bundle: what a bundle ships
     "rewrite": {"ir"},
-    "runtime.device": set(),  # interpreter, bench, bundle: what a bundle ships
-    "targets": {"ir", "rewrite", "runtime.device"},  # probes ask the interpreter
-    "rules": {"ir", "rewrite", "targets", "runtime.device"},  # constants fold on the interpreter
-    "runtime": {"ir", "targets", "runtime.device"},  # host side: verification, bundles, deploy
+    "targets": {"ir", "rewrite", "device"},  # probes ask the interpreter
+    "rules": {"ir", "rewrite", "targets", "device"},  # constants fold on the interpreter
+    "runtime": {"ir", "targets", "device"},  # host side: verification, bundles, deploy
     # a source gives models and facts; quantizing, verifying and recipes are convert's
-    "sources": {"ir", "rewrite", "rules", "targets", "runtime", "runtime.device"},
-    "convert": {"ir", "rewrite", "rules", "targets", "runtime", "runtime.device", "sources"},
+    "sources": {"ir", "rewrite", "rules", "targets", "runtime", "device"},
+    "convert": {"ir", "rewrite", "rules", "targets", "runtime", "device", "sources"},
     "examples": set(),
-    "api": {"ir", "targets", "runtime", "runtime.device", "convert"},
+    "api": {"ir", "targets", "runtime", "device", "convert"},
     "cli": {
         "ir",
         "rewrite",
         "rules",
         "targets",
         "runtime",
-        "runtime.device",
+        "device",
         "sources",
         "convert",
         "examples",
@@ -64,7 +64,6 @@ ALLOWED: dict[str, set[str]] = {
     },
     "tflfuse": {"api"},  # the package: its API door, lazily
 }
-DEVICE_SIDE = ("runtime.interpreter", "runtime.bench", "runtime.bundle")
 # host-only helpers the device side may reach inside a function (never on the device's path)
 DEVICE_HOST_ONLY = {"files", "resources"}
 HEAVY = {"tensorflow", "keras", "tf_keras", "litert_quantizer", "ai_edge_quantizer"}
@@ -160,8 +159,6 @@ def part_of(module: str) -> str:
     rest = module.removeprefix("tflfuse").removeprefix(".")
     if not rest:
         return "tflfuse"
-    if rest in DEVICE_SIDE or rest == "runtime":
-        return "runtime.device"  # runtime/__init__ ships too
     head = rest.split(".")[0]
     return "base" if head in BASE else head
 
@@ -459,9 +456,9 @@ CLEAN = {
     "tflfuse/rules/fuse.py": "from tflfuse.rewrite import engine\nfrom tflfuse.targets import x\n",
     "tflfuse/targets/x.py": "from tflfuse.ir import graph\n",
     "tflfuse/sources/keras.py": "def load():\n    import tensorflow as tf\n",
-    "tflfuse/runtime/bench.py": "from tflfuse.runtime import interpreter\n",
-    "tflfuse/runtime/interpreter.py": "from tflfuse.errors import TflfuseError\n",
-    "device_scripts/run.py": "from tflfuse.runtime import bench\n",
+    "tflfuse/device/bench.py": "from tflfuse.device import interpreter\n",
+    "tflfuse/device/interpreter.py": "from tflfuse.errors import TflfuseError\n",
+    "device_scripts/run.py": "from tflfuse.device import bench\n",
 }
 PLANTED = [
     (  # a cycle through imports hidden in functions
@@ -512,7 +509,7 @@ PLANTED = [
         "targets may not import rules",
     ),
     (  # the device runtime importing the IR at module level
-        {"tflfuse/runtime/bench.py": "from tflfuse.ir import graph\n"},
+        {"tflfuse/device/bench.py": "from tflfuse.ir import graph\n"},
         device_side_imports,
         "a device bundle does not ship tflfuse.ir",
     ),

@@ -145,7 +145,7 @@ def test_unusable_quantization_is_one_line_naming_the_tensor(scale, zero_point, 
 def test_the_interpreter_is_never_given_an_unusable_scale() -> None:
     """The runtime's own guard (any model, any command): refused before allocate_tensors, which
     aborts the process in some builds."""
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     data = flatbuffer.to_bytes(_int8_tensor_model(np.inf))
     with pytest.raises(TflfuseError, match="tensor 'input' has quantization scale inf"):

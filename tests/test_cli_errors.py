@@ -11,8 +11,8 @@ import pytest
 
 from tflfuse.cli import main
 from tflfuse.convert import calibration
+from tflfuse.device import bench
 from tflfuse.errors import TflfuseError
-from tflfuse.runtime import bench
 
 SHAPE = (8, 8, 1)
 

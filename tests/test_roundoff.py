@@ -18,11 +18,11 @@ from irgraphs import conv, depthwise, fully_connected, model_of, to_bytes
 from rulekit import optimize
 from test_rules_property import RandomNet
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.ir import Graph, flatbuffer
 from tflfuse.rewrite import PassManager, TopologicalSort
 from tflfuse.rules.defuse import Defuse
 from tflfuse.runtime import roundoff, runs, verify
-from tflfuse.runtime.interpreter import make_interpreter
 
 U = 2.0**-24
 PYTORCH = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination, PassManager, TopologicalSort
 from tflfuse.runtime import verify
-from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.targets import predict
 from tflfuse.targets.edgetpu.predict import statuses_once_quantized
 from tflfuse.targets.edgetpu.rules import (
@@ -367,7 +367,7 @@ def yolo() -> dict[str, bytes]:
 
 
 def _mean_error(data: bytes, reference: bytes, x: np.ndarray) -> float:
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     def outputs(model: bytes) -> np.ndarray:
         interp = make_interpreter(model, "none")

@@ -8,10 +8,10 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
 from tflfuse.examples import zoo
 from tflfuse.ir import flatbuffer
-from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.runtime.runs import run
 from tflfuse.runtime.verify import seeded_inputs
 

@@ -708,8 +708,8 @@ def _add_bench(sub: Any) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from tflfuse.runtime.bench import check_arguments, format_table, plot_latencies, run_benchmark
-    from tflfuse.runtime.interpreter import check_delegate_name
+    from tflfuse.device.bench import check_arguments, format_table, plot_latencies, run_benchmark
+    from tflfuse.device.interpreter import check_delegate_name
 
     # everything that could fail after the benchmark is checked before it
     check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")
@@ -765,8 +765,8 @@ def _add_compare(sub: Any) -> None:
 
 def _run_compare(args: argparse.Namespace) -> int:
     from tflfuse.convert.compare import compare, format_table, read_conversion
-    from tflfuse.runtime.bench import check_arguments, plot_latencies
-    from tflfuse.runtime.interpreter import check_delegate_name
+    from tflfuse.device.bench import check_arguments, plot_latencies
+    from tflfuse.device.interpreter import check_delegate_name
 
     # everything that could fail after the benchmark is checked before it
     check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")

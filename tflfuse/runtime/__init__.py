@@ -1,8 +1,6 @@
-"""The interpreter side: the interpreter factory (`interpreter`), the benchmark protocol
-(`bench`), device bundles (`bundle` on the device, `packing` on the host, `deploy` over
-SSH), and verification runs (`runs`, `verify`, `roundoff`). The device side
-(`interpreter`, `bench`, `bundle`) ships in bundles and imports only numpy, the
-interpreter package and the standard library: keep this file empty of imports.
+"""The host side of running models: verification runs (`runs`, `verify`, `roundoff`) and device
+bundles (`packing` on the host, `deploy` over SSH). The device side that ships in bundles is
+`tflfuse.device`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run a model over input sets with the interpreter: raw outputs (`run`, for verification)
 and outputs in float, quantized inputs and dequantized outputs (`run_float`, for
 agreement in output units). Host side; the interpreter comes from
-`tflfuse.runtime.interpreter`.
+`tflfuse.device.interpreter`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
 from tflfuse.runtime import run_memo
-from tflfuse.runtime.interpreter import make_interpreter
 
 
 def run(

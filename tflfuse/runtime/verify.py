@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse.device.bench import seeded_input_values
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
 from tflfuse.runtime import run_memo
-from tflfuse.runtime.bench import seeded_input_values
-from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.runtime.roundoff import estimate
 from tflfuse.runtime.runs import run, run_keeping
 

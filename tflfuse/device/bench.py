@@ -32,8 +32,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from tflfuse.device.interpreter import check_delegate_name, interpreter_package, make_interpreter
 from tflfuse.errors import TflfuseError
-from tflfuse.runtime.interpreter import check_delegate_name, interpreter_package, make_interpreter
 
 PERCENTILES = (50, 90, 99)
 ALIGNMENT = 64
