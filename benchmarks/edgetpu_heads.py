@@ -50,9 +50,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from tflfuse.ir import Model, flatbuffer  # noqa: E402
 from tflfuse.rules import legalize_quantized  # noqa: E402
-from tflfuse.runtime import verify  # noqa: E402
 from tflfuse.targets.edgetpu.forms import form_of, gate, gated  # noqa: E402
 from tflfuse.targets.edgetpu.predict import predict_edgetpu  # noqa: E402
+from tflfuse.verification import verify  # noqa: E402
 
 CORPUS = Path(os.environ.get("TFLFUSE_CORPUS") or HERE.parent.parent / "corpus")
 SHARED = Path(os.environ.get("TFLFUSE_SHARED") or HERE.parent.parent / "shared")

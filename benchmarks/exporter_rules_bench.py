@@ -38,8 +38,8 @@ from tflfuse.rewrite import DeadCodeElimination, PassManager, Rule, TopologicalS
 from tflfuse.rules import exporter, pipeline
 from tflfuse.rules.algebra import CollapseReshapeChain
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
-from tflfuse.runtime import runs as runs_module
-from tflfuse.runtime import verify
+from tflfuse.verification import runs as runs_module
+from tflfuse.verification import verify
 
 MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"
 EXPORTER_NAMES = tuple(

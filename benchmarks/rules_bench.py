@@ -26,8 +26,8 @@ from tflfuse.examples import zoo
 from tflfuse.ir import flatbuffer
 from tflfuse.rewrite import PassManager
 from tflfuse.rules.defuse import Defuse
-from tflfuse.runtime import verify
 from tflfuse.targets import cost
+from tflfuse.verification import verify
 
 OUT = Path(__file__).resolve().parent / "out" / "rules"
 MODELS = ("resnet_v2_style", "inception_style", "transformer_encoder")

@@ -44,17 +44,29 @@ ALLOWED: dict[str, set[str]] = {
     "rewrite": {"ir"},
     "targets": {"ir", "rewrite", "device"},  # probes ask the interpreter
     "rules": {"ir", "rewrite", "targets", "device"},  # constants fold on the interpreter
-    "runtime": {"ir", "targets", "device"},  # host side: verification, bundles, deploy
+    # runs, comparisons, round-off, the per-rewrite check, the verified-apply service
+    "verification": {"ir", "rewrite", "device"},
+    "runtime": {"ir", "targets", "device"},  # host side: bundles, deploy
     # a source gives models and facts; quantizing, verifying and recipes are convert's
-    "sources": {"ir", "rewrite", "rules", "targets", "runtime", "device"},
-    "convert": {"ir", "rewrite", "rules", "targets", "runtime", "device", "sources"},
+    "sources": {"ir", "rewrite", "rules", "targets", "verification", "device"},
+    "convert": {
+        "ir",
+        "rewrite",
+        "rules",
+        "targets",
+        "verification",
+        "runtime",
+        "device",
+        "sources",
+    },
     "examples": set(),
-    "api": {"ir", "targets", "runtime", "device", "convert"},
+    "api": {"ir", "targets", "verification", "runtime", "device", "convert"},
     "cli": {
         "ir",
         "rewrite",
         "rules",
         "targets",
+        "verification",
         "runtime",
         "device",
         "sources",

@@ -151,8 +151,8 @@ def test_a_failed_baseline_check_says_which_and_what_it_measured(tmp_path, monke
 
 
 def test_no_verify_runs_no_numeric_check_at_all(tmp_path, monkeypatch) -> None:
-    from tflfuse.runtime import verify
     from tflfuse.sources import layout
+    from tflfuse.verification import verify
 
     def refuse(*args, **kwargs):
         raise AssertionError("a numeric check ran under --no-verify")

@@ -168,7 +168,7 @@ def _scales_usable(data: bytes) -> None:
 
 
 def _error_and_variation(float_data: bytes, q_data: bytes, x: np.ndarray) -> tuple[float, float]:
-    from tflfuse.runtime.runs import run_float
+    from tflfuse.verification.runs import run_float
 
     ref, got = run_float(float_data, [x])[0], run_float(q_data, [x])[0]
     assert np.all(np.isfinite(got))
@@ -236,6 +236,6 @@ def test_all_equal_calibration_data_give_usable_scales(value: float) -> None:
     expect = 2 / 255 if value == 0 else value / 255
     assert float(quantize_op.outputs[0].quantization.scale[0]) == pytest.approx(expect, rel=1e-3)
     x = np.random.default_rng(0).uniform(-1, 1, (8, 8, 8, 3)).astype(np.float32)
-    from tflfuse.runtime.runs import run_float
+    from tflfuse.verification.runs import run_float
 
     assert np.all(np.isfinite(run_float(q.data, [x])[0]))

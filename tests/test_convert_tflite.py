@@ -20,7 +20,7 @@ from tflfuse.cli import main
 from tflfuse.convert import calibration
 from tflfuse.convert.pipeline import convert
 from tflfuse.ir import Graph, Model, flatbuffer
-from tflfuse.runtime.runs import run_float
+from tflfuse.verification.runs import run_float
 
 PYTORCH = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"
 RNG = np.random.default_rng(7)

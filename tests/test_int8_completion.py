@@ -22,8 +22,8 @@ from tflfuse.convert.int8_completion import (
     QuantizeRelu0To1,
 )
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
-from tflfuse.runtime import runs
 from tflfuse.targets import predict
+from tflfuse.verification import runs
 
 ALL_INT8 = np.arange(-128, 128, dtype=np.int8)
 

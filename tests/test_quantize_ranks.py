@@ -57,7 +57,7 @@ def test_statistics_take_their_tensors_rank() -> None:
 def test_class_token_after_patch_embedding_quantizes() -> None:
     pytest.importorskip("litert_quantizer")
     from tflfuse.convert.quantize import quantize
-    from tflfuse.runtime.runs import run_float
+    from tflfuse.verification.runs import run_float
 
     data = _patch_embed_with_class_token()
     rng = np.random.default_rng(0)

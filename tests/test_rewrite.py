@@ -17,7 +17,7 @@ from tflfuse.rewrite import (
     find_matches,
 )
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
-from tflfuse.runtime import verify
+from tflfuse.verification import verify
 
 CLEANUP = (DeadCodeElimination(), TopologicalSort())
 p = PatternBuilder()

@@ -15,7 +15,6 @@ from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 from tflfuse.device.interpreter import make_interpreter
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination, PassManager, TopologicalSort
-from tflfuse.runtime import verify
 from tflfuse.targets import predict
 from tflfuse.targets.edgetpu.predict import statuses_once_quantized
 from tflfuse.targets.edgetpu.rules import (
@@ -28,6 +27,7 @@ from tflfuse.targets.edgetpu.rules import (
     SplitOversizedResize,
     SplitOversizedTranspose,
 )
+from tflfuse.verification import verify
 
 
 def q(scale: float, zero: int) -> Quantization:

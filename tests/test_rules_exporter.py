@@ -21,8 +21,8 @@ from tflfuse.rules.exporter import (
     SliceBeforeLayout,
     SoftmaxThroughReshape,
 )
-from tflfuse.runtime import verify
 from tflfuse.targets.edgetpu.rules import DropHalfPixelCentersFromNearestResize
+from tflfuse.verification import verify
 
 LOWEST = float(np.finfo(np.float32).min)
 

@@ -1,8 +1,8 @@
 """A model run (or calibrated) twice on the same inputs within a conversion runs once.
 
-`tflfuse.runtime.run_memo` remembers outputs by what decides them (model bytes, inputs, settings):
-the checks below count its answers and show that a remembered answer is the one a fresh run gives,
-that anything different in the key is run again, and that the budget bounds what is kept.
+`tflfuse.verification.run_memo` remembers outputs by what decides them (model bytes, inputs,
+settings): the checks below count its answers and show that a remembered answer is the one a fresh
+run gives, that anything different in the key is run again, and that the budget bounds what is kept.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from irgraphs import conv, model_of, to_bytes, unary
 
 from tflfuse.ir import Graph, Signature
-from tflfuse.runtime import run_memo, verify
-from tflfuse.runtime import runs as runs_module
+from tflfuse.verification import run_memo, verify
+from tflfuse.verification import runs as runs_module
 
 
 def _model(act: str = "NONE", bias_shift: float = 0.0) -> bytes:

@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse.convert import verified
 from tflfuse.convert.quantize import quantize
 from tflfuse.convert.recipe import Recipe
 from tflfuse.device.interpreter import make_interpreter
@@ -26,6 +25,7 @@ from tflfuse.errors import TflfuseError
 from tflfuse.rewrite import TopologicalSort
 from tflfuse.rules import defuse as defuse_mod
 from tflfuse.sources.tflite import TfliteSource
+from tflfuse.verification import verified
 
 DEFUSED_ROUTE = "the input defused (rules.defuse: fused activations and float biases split off)"
 
