@@ -36,17 +36,20 @@ REPO = Path(__file__).resolve().parents[1]
 
 # -- the rules -------------------------------------------------------------------------------
 BASE = ("errors", "files", "quiet", "resources", "isolation", "version")  # below every part
-# part -> the parts it may import (besides itself and BASE); a part is the first name under
-# tflfuse (`targets` for tflfuse.targets.edgetpu.rules): a folder, or a module of the top floor
+# The floors, lowest first: part -> the parts it may import (besides itself and BASE), each of
+# them listed before it (test_the_floors_are_in_order). A part is the first name under tflfuse
+# (`targets` for tflfuse.targets.edgetpu.rules): a folder, or a module of the doors at the top.
 ALLOWED: dict[str, set[str]] = {
     "ir": set(),
-    "device": set(),  # interpreter, bench, bundle: what a bundle ships
+    "device": set(),  # interpreter, bench, bundle: what a bundle ships (Python 3.7)
     "rewrite": {"ir"},
     "targets": {"ir", "rewrite", "device"},  # probes ask the interpreter
     "rules": {"ir", "rewrite", "targets", "device"},  # constants fold on the interpreter
     # runs, comparisons, round-off, the per-rewrite check, the verified-apply service
     "verification": {"ir", "rewrite", "device"},
-    "runtime": {"ir", "targets", "device"},  # host side: bundles, deploy
+    "deploy": {"ir", "targets", "device"},  # bundles written on the host, sent over SSH
+    # quantize, calibration, calibrated ranges, int8 completion: TensorFlow and the quantizer
+    "quantize": {"ir", "rewrite", "targets", "rules", "verification", "device"},
     # a source gives models and facts; quantizing, verifying and recipes are convert's
     "sources": {"ir", "rewrite", "rules", "targets", "verification", "device"},
     "convert": {
@@ -55,19 +58,20 @@ ALLOWED: dict[str, set[str]] = {
         "rules",
         "targets",
         "verification",
-        "runtime",
+        "quantize",
         "device",
         "sources",
     },
     "examples": set(),
-    "api": {"ir", "targets", "verification", "runtime", "device", "convert"},
+    "api": {"ir", "targets", "verification", "device", "convert"},
     "cli": {
         "ir",
         "rewrite",
         "rules",
         "targets",
         "verification",
-        "runtime",
+        "deploy",
+        "quantize",
         "device",
         "sources",
         "convert",
@@ -439,6 +443,17 @@ def test_the_length_check_finds_a_planted_long_function(tmp_path: Path) -> None:
     ]
 
 
+def test_the_floors_are_in_order() -> None:
+    """Each part may import only parts listed before it in ALLOWED: the floors form one order
+    (two parts that may import each other would be one floor)."""
+    order = list(ALLOWED)
+    late = {
+        part: sorted(p for p in below if order.index(p) > order.index(part))
+        for part, below in ALLOWED.items()
+    }
+    assert not {k: v for k, v in late.items() if v}, late
+
+
 def test_every_module_belongs_to_a_part(project: list[Import]) -> None:
     modules = {module_name(REPO, p) for p in (REPO / "tflfuse").rglob("*.py")}
     unknown = {m for m in modules if part_of(m) not in {*ALLOWED, "base"}}
@@ -537,8 +552,8 @@ PLANTED = [
     ),
     (  # a device script that loads the rewrite engine through a module it imports
         {
-            "tflfuse/runtime/deploy.py": "from tflfuse.rewrite import engine\n",
-            "device_scripts/run.py": "def main():\n    from tflfuse.runtime import deploy\n",
+            "tflfuse/deploy/deploy.py": "from tflfuse.rewrite import engine\n",
+            "device_scripts/run.py": "def main():\n    from tflfuse.deploy import deploy\n",
         },
         device_script_loads,
         "device_scripts.run loads tflfuse.rewrite",

@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 from irgraphs import conv, model_of, to_bytes
 
+from tflfuse.deploy import packing
+from tflfuse.deploy.deploy import SshTarget, deploy_and_bench
 from tflfuse.device import bundle
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph
-from tflfuse.runtime import packing
-from tflfuse.runtime.deploy import SshTarget, deploy_and_bench
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "device_scripts"
@@ -326,7 +326,7 @@ def test_deploy_round_trip_over_ssh(sshd, models: list[Path]) -> None:
 
 
 def test_device_refuses_a_bundle_corrupted_after_the_push(sshd, models: list[Path]) -> None:
-    from tflfuse.runtime.deploy import push_bundle, run_remote_bench
+    from tflfuse.deploy.deploy import push_bundle, run_remote_bench
 
     target, d = sshd
     local = d / "local-bundle"
