@@ -377,7 +377,7 @@ def _calibration(data: bytes, n: int = 32) -> list[np.ndarray]:
 
 
 def _quantize(data: bytes, calib, io: str) -> bytes:
-    from tflfuse.convert import quantize
+    from tflfuse.quantize import quantize
 
     return quantize.quantize(
         data, "int8", calib, input_type=io, output_type=io, progress=False

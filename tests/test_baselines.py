@@ -20,9 +20,9 @@ from irgraphs import add, conv, model_of, to_bytes
 
 from tflfuse import cli
 from tflfuse.convert.pipeline import convert
-from tflfuse.convert.quantize import set_io_types
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Quantization, Signature, flatbuffer
+from tflfuse.quantize.quantize import set_io_types
 from tflfuse.rules.defuse import Defuse as _Defuse
 
 pytest.importorskip("litert_quantizer")
@@ -92,7 +92,7 @@ def test_io_types_are_set_in_place_without_moving_an_op(io: str, expect: list[st
 
 
 def test_stock_is_the_quantizers_model_in_its_own_order(tmp_path: Path) -> None:
-    from tflfuse.convert.quantize import quantize
+    from tflfuse.quantize.quantize import quantize
 
     data = with_constant_branch()
     own = _ops(quantize(data, "int8", [calib()], progress=False).data)  # float I/O, as it writes

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tflfuse.cli import main
-from tflfuse.convert import calibration
 from tflfuse.device import bench
 from tflfuse.errors import TflfuseError
+from tflfuse.quantize import calibration
 
 SHAPE = (8, 8, 1)
 

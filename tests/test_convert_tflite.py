@@ -17,9 +17,9 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("litert_quantizer")
 
 from tflfuse.cli import main
-from tflfuse.convert import calibration
 from tflfuse.convert.pipeline import convert
 from tflfuse.ir import Graph, Model, flatbuffer
+from tflfuse.quantize import calibration
 from tflfuse.verification.runs import run_float
 
 PYTORCH = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"

@@ -31,8 +31,8 @@ SHARED = ROOT.parent / "shared"
 EMITTERS = (
     *sorted((ROOT / "tflfuse" / "rules").glob("*.py")),
     *sorted((ROOT / "tflfuse" / "targets" / "edgetpu").glob("*.py")),
-    ROOT / "tflfuse" / "convert" / "quantize.py",
-    ROOT / "tflfuse" / "convert" / "int8_completion.py",
+    ROOT / "tflfuse" / "quantize" / "quantize.py",
+    ROOT / "tflfuse" / "quantize" / "int8_completion.py",
 )
 BUILDS = ("op", "add_op", "split", "_replace")  # calls that take an op type as a string
 

@@ -347,8 +347,8 @@ def test_execution_order_does_not_move_the_cut() -> None:
 def yolo() -> dict[str, bytes]:
     pytest.importorskip("tensorflow")
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
     from tflfuse.examples import zoo
+    from tflfuse.quantize.quantize import quantize
 
     model = zoo.build("yolo_style", input_size=64)
     calibration = zoo.sample_inputs((64, 64, 3), n=16, seed=2)

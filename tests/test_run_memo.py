@@ -93,7 +93,7 @@ def test_the_budget_bounds_what_is_kept(monkeypatch) -> None:
 
 def test_a_model_calibrated_twice_on_the_same_data_is_calibrated_once() -> None:
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
+    from tflfuse.quantize.quantize import quantize
 
     data = _model()
     calib = [np.random.default_rng(0).uniform(-1, 1, (8, 6, 6, 3)).astype(np.float32)]

@@ -639,7 +639,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     recipe = _recipe_from_args(args)
     model = check_input(args.model, folder_ok=True)
     if args.calib is not None:
-        from tflfuse.convert.calibration import split_pick
+        from tflfuse.quantize.calibration import split_pick
 
         check_input(split_pick(args.calib)[0], "calibration", folder_ok=True)
     result = api.convert(

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse.convert.quantize import quantize
 from tflfuse.convert.recipe import Recipe
 from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
+from tflfuse.quantize.quantize import quantize
 from tflfuse.rewrite import TopologicalSort
 from tflfuse.rules import defuse as defuse_mod
 from tflfuse.sources.tflite import TfliteSource

@@ -36,13 +36,10 @@ import numpy as np
 
 from tflfuse import isolation
 from tflfuse.convert import baselines as baselines_mod
-from tflfuse.convert import calibration as calib_mod
-from tflfuse.convert import quantize as quantize_mod
 from tflfuse.convert import recipe as recipe_mod
 from tflfuse.convert import report as report_mod
 from tflfuse.convert import usefulness
 from tflfuse.convert.optimize import OptimizeResult, check_options, optimize_bytes, runtime_section
-from tflfuse.convert.quantize import Quantized, aeq_unsupported, set_io_types
 from tflfuse.convert.recipe import Recipe
 from tflfuse.convert.records import (
     BaselinesRecord,
@@ -56,6 +53,9 @@ from tflfuse.convert.records import (
 from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import flatbuffer
+from tflfuse.quantize import calibration as calib_mod
+from tflfuse.quantize import quantize as quantize_mod
+from tflfuse.quantize.quantize import Quantized, aeq_unsupported, set_io_types
 from tflfuse.rules import pipeline
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.sources import tflite as tflite_frontend

@@ -21,7 +21,6 @@ import numpy as np
 from tflfuse import targets
 from tflfuse.convert import caveats
 from tflfuse.convert.optimize import OptimizeResult
-from tflfuse.convert.quantize import float_compute_ops
 from tflfuse.convert.recipe import Recipe
 from tflfuse.convert.records import (
     BaselinesRecord,
@@ -34,6 +33,7 @@ from tflfuse.convert.records import (
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.summary import activation_bytes, parameter_bytes, quantization_summary
+from tflfuse.quantize.quantize import float_compute_ops
 from tflfuse.sources import layout
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.protocol import Source

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from tflfuse import isolation
-from tflfuse.convert.calibrated_ranges import usable_ranges
-from tflfuse.convert.int8_completion import COMPLETED_OPS, complete
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer, qparams
+from tflfuse.quantize.calibrated_ranges import usable_ranges
+from tflfuse.quantize.int8_completion import COMPLETED_OPS, complete
 from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.verification import run_memo
