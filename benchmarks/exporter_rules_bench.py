@@ -32,10 +32,11 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from tflfuse import targets
+from tflfuse.convert.rule_sets import pipeline
 from tflfuse.device import bench
 from tflfuse.ir import Graph, Model, Signature, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination, PassManager, Rule, TopologicalSort
-from tflfuse.rules import exporter, pipeline
+from tflfuse.rules import exporter
 from tflfuse.rules.algebra import CollapseReshapeChain
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
 from tflfuse.verification import runs as runs_module

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tflfuse.convert.rule_sets import pipeline
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 from tflfuse.ir.flatbuffer import OP_CODES
 from tflfuse.ir.op_versions import known, required
-from tflfuse.rules import pipeline
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.targets import TARGETS, runtimes
 

@@ -646,7 +646,7 @@ def test_every_fused_activation_the_edgetpu_pipeline_writes_is_in_its_row() -> N
 
 # -- the quantized stage: what `convert` runs after quantizing ------------------------------------
 def test_quantized_pipeline_is_the_edgetpu_legalization_only() -> None:
-    from tflfuse.rules import pipeline
+    from tflfuse.convert.rule_sets import pipeline
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
 
     names = [p.name for p in pipeline(2, "edgetpu", quantized=True)]
@@ -670,7 +670,7 @@ YAMNET_INT8 = MORE / "google-coral__coralmicro/models__yamnet_spectra_in/yamnet_
 def test_legalize_quantized_keeps_a_real_int8_mean_the_compiler_mapped() -> None:
     """YAMNet's int8 head: the compiled twin maps its MEAN over the 3x2 plane as it is (only
     QUANTIZE and DEQUANTIZE stay on the CPU), so the legalization leaves it alone and says why."""
-    from tflfuse.rules import legalize_quantized
+    from tflfuse.convert.rule_sets import legalize_quantized
 
     data = YAMNET_INT8.read_bytes()
     model = flatbuffer.from_bytes(data)
@@ -934,7 +934,7 @@ def test_real_yolov8_head_is_cut_along_its_anchors_and_stays_bit_exact() -> None
     (ChunkHeadAlongAnchors, tests/test_edgetpu_heads.py), which takes the refused feature-map
     transposes with it, so SplitOversizedTranspose finds nothing left over its limit; only the
     [1, 84, 8400] output's join stays on the CPU; outputs identical."""
-    from tflfuse.rules import legalize_quantized
+    from tflfuse.convert.rule_sets import legalize_quantized
     from tflfuse.targets.edgetpu.predict import _single_segment, edgetpu_statuses
 
     def on_cpu(model: Model) -> list[str]:  # by the op table (the forms gate aside)

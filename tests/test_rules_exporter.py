@@ -7,8 +7,8 @@ import pytest
 from conftest import SHARED
 from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
+from tflfuse.convert.rule_sets import pipeline
 from tflfuse.ir import Quantization, Tensor
-from tflfuse.rules import pipeline
 from tflfuse.rules.algebra import CollapseReshapeChain, RecognizeHardSwish
 from tflfuse.rules.exporter import (
     BatchMatmulToFullyConnected,

@@ -264,7 +264,7 @@ def _print_rewrite_checks(v: dict) -> None:
 def _pass_lines(changes: dict[str, dict[str, int]]) -> list[str]:
     """'pass DeadCodeElimination removed 1 op (MAX_POOL_2D 1): <what the pass does>' for each
     whole-graph pass that changed the op list, so every removed op has a name beside it."""
-    from tflfuse.rules import pipeline
+    from tflfuse.convert.rule_sets import pipeline
 
     docs = {
         p.name: (type(p).__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")

@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tflfuse.convert.rule_sets import all_rule_names, pipeline
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import activation_bytes
 from tflfuse.rewrite import PassResult
-from tflfuse.rules import all_rule_names, pipeline
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.targets import TARGETS, runtimes
 from tflfuse.targets.cost import cost_delta, model_cost

@@ -50,13 +50,13 @@ from tflfuse.convert.records import (
     RuntimeRecord,
     UnfusedRecord,
 )
+from tflfuse.convert.rule_sets import pipeline
 from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import flatbuffer
 from tflfuse.quantize import calibration as calib_mod
 from tflfuse.quantize import quantize as quantize_mod
 from tflfuse.quantize.quantize import Quantized, aeq_unsupported, set_io_types
-from tflfuse.rules import pipeline
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.sources import tflite as tflite_frontend
 from tflfuse.sources.keras import (
