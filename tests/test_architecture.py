@@ -535,6 +535,19 @@ PLANTED = [
         upward_imports,
         "targets may not import rules",
     ),
+    (  # the device floor reaching up to a target, even lazily (targets/probe points down)
+        {"tflfuse/device/bench.py": "def f():\n    from tflfuse.targets import x\n"},
+        upward_imports,
+        "device may not import targets",
+    ),
+    (  # the verification floor reaching up to the quantizer
+        {
+            "tflfuse/verification/verify.py": "from tflfuse.quantize import quantize\n",
+            "tflfuse/quantize/quantize.py": "",
+        },
+        upward_imports,
+        "verification may not import quantize",
+    ),
     (  # the device runtime importing the IR at module level
         {"tflfuse/device/bench.py": "from tflfuse.ir import graph\n"},
         device_side_imports,
