@@ -4,7 +4,7 @@ conversion's stages left (`tflfuse.convert.records`).
 
 Agreement is measured in output units: an int8/uint8 model's inputs are quantized and its outputs
 dequantized with their own scales, so float and integer models are compared on the same scale.
-No TensorFlow here (the interpreter comes from `tflfuse.runtime`).
+No TensorFlow here (the interpreter comes from `tflfuse.device`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ greedy-by-size arena plan over the tensor lifetimes of the undelegated graph (su
 buffers and delegate-owned memory.
 
 This module is shipped in the device bundle: it must stay Python 3.8 syntax and import only
-numpy, the standard library and `tflfuse.runtime` (tqdm is used when present).
+numpy, the standard library and `tflfuse.device` (tqdm is used when present).
 """
 
 from __future__ import annotations
