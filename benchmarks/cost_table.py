@@ -17,7 +17,7 @@ Variants that behave differently get their own kind: `ADD@bcast` (one operand br
 the last axis), `MEAN@squeeze` (keep_dims=False), `MEAN@last` (over the last axis), `MEAN@rows`
 (the same written as a pool, rows as the batch). DEQUANTIZE, QUANTIZE, PRELU, RELU_0_TO_1, RELU
 and DEPTH_TO_SPACE price the float island litert-quantizer leaves against the int8 op
-`tflfuse.convert.int8_completion` writes (`cost.int8_completion_refusal`). int8 tensors use
+`tflfuse.quantize.int8_completion` writes (`cost.int8_completion_refusal`). int8 tensors use
 per-tensor scales (weights per channel), as the converter and litert-quantizer write them.
 """
 
@@ -39,6 +39,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from tflfuse.device.bench import run_benchmark  # noqa: E402
+from tflfuse.device.interpreter import interpreter_package  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
 from tflfuse.ir import (  # noqa: E402
     Graph,
@@ -47,8 +49,6 @@ from tflfuse.ir import (  # noqa: E402
     Tensor,
     flatbuffer,
 )
-from tflfuse.runtime.bench import run_benchmark  # noqa: E402
-from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 from tflfuse.targets import cost  # noqa: E402
 
 RUNTIMES = ("xnnpack", "none")
@@ -205,7 +205,7 @@ def _softmax(b: Builder, rows: int) -> Model:
 def _island_part(kind: str) -> Callable[[Builder, int], Model]:
     """DEQUANTIZE (int8 in, float out: measured as float32) or QUANTIZE (float in, int8 out:
     measured as int8): the two ends of the float island litert-quantizer leaves around an op
-    it has no int8 config for (`tflfuse.convert.int8_completion`)."""
+    it has no int8 config for (`tflfuse.quantize.int8_completion`)."""
 
     def build(b: Builder, rows: int) -> Model:
         q = Quantization(np.array([0.05], np.float32), np.array([0], np.int64))

@@ -32,9 +32,9 @@ sys.path.insert(0, str(HERE))
 
 from pytorch_bench import MODELS_DIR, calibration  # noqa: E402
 
+from tflfuse.device.bench import run_benchmark  # noqa: E402
+from tflfuse.device.interpreter import interpreter_package  # noqa: E402
 from tflfuse.ir import flatbuffer  # noqa: E402
-from tflfuse.runtime.bench import run_benchmark  # noqa: E402
-from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 from tflfuse.targets import predict_edgetpu  # noqa: E402
 
 VARIANTS = ("stock", "gate off", "gate on")

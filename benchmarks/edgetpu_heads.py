@@ -7,9 +7,10 @@
 For every int8 YOLO file found (the licensed compiled pair in ../shared/oracle/edgetpu-more, an
 Ultralytics YOLOv8n at 640 pixels; the corpus's `*.edgetpu-int8.tflite`, Ultralytics' own Coral
 route, `$TFLFUSE_CORPUS`, default ../corpus beside the checkout) it runs the Edge TPU int8
-legalization as `tflfuse convert` does on an int8 input (`tflfuse.rules.legalize_quantized`),
-once without the head rules (`--disable ChunkHeadAlongAnchors PadChannelsForMean`: what tflfuse
-did before) and once with them, and writes per model:
+legalization as `tflfuse convert` does on an int8 input
+(`tflfuse.convert.rule_sets.legalize_quantized`), once without the head rules (`--disable
+ChunkHeadAlongAnchors PadChannelsForMean`: what tflfuse did before) and once with them, and writes
+per model:
 
 - ops, predicted mapped in one Edge TPU segment and with `-a` (segments), the ops left on the CPU
   (one segment), and the bytes the Edge TPU hands the CPU (tensors its ops write that CPU ops or
@@ -48,11 +49,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from tflfuse.convert.rule_sets import legalize_quantized  # noqa: E402
 from tflfuse.ir import Model, flatbuffer  # noqa: E402
-from tflfuse.rules import legalize_quantized  # noqa: E402
-from tflfuse.runtime import verify  # noqa: E402
 from tflfuse.targets.edgetpu.forms import form_of, gate, gated  # noqa: E402
 from tflfuse.targets.edgetpu.predict import predict_edgetpu  # noqa: E402
+from tflfuse.verification import verify  # noqa: E402
 
 CORPUS = Path(os.environ.get("TFLFUSE_CORPUS") or HERE.parent.parent / "corpus")
 SHARED = Path(os.environ.get("TFLFUSE_SHARED") or HERE.parent.parent / "shared")
@@ -98,7 +99,7 @@ def placement(model: Model) -> dict[str, Any]:
 
 def _run(data: bytes, x: np.ndarray) -> np.ndarray:
     """One float NHWC sample through a model: quantized to its input, its output dequantized."""
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     interpreter = make_interpreter(data, delegate="none")
     [inp], out = interpreter.get_input_details(), interpreter.get_output_details()[0]

@@ -32,13 +32,15 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from tflfuse import targets
+from tflfuse.convert.rule_sets import pipeline
+from tflfuse.device import bench
 from tflfuse.ir import Graph, Model, Signature, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination, PassManager, Rule, TopologicalSort
-from tflfuse.rules import exporter, pipeline
+from tflfuse.rules import exporter
 from tflfuse.rules.algebra import CollapseReshapeChain
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
-from tflfuse.runtime import bench, verify
-from tflfuse.runtime import runs as runs_module
+from tflfuse.verification import runs as runs_module
+from tflfuse.verification import verify
 
 MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"
 EXPORTER_NAMES = tuple(
@@ -237,8 +239,8 @@ def _ops(data: bytes) -> int:
 def _xnnpack_partitions(data: bytes) -> int | None:
     """How many XNNPACK partitions the model is cut into (None if the interpreter won't say
     or XNNPACK fails to prepare it)."""
+    from tflfuse.device.interpreter import make_interpreter
     from tflfuse.errors import TflfuseError
-    from tflfuse.runtime.interpreter import make_interpreter
 
     try:
         interp = make_interpreter(data, delegate="xnnpack")
@@ -376,7 +378,7 @@ def _calibration(data: bytes, n: int = 32) -> list[np.ndarray]:
 
 
 def _quantize(data: bytes, calib, io: str) -> bytes:
-    from tflfuse.convert import quantize
+    from tflfuse.quantize import quantize
 
     return quantize.quantize(
         data, "int8", calib, input_type=io, output_type=io, progress=False
@@ -398,7 +400,7 @@ def _mapped(data: bytes) -> dict[str, Any]:
 
 
 def _error(float_model: bytes, int8_model: bytes) -> dict[str, float]:
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     inputs = verify.seeded_inputs(make_interpreter(float_model), 7, 4)
     ref = runs_module.run(float_model, inputs)

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/int8_completion_bench.py --runs 50 --out /tmp/x.md
 
 litert-quantizer leaves PRELU, RELU_0_TO_1 and DEPTH_TO_SPACE in float between a DEQUANTIZE of
-their int8 input and a QUANTIZE of their output (the "island"); `tflfuse.convert.int8_completion`
+their int8 input and a QUANTIZE of their output (the "island"); `tflfuse.quantize.int8_completion`
 can replace the island by one int8 op (the Edge TPU needs that: a float op cuts its graph). On a CPU
 the question is only speed, and the answer depends on which kernels the runtime has. This benchmark
 builds, on the IR (no TensorFlow), a chain of BLOCKS int8 depthwise convolutions each followed by
@@ -41,6 +41,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from tflfuse.device.bench import run_benchmark  # noqa: E402
+from tflfuse.device.interpreter import interpreter_package  # noqa: E402
 from tflfuse.ir import (  # noqa: E402
     Graph,
     Model,
@@ -48,8 +50,6 @@ from tflfuse.ir import (  # noqa: E402
     Tensor,
     flatbuffer,
 )
-from tflfuse.runtime.bench import run_benchmark  # noqa: E402
-from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 from tflfuse.targets.probe import xnnpack_delegated_ops  # noqa: E402
 
 RUNTIMES = ("xnnpack", "none")
@@ -210,7 +210,7 @@ def render(rows: list[dict], args: argparse.Namespace, minutes: float) -> str:
         f" chain of {BLOCKS} depthwise 3x3 convolutions, each followed by the op in one spelling;"
         " the spellings of one op timed interleaved; p50 in ms. `island`: DEQUANTIZE -> float op"
         " -> QUANTIZE (what litert-quantizer leaves, and stock keeps); `int8`: the one int8 op"
-        " `tflfuse.convert.int8_completion` writes (PRELU, RELU, DEPTH_TO_SPACE). int8/island < 1:"
+        " `tflfuse.quantize.int8_completion` writes (PRELU, RELU, DEPTH_TO_SPACE). int8/island < 1:"
         " the int8 op is faster. `fused` (RELU_0_TO_1): the convolution with fused RELU writing the"
         " island's output, no op in between. `XNNPACK took`: ops the interpreter handed to"
         " XNNPACK, of all.",

@@ -33,10 +33,10 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from tflfuse.convert.optimize import optimize_bytes  # noqa: E402
+from tflfuse.device.bench import run_benchmark  # noqa: E402
+from tflfuse.device.interpreter import interpreter_package  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
 from tflfuse.ir import flatbuffer  # noqa: E402
-from tflfuse.runtime.bench import run_benchmark  # noqa: E402
-from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 
 ORACLE = ROOT.parent / "shared" / "oracle"
 RUNTIMES = {"xnnpack": "xnnpack", "none": "cpu"}  # runtime -> the target optimized for

@@ -10,7 +10,7 @@ For each litert-torch export in ../shared/models/pytorch and each recipe (edgetp
 recipe on the input as given, the same calibration data and range rule). Calibration and evaluation
 data are seeded noise in each model's input shape (uniform [-1, 1]; the exports carry no data set),
 so errors are against the float input on that noise, not task accuracy. Stock and fused are timed
-interleaved with `tflfuse.runtime.bench.run_benchmark` (one thread) on XNNPACK and on the plain
+interleaved with `tflfuse.device.bench.run_benchmark` (one thread) on XNNPACK and on the plain
 kernels (BUILTIN_WITHOUT_DEFAULT_DELEGATES). Writes benchmarks/PYTORCH.md and the raw JSON to
 benchmarks/out/pytorch.json (not committed; the models are not copied anywhere).
 
@@ -34,10 +34,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from tflfuse.device.bench import run_benchmark  # noqa: E402
+from tflfuse.device.interpreter import interpreter_package  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
 from tflfuse.ir import flatbuffer  # noqa: E402
-from tflfuse.runtime.bench import run_benchmark  # noqa: E402
-from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 from tflfuse.targets import predict_edgetpu  # noqa: E402
 
 MODELS_DIR = HERE.parent.parent / "shared" / "models" / "pytorch"

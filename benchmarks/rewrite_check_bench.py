@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the per-rewrite int8 check (`tflfuse.convert.rewrite_check`) adds to `optimize` and
+"""What the per-rewrite int8 check (`tflfuse.verification.rewrite_check`) adds to `optimize` and
 `convert`: the same work with and without it, interleaved, medians and ratios.
 
     python benchmarks/rewrite_check_bench.py --repeats 5 --markdown benchmarks/REWRITE_CHECK.md
@@ -38,10 +38,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from tflfuse.convert import rewrite_check  # noqa: E402
 from tflfuse.convert.optimize import optimize_bytes  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
-from tflfuse.runtime import run_memo  # noqa: E402
+from tflfuse.verification import rewrite_check, run_memo  # noqa: E402
 
 ORACLE = ROOT.parent / "shared" / "oracle"
 TARGETS = ("edgetpu", "xnnpack")

@@ -21,12 +21,13 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from tflfuse.convert.optimize import optimize_bytes
+from tflfuse.device import bench
 from tflfuse.examples import zoo
 from tflfuse.ir import flatbuffer
 from tflfuse.rewrite import PassManager
 from tflfuse.rules.defuse import Defuse
-from tflfuse.runtime import bench, verify
 from tflfuse.targets import cost
+from tflfuse.verification import verify
 
 OUT = Path(__file__).resolve().parent / "out" / "rules"
 MODELS = ("resnet_v2_style", "inception_style", "transformer_encoder")

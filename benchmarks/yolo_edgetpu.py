@@ -135,7 +135,7 @@ def placement(path: Path) -> dict[str, Any]:
 def run_model(path: Path, xs: np.ndarray) -> list[list[np.ndarray]]:
     """Float outputs of `path` on each sample (int I/O quantized / dequantized with the model's
     parameters), in output-index order."""
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     it = make_interpreter(path.read_bytes(), delegate="none")
     it.allocate_tensors()

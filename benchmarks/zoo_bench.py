@@ -8,7 +8,7 @@ For every architecture in `tflfuse.examples.zoo.BUILDERS` (built offline, `weigh
 BatchNorm): `convert_keras` with the `cpu-float` and `xnnpack-int8` recipes gives the three
 models (unfused, stock, fused) in float32 and int8; `edgetpu` gives the Edge TPU pair whose
 predicted mapping is compared (stock vs fused). Each (model, precision, delegate) triple is timed
-interleaved with `tflfuse.runtime.bench.run_benchmark`. Writes `benchmarks/RESULTS.md`, two PNG
+interleaved with `tflfuse.device.bench.run_benchmark`. Writes `benchmarks/RESULTS.md`, two PNG
 plots beside it, and the raw JSON to `benchmarks/out/zoo.json` (not committed).
 
 Latency numbers depend on the machine; the ratios between models timed together are the result.
@@ -29,11 +29,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from tflfuse.device.bench import run_benchmark  # noqa: E402
+from tflfuse.device.interpreter import interpreter_package  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
 from tflfuse.examples import zoo  # noqa: E402
 from tflfuse.ir import flatbuffer  # noqa: E402
-from tflfuse.runtime.bench import run_benchmark  # noqa: E402
-from tflfuse.runtime.interpreter import interpreter_package  # noqa: E402
 
 VARIANTS = ("unfused", "stock", "fused")
 PRECISIONS = {"float32": "cpu-float", "int8": "xnnpack-int8"}

@@ -2,7 +2,7 @@
 """Benchmark .tflite models on the device with the same protocol as `tflfuse bench`.
 
 Needs only Python >= 3.7, numpy and `tflite_runtime` or `ai_edge_litert` (no TensorFlow).
-Runs from a bundle folder (see tflfuse/runtime/bundle.py), whose manifest it checks first, or from a
+Runs from a bundle folder (see tflfuse/device/bundle.py), whose manifest it checks first, or from a
 tflfuse checkout/install with plain model paths:
 
     python3 bench_on_device.py --bundle . --expect MANIFEST_SHA256 --json results/bench.json
@@ -26,13 +26,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 # the bundle ships tflfuse/ beside this script; in a checkout the package is one folder up
 for _root in (HERE, HERE.parent):
-    if (_root / "tflfuse" / "runtime" / "bench.py").is_file():
+    if (_root / "tflfuse" / "device" / "bench.py").is_file():
         sys.path.insert(0, str(_root))
         break
 
 try:
+    from tflfuse.device import bench, bundle
     from tflfuse.errors import TflfuseError
-    from tflfuse.runtime import bench, bundle
 except ImportError as exc:  # a bundle that lost a module: refused in one line like any other
     print(f"bench_on_device: error: bundle is incomplete: a module is missing ({exc})",
           file=sys.stderr)  # fmt: skip

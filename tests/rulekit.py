@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse.convert.rule_sets import pipeline
 from tflfuse.ir import Graph, Model, Tensor, flatbuffer
 from tflfuse.rewrite import PassManager, PassResult, Rule
-from tflfuse.rules import pipeline
-from tflfuse.runtime import verify
+from tflfuse.verification import verify
 
 
 class G:

@@ -33,7 +33,7 @@ def test_import_is_light_and_names_resolve_in_any_order() -> None:
     assert loaded == "[]"
     # the modules imported first (as the CLI and `from tflfuse.convert.pipeline import ...` do)
     out = _python(
-        "import tflfuse.convert.pipeline, tflfuse.runtime.bench, tflfuse.convert.optimize\n"
+        "import tflfuse.convert.pipeline, tflfuse.device.bench, tflfuse.convert.optimize\n"
         "from tflfuse.convert.pipeline import convert_keras\n"
         "import tflfuse\n"
         "print(all(callable(f) for f in (tflfuse.convert, tflfuse.bench, tflfuse.optimize,"

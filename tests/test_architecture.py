@@ -8,7 +8,7 @@ importer sits inside them. The checks:
   - each part imports only the parts below it (ALLOWED): e.g. `sources` nothing of `convert`
     (the pipeline asks a source for its data and does the converting);
   - the modules a device bundle ships import, at module level, only each other;
-  - TensorFlow, Keras and the quantizer only in `sources/keras*`, `convert/quantize*` and the
+  - TensorFlow, Keras and the quantizer only in the `quantize/` floor, `sources/keras*` and the
     few places TF_ALLOWED names (with the reason), and only lazily, inside functions;
   - device_scripts/ load nothing of rewriting, conversion or TensorFlow;
   - no function or method in tflfuse/ is longer than MAX_FUNCTION_LINES (a longer one is
@@ -29,34 +29,50 @@ from pathlib import Path
 
 import pytest
 
-from tflfuse.runtime.bundle import SHIPPED_MODULES
+from tflfuse.device.bundle import SHIPPED_MODULES
 from tflfuse.targets import TARGETS
 
 REPO = Path(__file__).resolve().parents[1]
 
 # -- the rules -------------------------------------------------------------------------------
 BASE = ("errors", "files", "quiet", "resources", "isolation", "version")  # below every part
-# part -> the parts it may import (besides itself and BASE); a part is the first name under
-# tflfuse (`targets` for tflfuse.targets.edgetpu.rules); the device side of runtime is its own
+# The floors, lowest first: part -> the parts it may import (besides itself and BASE), each of
+# them listed before it (test_the_floors_are_in_order). A part is the first name under tflfuse
+# (`targets` for tflfuse.targets.edgetpu.rules): a folder, or a module of the doors at the top.
 ALLOWED: dict[str, set[str]] = {
     "ir": set(),
+    "device": set(),  # interpreter, bench, bundle: what a bundle ships (Python 3.7)
     "rewrite": {"ir"},
-    "runtime.device": set(),  # interpreter, bench, bundle: what a bundle ships
-    "targets": {"ir", "rewrite", "runtime.device"},  # probes ask the interpreter
-    "rules": {"ir", "rewrite", "targets", "runtime.device"},  # constants fold on the interpreter
-    "runtime": {"ir", "targets", "runtime.device"},  # host side: verification, bundles, deploy
+    "targets": {"ir", "rewrite", "device"},  # probes ask the interpreter
+    "rules": {"ir", "rewrite", "targets", "device"},  # constants fold on the interpreter
+    # runs, comparisons, round-off, the per-rewrite check, the verified-apply service
+    "verification": {"ir", "rewrite", "device"},
+    "deploy": {"ir", "targets", "device"},  # bundles written on the host, sent over SSH
+    # quantize, calibration, calibrated ranges, int8 completion: TensorFlow and the quantizer
+    "quantize": {"ir", "rewrite", "targets", "rules", "verification", "device"},
     # a source gives models and facts; quantizing, verifying and recipes are convert's
-    "sources": {"ir", "rewrite", "rules", "targets", "runtime", "runtime.device"},
-    "convert": {"ir", "rewrite", "rules", "targets", "runtime", "runtime.device", "sources"},
+    "sources": {"ir", "rewrite", "rules", "targets", "verification", "device"},
+    "convert": {
+        "ir",
+        "rewrite",
+        "rules",
+        "targets",
+        "verification",
+        "quantize",
+        "device",
+        "sources",
+    },
     "examples": set(),
-    "api": {"ir", "targets", "runtime", "runtime.device", "convert"},
+    "api": {"ir", "targets", "verification", "device", "convert"},
     "cli": {
         "ir",
         "rewrite",
         "rules",
         "targets",
-        "runtime",
-        "runtime.device",
+        "verification",
+        "deploy",
+        "quantize",
+        "device",
         "sources",
         "convert",
         "examples",
@@ -64,17 +80,16 @@ ALLOWED: dict[str, set[str]] = {
     },
     "tflfuse": {"api"},  # the package: its API door, lazily
 }
-DEVICE_SIDE = ("runtime.interpreter", "runtime.bench", "runtime.bundle")
 # host-only helpers the device side may reach inside a function (never on the device's path)
 DEVICE_HOST_ONLY = {"files", "resources"}
 HEAVY = {"tensorflow", "keras", "tf_keras", "litert_quantizer", "ai_edge_quantizer"}
-TF_ALLOWED = {  # module prefix -> why it may import HEAVY (always lazily, inside a function)
+TF_ALLOWED = {  # folder (ending in '.') or module prefix -> why it may import HEAVY (lazily)
     "sources.keras": "the Keras/SavedModel source and its TensorFlow route",
-    "convert.quantize": "the quantization stage",
-    "convert.calibration": "decodes a folder of calibration images with tf.io",
+    "quantize.": "quantizing, and decoding calibration images with tf.io",
     "examples.": "the example models are Keras models",
 }
-NOT_ON_DEVICE = {"rewrite", "rules", "convert", "sources"}  # what device scripts never load
+# what device scripts never load
+NOT_ON_DEVICE = {"rewrite", "rules", "verification", "quantize", "convert", "sources"}
 MAX_FUNCTION_LINES = 80  # from `def` to its last line, docstring and comments included
 
 
@@ -160,8 +175,6 @@ def part_of(module: str) -> str:
     rest = module.removeprefix("tflfuse").removeprefix(".")
     if not rest:
         return "tflfuse"
-    if rest in DEVICE_SIDE or rest == "runtime":
-        return "runtime.device"  # runtime/__init__ ships too
     head = rest.split(".")[0]
     return "base" if head in BASE else head
 
@@ -430,6 +443,17 @@ def test_the_length_check_finds_a_planted_long_function(tmp_path: Path) -> None:
     ]
 
 
+def test_the_floors_are_in_order() -> None:
+    """Each part may import only parts listed before it in ALLOWED: the floors form one order
+    (two parts that may import each other would be one floor)."""
+    order = list(ALLOWED)
+    late = {
+        part: sorted(p for p in below if order.index(p) > order.index(part))
+        for part, below in ALLOWED.items()
+    }
+    assert not {k: v for k, v in late.items() if v}, late
+
+
 def test_every_module_belongs_to_a_part(project: list[Import]) -> None:
     modules = {module_name(REPO, p) for p in (REPO / "tflfuse").rglob("*.py")}
     unknown = {m for m in modules if part_of(m) not in {*ALLOWED, "base"}}
@@ -459,9 +483,9 @@ CLEAN = {
     "tflfuse/rules/fuse.py": "from tflfuse.rewrite import engine\nfrom tflfuse.targets import x\n",
     "tflfuse/targets/x.py": "from tflfuse.ir import graph\n",
     "tflfuse/sources/keras.py": "def load():\n    import tensorflow as tf\n",
-    "tflfuse/runtime/bench.py": "from tflfuse.runtime import interpreter\n",
-    "tflfuse/runtime/interpreter.py": "from tflfuse.errors import TflfuseError\n",
-    "device_scripts/run.py": "from tflfuse.runtime import bench\n",
+    "tflfuse/device/bench.py": "from tflfuse.device import interpreter\n",
+    "tflfuse/device/interpreter.py": "from tflfuse.errors import TflfuseError\n",
+    "device_scripts/run.py": "from tflfuse.device import bench\n",
 }
 PLANTED = [
     (  # a cycle through imports hidden in functions
@@ -511,8 +535,21 @@ PLANTED = [
         upward_imports,
         "targets may not import rules",
     ),
+    (  # the device floor reaching up to a target, even lazily (targets/probe points down)
+        {"tflfuse/device/bench.py": "def f():\n    from tflfuse.targets import x\n"},
+        upward_imports,
+        "device may not import targets",
+    ),
+    (  # the verification floor reaching up to the quantizer
+        {
+            "tflfuse/verification/verify.py": "from tflfuse.quantize import quantize\n",
+            "tflfuse/quantize/quantize.py": "",
+        },
+        upward_imports,
+        "verification may not import quantize",
+    ),
     (  # the device runtime importing the IR at module level
-        {"tflfuse/runtime/bench.py": "from tflfuse.ir import graph\n"},
+        {"tflfuse/device/bench.py": "from tflfuse.ir import graph\n"},
         device_side_imports,
         "a device bundle does not ship tflfuse.ir",
     ),
@@ -522,14 +559,14 @@ PLANTED = [
         "tflfuse/targets/x.py:2: import tensorflow  (in a function): tensorflow only in",
     ),
     (  # the quantizer at module level, even where it is allowed
-        {"tflfuse/convert/quantize.py": "from litert_quantizer import quantizer\n"},
+        {"tflfuse/quantize/quantize.py": "from litert_quantizer import quantizer\n"},
         heavy_imports,
         "litert_quantizer is imported lazily",
     ),
     (  # a device script that loads the rewrite engine through a module it imports
         {
-            "tflfuse/runtime/deploy.py": "from tflfuse.rewrite import engine\n",
-            "device_scripts/run.py": "def main():\n    from tflfuse.runtime import deploy\n",
+            "tflfuse/deploy/deploy.py": "from tflfuse.rewrite import engine\n",
+            "device_scripts/run.py": "def main():\n    from tflfuse.deploy import deploy\n",
         },
         device_script_loads,
         "device_scripts.run loads tflfuse.rewrite",

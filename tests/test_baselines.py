@@ -20,9 +20,9 @@ from irgraphs import add, conv, model_of, to_bytes
 
 from tflfuse import cli
 from tflfuse.convert.pipeline import convert
-from tflfuse.convert.quantize import set_io_types
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Quantization, Signature, flatbuffer
+from tflfuse.quantize.quantize import set_io_types
 from tflfuse.rules.defuse import Defuse as _Defuse
 
 pytest.importorskip("litert_quantizer")
@@ -92,7 +92,7 @@ def test_io_types_are_set_in_place_without_moving_an_op(io: str, expect: list[st
 
 
 def test_stock_is_the_quantizers_model_in_its_own_order(tmp_path: Path) -> None:
-    from tflfuse.convert.quantize import quantize
+    from tflfuse.quantize.quantize import quantize
 
     data = with_constant_branch()
     own = _ops(quantize(data, "int8", [calib()], progress=False).data)  # float I/O, as it writes
@@ -151,8 +151,8 @@ def test_a_failed_baseline_check_says_which_and_what_it_measured(tmp_path, monke
 
 
 def test_no_verify_runs_no_numeric_check_at_all(tmp_path, monkeypatch) -> None:
-    from tflfuse.runtime import verify
     from tflfuse.sources import layout
+    from tflfuse.verification import verify
 
     def refuse(*args, **kwargs):
         raise AssertionError("a numeric check ran under --no-verify")

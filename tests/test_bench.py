@@ -13,10 +13,10 @@ import pytest
 from conftest import oracle_models, wheel_models
 from irgraphs import conv, model_of, to_bytes
 
+from tflfuse.device import bench
+from tflfuse.device import interpreter as runtime
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, flatbuffer
-from tflfuse.runtime import bench
-from tflfuse.runtime import interpreter as runtime
 
 SIZE = 1 * 16 * 16 * 8 * 4  # bytes of one float32 [1, 16, 16, 8] activation
 

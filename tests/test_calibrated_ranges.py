@@ -1,7 +1,7 @@
 """Calibration never makes an unusable scale (issue 16): sentinel pad values, overflowing and
 all-zero calibration data, and the check of quantization parameters before any interpreter.
 
-The range rules (`tflfuse.convert.calibrated_ranges`) are tested on statistics directly (no
+The range rules (`tflfuse.quantize.calibrated_ranges`) are tested on statistics directly (no
 TensorFlow); the quantizer tests build a torch-style padded max pool (PADV2 with -inf, and onnx2tf's
 -3.4e38) in the IR and quantize it with litert-quantizer.
 """
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from rulekit import G
 
-from tflfuse.convert.calibrated_ranges import RangeError, usable_ranges
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Quantization, flatbuffer, qparams
+from tflfuse.quantize.calibrated_ranges import RangeError, usable_ranges
 
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -145,7 +145,7 @@ def test_unusable_quantization_is_one_line_naming_the_tensor(scale, zero_point, 
 def test_the_interpreter_is_never_given_an_unusable_scale() -> None:
     """The runtime's own guard (any model, any command): refused before allocate_tensors, which
     aborts the process in some builds."""
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     data = flatbuffer.to_bytes(_int8_tensor_model(np.inf))
     with pytest.raises(TflfuseError, match="tensor 'input' has quantization scale inf"):
@@ -168,7 +168,7 @@ def _scales_usable(data: bytes) -> None:
 
 
 def _error_and_variation(float_data: bytes, q_data: bytes, x: np.ndarray) -> tuple[float, float]:
-    from tflfuse.runtime.runs import run_float
+    from tflfuse.verification.runs import run_float
 
     ref, got = run_float(float_data, [x])[0], run_float(q_data, [x])[0]
     assert np.all(np.isfinite(got))
@@ -178,7 +178,7 @@ def _error_and_variation(float_data: bytes, q_data: bytes, x: np.ndarray) -> tup
 @pytest.mark.parametrize("pad_value", [-np.inf, -FLT_MAX])
 def test_padv2_of_the_lowest_value_quantizes_exactly(pad_value: float) -> None:
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
+    from tflfuse.quantize.quantize import quantize
 
     data = _signed(_padded_pool(pad_value))
     rng = np.random.default_rng(0)
@@ -198,7 +198,7 @@ def test_huge_finite_calibration_data_give_finite_scales() -> None:
     """Inputs of 1e20: every scale finite and positive, the model runs, and it is as close to the
     float model, relative to the output's size, as for ordinary data."""
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
+    from tflfuse.quantize.quantize import quantize
 
     data = _signed(_padded_pool(-np.inf))
     calib = np.random.default_rng(0).uniform(-1e20, 1e20, (32, 8, 8, 3)).astype(np.float32)
@@ -210,7 +210,7 @@ def test_huge_finite_calibration_data_give_finite_scales() -> None:
 
 def test_calibration_data_that_overflow_are_refused_in_one_line() -> None:
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
+    from tflfuse.quantize.quantize import quantize
 
     data = _signed(_padded_pool(-np.inf))
     calib = np.random.default_rng(0).uniform(-1, 1, (8, 8, 8, 3)).astype(np.float32)
@@ -225,7 +225,7 @@ def test_all_equal_calibration_data_give_usable_scales(value: float) -> None:
     """Every sample the same: all zeros (widened to [-1, 1]) or all 0.5 (the quantizer's range
     takes in 0: [0, 0.5], nothing to correct)."""
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
+    from tflfuse.quantize.quantize import quantize
 
     data = _signed(_padded_pool(-np.inf, relu=True))
     q = quantize(data, "int8", [np.full((8, 8, 8, 3), value, np.float32)], progress=False)
@@ -236,6 +236,6 @@ def test_all_equal_calibration_data_give_usable_scales(value: float) -> None:
     expect = 2 / 255 if value == 0 else value / 255
     assert float(quantize_op.outputs[0].quantization.scale[0]) == pytest.approx(expect, rel=1e-3)
     x = np.random.default_rng(0).uniform(-1, 1, (8, 8, 8, 3)).astype(np.float32)
-    from tflfuse.runtime.runs import run_float
+    from tflfuse.verification.runs import run_float
 
     assert np.all(np.isfinite(run_float(q.data, [x])[0]))

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tflfuse.cli import main
-from tflfuse.convert import calibration
+from tflfuse.device import bench
 from tflfuse.errors import TflfuseError
-from tflfuse.runtime import bench
+from tflfuse.quantize import calibration
 
 SHAPE = (8, 8, 1)
 
@@ -300,7 +300,7 @@ def test_an_identical_result_still_has_the_figures_of_a_check() -> None:
     for byte the input (no comparison ran)."""
     from types import SimpleNamespace
 
-    from tflfuse.convert import verified
+    from tflfuse.verification import verified
 
     same = SimpleNamespace(reference=b"model", data=b"model")  # identical: never parsed
     failure, record = verified.within_declared_error(same)  # type: ignore[arg-type]

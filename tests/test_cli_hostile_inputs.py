@@ -24,9 +24,9 @@ import pytest
 from conftest import ORACLE, needs_oracle, wheel_models
 from irgraphs import conv, model_of, to_bytes, unary
 
-from tflfuse.convert import calibration
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, flatbuffer
+from tflfuse.quantize import calibration
 
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *sys.path])}

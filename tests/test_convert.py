@@ -15,8 +15,8 @@ pytest.importorskip("sklearn")
 
 from tflfuse.cli import main
 from tflfuse.ir import flatbuffer
-from tflfuse.runtime.runs import run_float
-from tflfuse.runtime.verify import compare
+from tflfuse.verification.runs import run_float
+from tflfuse.verification.verify import compare
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tflfuse.convert import calibration, recipe
+from tflfuse.convert import recipe
 from tflfuse.errors import TflfuseError
+from tflfuse.quantize import calibration
 
 SHAPE = (8, 8, 1)
 

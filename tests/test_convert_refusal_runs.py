@@ -112,9 +112,9 @@ def test_reciprocal_sqrt_becomes_rsqrt_and_its_int8_runs(c: float) -> None:
     assert "DIV" not in ops(model) and "SQRT" not in ops(model) and "RSQRT" in ops(model)
     assert_same_function(before, after, atol=1e-4, rtol=1e-4)
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
-    from tflfuse.runtime.runs import run_float
+    from tflfuse.quantize.quantize import quantize
     from tflfuse.sources import tflite
+    from tflfuse.verification.runs import run_float
 
     def signed(data: bytes) -> bytes:
         return tflite.load(data).float_tflite(None)

@@ -17,10 +17,10 @@ pytest.importorskip("tensorflow")
 pytest.importorskip("litert_quantizer")
 
 from tflfuse.cli import main
-from tflfuse.convert import calibration
 from tflfuse.convert.pipeline import convert
 from tflfuse.ir import Graph, Model, flatbuffer
-from tflfuse.runtime.runs import run_float
+from tflfuse.quantize import calibration
+from tflfuse.verification.runs import run_float
 
 PYTORCH = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"
 RNG = np.random.default_rng(7)
@@ -249,7 +249,7 @@ def _xnnpack_only_custom_op() -> bytes:
 def test_a_custom_op_only_xnnpack_runs_is_refused_saying_so(tmp_path, capsys) -> None:
     """The default interpreter runs the model (XNNPACK takes the op); the built-in kernels, on
     which convert checks everything it writes, do not: one line that says both."""
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     data = _xnnpack_only_custom_op()
     interp = make_interpreter(data, delegate="xnnpack")  # runs, and computes something

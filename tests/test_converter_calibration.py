@@ -78,7 +78,7 @@ def test_statistics_by_interpreter_give_the_converters_own_model(residual) -> No
     assert cc.last.routes == ["interpreter"]
     assert got == expected
     # the model is worth comparing: its int8 output follows the input
-    from tflfuse.runtime.runs import run_float
+    from tflfuse.verification.runs import run_float
 
     out = run_float(got, [calibration[0][:4]])[0]
     assert np.ptp(out, axis=0).max() > 0

@@ -101,12 +101,12 @@ def test_crashes_group_by_where_they_happened_and_refusals_by_their_words(cb):
         "status": "crash",
         "why": "SIGABRT, no message (nothing printed)",
         "crash_in_tflfuse": [
-            "tflfuse/runtime/interpreter.py:166 make_interpreter",
+            "tflfuse/device/interpreter.py:166 make_interpreter",
             "tflfuse/convert/report.py:59 run_float",
         ],
     }
     assert cb._group(crash) == (
-        "crash: SIGABRT, no message, in tflfuse/runtime/interpreter.py make_interpreter"
+        "crash: SIGABRT, no message, in tflfuse/device/interpreter.py make_interpreter"
         " ← tflfuse/convert/report.py run_float"
     )
     one = {

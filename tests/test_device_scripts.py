@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from irgraphs import conv, model_of, to_bytes
 
+from tflfuse.deploy import packing
+from tflfuse.deploy.deploy import SshTarget, deploy_and_bench
+from tflfuse.device import bundle
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph
-from tflfuse.runtime import bundle, packing
-from tflfuse.runtime.deploy import SshTarget, deploy_and_bench
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "device_scripts"
@@ -116,7 +117,7 @@ def test_bundle_manifest_lists_every_file_with_its_sha256(made_bundle: Path) -> 
     ("damage", "message"),
     [
         (lambda b: (b / "models/chain1.tflite").write_bytes(b"\0" * 64), "corrupt"),
-        (lambda b: (b / "tflfuse/runtime/bench.py").unlink(), "missing"),
+        (lambda b: (b / "tflfuse/device/bench.py").unlink(), "missing"),
         (lambda b: (b / "models/extra.tflite").write_bytes(b"x"), "does not list"),
         (lambda b: (b / bundle.MANIFEST).write_text("{"), "not valid JSON"),
         (lambda b: (b / bundle.MANIFEST).unlink(), "not a tflfuse bundle"),
@@ -325,7 +326,7 @@ def test_deploy_round_trip_over_ssh(sshd, models: list[Path]) -> None:
 
 
 def test_device_refuses_a_bundle_corrupted_after_the_push(sshd, models: list[Path]) -> None:
-    from tflfuse.runtime.deploy import push_bundle, run_remote_bench
+    from tflfuse.deploy.deploy import push_bundle, run_remote_bench
 
     target, d = sshd
     local = d / "local-bundle"

@@ -16,7 +16,6 @@ from conftest import SHARED
 from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
-from tflfuse.runtime import verify
 from tflfuse.targets import predict
 from tflfuse.targets.edgetpu import attention
 from tflfuse.targets.edgetpu.attention import (
@@ -29,6 +28,7 @@ from tflfuse.targets.edgetpu.predict import (
     gate_statuses,
     statuses_once_quantized,
 )
+from tflfuse.verification import verify
 
 RULE = "LegalizeActivationMatmul"
 FC_RULE = "LegalizeComputedFullyConnected"

@@ -8,9 +8,9 @@ import numpy as np
 from rulekit import apply, ops, refusals
 
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
-from tflfuse.runtime import verify
 from tflfuse.targets.edgetpu.broadcast import TileBroadcastOperand
 from tflfuse.targets.edgetpu.forms import gate
+from tflfuse.verification import verify
 
 RULE = "TileBroadcastOperandMul"
 

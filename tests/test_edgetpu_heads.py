@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from rulekit import apply, ops, refusals
 
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
-from tflfuse.runtime import verify
 from tflfuse.targets.edgetpu.heads import ChunkHeadAlongAnchors, _reshaped_axis
+from tflfuse.verification import verify
 
 RULE = "ChunkHeadAlongAnchors"
 

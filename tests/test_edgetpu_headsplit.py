@@ -178,7 +178,7 @@ def int8_gelu(approximate: bool = False) -> bytes:
 
 @pytest.mark.parametrize("approximate", [False, True])
 def test_an_int8_gelu_is_a_sigmoid_swish_within_its_declared_steps_on_every_code(approximate):
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     before = int8_gelu(approximate)
     assert mapped(before) == (0, 1)

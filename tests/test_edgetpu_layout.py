@@ -11,11 +11,11 @@ import numpy as np
 from rulekit import apply, ops, refusals
 
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
-from tflfuse.runtime import verify
 from tflfuse.targets.edgetpu.forms import form_of, gate, gated
 from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 from tflfuse.targets.edgetpu.rules import SplitOversizedTranspose
+from tflfuse.verification import verify
 
 
 def q(scale: float, zero: int, dtype: str) -> Quantization | None:

@@ -9,8 +9,8 @@ import pytest
 from rulekit import apply, ops
 from test_rules_edgetpu import Q8, mapped
 
-from tflfuse.runtime import verify
 from tflfuse.targets.edgetpu.rules import LegalizeRelu0To1
+from tflfuse.verification import verify
 
 
 # -- RELU_0_TO_1 (an int8 file's; a float one is made int8 by int8_completion) -------------------

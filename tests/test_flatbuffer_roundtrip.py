@@ -9,7 +9,7 @@ import pytest
 from conftest import oracle_models, wheel_models
 
 from tflfuse.ir import Model, flatbuffer
-from tflfuse.runtime import verify
+from tflfuse.verification import verify
 
 
 def assert_same_structure(a: Model, b: Model) -> None:

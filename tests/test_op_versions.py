@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tflfuse.convert.rule_sets import pipeline
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 from tflfuse.ir.flatbuffer import OP_CODES
 from tflfuse.ir.op_versions import known, required
-from tflfuse.rules import pipeline
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.targets import TARGETS, runtimes
 
@@ -31,8 +31,8 @@ SHARED = ROOT.parent / "shared"
 EMITTERS = (
     *sorted((ROOT / "tflfuse" / "rules").glob("*.py")),
     *sorted((ROOT / "tflfuse" / "targets" / "edgetpu").glob("*.py")),
-    ROOT / "tflfuse" / "convert" / "quantize.py",
-    ROOT / "tflfuse" / "convert" / "int8_completion.py",
+    ROOT / "tflfuse" / "quantize" / "quantize.py",
+    ROOT / "tflfuse" / "quantize" / "int8_completion.py",
 )
 BUILDS = ("op", "add_op", "split", "_replace")  # calls that take an op type as a string
 

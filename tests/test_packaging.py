@@ -113,7 +113,7 @@ def test_installed_wheel_works_outside_the_checkout(site: Path, tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     assert "2 -> 1 ops" in proc.stdout  # RELU fused into the conv
 
-    make = "from tflfuse.runtime.packing import make_bundle; make_bundle(['opt.tflite'], 'bundle')"
+    make = "from tflfuse.deploy.packing import make_bundle; make_bundle(['opt.tflite'], 'bundle')"
     proc = _run(site, work, "-c", make)
     assert proc.returncode == 0, proc.stderr
     bench = ["bundle/bench_on_device.py", "--bundle", "bundle", "--runs", "3", "--warmup", "1"]

@@ -36,7 +36,7 @@ def _patch_embed_with_class_token() -> bytes:
 
 
 def test_statistics_take_their_tensors_rank() -> None:
-    from tflfuse.convert.quantize import in_tensor_ranks
+    from tflfuse.quantize.quantize import in_tensor_ranks
 
     g = flatbuffer.from_bytes(_patch_embed_with_class_token()).main
     stats = {
@@ -56,8 +56,8 @@ def test_statistics_take_their_tensors_rank() -> None:
 
 def test_class_token_after_patch_embedding_quantizes() -> None:
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
-    from tflfuse.runtime.runs import run_float
+    from tflfuse.quantize.quantize import quantize
+    from tflfuse.verification.runs import run_float
 
     data = _patch_embed_with_class_token()
     rng = np.random.default_rng(0)

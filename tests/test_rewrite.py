@@ -17,7 +17,7 @@ from tflfuse.rewrite import (
     find_matches,
 )
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
-from tflfuse.runtime import verify
+from tflfuse.verification import verify
 
 CLEANUP = (DeadCodeElimination(), TopologicalSort())
 p = PatternBuilder()
@@ -457,7 +457,7 @@ def test_a_candidate_the_interpreter_refuses_is_a_verification_error(monkeypatch
 
 
 def test_every_pipeline_rule_declares_its_int8_error() -> None:
-    from tflfuse.rules import pipeline
+    from tflfuse.convert.rule_sets import pipeline
     from tflfuse.targets import TARGETS
 
     undeclared = {

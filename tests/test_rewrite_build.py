@@ -19,7 +19,7 @@ from tflfuse.rewrite import (
     TopologicalSort,
     find_matches,
 )
-from tflfuse.runtime import verify
+from tflfuse.verification import verify
 
 p = PatternBuilder()
 

@@ -15,11 +15,11 @@ import numpy as np
 from rulekit import G
 from test_rules_property_int8 import observed_ranges, quantize_graph
 
-from tflfuse.convert import verified
 from tflfuse.ir import Graph
 from tflfuse.rewrite import Rule
 from tflfuse.rewrite.pattern import Match, PatternBuilder
 from tflfuse.rewrite.rule import refuse
+from tflfuse.verification import verified
 
 
 def mobilenet_like() -> tuple[bytes, list[str]]:

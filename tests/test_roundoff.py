@@ -1,7 +1,7 @@
-"""The float tolerance of a rewrite (tflfuse.runtime.roundoff): it follows each output's magnitude
-and the arithmetic behind it, so the round-off of exact re-associations is accepted where a real
-error of 1e-3 relative on one output channel is refused - on random graphs (hypothesis) and on real
-models (Keras applications built here; the litert-torch exports in ../shared and the
+"""The float tolerance of a rewrite (tflfuse.verification.roundoff): it follows each output's
+magnitude and the arithmetic behind it, so the round-off of exact re-associations is accepted where
+a real error of 1e-3 relative on one output channel is refused - on random graphs (hypothesis) and
+on real models (Keras applications built here; the litert-torch exports in ../shared and the
 MediaPipe models of the corpus that $TFLFUSE_CORPUS points at, when present)."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from irgraphs import conv, depthwise, fully_connected, model_of, to_bytes
 from rulekit import optimize
 from test_rules_property import RandomNet
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.ir import Graph, flatbuffer
 from tflfuse.rewrite import PassManager, TopologicalSort
 from tflfuse.rules.defuse import Defuse
-from tflfuse.runtime import roundoff, runs, verify
-from tflfuse.runtime.interpreter import make_interpreter
+from tflfuse.verification import roundoff, runs, verify
 
 U = 2.0**-24
 PYTORCH = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"

@@ -107,7 +107,7 @@ def test_quantize_dequantize_pair_cancels_only_with_equal_scales() -> None:
     assert refusals(result, "CancelQuantizeDequantize") == [
         "the QUANTIZE uses another type or scale than the DEQUANTIZE input"
     ]
-    from tflfuse.runtime import verify
+    from tflfuse.verification import verify
 
     agreement = verify.compare(data, fused, int_atol=0)
     assert agreement.ok and agreement.identical and agreement.varies

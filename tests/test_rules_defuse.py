@@ -8,7 +8,7 @@ from rulekit import G, apply, assert_same_function, ops, optimize
 
 from tflfuse.ir import Quantization
 from tflfuse.rules.defuse import Defuse
-from tflfuse.runtime import verify
+from tflfuse.verification import verify
 
 
 def _small_net() -> tuple[G, bytes]:

@@ -12,10 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination, PassManager, TopologicalSort
-from tflfuse.runtime import verify
-from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.targets import predict
 from tflfuse.targets.edgetpu.predict import statuses_once_quantized
 from tflfuse.targets.edgetpu.rules import (
@@ -28,6 +27,7 @@ from tflfuse.targets.edgetpu.rules import (
     SplitOversizedResize,
     SplitOversizedTranspose,
 )
+from tflfuse.verification import verify
 
 
 def q(scale: float, zero: int) -> Quantization:
@@ -347,8 +347,8 @@ def test_execution_order_does_not_move_the_cut() -> None:
 def yolo() -> dict[str, bytes]:
     pytest.importorskip("tensorflow")
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
     from tflfuse.examples import zoo
+    from tflfuse.quantize.quantize import quantize
 
     model = zoo.build("yolo_style", input_size=64)
     calibration = zoo.sample_inputs((64, 64, 3), n=16, seed=2)
@@ -367,7 +367,7 @@ def yolo() -> dict[str, bytes]:
 
 
 def _mean_error(data: bytes, reference: bytes, x: np.ndarray) -> float:
-    from tflfuse.runtime.interpreter import make_interpreter
+    from tflfuse.device.interpreter import make_interpreter
 
     def outputs(model: bytes) -> np.ndarray:
         interp = make_interpreter(model, "none")
@@ -646,7 +646,7 @@ def test_every_fused_activation_the_edgetpu_pipeline_writes_is_in_its_row() -> N
 
 # -- the quantized stage: what `convert` runs after quantizing ------------------------------------
 def test_quantized_pipeline_is_the_edgetpu_legalization_only() -> None:
-    from tflfuse.rules import pipeline
+    from tflfuse.convert.rule_sets import pipeline
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
 
     names = [p.name for p in pipeline(2, "edgetpu", quantized=True)]
@@ -670,7 +670,7 @@ YAMNET_INT8 = MORE / "google-coral__coralmicro/models__yamnet_spectra_in/yamnet_
 def test_legalize_quantized_keeps_a_real_int8_mean_the_compiler_mapped() -> None:
     """YAMNet's int8 head: the compiled twin maps its MEAN over the 3x2 plane as it is (only
     QUANTIZE and DEQUANTIZE stay on the CPU), so the legalization leaves it alone and says why."""
-    from tflfuse.rules import legalize_quantized
+    from tflfuse.convert.rule_sets import legalize_quantized
 
     data = YAMNET_INT8.read_bytes()
     model = flatbuffer.from_bytes(data)
@@ -934,7 +934,7 @@ def test_real_yolov8_head_is_cut_along_its_anchors_and_stays_bit_exact() -> None
     (ChunkHeadAlongAnchors, tests/test_edgetpu_heads.py), which takes the refused feature-map
     transposes with it, so SplitOversizedTranspose finds nothing left over its limit; only the
     [1, 84, 8400] output's join stays on the CPU; outputs identical."""
-    from tflfuse.rules import legalize_quantized
+    from tflfuse.convert.rule_sets import legalize_quantized
     from tflfuse.targets.edgetpu.predict import _single_segment, edgetpu_statuses
 
     def on_cpu(model: Model) -> list[str]:  # by the op table (the forms gate aside)

@@ -12,7 +12,7 @@ from tflfuse.rules.epilogue import (
     FoldScaleIntoProducer,
     FuseActivationIntoProducer,
 )
-from tflfuse.runtime import verify
+from tflfuse.verification import verify
 
 
 @pytest.mark.parametrize("producer", ["conv", "dw", "fc", "add", "sub", "mul", "maxpool"])

@@ -7,8 +7,8 @@ import pytest
 from conftest import SHARED
 from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
+from tflfuse.convert.rule_sets import pipeline
 from tflfuse.ir import Quantization, Tensor
-from tflfuse.rules import pipeline
 from tflfuse.rules.algebra import CollapseReshapeChain, RecognizeHardSwish
 from tflfuse.rules.exporter import (
     BatchMatmulToFullyConnected,
@@ -21,8 +21,8 @@ from tflfuse.rules.exporter import (
     SliceBeforeLayout,
     SoftmaxThroughReshape,
 )
-from tflfuse.runtime import verify
 from tflfuse.targets.edgetpu.rules import DropHalfPixelCentersFromNearestResize
+from tflfuse.verification import verify
 
 LOWEST = float(np.finfo(np.float32).min)
 

@@ -8,7 +8,7 @@ from rulekit import G, apply, assert_same_function, ops, refusals
 
 from tflfuse.ir import Quantization
 from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows, SpellOutInt8HardSwish
-from tflfuse.runtime import verify
+from tflfuse.verification import verify
 
 
 def _q(scale: float, zero: int = 0) -> Quantization:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from rulekit import G, optimize
 
 from tflfuse.ir import Tensor
-from tflfuse.runtime import verify
+from tflfuse.verification import verify
 
 ACTS = ["NONE", "NONE", "RELU", "RELU6", "RELU_N1_TO_1"]
 

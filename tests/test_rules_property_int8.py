@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from rulekit import G
 
 from tflfuse.convert.optimize import optimize_bytes
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.ir import Graph, Model, Op, Quantization, Tensor, flatbuffer
-from tflfuse.runtime.interpreter import make_interpreter
-from tflfuse.runtime.runs import run
+from tflfuse.verification.runs import run
 
 TARGETS = ("xnnpack", "edgetpu", "gpu", "cpu")
 ACTS = ["NONE", "NONE", "RELU", "RELU6"]

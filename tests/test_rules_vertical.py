@@ -319,7 +319,7 @@ def test_reshape_before_fully_connected_disappears() -> None:
 
 def test_reshape_before_fully_connected_disappears_in_int8() -> None:
     from tflfuse.ir import Quantization
-    from tflfuse.runtime import verify
+    from tflfuse.verification import verify
 
     g = G()
 
@@ -383,7 +383,7 @@ def _int8_pad_conv(g: G, pad_value: int | None):
 
 @pytest.mark.parametrize("pad_value", [None, -4])
 def test_int8_pad_folds_into_conv(pad_value: int | None) -> None:
-    from tflfuse.runtime import verify
+    from tflfuse.verification import verify
 
     g = G()
     data = g.bytes(_int8_pad_conv(g, pad_value))

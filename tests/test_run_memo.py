@@ -1,8 +1,8 @@
 """A model run (or calibrated) twice on the same inputs within a conversion runs once.
 
-`tflfuse.runtime.run_memo` remembers outputs by what decides them (model bytes, inputs, settings):
-the checks below count its answers and show that a remembered answer is the one a fresh run gives,
-that anything different in the key is run again, and that the budget bounds what is kept.
+`tflfuse.verification.run_memo` remembers outputs by what decides them (model bytes, inputs,
+settings): the checks below count its answers and show that a remembered answer is the one a fresh
+run gives, that anything different in the key is run again, and that the budget bounds what is kept.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from irgraphs import conv, model_of, to_bytes, unary
 
 from tflfuse.ir import Graph, Signature
-from tflfuse.runtime import run_memo, verify
-from tflfuse.runtime import runs as runs_module
+from tflfuse.verification import run_memo, verify
+from tflfuse.verification import runs as runs_module
 
 
 def _model(act: str = "NONE", bias_shift: float = 0.0) -> bytes:
@@ -93,7 +93,7 @@ def test_the_budget_bounds_what_is_kept(monkeypatch) -> None:
 
 def test_a_model_calibrated_twice_on_the_same_data_is_calibrated_once() -> None:
     pytest.importorskip("litert_quantizer")
-    from tflfuse.convert.quantize import quantize
+    from tflfuse.quantize.quantize import quantize
 
     data = _model()
     calib = [np.random.default_rng(0).uniform(-1, 1, (8, 6, 6, 3)).astype(np.float32)]

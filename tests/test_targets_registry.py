@@ -13,8 +13,8 @@ from rulekit import G, apply, ops, refusals
 from tflfuse import targets
 from tflfuse.cli import build_parser
 from tflfuse.convert import recipe
+from tflfuse.convert.rule_sets import pipeline
 from tflfuse.errors import TflfuseError
-from tflfuse.rules import pipeline
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
 from tflfuse.rules.exporter import exporter_rules
 from tflfuse.targets import TARGETS, capability, cost, find, names, registry

@@ -11,8 +11,8 @@ import pytest
 
 from tflfuse.errors import ModelError
 from tflfuse.ir import Graph, flatbuffer
-from tflfuse.runtime.runs import run_float
 from tflfuse.sources import tflite
+from tflfuse.verification.runs import run_float
 
 
 def _slice_to_the_end(stored: tuple[int, ...] = (1, 4, 4, 6)) -> bytes:

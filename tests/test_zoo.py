@@ -8,12 +8,12 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
 from tflfuse.examples import zoo
 from tflfuse.ir import flatbuffer
-from tflfuse.runtime.interpreter import make_interpreter
-from tflfuse.runtime.runs import run
-from tflfuse.runtime.verify import seeded_inputs
+from tflfuse.verification.runs import run
+from tflfuse.verification.verify import seeded_inputs
 
 
 @pytest.fixture(scope="module", params=sorted(zoo.BUILDERS))

@@ -18,10 +18,10 @@ from tflfuse.convert.optimize import OptimizeResult, check_options, optimize_byt
 from tflfuse.convert.pipeline import ConversionResult
 from tflfuse.convert.pipeline import convert as convert_any
 from tflfuse.convert.recipe import Recipe
+from tflfuse.device.bench import run_benchmark
 from tflfuse.errors import TflfuseError, UsageError
 from tflfuse.files import atomic_write_bytes, same_file
 from tflfuse.ir import Model, flatbuffer
-from tflfuse.runtime.bench import run_benchmark
 from tflfuse.targets import Prediction
 from tflfuse.targets.runtimes import resolve
 

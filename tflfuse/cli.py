@@ -264,7 +264,7 @@ def _print_rewrite_checks(v: dict) -> None:
 def _pass_lines(changes: dict[str, dict[str, int]]) -> list[str]:
     """'pass DeadCodeElimination removed 1 op (MAX_POOL_2D 1): <what the pass does>' for each
     whole-graph pass that changed the op list, so every removed op has a name beside it."""
-    from tflfuse.rules import pipeline
+    from tflfuse.convert.rule_sets import pipeline
 
     docs = {
         p.name: (type(p).__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
@@ -639,7 +639,7 @@ def _run_convert(args: argparse.Namespace) -> int:
     recipe = _recipe_from_args(args)
     model = check_input(args.model, folder_ok=True)
     if args.calib is not None:
-        from tflfuse.convert.calibration import split_pick
+        from tflfuse.quantize.calibration import split_pick
 
         check_input(split_pick(args.calib)[0], "calibration", folder_ok=True)
     result = api.convert(
@@ -708,8 +708,8 @@ def _add_bench(sub: Any) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from tflfuse.runtime.bench import check_arguments, format_table, plot_latencies, run_benchmark
-    from tflfuse.runtime.interpreter import check_delegate_name
+    from tflfuse.device.bench import check_arguments, format_table, plot_latencies, run_benchmark
+    from tflfuse.device.interpreter import check_delegate_name
 
     # everything that could fail after the benchmark is checked before it
     check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")
@@ -765,8 +765,8 @@ def _add_compare(sub: Any) -> None:
 
 def _run_compare(args: argparse.Namespace) -> int:
     from tflfuse.convert.compare import compare, format_table, read_conversion
-    from tflfuse.runtime.bench import check_arguments, plot_latencies
-    from tflfuse.runtime.interpreter import check_delegate_name
+    from tflfuse.device.bench import check_arguments, plot_latencies
+    from tflfuse.device.interpreter import check_delegate_name
 
     # everything that could fail after the benchmark is checked before it
     check_arguments(runs=args.runs, warmup=args.warmup, threads=args.threads, prefix="--")

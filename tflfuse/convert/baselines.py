@@ -18,14 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse.convert import verified
-from tflfuse.convert.quantize import quantize
 from tflfuse.convert.recipe import Recipe
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
+from tflfuse.quantize.quantize import quantize
 from tflfuse.rewrite import TopologicalSort
 from tflfuse.rules import defuse as defuse_mod
-from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.sources.tflite import TfliteSource
+from tflfuse.verification import verified
 
 DEFUSED_ROUTE = "the input defused (rules.defuse: fused activations and float biases split off)"
 

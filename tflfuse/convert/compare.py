@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from tflfuse import files, targets
+from tflfuse.device.bench import check_arguments, run_benchmark
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import flatbuffer
-from tflfuse.runtime.bench import check_arguments, run_benchmark
 
 VARIANTS = ("unfused", "stock", "fused")
 DEFAULT_FILES = {

@@ -1,17 +1,16 @@
 """`tflfuse optimize`: load a .tflite, run the target pipeline, verify, describe what happened.
 
-The pipeline is applied, verified and blamed by `tflfuse.convert.verified` (the one service every
-rewrite goes through). Verification runs the input and the output in the interpreter on the same
-seeded inputs, and it can fail three ways, each an error that writes nothing:
+The pipeline is applied, verified and blamed by `tflfuse.verification.verified` (the one service
+every rewrite goes through). Verification runs the input and the output in the interpreter on the
+same seeded inputs, and it can fail three ways, each an error that writes nothing:
 - the output does not run while the input does (a rewrite broke it): the rule is named, found
   by re-running the pipeline without each fired rule in turn;
 - an output differs by more than its tolerance: a float output element by the float32 round-off
-  that re-associating the arithmetic behind it can cause (`tflfuse.runtime.roundoff`: it follows the
-  output's magnitude and the gain of every path to it, measured on the input model), plus
-  `verified.PROPAGATION` times the declared bounds of approximations; int8 outputs by the sum of the
-  `int8_error_steps` of the rewrites on the paths to that output
-  (`tflfuse.rewrite.int8_error_bounds`), so an output no int8 rewrite reached must match
-  exactly;
+  that re-associating the arithmetic behind it can cause (`tflfuse.verification.roundoff`: it
+  follows the output's magnitude and the gain of every path to it, measured on the input model),
+  plus `verified.PROPAGATION` times the declared bounds of approximations; int8 outputs by the sum
+  of the `int8_error_steps` of the rewrites on the paths to that output
+  (`tflfuse.rewrite.int8_error_bounds`), so an output no int8 rewrite reached must match exactly;
 - the input itself does not run on this host (custom ops the interpreter lacks): nothing can be
   compared, and the model is written only when the caller asks for no verification
   (`--no-verify`), which the report then says.
@@ -23,18 +22,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tflfuse.convert import verified
-from tflfuse.convert.verified import NOT_VERIFIED
+from tflfuse.convert.rule_sets import all_rule_names, pipeline
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import activation_bytes
 from tflfuse.rewrite import PassResult
-from tflfuse.rules import all_rule_names, pipeline
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.targets import TARGETS, runtimes
 from tflfuse.targets.cost import cost_delta, model_cost
 from tflfuse.targets.runtimes import Runtime, resolve
+from tflfuse.verification import verified
+from tflfuse.verification.verified import NOT_VERIFIED
 
 
 class VerificationError(TflfuseError):

@@ -36,13 +36,10 @@ import numpy as np
 
 from tflfuse import isolation
 from tflfuse.convert import baselines as baselines_mod
-from tflfuse.convert import calibration as calib_mod
-from tflfuse.convert import quantize as quantize_mod
 from tflfuse.convert import recipe as recipe_mod
 from tflfuse.convert import report as report_mod
-from tflfuse.convert import usefulness, verified
+from tflfuse.convert import usefulness
 from tflfuse.convert.optimize import OptimizeResult, check_options, optimize_bytes, runtime_section
-from tflfuse.convert.quantize import Quantized, aeq_unsupported, set_io_types
 from tflfuse.convert.recipe import Recipe
 from tflfuse.convert.records import (
     BaselinesRecord,
@@ -53,12 +50,14 @@ from tflfuse.convert.records import (
     RuntimeRecord,
     UnfusedRecord,
 )
+from tflfuse.convert.rule_sets import pipeline
 from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import flatbuffer
-from tflfuse.rules import pipeline
+from tflfuse.quantize import calibration as calib_mod
+from tflfuse.quantize import quantize as quantize_mod
+from tflfuse.quantize.quantize import Quantized, aeq_unsupported, set_io_types
 from tflfuse.rules.runtime import runtime_legalization
-from tflfuse.runtime import verify as verify_mod
 from tflfuse.sources import tflite as tflite_frontend
 from tflfuse.sources.keras import (
     load_model,  # also what tests import from here
@@ -68,6 +67,8 @@ from tflfuse.sources.keras_route import KerasSource
 from tflfuse.sources.protocol import Source
 from tflfuse.targets import Target, find, runtimes
 from tflfuse.targets.runtimes import resolve
+from tflfuse.verification import verified
+from tflfuse.verification import verify as verify_mod
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -234,7 +235,7 @@ def fuse(rec: Recipe, ctx: Context) -> None:
 
 def unfused(rec: Recipe, ctx: Context) -> None:
     """The unfused float baseline, checked against the fused float model: float outputs within
-    the float32 round-off of both (tflfuse.runtime.roundoff) plus the fused model's declared
+    the float32 round-off of both (tflfuse.verification.roundoff) plus the fused model's declared
     approximations (e.g. erf GELU in the tanh form for the Edge TPU), the bound its own
     verification used. A source with no unfused graph of its own (a .tflite) is defused here
     (convert.baselines), checked against the model the fused one was verified against, and not

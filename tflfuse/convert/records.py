@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse.convert.quantize import Quantized
+from tflfuse.quantize.quantize import Quantized
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.protocol import Source
 

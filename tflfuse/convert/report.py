@@ -4,7 +4,7 @@ conversion's stages left (`tflfuse.convert.records`).
 
 Agreement is measured in output units: an int8/uint8 model's inputs are quantized and its outputs
 dequantized with their own scales, so float and integer models are compared on the same scale.
-No TensorFlow here (the interpreter comes from `tflfuse.runtime`).
+No TensorFlow here (the interpreter comes from `tflfuse.device`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import numpy as np
 from tflfuse import targets
 from tflfuse.convert import caveats
 from tflfuse.convert.optimize import OptimizeResult
-from tflfuse.convert.quantize import float_compute_ops
 from tflfuse.convert.recipe import Recipe
 from tflfuse.convert.records import (
     BaselinesRecord,
@@ -34,11 +33,12 @@ from tflfuse.convert.records import (
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.summary import activation_bytes, parameter_bytes, quantization_summary
-from tflfuse.runtime.runs import run_float
+from tflfuse.quantize.quantize import float_compute_ops
 from tflfuse.sources import layout
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.protocol import Source
 from tflfuse.targets.edgetpu.modes import compare_modes
+from tflfuse.verification.runs import run_float
 
 
 class ParseOnce:
@@ -100,7 +100,7 @@ def agreement(
         else:
             got = interface.adapt_outputs(run_float(data, interface.adapt_inputs(inputs)))
     except TflfuseError as exc:
-        if "failed to run the model" in str(exc):  # (tflfuse.runtime.runs)
+        if "failed to run the model" in str(exc):  # (tflfuse.verification.runs)
             return {"verified": False, "runs": False, "reason": invoke_failure(exc)}
         return {"verified": False, "reason": str(exc)}
     except RuntimeError as exc:  # a kernel that fails at run time (e.g. an int8 DIV by zero)
@@ -490,7 +490,7 @@ def _rules_lines(rules: dict[str, Any]) -> list[str]:
 
 
 def rewrites_checked(verification: dict[str, Any]) -> str:
-    """One sentence on the per-rewrite int8 check (convert.rewrite_check), '' when none ran."""
+    """One sentence on the per-rewrite int8 check (verification.rewrite_check), '' when none ran."""
     checked = verification.get("rewrites") or []
     skipped = verification.get("rewrites_not_checked") or []
     if not checked and not skipped:

@@ -1,189 +1,27 @@
-"""Rewrite rules, one module per kind, and the ordered pipelines that use them.
+"""The target-neutral rewrite rules, one module per kind (a rule is a `tflfuse.rewrite.Rule`):
 
-A pipeline is a tuple read top to bottom; `pipeline(level, target)` returns the one to run.
-Level 1 is epilogue fusion and cleanup only (what the stock converter would have done, on any
-.tflite); level 2 adds vertical, horizontal and algebraic rewrites. Targets differ where a
-rewrite pays on one runtime and not another:
-  edgetpu  legalization first; no builtins the compiler does not map (HARD_SWISH, LEAKY_RELU,
-           GELU stay spelled out in supported ops); horizontal merges within its 8 MiB of SRAM
-  xnnpack  everything; horizontal merges avoid SPLIT_V (not delegated); int8 HARD_SWISH is
-           spelled out in ops XNNPACK takes
-  gpu, cpu everything; cpu (the plain built-in kernels) also picks their fast int8 MEAN
-           paths and avoids their slow int8 SUB
-Where a rule's payoff differs by runtime it asks the measured table (delegates/cost_table.json,
-written by benchmarks/cost_table.py) through tflfuse.targets.cost.
+  algebra     identities and cancellations (RemoveIdentityArithmetic, CancelTransposePair,
+              CollapseReshapeChain, CancelQuantizeDequantize, FactorCommonMultiplier,
+              SquareExistingDifference) and activations written out in element-wise ops
+              recognized (RecognizeHardSwish, RecognizeLeakyRelu, RecognizeGelu)
+  cleanup     FoldConstants (on the interpreter), MergeDuplicateConstants,
+              EliminateCommonSubexpressions
+  defuse      Defuse: fused activations and biases spelled out (the unfused baselines)
+  epilogue    FoldBiasIntoProducer, FoldScaleIntoProducer, FuseActivationIntoProducer
+  exporter    what exporters write in many ops (`exporter_rules(target)`): layer norms, clamps,
+              pads, reshapes and layouts around them, constant BATCH_MATMULs
+  horizontal  sibling ops merged (MergeSiblingSum, MergeSiblingOps, HoistLayoutAboveSplit)
+  kernels     operand forms the CPU kernels run faster (MeanKeepDims, MeanLastAxisAsRows,
+              SpellOutInt8HardSwish)
+  runtime     what an older interpreter release cannot build (`RULES`, `--runtime`)
+  vertical    chains folded into one op (FoldPadIntoConv, MoveScaleThroughRelu,
+              MoveScaleThroughMean, FoldAffineIntoFollowing, FoldBiasThroughAdd,
+              MergeLinearChain, FoldScaleIntoMatmulOperand, DropReshapeBeforeFullyConnected)
+
+The Edge TPU's legalization rules are its own (`tflfuse.targets.edgetpu.rules`), int8 completion
+is the quantizer's (`tflfuse.quantize.int8_completion`). Which rules run, in which order, for a
+level and a target is `tflfuse.convert.rule_sets`. Keep this file empty of imports: importing one
+rule module runs it.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-
-from tflfuse.ir import Model
-from tflfuse.rewrite import (
-    DeadCodeElimination,
-    Pass,
-    PassManager,
-    PassResult,
-    Rule,
-    TopologicalSort,
-)
-from tflfuse.rules.algebra import (
-    CancelQuantizeDequantize,
-    CancelTransposePair,
-    CollapseReshapeChain,
-    FactorCommonMultiplier,
-    RecognizeGelu,
-    RecognizeHardSwish,
-    RecognizeLeakyRelu,
-    RemoveIdentityArithmetic,
-    SquareExistingDifference,
-)
-from tflfuse.rules.cleanup import (
-    EliminateCommonSubexpressions,
-    FoldConstants,
-    MergeDuplicateConstants,
-)
-from tflfuse.rules.epilogue import (
-    FoldBiasIntoProducer,
-    FoldScaleIntoProducer,
-    FuseActivationIntoProducer,
-)
-from tflfuse.rules.exporter import exporter_rules
-from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
-from tflfuse.rules.kernels import MeanKeepDims, MeanLastAxisAsRows, SpellOutInt8HardSwish
-from tflfuse.rules.runtime import RULES as RUNTIME_RULES
-from tflfuse.rules.vertical import (
-    DropReshapeBeforeFullyConnected,
-    FoldAffineIntoFollowing,
-    FoldBiasThroughAdd,
-    FoldPadIntoConv,
-    FoldScaleIntoMatmulOperand,
-    MergeLinearChain,
-    MoveScaleThroughMean,
-    MoveScaleThroughRelu,
-)
-from tflfuse.targets import TARGETS, Target
-from tflfuse.targets import target as target_named
-
-
-def pipeline(
-    level: int, target: str = "xnnpack", *, quantized: bool = False
-) -> tuple[Rule | Pass, ...]:
-    """The rules and passes for an optimization level (0: none) and target (a name in
-    `tflfuse.targets.TARGETS`; where its pipeline differs, its `Target` says).
-
-    `quantized=True` is the stage after quantization: only the target's legalization of the int8
-    model (Edge TPU: the rules' int8 forms, e.g. `SplitOversizedTranspose`), nothing for other
-    targets.
-    """
-    if level <= 0:
-        return ()
-    traits = target_named(target)
-    legalize = traits.legalization_rules()
-    if quantized:
-        return (*legalize, DeadCodeElimination(), TopologicalSort()) if legalize else ()
-    cleanup = _cleanup()
-    epilogue: tuple[Rule | Pass, ...] = (
-        FoldBiasIntoProducer(),
-        FoldScaleIntoProducer(),
-        FuseActivationIntoProducer(target),
-    )
-    if level == 1:
-        return (*epilogue, *cleanup)
-    return _level2(target, traits, legalize, epilogue, cleanup)
-
-
-def _cleanup() -> tuple[Rule | Pass, ...]:
-    """What every level ends with: fold and share constants, drop dead ops, restore the order."""
-    return (
-        FoldConstants(),
-        MergeDuplicateConstants(),
-        EliminateCommonSubexpressions(),
-        DeadCodeElimination(),
-        TopologicalSort(),
-    )
-
-
-def _level2(
-    target: str,
-    traits: Target,
-    legalize: tuple[Rule | Pass, ...],
-    epilogue: tuple[Rule | Pass, ...],
-    cleanup: tuple[Rule | Pass, ...],
-) -> tuple[Rule | Pass, ...]:
-    """Level 2: the target's legalization and its exporter rules first, then algebra, activation
-    recognition, the epilogue, vertical fusion (then the CPU kernels' two operand rewrites),
-    horizontal fusion, the CPU kernels' own rewrites, and the cleanup."""
-    algebra: tuple[Rule | Pass, ...] = (
-        RemoveIdentityArithmetic(),
-        CancelTransposePair(),
-        CollapseReshapeChain(),
-        CancelQuantizeDequantize(),
-        FactorCommonMultiplier(target),
-    )
-    activations: tuple[Rule | Pass, ...] = (
-        (RecognizeHardSwish(), RecognizeLeakyRelu(), RecognizeGelu())
-        if traits.recognizes_activations
-        else ()
-    )
-    vertical: tuple[Rule | Pass, ...] = (
-        FoldPadIntoConv(),
-        MoveScaleThroughRelu(),
-        MoveScaleThroughMean(),
-        FoldAffineIntoFollowing(),
-        FoldBiasThroughAdd(),
-        MergeLinearChain(),
-    )
-    horizontal: tuple[Rule | Pass, ...] = (
-        MergeSiblingSum(),
-        MergeSiblingOps(target),
-        HoistLayoutAboveSplit(target),
-    )
-    # Not for a target whose compiler keeps its own mapping-driven choices (the Edge TPU: its
-    # `kernel_rewrites` is False). The first two come before the horizontal merges, which would
-    # hide the Q projection in a SPLIT.
-    cpu = traits.kernel_rewrites
-    cpu_vertical: tuple[Rule | Pass, ...] = (
-        (FoldScaleIntoMatmulOperand(), DropReshapeBeforeFullyConnected()) if cpu else ()
-    )
-    cpu_kernels: tuple[Rule | Pass, ...] = (
-        (
-            SquareExistingDifference(),
-            MeanKeepDims(target),
-            MeanLastAxisAsRows(target),
-            SpellOutInt8HardSwish(target),
-        )
-        if cpu
-        else ()
-    )
-    exporter = exporter_rules(target)
-    return (
-        *legalize,
-        *exporter,
-        *algebra,
-        *activations,
-        *epilogue,
-        *vertical,
-        *cpu_vertical,
-        *horizontal,
-        *cpu_kernels,
-        *cleanup,
-    )
-
-
-def all_rule_names() -> list[str]:
-    """Every rule and pass any pipeline uses (the names `--disable` accepts), the runtime
-    legalization's (`--runtime`, tflfuse.rules.runtime) included."""
-    return sorted(
-        {p.name for target in TARGETS for level in (1, 2) for p in pipeline(level, target)}
-        | {rule.__name__ for rule in RUNTIME_RULES}
-    )
-
-
-def legalize_quantized(model: Model, disabled: Sequence[str] = ()) -> PassResult:
-    """Legalize an int8/uint8 model for the Edge TPU in place; what `convert` runs on the
-    quantized fused model (the int8 forms of the rules only act here).
-
-    The same passes as `tflfuse.rules.pipeline(2, "edgetpu", quantized=True)`.
-    """
-    return PassManager(pipeline(2, "edgetpu", quantized=True), disabled=disabled).run(model)

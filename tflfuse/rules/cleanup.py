@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import NUMPY_DTYPES, Graph, Model, Op, Tensor, flatbuffer
 from tflfuse.rewrite import SIDE_EFFECTS, Pass
-from tflfuse.runtime.interpreter import make_interpreter
 
 # Kept on purpose: DEQUANTIZE of float16/int8 weights is how compressed models stay small.
 _NEVER_FOLD = SIDE_EFFECTS | {

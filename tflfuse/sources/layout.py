@@ -18,7 +18,7 @@ import numpy as np
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination
-from tflfuse.runtime.runs import run_float
+from tflfuse.verification.runs import run_float
 
 TO_NHWC = (0, 2, 3, 1)  # NCHW -> NHWC, the TRANSPOSE an NCHW input is read through
 TO_NCHW = (0, 3, 1, 2)  # NHWC -> NCHW, the TRANSPOSE an NCHW output is written through

@@ -30,16 +30,16 @@ from typing import Any, cast
 
 import numpy as np
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.ir import Graph, Model, Signature, Tensor, flatbuffer, qparams, summary
 from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import quantization_summary
-from tflfuse.runtime import verify as verify_mod
-from tflfuse.runtime.interpreter import make_interpreter
-from tflfuse.runtime.runs import run_float
 from tflfuse.sources import float16_weights, layout
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.recipe_fields import RecipeFields
+from tflfuse.verification import verify as verify_mod
+from tflfuse.verification.runs import run_float
 
 INT_KINDS = ("int8", "uint8")
 _IO_DTYPES = {"FLOAT32", "INT8", "UINT8"}

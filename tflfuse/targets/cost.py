@@ -328,7 +328,7 @@ def spelled_hard_swish_pays(target: str, elements: int) -> bool:
     return add + mul + mul_c < 0.8 * hswish
 
 
-# -- int8 completion (tflfuse.convert.int8_completion)
+# -- int8 completion (tflfuse.quantize.int8_completion)
 # --------------------------------------------------- The float ops litert-quantizer leaves between
 # a DEQUANTIZE and a QUANTIZE (the "island"), and the int8 op the completion writes instead
 # (RELU_0_TO_1 becomes an int8 RELU).

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, flatbuffer
-from tflfuse.runtime.interpreter import make_interpreter
 from tflfuse.targets.capabilities import OpPrediction, Prediction, op_label
 
 

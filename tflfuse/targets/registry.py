@@ -3,7 +3,7 @@
 A target is everything the rest of tflfuse asks by name: what the user calls it (`name`, the
 CLI's `--target` choices), what it is called in sentences (`label`), its capability table
 (`delegates/NAME.toml`), its predictor (where each op runs), how its rule pipeline differs
-(`rules.pipeline` reads `legalization`, `recognizes_activations`, `kernel_rewrites`,
+(`convert.rule_sets.pipeline` reads `legalization`, `recognizes_activations`, `kernel_rewrites`,
 `batch_matmul_as_fully_connected`; FuseActivationIntoProducer `fused_activation_limit`), its cost
 profile (the budgets `targets.cost` answers from), the recipes made for it (`converters/`), and
 whether an ahead-of-time compiler decides its mapping (the Edge TPU's `edgetpu_compiler`: the
@@ -75,7 +75,7 @@ class Target:
     # compile`, mapped-op counts in the int8 legalization and a mapping section in the report.
     compiler: str | None = None
     on_cpu: bool = False  # its models run on the host CPU's TFLite kernels (TF ops could, too)
-    # -- how its rule pipeline differs (tflfuse.rules.pipeline) --
+    # -- how its rule pipeline differs (tflfuse.convert.rule_sets.pipeline) --
     # Its legalization rules (Rule and Pass instances), run first at level 2 and alone on the
     # quantized model. A function: the rules load on first use (device scripts load none).
     legalization: Callable[[], tuple[Any, ...]] | None = None

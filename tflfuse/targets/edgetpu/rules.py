@@ -190,7 +190,7 @@ class LegalizeRelu0To1(Rule):
     so where q(1) is at or past the top the two are the same op, and otherwise the MINIMUM with
     the constant q(1), at the output's parameters, is the missing clamp: exact either way. The
     Edge TPU maps RELU and MINIMUM, not RELU_0_TO_1. A float RELU_0_TO_1 is made int8 where it is
-    quantized (`tflfuse.convert.int8_completion`); this takes the ones an int8 file brings.
+    quantized (`tflfuse.quantize.int8_completion`); this takes the ones an int8 file brings.
     """
 
     quantized_ok = True

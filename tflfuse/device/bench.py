@@ -16,7 +16,7 @@ greedy-by-size arena plan over the tensor lifetimes of the undelegated graph (su
 buffers and delegate-owned memory.
 
 This module is shipped in the device bundle: it must stay Python 3.8 syntax and import only
-numpy, the standard library and `tflfuse.runtime` (tqdm is used when present).
+numpy, the standard library and `tflfuse.device` (tqdm is used when present).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from tflfuse.device.interpreter import check_delegate_name, interpreter_package, make_interpreter
 from tflfuse.errors import TflfuseError
-from tflfuse.runtime.interpreter import check_delegate_name, interpreter_package, make_interpreter
 
 PERCENTILES = (50, 90, 99)
 ALIGNMENT = 64

@@ -15,14 +15,14 @@ refuse; `optimize` first refuses what a runtime cannot run):
             record); `enabled=False` (--no-verify) records that nothing was checked
   blame     `culprit(candidate)`: the first fired rule without which the result passes
 
-Two checks, both on the interpreter (`runtime.verify.compare`, the same seeded inputs):
+Two checks, both on the interpreter (`verification.verify.compare`, the same seeded inputs):
   within_declared_error       a float output element within its float32 round-off bound
-                              (`runtime.roundoff`) plus PROPAGATION times the declared error of
+                              (`verification.roundoff`) plus PROPAGATION times the declared error of
                               the approximations that fired; an int8 output within the summed
                               `int8_error_steps` of the rewrites on its paths
                               (`rewrite.int8_error_bounds`): an output no rewrite reached matches
                               exactly. Candidate bytes equal to the reference pass as they are.
-                              Then each int8 rewrite where it stands (`convert.rewrite_check`):
+                              Then each int8 rewrite where it stands (`verification.rewrite_check`):
                               the region it changed, run alone on the reference's own
                               activations (kept by the same run), within its rule's steps; the
                               record lists them as `rewrites`.
@@ -42,12 +42,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from tflfuse.convert import rewrite_check
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, flatbuffer
 from tflfuse.rewrite import Pass, PassManager, PassResult, Rule, int8_error_bounds
-from tflfuse.runtime import verify as verify_mod
-from tflfuse.runtime.verify import CandidateFailedError, OutputTolerance, UnverifiableError
+from tflfuse.verification import rewrite_check
+from tflfuse.verification import verify as verify_mod
+from tflfuse.verification.verify import CandidateFailedError, OutputTolerance, UnverifiableError
 
 PROPAGATION = 10.0  # allowance for an approximation's error growing through later layers
 NOT_VERIFIED = "--no-verify: written without the numeric check"
@@ -212,7 +212,7 @@ def end_to_end(
         return f"verification failed: the optimized model does not run ({exc})", {}
     tolerance = {
         "atol": atol,
-        "roundoff": "float32 round-off bound per element (tflfuse.runtime.roundoff)",
+        "roundoff": "float32 round-off bound per element (tflfuse.verification.roundoff)",
         "int8_steps": {name: tol.int_steps for name, tol in per_output.items()},
     }
     record = {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
@@ -225,7 +225,7 @@ def per_rewrite(
     candidate: Candidate, record: dict[str, Any], plan: rewrite_check.Plan | None = None
 ) -> tuple[str | None, dict[str, Any]]:
     """`record` (the end-to-end check's) with each int8 rewrite checked where it stands
-    (`convert.rewrite_check`, by `plan` when one was made): `rewrites`, and the failure of the
+    (`verification.rewrite_check`, by `plan` when one was made): `rewrites`, and the failure of the
     first that moved its tensor by more than its rule declares."""
     if plan is None:
         plan = rewrite_check.plan(

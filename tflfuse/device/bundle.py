@@ -30,8 +30,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tflfuse.device.interpreter import interpreter_module
 from tflfuse.errors import TflfuseError
-from tflfuse.runtime.interpreter import interpreter_module
 
 MANIFEST = "manifest.json"
 FORMAT = "tflfuse-bundle/1"
@@ -39,10 +39,10 @@ SHIPPED_MODULES = (  # paths in the package: the device side and what it imports
     "__init__.py",
     "version.py",
     "errors.py",
-    "runtime/__init__.py",
-    "runtime/interpreter.py",
-    "runtime/bench.py",
-    "runtime/bundle.py",
+    "device/__init__.py",
+    "device/interpreter.py",
+    "device/bench.py",
+    "device/bundle.py",
 )
 ENTRY_POINT = "bench_on_device.py"
 

@@ -30,9 +30,9 @@ from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op, Tensor, flatbuffer
 from tflfuse.rewrite.int8_error import output_bounds
 from tflfuse.rewrite.rule import RewriteEvent
-from tflfuse.runtime import run_memo
-from tflfuse.runtime import verify as verify_mod
-from tflfuse.runtime.runs import run
+from tflfuse.verification import run_memo
+from tflfuse.verification import verify as verify_mod
+from tflfuse.verification.runs import run
 
 _NO_UNIQUE_NAME = "a tensor it reads or writes has no name of its own in the model"
 _STATEFUL = frozenset({"VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE"})

@@ -63,7 +63,7 @@ import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op, flatbuffer
-from tflfuse.runtime.runs import run
+from tflfuse.verification.runs import run
 
 U = 2.0**-24  # unit round-off of float32
 K = 8.0
@@ -93,7 +93,10 @@ class RoundOff:
     summary: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": "float32 round-off (tflfuse.runtime.roundoff)", "outputs": self.summary}
+        return {
+            "model": "float32 round-off (tflfuse.verification.roundoff)",
+            "outputs": self.summary,
+        }
 
 
 def products_summed(op: Op, index: int) -> int:

@@ -1,6 +1,6 @@
 """Write a device bundle (host side): the models, the modules the protocol needs,
 bench_on_device.py and a manifest with each model's runtime verdicts. The device side of
-a bundle (checking it, running it) is `tflfuse.runtime.bundle`, which ships in it.
+a bundle (checking it, running it) is `tflfuse.device.bundle`, which ships in it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tflfuse.errors import TflfuseError
-from tflfuse.ir import flatbuffer
-from tflfuse.resources import data_file
-from tflfuse.runtime.bundle import (
+from tflfuse.device.bundle import (
     ENTRY_POINT,
     FORMAT,
     MANIFEST,
@@ -23,7 +20,10 @@ from tflfuse.runtime.bundle import (
     SHIPPED_MODULES,
     sha256_file,
 )
-from tflfuse.runtime.interpreter import interpreter_package
+from tflfuse.device.interpreter import interpreter_package
+from tflfuse.errors import TflfuseError
+from tflfuse.ir import flatbuffer
+from tflfuse.resources import data_file
 from tflfuse.targets import runtimes
 from tflfuse.version import __version__
 

@@ -1,7 +1,7 @@
 """Run a model over input sets with the interpreter: raw outputs (`run`, for verification)
 and outputs in float, quantized inputs and dequantized outputs (`run_float`, for
 agreement in output units). Host side; the interpreter comes from
-`tflfuse.runtime.interpreter`.
+`tflfuse.device.interpreter`.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
-from tflfuse.runtime import run_memo
-from tflfuse.runtime.interpreter import make_interpreter
+from tflfuse.verification import run_memo
 
 
 def run(
@@ -26,7 +26,7 @@ def run(
     """Outputs of `model` for each input set, in output-detail order (TflfuseError when the
     interpreter refuses the model or fails to invoke it). Run on a fresh interpreter (`interp`:
     one made for `model` and `delegate` and not invoked yet), or, with `remember`, remembered
-    from an earlier run of the same bytes on the same inputs (`tflfuse.runtime.run_memo`)."""
+    from an earlier run of the same bytes on the same inputs (`tflfuse.verification.run_memo`)."""
     if not remember:
         return _invoke(model, inputs, delegate, interp)
     key = (run_memo.digest(model, (a for one in inputs for a in one)), delegate)
@@ -102,7 +102,7 @@ def _from_model(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
 
 def run_float(data: bytes, inputs: list[np.ndarray], delegate: str = "none") -> list[np.ndarray]:
     """Outputs in float (dequantized) for each sample of `inputs` (arrays with a sample axis);
-    remembered for the same bytes and inputs (`tflfuse.runtime.run_memo`: a .tflite whose rules
+    remembered for the same bytes and inputs (`tflfuse.verification.run_memo`: a .tflite whose rules
     changed nothing is both the reference and the fused float model)."""
     key = (run_memo.digest(data, inputs), delegate)
     return run_memo.remembered("report.run_float", key, lambda: _run_float(data, inputs, delegate))

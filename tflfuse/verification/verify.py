@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse.device.bench import seeded_input_values
+from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
-from tflfuse.runtime import run_memo
-from tflfuse.runtime.bench import seeded_input_values
-from tflfuse.runtime.interpreter import make_interpreter
-from tflfuse.runtime.roundoff import estimate
-from tflfuse.runtime.runs import run, run_keeping
+from tflfuse.verification import run_memo
+from tflfuse.verification.roundoff import estimate
+from tflfuse.verification.runs import run, run_keeping
 
 
 class UnverifiableError(TflfuseError):
@@ -135,14 +135,14 @@ def compare(
 ) -> Agreement:
     """Run both models on the same `runs` seeded input sets and measure the worst difference.
 
-    Float outputs must satisfy |c - r| <= atol + rtol * |r| elementwise, plus, with `roundoff`,
-    the float32 round-off bound of each element (`tflfuse.runtime.roundoff`: what re-associating the
-    arithmetic between the input and that element can do, measured on the reference); integer
-    (quantized) outputs may differ by `int_atol` quantization steps. `per_output` (by output
-    tensor name) replaces `int_atol` and adds to `atol` for the outputs it names. Raises
-    `UnverifiableError` when the reference does not run here, `CandidateFailedError` when only
-    the candidate fails. `keep` (plain kernels): the reference run also keeps these tensors,
-    which `activations(reference, keep)` then returns without running it again.
+    Float outputs must satisfy |c - r| <= atol + rtol * |r| elementwise, plus, with `roundoff`, the
+    float32 round-off bound of each element (`tflfuse.verification.roundoff`: what re-associating
+    the arithmetic between the input and that element can do, measured on the reference); integer
+    (quantized) outputs may differ by `int_atol` quantization steps. `per_output` (by output tensor
+    name) replaces `int_atol` and adds to `atol` for the outputs it names. Raises
+    `UnverifiableError` when the reference does not run here, `CandidateFailedError` when only the
+    candidate fails. `keep` (plain kernels): the reference run also keeps these tensors, which
+    `activations(reference, keep)` then returns without running it again.
     """
     inputs, names, ref, cand = _run_pair(
         reference, candidate, seed=seed, runs=runs, delegate=delegate, keep=keep

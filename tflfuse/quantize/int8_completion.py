@@ -54,7 +54,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tflfuse.convert import verified
 from tflfuse.ir import Op, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import (
     DeadCodeElimination,
@@ -68,6 +67,7 @@ from tflfuse.rewrite import (
 )
 from tflfuse.rules.epilogue import activation_fusion_refusal
 from tflfuse.targets import capability, cost, cost_profile
+from tflfuse.verification import verified
 
 
 def _per_tensor_int8(t: Tensor) -> bool:

@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 
 from tflfuse import isolation
-from tflfuse.convert.calibrated_ranges import usable_ranges
-from tflfuse.convert.int8_completion import COMPLETED_OPS, complete
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer, qparams
+from tflfuse.quantize.calibrated_ranges import usable_ranges
+from tflfuse.quantize.int8_completion import COMPLETED_OPS, complete
 from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
-from tflfuse.runtime import run_memo
+from tflfuse.verification import run_memo
 
 BOUNDARY_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
 
@@ -165,7 +165,7 @@ def _statistics(
     """The calibration statistics of `float_model` on `samples`, calibrated once per model and
     data: the same bytes calibrated on the same arrays by the same calibrator give the same
     statistics (a .tflite whose rules changed nothing is both the stock baseline's input and
-    the fused model), so a repeat is answered from `tflfuse.runtime.run_memo`. A copy is handed
+    the fused model), so a repeat is answered from `tflfuse.verification.run_memo`. A copy is handed
     out."""
     names = tuple(sorted(samples[0])) if samples else ()
     digest = run_memo.digest(float_model, (sample[n] for sample in samples for n in names))

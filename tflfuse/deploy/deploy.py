@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tflfuse.deploy.packing import make_bundle
+from tflfuse.device.bundle import ENTRY_POINT, manifest_id
 from tflfuse.errors import TflfuseError
-from tflfuse.runtime.bundle import ENTRY_POINT, manifest_id
-from tflfuse.runtime.packing import make_bundle
 
 
 @dataclass
