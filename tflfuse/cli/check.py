@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         if modes is not None:
             print("\n".join(format_modes(modes, Path(args.model).name)))
         print(text)
-    if args.overlay:
+    if args.overlay and prediction is not None:  # (--overlay needs --target: refused above)
         overlay.write(args.overlay, model, prediction)
         if not args.json:
             print(f"node data for Model Explorer: {args.overlay}")
@@ -139,7 +139,7 @@ def _report_compiled(
             f"{path}: already compiled for the Edge TPU; --overlay needs the CPU model to"
             " place its ops"
         )
-    summary = edgetpu_truth.compiled_summary(model)
+    summary: dict[str, Any] = edgetpu_truth.compiled_summary(model)
     segments = summary["segments"]
     suffix = edgetpu_truth.COMPILED_SUFFIX
     stem = path.name[: -len(".tflite")] if path.name.endswith(".tflite") else path.stem

@@ -30,7 +30,7 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def fmt_bytes(n: int) -> str:
+def fmt_bytes(n: float) -> str:
     """A size for people: '512 B', '1.5 KiB', '14.2 MiB'."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
