@@ -323,7 +323,8 @@ def cli_bypassing_api(imports: list[Import]) -> list[str]:
     arguments and calls the pipelines (one door, one set of checks)."""
     found = []
     for imp in imports:
-        if imp.importer == "tflfuse.cli" and imp.target in PIPELINES:
+        in_cli = imp.importer == "tflfuse.cli" or imp.importer.startswith("tflfuse.cli.")
+        if in_cli and imp.target in PIPELINES:
             found.append(f"{imp}: cli must reach {imp.target} through tflfuse.api")
     return list(dict.fromkeys(found))  # one line per import
 
@@ -573,11 +574,19 @@ PLANTED = [
     ),
     (  # the CLI calling the optimize pipeline itself, beside the API
         {
-            "tflfuse/cli.py": "def run():\n    from tflfuse.convert.optimize import run\n",
+            "tflfuse/cli/__init__.py": "def run():\n    from tflfuse.convert.optimize import run\n",
             "tflfuse/convert/optimize.py": "",
         },
         cli_bypassing_api,
-        "tflfuse/cli.py:2: from tflfuse.convert.optimize import run  (in a function)",
+        "tflfuse/cli/__init__.py:2: from tflfuse.convert.optimize import run  (in a function)",
+    ),
+    (  # ... or from one of its command modules
+        {
+            "tflfuse/cli/optimize.py": "from tflfuse.convert.pipeline import convert\n",
+            "tflfuse/convert/pipeline.py": "",
+        },
+        cli_bypassing_api,
+        "tflfuse/cli/optimize.py:1: from tflfuse.convert.pipeline import convert:",
     ),
 ]
 

@@ -259,7 +259,8 @@ def test_json_before_a_folder_or_model_leaves_the_operand_alone(
 
 
 def test_help_states_the_recipe_default_and_lists_the_examples(capsys) -> None:
-    from tflfuse.cli import EXAMPLES, build_parser
+    from tflfuse.cli import build_parser
+    from tflfuse.cli.commands import EXAMPLES
     from tflfuse.examples import zoo
 
     assert set(EXAMPLES) == {"digits_cnn", *zoo.BUILDERS}

@@ -369,8 +369,8 @@ def slow(args):
         raise
     return 0
 
-import tflfuse.cli as cli
-cli._run_inspect = slow
+import tflfuse.cli.inspect
+tflfuse.cli.inspect.run = slow  # what `tflfuse inspect` runs
 sys.exit(main(["inspect", "x"]))
 """
 
