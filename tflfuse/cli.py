@@ -265,10 +265,11 @@ def _pass_lines(changes: dict[str, dict[str, int]]) -> list[str]:
     """'pass DeadCodeElimination removed 1 op (MAX_POOL_2D 1): <what the pass does>' for each
     whole-graph pass that changed the op list, so every removed op has a name beside it."""
     from tflfuse.rules import pipeline
+    from tflfuse.targets import every
 
     docs = {
         p.name: (type(p).__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        for target in TARGETS
+        for target in every()
         for level in (0, 1, 2)
         for p in pipeline(level, target)
     }
@@ -394,7 +395,10 @@ def _run_check(args: argparse.Namespace) -> int:
     prediction = None
     if args.target is not None:
         prediction = targets.predict(
-            model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
+            model,
+            targets.target(args.target),  # the door: a name from --target, resolved once
+            args.compiler_version,
+            multiple_subgraphs=args.multiple_subgraphs,
         )
         payload = {**prediction.to_dict(), "runtime": payload}
         if runtime is not None:

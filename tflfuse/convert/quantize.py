@@ -39,6 +39,7 @@ from tflfuse.ir import Graph, Model, Quantization, flatbuffer, qparams
 from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.runtime import run_memo
+from tflfuse.targets import Target
 
 BOUNDARY_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
 
@@ -85,7 +86,7 @@ def quantize(
     layer_error: bool = False,
     complete_int8: bool = False,
     verify: bool = True,
-    target: str | None = None,
+    target: Target | None = None,
     parsed: Model | None = None,
 ) -> Quantized:
     """The quantized model (bytes) and how it was made; `mode` 'none' returns the input.
