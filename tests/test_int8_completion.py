@@ -342,7 +342,7 @@ def test_a_prelu_island_stays_float_on_the_cpu_targets_and_says_why(target: str)
 def test_depth_to_space_is_completed_on_every_target() -> None:
     before = _depth_to_space_island(_q(0.04, -20))
     for target in ("xnnpack", "cpu", "edgetpu", None):
-        _, model, _ = apply(before, QuantizeDepthToSpace(target_named(target)))
+        _, model, _ = apply(before, QuantizeDepthToSpace(target and target_named(target)))
         assert ops(model) == ["DEPTH_TO_SPACE"], target
 
 
