@@ -39,12 +39,19 @@ from tflfuse.rewrite import DeadCodeElimination, PassManager, Rule, TopologicalS
 from tflfuse.rules import exporter
 from tflfuse.rules.algebra import CollapseReshapeChain
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
+from tflfuse.targets import target as target_named
 from tflfuse.verification import runs as runs_module
 from tflfuse.verification import verify
 
 MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "pytorch"
 EXPORTER_NAMES = tuple(
-    sorted({r.name for t in ("xnnpack", "cpu", "edgetpu") for r in exporter.exporter_rules(t)})
+    sorted(
+        {
+            r.name
+            for t in ("xnnpack", "cpu", "edgetpu")
+            for r in exporter.exporter_rules(target_named(t))
+        }
+    )
 )
 RNG = np.random.default_rng(0)
 
@@ -368,7 +375,7 @@ def _micro_line(row: dict[str, Any]) -> str:
 def _optimize(data: bytes, target: str, with_exporter: bool) -> tuple[bytes, dict[str, int]]:
     model = flatbuffer.from_bytes(data)
     disabled = () if with_exporter else EXPORTER_NAMES
-    result = PassManager(pipeline(2, target), disabled=disabled).run(model)
+    result = PassManager(pipeline(2, target_named(target)), disabled=disabled).run(model)
     return flatbuffer.to_bytes(model), result.fired()
 
 

@@ -34,6 +34,7 @@ from tflfuse.device.interpreter import interpreter_package  # noqa: E402
 from tflfuse.errors import TflfuseError  # noqa: E402
 from tflfuse.examples import zoo  # noqa: E402
 from tflfuse.ir import flatbuffer  # noqa: E402
+from tflfuse.targets import target as target_named  # noqa: E402
 
 VARIANTS = ("unfused", "stock", "fused")
 PRECISIONS = {"float32": "cpu-float", "int8": "xnnpack-int8"}
@@ -89,7 +90,7 @@ def edgetpu_prediction(paths: dict[str, str]) -> dict[str, Any]:
 
     out = {}
     for variant in ("stock", "fused"):
-        p = predict(flatbuffer.load(paths[variant]), "edgetpu")
+        p = predict(flatbuffer.load(paths[variant]), target_named("edgetpu"))
         out[variant] = {"mapped": p.mapped, "total": len(p.ops), "cpu": p.cpu}
     return out
 

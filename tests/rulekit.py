@@ -10,6 +10,7 @@ import numpy as np
 from tflfuse.convert.rule_sets import pipeline
 from tflfuse.ir import Graph, Model, Tensor, flatbuffer
 from tflfuse.rewrite import PassManager, PassResult, Rule
+from tflfuse.targets import target as target_named
 from tflfuse.verification import verify
 
 
@@ -148,7 +149,7 @@ def run_rules(data: bytes, passes: Sequence[Any]) -> tuple[bytes, Model, PassRes
 def optimize(
     data: bytes, level: int = 2, target: str = "xnnpack", rules: Sequence[Rule] | None = None
 ) -> tuple[bytes, Model, PassResult]:
-    return run_rules(data, rules if rules is not None else pipeline(level, target))
+    return run_rules(data, rules if rules is not None else pipeline(level, target_named(target)))
 
 
 def ops(model: Model) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rulekit import G, optimize
 
 from tflfuse.targets import cost
+from tflfuse.targets import target as target_named
 
 
 def test_op_cost_counts_conv_traffic_weights_and_macs() -> None:
@@ -36,10 +37,24 @@ def test_model_cost_falls_when_an_epilogue_fuses() -> None:
 def test_decisions() -> None:
     assert cost.chain_merge_pays(8, 16, 4)
     assert not cost.chain_merge_pays(32, 4, 32)
-    assert cost.horizontal_pays("xnnpack", 3, 1000, absorbs_concat=False, equal_parts=True) is None
-    assert cost.horizontal_pays("xnnpack", 2, 1000, absorbs_concat=True, equal_parts=False) is None
-    assert cost.horizontal_pays("xnnpack", 5, 1000, absorbs_concat=False, equal_parts=True)
-    assert cost.horizontal_pays("edgetpu", 3, 9 * cost.MIB, absorbs_concat=True, equal_parts=True)
+    assert (
+        cost.horizontal_pays(
+            target_named("xnnpack"), 3, 1000, absorbs_concat=False, equal_parts=True
+        )
+        is None
+    )
+    assert (
+        cost.horizontal_pays(
+            target_named("xnnpack"), 2, 1000, absorbs_concat=True, equal_parts=False
+        )
+        is None
+    )
+    assert cost.horizontal_pays(
+        target_named("xnnpack"), 5, 1000, absorbs_concat=False, equal_parts=True
+    )
+    assert cost.horizontal_pays(
+        target_named("edgetpu"), 3, 9 * cost.MIB, absorbs_concat=True, equal_parts=True
+    )
 
 
 def _binary_op(shape_b: tuple[int, ...], dtype: str = "FLOAT32"):
@@ -73,6 +88,6 @@ def test_shipped_table_loads_and_says_where_int8_sub_and_mean_are_slow() -> None
     assert ("FULLY_CONNECTED", "int8", "xnnpack") in table
     assert all(a >= 0 and b >= 0 for a, b in table.values())
     # measured facts the rules rely on (delegates/cost_table.json): plain int8 kernels
-    assert not cost.fast_sub("cpu") and cost.fast_sub("xnnpack")
-    assert cost.mean_keep_dims_pays("cpu", "int8", (1, 7, 7, 256))
-    assert not cost.mean_keep_dims_pays("xnnpack", "int8", (1, 7, 7, 256))
+    assert not cost.fast_sub(target_named("cpu")) and cost.fast_sub(target_named("xnnpack"))
+    assert cost.mean_keep_dims_pays(target_named("cpu"), "int8", (1, 7, 7, 256))
+    assert not cost.mean_keep_dims_pays(target_named("xnnpack"), "int8", (1, 7, 7, 256))

@@ -17,6 +17,7 @@ from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.targets import predict
+from tflfuse.targets import target as target_named
 from tflfuse.targets.edgetpu import attention
 from tflfuse.targets.edgetpu.attention import (
     LegalizeActivationMatmul,
@@ -288,7 +289,7 @@ def test_int8_product_stays_within_its_declared_steps_and_maps() -> None:
     assert event.int8_steps == 4
     agreement = verify.compare(before, after, int_atol=event.int8_steps, runs=4)
     assert agreement.ok and agreement.varies, agreement
-    assert predict(flatbuffer.from_bytes(before), "edgetpu").mapped == 0
+    assert predict(flatbuffer.from_bytes(before), target_named("edgetpu")).mapped == 0
     _assert_mapped_but_for_the_undecided_muls(model)
 
 
@@ -306,7 +307,7 @@ def _assert_mapped_but_for_the_undecided_muls(model: Model) -> None:
     """No compiled model shows a MUL of two activations broadcast against each other
     (delegates/edgetpu_forms.toml): the prediction leaves those MULs (and what they feed) on
     the CPU, and its other reading, where they map, maps every op."""
-    p = predict(model, "edgetpu")
+    p = predict(model, target_named("edgetpu"))
     total = len(model.main.ops)
     muls = [i for i, op in enumerate(model.main.ops) if op.type == "MUL"]
     assert p.mapped < total
@@ -339,7 +340,7 @@ def test_int8_small_product_maps_with_every_form_shown() -> None:
     assert "DEPTHWISE_CONV_2D" in ops(model)
     agreement = verify.compare(before, after, int_atol=event.int8_steps, runs=4)
     assert agreement.ok and agreement.varies, agreement
-    p = predict(model, "edgetpu")
+    p = predict(model, target_named("edgetpu"))
     assert (p.mapped, p.cpu, p.other_readings) == (len(model.main.ops), 0, [])
 
 

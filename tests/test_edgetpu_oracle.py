@@ -23,6 +23,7 @@ import pytest
 from conftest import SHARED, oracle_models
 
 from tflfuse.ir import flatbuffer
+from tflfuse.targets import target as target_named
 from tflfuse.targets.edgetpu.compiler_log import parse_log
 from tflfuse.targets.edgetpu.truth import PairScore, find_pairs, score_pair, status_agreement
 
@@ -192,7 +193,9 @@ def test_exact_needs_the_same_cpu_ops_and_in_multi_mode_the_same_segments() -> N
 
     model, compiled = _chain()
     truth = truth_of(model, compiled)
-    prediction = predict(model, "edgetpu")  # both convs map, only the DEQUANTIZE is left
+    prediction = predict(
+        model, target_named("edgetpu")
+    )  # both convs map, only the DEQUANTIZE is left
     assert prediction.cpu_ops() == [2]
     assert not is_exact(prediction, truth)
     assert not is_exact(documented_rule(model), truth)  # documented: the same two convs map

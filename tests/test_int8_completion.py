@@ -23,6 +23,7 @@ from tflfuse.quantize.int8_completion import (
     QuantizeRelu0To1,
 )
 from tflfuse.targets import predict
+from tflfuse.targets import target as target_named
 from tflfuse.verification import runs
 
 ALL_INT8 = np.arange(-128, 128, dtype=np.int8)
@@ -58,7 +59,7 @@ def _every_value(data: bytes, channels: int) -> np.ndarray:
 
 
 def _mapped(data: bytes) -> tuple[int, int]:
-    p = predict(flatbuffer.from_bytes(data), "edgetpu")
+    p = predict(flatbuffer.from_bytes(data), target_named("edgetpu"))
     return p.mapped, len(p.ops)
 
 
@@ -301,12 +302,16 @@ def test_the_measured_table_says_the_island_is_faster_where_xnnpack_has_no_int8_
 
     for target in ("xnnpack", "cpu"):
         for op in ("PRELU", "RELU_0_TO_1"):
-            island, int8 = cost.int8_completion_us(target, op, 65536)
+            island, int8 = cost.int8_completion_us(target_named(target), op, 65536)
             assert int8 > 5 * island, (target, op, island, int8)
-        island, int8 = cost.int8_completion_us(target, "DEPTH_TO_SPACE", 65536)
+        island, int8 = cost.int8_completion_us(target_named(target), "DEPTH_TO_SPACE", 65536)
         assert int8 < island, (target, island, int8)
-    assert cost.int8_completion_refusal("edgetpu", "PRELU", 65536) is None  # maps: always
-    assert cost.int8_completion_us("gpu", "PRELU", 65536) is None  # unmeasured: the default
+    assert (
+        cost.int8_completion_refusal(target_named("edgetpu"), "PRELU", 65536) is None
+    )  # maps: always
+    assert (
+        cost.int8_completion_us(target_named("gpu"), "PRELU", 65536) is None
+    )  # unmeasured: the default
 
 
 def test_xnnpack_takes_the_island_but_not_an_int8_prelu() -> None:
@@ -324,20 +329,20 @@ def test_xnnpack_takes_the_island_but_not_an_int8_prelu() -> None:
 @pytest.mark.parametrize("target", ["xnnpack", "cpu"])
 def test_a_prelu_island_stays_float_on_the_cpu_targets_and_says_why(target: str) -> None:
     before = _island("PRELU", 4, _q(0.03, -60), np.array([[[0.25, -0.1, 0.02, 0.7]]]))
-    _, model, result = apply(before, QuantizePrelu(target))
+    _, model, result = apply(before, QuantizePrelu(target_named(target)))
     assert ops(model) == ["DEQUANTIZE", "PRELU", "QUANTIZE"] and not result.events
     (reason,) = refusals(result, "QuantizePrelu")
     runtime = {"xnnpack": "XNNPACK kernels", "cpu": "the plain built-in kernels"}[target]
     assert f"with {runtime} the float island is faster" in reason
     assert reason.startswith("XNNPACK takes no int8 PRELU, and ") == (target == "xnnpack")
-    _, model, _ = apply(before, QuantizePrelu("edgetpu"))
+    _, model, _ = apply(before, QuantizePrelu(target_named("edgetpu")))
     assert ops(model) == ["PRELU"]  # the Edge TPU maps it: completed there
 
 
 def test_depth_to_space_is_completed_on_every_target() -> None:
     before = _depth_to_space_island(_q(0.04, -20))
     for target in ("xnnpack", "cpu", "edgetpu", None):
-        _, model, _ = apply(before, QuantizeDepthToSpace(target))
+        _, model, _ = apply(before, QuantizeDepthToSpace(target and target_named(target)))
         assert ops(model) == ["DEPTH_TO_SPACE"], target
 
 
@@ -382,7 +387,7 @@ def test_a_hardsigmoid_clamp_becomes_its_convolutions_fused_relu(target: str) ->
     from tflfuse.targets.probe import xnnpack_delegated_ops
 
     before, w = _conv_relu_0_to_1_island()
-    after, model, result = apply(before, QuantizeRelu0To1(target))
+    after, model, result = apply(before, QuantizeRelu0To1(target_named(target)))
     assert ops(model) == ["CONV_2D"] and model.main.ops[0].fused_activation == "RELU"
     assert model.main.ops[0].outputs[0].name == "y"
     x = np.random.default_rng(0).integers(-128, 128, (1, 16, 16, 8)).astype(np.int8)
@@ -401,9 +406,9 @@ def test_a_hardsigmoid_clamp_becomes_its_convolutions_fused_relu(target: str) ->
 
 def test_a_clamp_whose_input_is_read_elsewhere_keeps_the_target_decision() -> None:
     before, _ = _conv_relu_0_to_1_island(read_elsewhere=True)
-    _, model, _ = apply(before, QuantizeRelu0To1("edgetpu"))
+    _, model, _ = apply(before, QuantizeRelu0To1(target_named("edgetpu")))
     assert "RELU_0_TO_1" not in ops(model) and model.main.ops[0].fused_activation == "NONE"
-    _, model, result = apply(before, QuantizeRelu0To1("xnnpack"))
+    _, model, result = apply(before, QuantizeRelu0To1(target_named("xnnpack")))
     assert "RELU_0_TO_1" in ops(model)  # an int8 RELU would run on the plain kernels
     (reason,) = refusals(result, "QuantizeRelu0To1")
     assert reason.startswith("XNNPACK takes no int8 RELU, and with XNNPACK kernels the float")
@@ -413,11 +418,11 @@ def test_complete_reports_what_it_kept_float_per_target() -> None:
     from tflfuse.quantize.int8_completion import complete
 
     before = _island("PRELU", 4, _q(0.03, -60), np.array([[[0.25, -0.1, 0.02, 0.7]]]))
-    kept = complete(before, target="xnnpack")
+    kept = complete(before, target=target_named("xnnpack"))
     assert kept.data == before and kept.completed == {}
     assert list(kept.kept_float) == ["PRELU"] and kept.kept_float["PRELU"][0] == 1
     assert kept.to_dict()["kept_float"]["PRELU"]["reason"].startswith("XNNPACK takes no int8")
-    done = complete(before, target="edgetpu")
+    done = complete(before, target=target_named("edgetpu"))
     assert done.completed == {"PRELU": 1} and done.kept_float == {}
     assert done.verification["verified"]
 
@@ -430,7 +435,7 @@ def test_a_clamp_whose_float_tensors_are_read_elsewhere_is_not_fused() -> None:
     g = model.main
     g.outputs.append(next(t for t in g.tensors if t.name == "y_float"))
     data = flatbuffer.to_bytes(model)
-    after, model, result = apply(data, QuantizeRelu0To1("edgetpu"))
+    after, model, result = apply(data, QuantizeRelu0To1(target_named("edgetpu")))
     assert ops(model) == ["CONV_2D", "DEQUANTIZE", "RELU_0_TO_1", "RELU"]
     assert model.main.ops[0].fused_activation == "NONE"
     x = np.random.default_rng(1).integers(-128, 128, (1, 16, 16, 8)).astype(np.int8)

@@ -24,6 +24,7 @@ from tflfuse.ir.flatbuffer import OP_CODES
 from tflfuse.ir.op_versions import known, required
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.targets import TARGETS, runtimes
+from tflfuse.targets import target as target_named
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -55,8 +56,8 @@ def built_in_source(path: Path) -> set[str]:
 
 def rewritten_by_rules() -> set[str]:
     """The op types every pipeline's rules match at their root (ops they edit in place)."""
-    passes = [p for t in TARGETS for level in (1, 2) for p in pipeline(level, t)]
-    passes += [p for t in TARGETS for p in pipeline(2, t, quantized=True)]
+    passes = [p for t in TARGETS for level in (1, 2) for p in pipeline(level, target_named(t))]
+    passes += [p for t in TARGETS for p in pipeline(2, target_named(t), quantized=True)]
     passes += list(runtime_legalization(runtimes.resolve("tflite-runtime==2.5.0")))
     return {t for p in passes if hasattr(p, "compiled") for t in p.compiled().types}
 

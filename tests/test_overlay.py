@@ -17,6 +17,7 @@ from conftest import ORACLE
 from tflfuse.cli import main
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
 from tflfuse.targets import predict
+from tflfuse.targets import target as target_named
 from tflfuse.targets.edgetpu import overlay
 
 DEEPLAB = ORACLE / "deeplabv3_mnv2_dm05_pascal_quant.tflite"
@@ -106,7 +107,7 @@ def test_check_writes_node_data_model_explorer_reads(tmp_path: Path, capsys) -> 
 @pytest.mark.skipif(not DEEPLAB.is_file(), reason="../shared/oracle is absent")
 def test_overlay_of_a_real_model_names_every_op_node(tmp_path: Path) -> None:
     model = flatbuffer.load(DEEPLAB)
-    prediction = predict(model, "edgetpu")
+    prediction = predict(model, target_named("edgetpu"))
     out = tmp_path / "deeplab.json"
     overlay.write(out, model, prediction)
     data = json.loads(out.read_text())
@@ -163,4 +164,4 @@ def test_a_prediction_for_another_model_is_refused(tmp_path: Path) -> None:
     g.add_op("RELU", [x], [y])
     g.inputs, g.outputs = [x], [y]
     with pytest.raises(ValueError, match="made for another model"):
-        overlay.node_data(Model([g]), predict(three_ops, "edgetpu"))
+        overlay.node_data(Model([g]), predict(three_ops, target_named("edgetpu")))

@@ -61,7 +61,7 @@ def test_a_valid_file_with_every_table(tmp_path: Path) -> None:
         "[converter]\nselect_tf_ops = false\n",
     )
     r = recipe.load(path)
-    assert (r.target, r.level, r.quant_mode, r.samples) == ("cpu", 1, "dynamic", 7)
+    assert (r.target.name, r.level, r.quant_mode, r.samples) == ("cpu", 1, "dynamic", 7)
     assert (r.scale, r.offset, r.grappler) == (1.0, 0.0, ("constfold",))
     assert isinstance(r.scale, float)  # an integer in TOML is a number too
     assert r.delegate == "cpu"  # defaults to the target

@@ -17,6 +17,7 @@ from tflfuse.rewrite import (
     find_matches,
 )
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
+from tflfuse.targets import target as target_named
 from tflfuse.verification import verify
 
 CLEANUP = (DeadCodeElimination(), TopologicalSort())
@@ -463,7 +464,7 @@ def test_every_pipeline_rule_declares_its_int8_error() -> None:
     undeclared = {
         p.name
         for t in TARGETS
-        for p in pipeline(2, t)
+        for p in pipeline(2, target_named(t))
         if isinstance(p, Rule)
         and not any("int8_error_steps" in vars(c) for c in type(p).__mro__ if c is not Rule)
     }

@@ -18,6 +18,7 @@ from tflfuse.rules.algebra import (
     RemoveIdentityArithmetic,
     SquareExistingDifference,
 )
+from tflfuse.targets import target as target_named
 
 
 def test_identity_arithmetic_disappears() -> None:
@@ -240,7 +241,9 @@ def test_layernorm_squares_the_factored_difference(target: str) -> None:
     g = G()
     x = g.input((1, 6, 8))
     data = g.bytes(_layernorm(g, x, g.rand(1, 1, 8, name="gamma")))
-    fused, model, result = apply(data, FactorCommonMultiplier(target), SquareExistingDifference())
+    fused, model, result = apply(
+        data, FactorCommonMultiplier(target_named(target)), SquareExistingDifference()
+    )
     assert result.fired() == {"FactorCommonMultiplier": 1, "SquareExistingDifference": 1}
     # plain kernels run an int8 SUB slowly: the cpu form adds m * -1 instead
     diff = ["SUB"] if target == "xnnpack" else ["MUL", "ADD"]

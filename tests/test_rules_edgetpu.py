@@ -16,6 +16,7 @@ from tflfuse.device.interpreter import make_interpreter
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import DeadCodeElimination, PassManager, TopologicalSort
 from tflfuse.targets import predict
+from tflfuse.targets import target as target_named
 from tflfuse.targets.edgetpu.predict import statuses_once_quantized
 from tflfuse.targets.edgetpu.rules import (
     EDGETPU_LEGALIZATION,
@@ -57,7 +58,7 @@ class Q8:
 
 
 def mapped(data: bytes) -> tuple[int, int]:
-    p = predict(flatbuffer.from_bytes(data), "edgetpu")
+    p = predict(flatbuffer.from_bytes(data), target_named("edgetpu"))
     return p.mapped, p.cpu
 
 
@@ -390,10 +391,10 @@ def _mean_error(data: bytes, reference: bytes, x: np.ndarray) -> float:
 
 
 def test_yolo_stock_maps_under_60_percent_and_tflfuse_maps_all(yolo: dict[str, bytes]) -> None:
-    stock = predict(flatbuffer.from_bytes(yolo["stock"]), "edgetpu")
+    stock = predict(flatbuffer.from_bytes(yolo["stock"]), target_named("edgetpu"))
     assert stock.fraction_mapped < 0.6
     assert {o.op for o in stock.ops if o.status == "Operation not supported"} >= {"LEAKY_RELU"}
-    fused = predict(flatbuffer.from_bytes(yolo["tflfuse"]), "edgetpu")
+    fused = predict(flatbuffer.from_bytes(yolo["tflfuse"]), target_named("edgetpu"))
     assert fused.cpu == 0 and fused.mapped > 0
     ops_after = {o.op for o in fused.ops}
     assert not ops_after & {"LEAKY_RELU", "HARD_SWISH"}  # a MEAN within its limit maps
@@ -413,7 +414,7 @@ def test_yolo_stock_int8_legalized_in_place_maps_all_and_stays_close(yolo) -> No
     model = flatbuffer.from_bytes(yolo["stock"])
     PassManager((*EDGETPU_LEGALIZATION, DeadCodeElimination(), TopologicalSort())).run(model)
     legal = flatbuffer.to_bytes(model)
-    assert predict(model, "edgetpu").cpu == 0
+    assert predict(model, target_named("edgetpu")).cpu == 0
     from tflfuse.examples import zoo
 
     x = zoo.sample_inputs((64, 64, 3), n=6, seed=7)
@@ -511,7 +512,7 @@ def test_a_segmentation_models_half_pixel_full_size_resize_is_tiled_exactly(q8: 
         assert mapped(before) == (0, 1)
         # no compiled model shows a x4 half-pixel bilinear resize mapped (forms.gated): the
         # tiles are undecided, predicted on the CPU, and the other reading maps every op
-        p = predict(model, "edgetpu")
+        p = predict(model, target_named("edgetpu"))
         n = len(model.main.ops)
         assert all(p.ops[i].target == "cpu" for i, op in enumerate(model.main.ops)
                    if op.type == "RESIZE_BILINEAR")  # fmt: skip
@@ -617,7 +618,7 @@ def test_int8_maxpool_relu_stays_separate_and_all_of_it_maps() -> None:
     assert ops(cpu_model) == ["CONV_2D", "MAX_POOL_2D"]
     assert verify.compare(before, cpu, int_atol=1).ok
     # what the edgetpu pipeline avoided: the predictor leaves the fused pool on the CPU
-    p = predict(cpu_model, "edgetpu")
+    p = predict(cpu_model, target_named("edgetpu"))
     assert [o.target for o in p.ops] == ["edgetpu", "cpu"]
     assert "fused activation RELU" in p.ops[1].reason
 
@@ -649,11 +650,11 @@ def test_quantized_pipeline_is_the_edgetpu_legalization_only() -> None:
     from tflfuse.convert.rule_sets import pipeline
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
 
-    names = [p.name for p in pipeline(2, "edgetpu", quantized=True)]
+    names = [p.name for p in pipeline(2, target_named("edgetpu"), quantized=True)]
     legalization = [*HEAD_LEGALIZATION, *EDGETPU_LEGALIZATION]
     assert names[: len(legalization)] == [p.name for p in legalization]
     assert "SplitOversizedTranspose" in names and "FuseActivationIntoProducer" not in names
-    assert pipeline(2, "xnnpack", quantized=True) == ()
+    assert pipeline(2, target_named("xnnpack"), quantized=True) == ()
 
 
 MORE = SHARED / "oracle" / "edgetpu-more"
@@ -727,7 +728,7 @@ def test_half_pixel_nearest_upsample_int8_is_bit_exact_and_maps_on_older_compile
     assert agreement.identical and agreement.varies
     assert mapped(before) == mapped(after) == (1, 0)  # compiler 16 maps either
     for data, cpu in ((before, 1), (after, 0)):  # 15.0 refuses op version 3
-        assert predict(flatbuffer.from_bytes(data), "edgetpu", "15.0").cpu == cpu
+        assert predict(flatbuffer.from_bytes(data), target_named("edgetpu"), "15.0").cpu == cpu
 
 
 def test_half_pixel_downsample_and_align_corners_are_refused() -> None:
@@ -905,7 +906,7 @@ def test_a_dfl_transpose_is_split_along_its_sides() -> None:
     assert verify.compare(before, after, int_atol=0).identical
     # the pieces transpose the two innermost dims: no compiled model shows that perm mapped, so
     # the prediction counts them on the CPU and names the reading where all 5 ops map
-    p = predict(flatbuffer.from_bytes(after), "edgetpu")
+    p = predict(flatbuffer.from_bytes(after), target_named("edgetpu"))
     assert (p.mapped, p.cpu) == (2, 3)
     assert [r.mapped for r in p.other_readings] == [5]
 
@@ -944,7 +945,7 @@ def test_real_yolov8_head_is_cut_along_its_anchors_and_stays_bit_exact() -> None
     data = YOLOV8_INT8.read_bytes()
     model = flatbuffer.from_bytes(data)
     assert len(on_cpu(model)) == 25  # 230/255 mapped: the compiler's own log
-    before = predict(model, "edgetpu")
+    before = predict(model, target_named("edgetpu"))
     result = legalize_quantized(model)
     assert "ConcatFlattenedMapsInNHWC" not in result.fired()
     fired = result.fired()
@@ -954,7 +955,7 @@ def test_real_yolov8_head_is_cut_along_its_anchors_and_stays_bit_exact() -> None
     # with the forms gate: the pieces' DFL transposes of forms no compiled model shows are cut
     # into shown ones (targets/edgetpu/layout.py), so on the evidence reading too only the
     # output's join is left
-    after = predict(model, "edgetpu")
+    after = predict(model, target_named("edgetpu"))
     assert after.mapped > before.mapped
     assert len(after.ops) - after.mapped == 1
     agreement = verify.compare(data, flatbuffer.to_bytes(model), runs=2, int_atol=0)

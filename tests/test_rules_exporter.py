@@ -21,6 +21,7 @@ from tflfuse.rules.exporter import (
     SliceBeforeLayout,
     SoftmaxThroughReshape,
 )
+from tflfuse.targets import target as target_named
 from tflfuse.targets.edgetpu.rules import DropHalfPixelCentersFromNearestResize
 from tflfuse.verification import verify
 
@@ -232,7 +233,7 @@ def test_clamp_becomes_relu6_and_fuses(form: str) -> None:
     fused, model, _ = apply(data, RecognizeClamp())
     assert ops(model) == ["CONV_2D", "RELU6"]
     assert_same_function(data, fused, atol=0, rtol=0)
-    _, model, _ = apply(data, *pipeline(2, "xnnpack"))
+    _, model, _ = apply(data, *pipeline(2, target_named("xnnpack")))
     assert ops(model) == ["CONV_2D"] and model.main.ops[0].fused_activation == "RELU6"
 
 
@@ -247,7 +248,7 @@ def test_clamped_hard_swish_is_recognized_and_legalized_for_edgetpu() -> None:
     fused, model, _ = apply(data, RecognizeClamp(), RecognizeHardSwish())
     assert ops(model) == ["CONV_2D", "HARD_SWISH"]
     assert_same_function(data, fused)
-    fused, model, _ = apply(data, *pipeline(2, "edgetpu"))
+    fused, model, _ = apply(data, *pipeline(2, target_named("edgetpu")))
     assert "MINIMUM" not in ops(model) and "MAXIMUM" not in ops(model)
     assert "HARD_SWISH" not in ops(model)
     assert any(op.type == "ADD" and op.fused_activation == "RELU6" for op in model.main.ops)
@@ -508,7 +509,7 @@ def test_pytorch_pad_before_strided_depthwise_becomes_a_wider_same_kernel() -> N
     assert np.all(dw.inputs[1].data[:, 3, :, :] == 0) and np.all(dw.inputs[1].data[:, :, 3, :] == 0)
     assert_same_function(data, fused, atol=1e-6, rtol=1e-5)
     for target in ("xnnpack", "cpu", "edgetpu"):  # measured slower: in no pipeline
-        _, model, result = apply(data, *pipeline(2, target))
+        _, model, result = apply(data, *pipeline(2, target_named(target)))
         assert "PAD" in ops(model) and "FoldPadByWidenedKernel" not in result.fired()
 
 

@@ -7,6 +7,7 @@ import pytest
 from rulekit import G, apply, assert_same_function, ops, refusals
 
 from tflfuse.rules.horizontal import HoistLayoutAboveSplit, MergeSiblingOps, MergeSiblingSum
+from tflfuse.targets import target as target_named
 
 
 def test_qkv_projections_become_one_fc_and_a_split() -> None:
@@ -14,7 +15,7 @@ def test_qkv_projections_become_one_fc_and_a_split() -> None:
     x = g.input((6, 16))
     q, k, v = g.fc(x, 8), g.fc(x, 8), g.fc(x, 8)
     data = g.bytes(q, k, v)
-    fused, model, result = apply(data, MergeSiblingOps("xnnpack"))
+    fused, model, result = apply(data, MergeSiblingOps(target_named("xnnpack")))
     assert ops(model) == ["FULLY_CONNECTED", "SPLIT"]
     assert result.fired() == {"MergeSiblingOps": 1}
     assert_same_function(data, fused)
@@ -26,7 +27,7 @@ def test_inception_siblings_feeding_a_concat_lose_the_concat() -> None:
     a, b, c = g.conv(x, 4, act="RELU"), g.conv(x, 6, act="RELU"), g.conv(x, 2, act="RELU")
     cat = g.op("CONCATENATION", [c, a, b], (1, 6, 6, 12), axis=3)
     data = g.bytes(cat)
-    fused, model, _ = apply(data, MergeSiblingOps("xnnpack"))
+    fused, model, _ = apply(data, MergeSiblingOps(target_named("xnnpack")))
     assert ops(model) == ["CONV_2D"]
     assert_same_function(data, fused)
 
@@ -36,10 +37,10 @@ def test_unequal_siblings_use_split_v_where_the_target_delegates_it() -> None:
     x = g.input((1, 6, 6, 8))
     outs = [g.conv(x, n) for n in (4, 6, 2)]
     data = g.bytes(*[g.unary("RELU", o) for o in outs])
-    fused, model, _ = apply(data, MergeSiblingOps("gpu"))
+    fused, model, _ = apply(data, MergeSiblingOps(target_named("gpu")))
     assert ops(model)[:2] == ["CONV_2D", "SPLIT_V"]
     assert_same_function(data, fused)
-    _, model, result = apply(data, MergeSiblingOps("xnnpack"))
+    _, model, result = apply(data, MergeSiblingOps(target_named("xnnpack")))
     assert ops(model).count("CONV_2D") == 3
     assert set(refusals(result, "MergeSiblingOps")) == {
         "xnnpack does not delegate SPLIT_V, which unequal parts would need"
@@ -54,7 +55,7 @@ def test_the_edgetpu_keeps_siblings_whose_outputs_have_their_own_scales(sizes) -
     g = G()
     x = g.input((1, 6, 6, 8))
     data = g.bytes(*[g.unary("RELU", g.conv(x, n)) for n in sizes])
-    _, model, result = apply(data, MergeSiblingOps("edgetpu"))
+    _, model, result = apply(data, MergeSiblingOps(target_named("edgetpu")))
     assert ops(model).count("CONV_2D") == 3 and "SPLIT_V" not in ops(model)
     (reason,) = set(refusals(result, "MergeSiblingOps"))
     assert reason.startswith("the edgetpu computes in int8 with one scale per tensor")
@@ -63,7 +64,7 @@ def test_the_edgetpu_keeps_siblings_whose_outputs_have_their_own_scales(sizes) -
     x = g.input((1, 6, 6, 8))
     cat = g.op("CONCATENATION", [g.conv(x, n) for n in sizes], (1, 6, 6, sum(sizes)), axis=3)
     data = g.bytes(cat)
-    fused, model, _ = apply(data, MergeSiblingOps("edgetpu"))
+    fused, model, _ = apply(data, MergeSiblingOps(target_named("edgetpu")))
     assert ops(model) == ["CONV_2D"]
     assert_same_function(data, fused)
 
@@ -72,7 +73,7 @@ def test_two_siblings_without_concat_are_not_worth_a_split() -> None:
     g = G()
     x = g.input((4, 16))
     data = g.bytes(g.fc(x, 8), g.fc(x, 8))
-    _, model, result = apply(data, MergeSiblingOps("xnnpack"))
+    _, model, result = apply(data, MergeSiblingOps(target_named("xnnpack")))
     assert ops(model) == ["FULLY_CONNECTED", "FULLY_CONNECTED"]
     assert set(refusals(result, "MergeSiblingOps")) == {
         "2 ops would become 2 (merged op and a split): no fewer kernels"
@@ -84,7 +85,7 @@ def test_merged_weights_must_fit_the_edgetpu_budget() -> None:
     x = g.input((1, 1024))
     outs = [g.fc(x, 1024) for _ in range(3)]  # 3 x 4 MiB of float weights
     data = g.bytes(*outs)
-    _, model, result = apply(data, MergeSiblingOps("edgetpu"))
+    _, model, result = apply(data, MergeSiblingOps(target_named("edgetpu")))
     assert ops(model).count("FULLY_CONNECTED") == 3
     assert set(refusals(result, "MergeSiblingOps")) == {
         "merged weights (12.0 MiB) exceed the edgetpu on-chip budget (8 MiB)"
@@ -95,7 +96,7 @@ def test_siblings_with_different_kernels_are_refused() -> None:
     g = G()
     x = g.input((1, 6, 6, 4))
     data = g.bytes(g.conv(x, 4, k=1), g.conv(x, 4, k=3))
-    _, _, result = apply(data, MergeSiblingOps("xnnpack"))
+    _, _, result = apply(data, MergeSiblingOps(target_named("xnnpack")))
     assert set(refusals(result, "MergeSiblingOps")) == {
         "sibling CONV_2D ops differ in kernel, stride or activation"
     }
@@ -197,7 +198,7 @@ def test_head_layout_is_not_hoisted_into_a_shape_the_edgetpu_cannot_map() -> Non
     data = g.bytes(
         g.op("BATCH_MATMUL", [g.unary("TANH", scores), v], (1, 2, 4, 4), adj_x=False, adj_y=False)
     )
-    _, model, result = apply(data, HoistLayoutAboveSplit("edgetpu"))
+    _, model, result = apply(data, HoistLayoutAboveSplit(target_named("edgetpu")))
     assert result.fired() == {}
     assert refusals(result, "HoistLayoutAboveSplit") == [
         "the merged head layout [4, 3, 2, 4] has more non-trivial dimensions than the edgetpu"

@@ -17,6 +17,7 @@ from tflfuse.targets import (
     predict,
     predict_edgetpu,
 )
+from tflfuse.targets import target as target_named
 
 STATUS = capability("edgetpu")["status"]
 
@@ -33,7 +34,7 @@ def test_predicted_cpu_ops_are_exactly_those_the_compiler_left_out(cpu_model: Pa
     custom = [op for op in twin.main.ops if op.custom_code == "edgetpu-custom-op"]
     assert len(custom) == 1
     left_out = [_label(op) for op in twin.main.ops if op.custom_code != "edgetpu-custom-op"]
-    prediction = predict(model, "edgetpu")
+    prediction = predict(model, target_named("edgetpu"))
     predicted = [_label(model.main.ops[i]) for i in prediction.cpu_ops()]
     assert predicted == left_out
     # the CPU ops of the twin read exactly what they read in the original (same outputs too)
@@ -45,7 +46,7 @@ def test_predicted_cpu_ops_are_exactly_those_the_compiler_left_out(cpu_model: Pa
 @needs_oracle()
 def test_deeplab_cut_is_the_align_corners_resize_and_the_rest_follows() -> None:
     model = flatbuffer.load(ORACLE / "deeplabv3_mnv2_dm05_pascal_quant.tflite")
-    p = predict(model, "edgetpu")
+    p = predict(model, target_named("edgetpu"))
     assert (p.mapped, p.cpu) == (64, 8)
     first = p.ops[64]
     assert first.op == "RESIZE_BILINEAR"
@@ -61,7 +62,7 @@ def test_deeplab_cut_is_the_align_corners_resize_and_the_rest_follows() -> None:
 @needs_oracle()
 def test_posenet_custom_decoder_is_not_supported() -> None:
     model = flatbuffer.load(ORACLE / "posenet_mobilenet_v1_075_353_481_16_quant_decoder.tflite")
-    p = predict(model, "edgetpu")
+    p = predict(model, target_named("edgetpu"))
     assert [o.op for o in p.ops if o.target == "cpu"] == ["PosenetDecoderOp"]
     assert p.ops[-1].status == STATUS["unsupported"]
 
@@ -99,7 +100,7 @@ def test_ops_after_an_unsupported_op_run_on_the_cpu_even_when_supported() -> Non
     z = act(g, "leaky", y.shape)
     g.add_op("LEAKY_RELU", [y], [z], {"alpha": 0.1})
     out = conv(g, z, 4, name="c2")
-    p = predict(model_of(g, [x], [out]), "edgetpu")
+    p = predict(model_of(g, [x], [out]), target_named("edgetpu"))
     assert [o.target for o in p.ops] == ["edgetpu", "cpu", "cpu"]
     assert [o.status for o in p.ops] == [
         STATUS["mapped"],
@@ -118,7 +119,7 @@ def test_float_io_leaves_boundary_quantize_ops_on_the_cpu_without_cutting() -> N
     y = conv(g, xq, 8)
     out = g.add_tensor("out", y.shape, "FLOAT32")
     g.add_op("DEQUANTIZE", [y], [out])
-    p = predict(model_of(g, [x], [out]), "edgetpu")
+    p = predict(model_of(g, [x], [out]), target_named("edgetpu"))
     assert [o.target for o in p.ops] == ["cpu", "edgetpu", "cpu"]
     # the compiler's logs: a float -> int8 QUANTIZE is "otherwise supported, but not mapped"
     assert p.ops[0].status == STATUS["limitation"]
@@ -133,7 +134,7 @@ def test_uint8_io_maps_the_boundary_quantize_ops() -> None:
     y = conv(g, xq, 8)
     out = act(g, "out", y.shape, "UINT8")
     g.add_op("QUANTIZE", [y], [out])
-    p = predict(model_of(g, [x], [out]), "edgetpu")
+    p = predict(model_of(g, [x], [out]), target_named("edgetpu"))
     assert p.cpu == 0 and p.mapped == 3
 
 
@@ -142,7 +143,7 @@ def test_float_op_inside_the_graph_cuts_it_with_the_data_type_status() -> None:
     x = g.add_tensor("x", (1, 4, 4, 2), "FLOAT32")
     y = g.add_tensor("y", x.shape, "FLOAT32")
     g.add_op("RELU", [x], [y])
-    p = predict(model_of(g, [x], [y]), "edgetpu")
+    p = predict(model_of(g, [x], [y]), target_named("edgetpu"))
     assert p.ops[0].status == STATUS["data_type"] and p.cpu == 1
 
 
@@ -278,8 +279,8 @@ def test_table_rows_each_cite_a_source() -> None:
 @needs_oracle()
 def test_older_compiler_does_not_know_the_lstm() -> None:
     model = flatbuffer.load(ORACLE / "keras_lstm_mnist_ptq.tflite")
-    assert predict(model, "edgetpu").cpu == 0
-    old = predict(model, "edgetpu", compiler_version="15.0")
+    assert predict(model, target_named("edgetpu")).cpu == 0
+    old = predict(model, target_named("edgetpu"), compiler_version="15.0")
     assert old.ops[1].op == "UNIDIRECTIONAL_SEQUENCE_LSTM"
     assert old.ops[1].status == STATUS["unsupported"] and "16.0" in old.ops[1].reason
     assert old.mapped == 1  # only the input QUANTIZE before it
@@ -290,7 +291,7 @@ def test_float_model_gets_a_note() -> None:
     x = g.add_tensor("x", (1, 4, 4, 2), "FLOAT32")
     y = g.add_tensor("y", x.shape, "FLOAT32")
     g.add_op("RELU", [x], [y])
-    p = predict(model_of(g, [x], [y]), "edgetpu")
+    p = predict(model_of(g, [x], [y]), target_named("edgetpu"))
     assert any("full int8" in n for n in p.notes)
 
 
@@ -301,7 +302,7 @@ def test_a_minus_one_batch_in_the_shape_signature_is_static() -> None:
     x.shape_signature = (-1, 8, 8, 4)  # what every Keras export writes
     y = conv(g, x, 8)
     y.shape_signature = (-1, 8, 8, 8)
-    p = predict(model_of(g, [x], [y]), "edgetpu")
+    p = predict(model_of(g, [x], [y]), target_named("edgetpu"))
     assert p.cpu == 0
     y.shape_signature = (-1, -1, 8, 8)  # an unknown height is dynamic (documented rule)
     key, reason = edgetpu_op_status(g.ops[0])
@@ -357,7 +358,7 @@ def test_an_op_the_segment_does_not_need_does_not_cut_it() -> None:
     idx = g.add_tensor("idx", (1, 8, 8), "INT32")
     g.add_op("ARG_MAX", [x, g.add_constant("axis", np.array([3], np.int32))], [idx])
     y = conv(g, x, 8)
-    p = predict(model_of(g, [x], [idx, y]), "edgetpu")
+    p = predict(model_of(g, [x], [idx, y]), target_named("edgetpu"))
     assert [o.target for o in p.ops] == ["cpu", "edgetpu"]
     assert p.ops[0].status == STATUS["data_type"]
 
@@ -379,7 +380,7 @@ def test_the_cut_follows_the_data_flow_not_the_execution_order() -> None:
     g.add_op("RESHAPE", [moved, g.add_constant("s2", np.array([1, 48, 1600], np.int32))], [flat2])
     joined = act(g, "joined", (1, 64, 1600))
     g.add_op("CONCATENATION", [flat2, flat], [joined], {"axis": 1})
-    p = predict(model_of(g, [x], [joined]), "edgetpu")
+    p = predict(model_of(g, [x], [joined]), target_named("edgetpu"))
     assert [o.target for o in p.ops] == ["edgetpu", "cpu", "edgetpu", "edgetpu", "cpu", "cpu"]
     assert p.ops[1].status == STATUS["limitation"]
     assert p.ops[4].status == STATUS["after_cut"] and "after the cut at op 1" in p.ops[4].reason
@@ -399,7 +400,7 @@ def test_ops_before_the_segment_stay_on_the_cpu_without_cutting() -> None:
     z = act(g, "leaky", y.shape)
     g.add_op("LEAKY_RELU", [y], [z], {"alpha": 0.1})
     out = conv(g, z, 4, name="c2")
-    p = predict(model_of(g, [x], [out]), "edgetpu")
+    p = predict(model_of(g, [x], [out]), target_named("edgetpu"))
     assert [o.target for o in p.ops] == ["cpu", "cpu", "edgetpu", "cpu", "cpu"]
     assert [o.status for o in p.ops[3:]] == [STATUS["unsupported"], STATUS["after_cut"]]
 
@@ -423,7 +424,7 @@ def _two_islands() -> Model:
 
 def test_multiple_subgraphs_maps_every_mappable_op_and_counts_segments() -> None:
     model = _two_islands()
-    single = predict(model, "edgetpu")
+    single = predict(model, target_named("edgetpu"))
     assert [o.target for o in single.ops] == ["edgetpu"] + ["cpu"] * 5
     assert single.segments == 1 and single.ops[5].status == STATUS["after_cut"]
     multi = predict_edgetpu(model, multiple_subgraphs=True)
@@ -501,7 +502,7 @@ def test_a_refusal_right_after_the_input_requantization_cuts_and_names_the_other
     cuts the rest (the segment starts at the first op the compiler maps); the other reading,
     which no compiled model decides against, leaves the QUANTIZE on the CPU too and maps the
     rest."""
-    p = predict(_nchw_front("UINT8"), "edgetpu")
+    p = predict(_nchw_front("UINT8"), target_named("edgetpu"))
     assert [o.target for o in p.ops] == ["edgetpu", "cpu", "cpu", "cpu", "cpu"]
     assert p.ops[1].status == STATUS["limitation"]
     (other,) = p.other_readings
@@ -517,7 +518,7 @@ def test_a_refusal_ahead_of_every_mapped_op_stays_ahead_and_names_the_other_read
     """The Ultralytics int8 case: float input, its QUANTIZE on the CPU, then the refused
     TRANSPOSE: predicted ahead of the segment (the convolutions map), and the documented rule's
     reading (it cuts everything after it) is given beside it."""
-    p = predict(_nchw_front("FLOAT32"), "edgetpu")
+    p = predict(_nchw_front("FLOAT32"), target_named("edgetpu"))
     assert [o.target for o in p.ops] == ["cpu", "cpu", "edgetpu", "edgetpu", "edgetpu"]
     (other,) = p.other_readings
     assert (other.ops, other.mapped) == ([1], 0)
@@ -533,9 +534,14 @@ def test_no_other_reading_where_the_compiled_models_decide() -> None:
     z = act(g, "leaky", y.shape)
     g.add_op("LEAKY_RELU", [y], [z], {"alpha": 0.1})
     out = conv(g, z, 4, name="c2")
-    assert predict(model_of(g, [x], [out]), "edgetpu").other_readings == []
-    assert predict(_two_islands(), "edgetpu").other_readings == []
-    assert predict(_nchw_front("UINT8"), "edgetpu", multiple_subgraphs=True).other_readings == []
+    assert predict(model_of(g, [x], [out]), target_named("edgetpu")).other_readings == []
+    assert predict(_two_islands(), target_named("edgetpu")).other_readings == []
+    assert (
+        predict(
+            _nchw_front("UINT8"), target_named("edgetpu"), multiple_subgraphs=True
+        ).other_readings
+        == []
+    )
 
 
 def test_the_report_gives_the_other_reading_beside_the_mapped_count() -> None:

@@ -17,7 +17,8 @@ from tflfuse.convert.rule_sets import pipeline
 from tflfuse.errors import TflfuseError
 from tflfuse.rules.epilogue import FuseActivationIntoProducer
 from tflfuse.rules.exporter import exporter_rules
-from tflfuse.targets import TARGETS, capability, cost, find, names, registry
+from tflfuse.targets import TARGETS, capability, cost, find, names
+from tflfuse.targets import target as target_named
 
 
 def test_every_recipe_names_a_target_that_lists_it_and_every_listed_recipe_exists() -> None:
@@ -25,7 +26,7 @@ def test_every_recipe_names_a_target_that_lists_it_and_every_listed_recipe_exist
     listed = {name: t for t in map(targets.target, TARGETS) for name in t.recipes}
     assert sorted(listed) == sorted(shipped)  # no recipe without its target, none made up
     for name in shipped:
-        assert recipe.load(name).target == listed[name].name, name
+        assert recipe.load(name).target == listed[name], name  # resolved when read
 
 
 def test_tables_and_predictors_are_the_ones_the_files_and_check_have() -> None:
@@ -38,7 +39,7 @@ def test_tables_and_predictors_are_the_ones_the_files_and_check_have() -> None:
     assert names(predicts=True) == ("edgetpu", "xnnpack", "gpu")
     assert names(compiled=True) == ("edgetpu",)
     with pytest.raises(TflfuseError, match=r"unknown target 'cpu' \(choose from edgetpu, xnnpack"):
-        targets.predict(None, "cpu")  # type: ignore[arg-type]  # refused before the model
+        targets.predict(None, target_named("cpu"))  # type: ignore[arg-type]  # before the model
     assert find(["edgetpu"]) is None and find("EDGETPU") is None  # any value: no TypeError
     with pytest.raises(TflfuseError, match="unknown target 'tpu'"):
         targets.target("tpu")
@@ -48,22 +49,21 @@ def test_pipeline_traits_decide_what_differs_by_target() -> None:
     edgetpu = targets.target("edgetpu")
     legalization = edgetpu.legalization_rules()
     assert legalization and all(find(n).legalization_rules() == () for n in TARGETS[1:])
-    tpu = [p.name for p in pipeline(2, "edgetpu")]
+    tpu = [p.name for p in pipeline(2, target_named("edgetpu"))]
     assert tpu[: len(legalization)] == [p.name for p in legalization]
     activations = {"RecognizeHardSwish", "RecognizeLeakyRelu", "RecognizeGelu"}
     assert not activations & set(tpu)
     assert "MeanKeepDims" not in tpu
     for name in TARGETS[1:]:
-        rules = [p.name for p in pipeline(2, name)]
+        rules = [p.name for p in pipeline(2, target_named(name))]
         assert activations <= set(rules) and "MeanKeepDims" in rules, name
-        assert pipeline(2, name, quantized=True) == ()
-    with pytest.raises(TflfuseError, match="unknown target"):
-        pipeline(2, "tpu")
+        assert pipeline(2, target_named(name), quantized=True) == ()
 
 
-def test_the_rules_ask_the_traits_not_the_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    def exporter(name: str) -> dict[str, object]:
-        return {r.name: r for r in exporter_rules(name)}
+def test_the_rules_ask_the_traits_not_the_name() -> None:
+    def exporter(target: str | targets.Target) -> dict[str, object]:
+        found = target if isinstance(target, targets.Target) else target_named(target)
+        return {r.name: r for r in exporter_rules(found)}
 
     for name in TARGETS:  # as measured: a constant BATCH_MATMUL as FC everywhere but the GPU
         t, rules = find(name), exporter(name)
@@ -71,7 +71,6 @@ def test_the_rules_ask_the_traits_not_the_name(monkeypatch: pytest.MonkeyPatch) 
         assert rules["CanonicalizeLayoutChain"].max_nontrivial_dims == t.cost.max_nontrivial_dims
     assert not find("gpu").batch_matmul_as_fully_connected
     assert exporter("edgetpu")["CanonicalizeLayoutChain"].max_nontrivial_dims == 3
-    assert "BatchMatmulToFullyConnected" not in exporter("no such target")
     pool = "the Edge TPU maps MAX_POOL_2D only with fused activation NONE: RELU stays a separate op"
     assert str(find("edgetpu").fused_activation_refusal("MAX_POOL_2D", "RELU")).startswith(pool)
     assert find("edgetpu").fused_activation_refusal("CONV_2D", "RELU") is None
@@ -83,11 +82,12 @@ def test_the_rules_ask_the_traits_not_the_name(monkeypatch: pytest.MonkeyPatch) 
         fused_activation_limit=tpu.fused_activation_limit,
     )  # fmt: skip
     fused = ["CONV_2D", "MAX_POOL_2D"]
-    assert ops(apply(_conv_pool_relu(), FuseActivationIntoProducer("gpu"))[1]) == fused
-    monkeypatch.setitem(registry._BY_NAME, "gpu", as_tpu)
-    assert "BatchMatmulToFullyConnected" in exporter("gpu")
-    assert exporter("gpu")["CanonicalizeLayoutChain"].max_nontrivial_dims == 3
-    _, model, result = apply(_conv_pool_relu(), FuseActivationIntoProducer("gpu"))
+    assert (
+        ops(apply(_conv_pool_relu(), FuseActivationIntoProducer(target_named("gpu")))[1]) == fused
+    )
+    assert "BatchMatmulToFullyConnected" in exporter(as_tpu)
+    assert exporter(as_tpu)["CanonicalizeLayoutChain"].max_nontrivial_dims == 3
+    _, model, result = apply(_conv_pool_relu(), FuseActivationIntoProducer(as_tpu))
     assert ops(model) == [*fused, "RELU"]
     assert refusals(result, "FuseActivationIntoProducer")[0].startswith(pool)
 
@@ -100,14 +100,17 @@ def _conv_pool_relu() -> bytes:
 
 
 def test_cost_profiles_answer_the_cost_questions() -> None:
-    assert cost.fits_on_chip("edgetpu", 8 * cost.MIB) and not cost.fits_on_chip("gpu", 5 << 20)
-    cpu = targets.cost_profile("cpu")
-    assert cpu.runtime == "none" and targets.cost_profile("xnnpack").runtime == "xnnpack"
-    # a name the registry does not know: a plain CPU's budgets, and no measured table
-    assert targets.cost_profile("no such target") == dataclasses.replace(cpu, runtime=None)
-    assert cost.horizontal_pays("xnnpack", 5, 1024, absorbs_concat=False, equal_parts=True) == (
-        "xnnpack splits into at most 4 parts"
+    assert cost.fits_on_chip(target_named("edgetpu"), 8 * cost.MIB) and not cost.fits_on_chip(
+        target_named("gpu"), 5 << 20
     )
+    cpu = target_named("cpu").cost
+    assert cpu.runtime == "none" and target_named("xnnpack").cost.runtime == "xnnpack"
+    # a target is resolved once, at the door: below it, every layer asks the `Target`
+    assert targets.every() == tuple(map(target_named, TARGETS))
+    assert (target_named("xnnpack"), target_named("edgetpu")) == (targets.XNNPACK, targets.EDGETPU)
+    assert cost.horizontal_pays(
+        target_named("xnnpack"), 5, 1024, absorbs_concat=False, equal_parts=True
+    ) == ("xnnpack splits into at most 4 parts")
 
 
 def test_the_cli_lists_the_registry_and_loads_no_machinery_to_do_so() -> None:

@@ -10,6 +10,7 @@ from conftest import oracle_models, wheel_models
 
 from tflfuse.ir import flatbuffer
 from tflfuse.targets import predict
+from tflfuse.targets import target as target_named
 from tflfuse.targets.probe import observable_ops, xnnpack_delegated_ops
 
 MODELS = [
@@ -25,7 +26,7 @@ def test_table_agrees_with_the_interpreter(path: Path) -> None:
     model = flatbuffer.from_bytes(data, str(path))
     seen = observable_ops(model)
     actual = xnnpack_delegated_ops(data) & seen
-    prediction = predict(model, "xnnpack")
+    prediction = predict(model, target_named("xnnpack"))
     predicted = {o.index for o in prediction.ops if o.target == "xnnpack"} & seen
     assert predicted == actual
     assert prediction.mapped + prediction.cpu == len(model.main.ops)

@@ -22,7 +22,7 @@ from tflfuse.device.bench import run_benchmark
 from tflfuse.errors import TflfuseError, UsageError
 from tflfuse.files import atomic_write_bytes, same_file
 from tflfuse.ir import Model, flatbuffer
-from tflfuse.targets import Prediction
+from tflfuse.targets import Prediction, Target
 from tflfuse.targets.runtimes import resolve
 
 ModelSource = Any  # a .tflite path (str or Path), its bytes, or a tflfuse.ir.Model
@@ -130,7 +130,7 @@ def optimize(
     model: ModelSource,
     output: str | Path | None = None,
     *,
-    target: str = "xnnpack",
+    target: Target | str = "xnnpack",
     level: int = 2,
     disabled: Sequence[str] = (),
     verify: bool = True,
@@ -146,7 +146,7 @@ def optimize(
     `output` may be the input file only with `in_place`. Returns an `OptimizeResult`: `.data`
     (the new .tflite bytes), `.before`/`.after` (op counts, activation bytes, cost), `.result`
     (rules fired, refusals with reasons), `.verification`."""
-    check_options(level=level, target=target, disabled=disabled)
+    found = check_options(level=level, target=target, disabled=disabled)  # the one look-up
     if runtime is not None:
         resolve(runtime)  # a bad name is refused before the model is read
     data, source = _model_bytes(model)
@@ -156,7 +156,7 @@ def optimize(
     result = optimize_bytes(
         data,
         level=level,
-        target=target,
+        target=found,
         disabled=tuple(disabled),
         verify=verify,
         source=source,
@@ -169,7 +169,7 @@ def optimize(
 
 def check(
     model: ModelSource | Model,
-    target: str = "edgetpu",
+    target: Target | str = "edgetpu",
     *,
     compiler_version: str | None = None,
     multiple_subgraphs: bool = False,
@@ -181,9 +181,11 @@ def check(
     `Prediction`: `.ops` (index, op, target, status, reason), `.mapped`, `.cpu`, `.memory`,
     `.to_dict()`; `tflfuse.targets.format_prediction` prints it as the compiler's table."""
     checkable = targets.names(predicts=True)
-    if target not in checkable:
+    name = target.name if isinstance(target, Target) else target
+    if name not in checkable:
         raise UsageError(f"target {target!r} unknown (choose from {', '.join(checkable)})")
-    compiled = targets.target(target).compiler is not None
+    found = targets.target(name)  # the one look-up: below here, a Target
+    compiled = found.compiler is not None
     if compiler_version is not None:
         if not compiled:
             raise UsageError(f"compiler_version is for target {_compiled_names()} only")
@@ -197,7 +199,7 @@ def check(
         model = flatbuffer.from_bytes(data, source)
     if multiple_subgraphs and not compiled:
         raise UsageError(f"multiple_subgraphs is for target {_compiled_names()} only")
-    return targets.predict(model, target, compiler_version, multiple_subgraphs=multiple_subgraphs)
+    return targets.predict(model, found, compiler_version, multiple_subgraphs=multiple_subgraphs)
 
 
 def _compiled_names() -> str:

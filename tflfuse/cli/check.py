@@ -71,7 +71,10 @@ def run(args: argparse.Namespace) -> int:
     prediction = None
     if args.target is not None:
         prediction = targets.predict(
-            model, args.target, args.compiler_version, multiple_subgraphs=args.multiple_subgraphs
+            model,
+            targets.target(args.target),  # the door: a name from --target, resolved once
+            args.compiler_version,
+            multiple_subgraphs=args.multiple_subgraphs,
         )
         payload = {**prediction.to_dict(), "runtime": payload}
         if runtime is not None:

@@ -14,7 +14,7 @@ from tflfuse.convert.rule_sets import pipeline
 from tflfuse.errors import UsageError
 from tflfuse.files import check_destination, check_input, same_file
 from tflfuse.rewrite import FLOAT_ONLY
-from tflfuse.targets.registry import TARGETS
+from tflfuse.targets.registry import every
 
 
 def run(args: argparse.Namespace) -> int:
@@ -96,7 +96,7 @@ def _pass_lines(changes: dict[str, dict[str, int]]) -> list[str]:
     whole-graph pass that changed the op list, so every removed op has a name beside it."""
     docs = {
         p.name: (type(p).__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        for target in TARGETS
+        for target in every()
         for level in (0, 1, 2)
         for p in pipeline(level, target)
     }

@@ -29,7 +29,7 @@ from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import activation_bytes
 from tflfuse.rewrite import PassResult
 from tflfuse.rules.runtime import runtime_legalization
-from tflfuse.targets import TARGETS, runtimes
+from tflfuse.targets import TARGETS, XNNPACK, Target, find, runtimes
 from tflfuse.targets.cost import cost_delta, model_cost
 from tflfuse.targets.runtimes import Runtime, resolve
 from tflfuse.verification import verified
@@ -70,11 +70,13 @@ def _totals(model: Model) -> dict[str, Any]:
     }
 
 
-def check_options(*, level: int, target: str, disabled: Sequence[str] = ()) -> None:
-    """TflfuseError (one line) for an unknown level, target or rule name: none is ignored."""
+def check_options(*, level: int, target: Target | str, disabled: Sequence[str] = ()) -> Target:
+    """TflfuseError (one line) for an unknown level, target or rule name: none is ignored. The
+    target as a `Target` (the door's name resolved here, once)."""
     if isinstance(level, bool) or level not in (0, 1, 2):
         raise TflfuseError(f"level must be 0, 1 or 2, not {level!r}")
-    if target not in TARGETS:
+    found = target if isinstance(target, Target) else find(target)
+    if found is None:
         raise TflfuseError(f"target {target!r} unknown (choose from {', '.join(TARGETS)})")
     if isinstance(disabled, str):
         raise TflfuseError(f"disabled must be a list of rule names, not the string {disabled!r}")
@@ -82,10 +84,11 @@ def check_options(*, level: int, target: str, disabled: Sequence[str] = ()) -> N
     unknown = [r for r in disabled if r not in names]
     if unknown:
         raise TflfuseError(f"unknown rule {unknown[0]!r} (rules: {', '.join(names)})")
+    return found
 
 
 def _stages(
-    level: int, target: str, runtime: Runtime | None = None, before_int8: bool = False
+    level: int, target: Target, runtime: Runtime | None = None, before_int8: bool = False
 ) -> verified.Stages:
     """The target's pipeline, then (`runtime`) the runtime legalization as a stage of its own:
     it may undo a fusion the pipeline made."""
@@ -112,7 +115,7 @@ def optimize_bytes(
     data: bytes,
     *,
     level: int = 2,
-    target: str = "xnnpack",
+    target: Target = XNNPACK,
     disabled: tuple[str, ...] = (),
     verify: bool = True,
     source: str = "<bytes>",
@@ -124,7 +127,7 @@ def optimize_bytes(
     `runtime` (e.g. "tflite-runtime==2.5.0"): lower the result to the op versions that release
     has (tflfuse.rules.runtime, at any level), or refuse in one line when it cannot run it;
     `before_int8`: the result is quantized next (convert), so rewrites use quantizable ops."""
-    check_options(level=level, target=target, disabled=disabled)
+    target = check_options(level=level, target=target, disabled=disabled)
     if runtime is not None:
         runtime = resolve(runtime)
     parsed = flatbuffer.from_bytes(data, source)

@@ -65,7 +65,7 @@ from tflfuse.sources.keras import (
 )
 from tflfuse.sources.keras_route import KerasSource
 from tflfuse.sources.protocol import Source
-from tflfuse.targets import Target, find, runtimes
+from tflfuse.targets import Target, runtimes
 from tflfuse.targets.runtimes import resolve
 from tflfuse.verification import verified
 from tflfuse.verification import verify as verify_mod
@@ -378,8 +378,7 @@ def legalize(rec: Recipe, ctx: Context) -> None:
         return
     model = flatbuffer.from_bytes(q.data, "quantized")
     before = [op.type for op in model.main.ops]  # (what the passes start from)
-    compiled = find(rec.target)
-    compiled = compiled if compiled is not None and compiled.compiler else None
+    compiled = rec.target if rec.target.compiler else None
     mapped_before = _mapped(q.data, compiled, model) if compiled is not None else 0
     candidate = verified.apply(q.data, lambda: [rules], disabled=ctx.options.disabled, model=model)
     result, data = candidate.result, candidate.data

@@ -17,13 +17,13 @@ import difflib
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from tflfuse.errors import TflfuseError
 from tflfuse.resources import Traversable, data_dir, data_names
-from tflfuse.targets import TARGETS
+from tflfuse.targets import TARGETS, XNNPACK, Target, find
 from tflfuse.targets.runtimes import resolve
 
 if sys.version_info >= (3, 11):
@@ -162,7 +162,7 @@ class Recipe:
 
     name: str
     description: str = ""
-    target: str = "xnnpack"
+    target: Target = XNNPACK  # TOML names it: resolved when the recipe is made (__post_init__)
     delegate: str = "xnnpack"
     level: int = 2
     quant_mode: str = "int8"
@@ -176,6 +176,11 @@ class Recipe:
     runtime: str = ""  # "tflite-runtime==2.5.0": write only op versions that release has
     source: str = ""
     overridden: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        found = find(self.target)  # a name from the TOML or an override (validate refuses others)
+        if found is not None:
+            object.__setattr__(self, "target", found)
 
     def override(self, labels: Mapping[str, str] | None = None, **values: Any) -> Recipe:
         """A copy with the given fields replaced (None means 'keep the recipe's value').
@@ -208,6 +213,7 @@ class Recipe:
 
         for name, kind in KINDS.items():
             value = getattr(self, name)
+            value = value.name if isinstance(value, Target) else value
             if not _is_kind(value, kind):
                 raise fail(name, f"must be {kind}, not {_describe(value)}")
         for name in ("scale", "offset"):  # image calibration: x / 255 * scale + offset
@@ -237,7 +243,7 @@ class Recipe:
                         " quantization mode int8 (override it to float32 too)",
                     )
                 raise fail(kind, f"{value} needs quantization mode int8, not {self.quant_mode}")
-        if self.target not in TARGETS:
+        if not isinstance(self.target, Target):
             raise fail(
                 "target", f"{self.target!r} is not a target (choose from {', '.join(TARGETS)})"
             )
@@ -262,7 +268,8 @@ class Recipe:
             raise fail("level", f"must be 0, 1 or 2, not {self.level}")
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["target"] = self.target.name  # JSON carries the name
         out["grappler"] = list(self.grappler)
         out["overridden"] = list(self.overridden)
         return out

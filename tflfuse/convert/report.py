@@ -180,7 +180,11 @@ def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> di
     `data` already parsed)."""
     try:
         model = model if model is not None else flatbuffer.from_bytes(data)
-        prediction = targets.predict(model, delegate)
+        found = targets.find(delegate)  # the recipe's delegate: a name, checked here
+        if found is None:
+            choices = ", ".join(targets.names(predicts=True))
+            raise TflfuseError(f"unknown target {delegate!r} (choose from {choices})")
+        prediction = targets.predict(model, found)
     except (TflfuseError, AttributeError, KeyError, ValueError) as exc:
         return {"delegate": delegate, "checked": False, "reason": str(exc)}
     return {
@@ -352,8 +356,7 @@ def compiled_target(rec: Recipe) -> targets.Target | None:
     checks against as its delegate): the report then shows the compiler's predicted mapping and
     where it cuts. The Edge TPU is the one such target (`Target.compiler`), so the section is its
     own (`_edgetpu_section`)."""
-    for name in (rec.target, rec.delegate):
-        found = targets.find(name)
+    for found in (rec.target, targets.find(rec.delegate)):
         if found is not None and found.compiler is not None:
             return found
     return None

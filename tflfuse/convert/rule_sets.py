@@ -64,15 +64,14 @@ from tflfuse.rules.vertical import (
     MoveScaleThroughMean,
     MoveScaleThroughRelu,
 )
-from tflfuse.targets import TARGETS, Target
-from tflfuse.targets import target as target_named
+from tflfuse.targets import EDGETPU, XNNPACK, Target, every
 
 
 def pipeline(
-    level: int, target: str = "xnnpack", *, quantized: bool = False
+    level: int, target: Target = XNNPACK, *, quantized: bool = False
 ) -> tuple[Rule | Pass, ...]:
-    """The rules and passes for an optimization level (0: none) and target (a name in
-    `tflfuse.targets.TARGETS`; where its pipeline differs, its `Target` says).
+    """The rules and passes for an optimization level (0: none) and target (where its pipeline
+    differs, its `Target` says).
 
     `quantized=True` is the stage after quantization: only the target's legalization of the int8
     model (Edge TPU: the rules' int8 forms, e.g. `SplitOversizedTranspose`), nothing for other
@@ -80,8 +79,7 @@ def pipeline(
     """
     if level <= 0:
         return ()
-    traits = target_named(target)
-    legalize = traits.legalization_rules()
+    legalize = target.legalization_rules()
     if quantized:
         return (*legalize, DeadCodeElimination(), TopologicalSort()) if legalize else ()
     cleanup = _cleanup()
@@ -92,7 +90,7 @@ def pipeline(
     )
     if level == 1:
         return (*epilogue, *cleanup)
-    return _level2(target, traits, legalize, epilogue, cleanup)
+    return _level2(target, legalize, epilogue, cleanup)
 
 
 def _cleanup() -> tuple[Rule | Pass, ...]:
@@ -107,8 +105,7 @@ def _cleanup() -> tuple[Rule | Pass, ...]:
 
 
 def _level2(
-    target: str,
-    traits: Target,
+    target: Target,
     legalize: tuple[Rule | Pass, ...],
     epilogue: tuple[Rule | Pass, ...],
     cleanup: tuple[Rule | Pass, ...],
@@ -125,7 +122,7 @@ def _level2(
     )
     activations: tuple[Rule | Pass, ...] = (
         (RecognizeHardSwish(), RecognizeLeakyRelu(), RecognizeGelu())
-        if traits.recognizes_activations
+        if target.recognizes_activations
         else ()
     )
     vertical: tuple[Rule | Pass, ...] = (
@@ -144,7 +141,7 @@ def _level2(
     # Not for a target whose compiler keeps its own mapping-driven choices (the Edge TPU: its
     # `kernel_rewrites` is False). The first two come before the horizontal merges, which would
     # hide the Q projection in a SPLIT.
-    cpu = traits.kernel_rewrites
+    cpu = target.kernel_rewrites
     cpu_vertical: tuple[Rule | Pass, ...] = (
         (FoldScaleIntoMatmulOperand(), DropReshapeBeforeFullyConnected()) if cpu else ()
     )
@@ -177,7 +174,7 @@ def all_rule_names() -> list[str]:
     """Every rule and pass any pipeline uses (the names `--disable` accepts), the runtime
     legalization's (`--runtime`, tflfuse.rules.runtime) included."""
     return sorted(
-        {p.name for target in TARGETS for level in (1, 2) for p in pipeline(level, target)}
+        {p.name for target in every() for level in (1, 2) for p in pipeline(level, target)}
         | {rule.__name__ for rule in RUNTIME_RULES}
     )
 
@@ -186,6 +183,6 @@ def legalize_quantized(model: Model, disabled: Sequence[str] = ()) -> PassResult
     """Legalize an int8/uint8 model for the Edge TPU in place; what `convert` runs on the
     quantized fused model (the int8 forms of the rules only act here).
 
-    The same passes as `tflfuse.convert.rule_sets.pipeline(2, "edgetpu", quantized=True)`.
+    The same passes as `tflfuse.convert.rule_sets.pipeline(2, EDGETPU, quantized=True)`.
     """
-    return PassManager(pipeline(2, "edgetpu", quantized=True), disabled=disabled).run(model)
+    return PassManager(pipeline(2, EDGETPU, quantized=True), disabled=disabled).run(model)

@@ -66,7 +66,7 @@ from tflfuse.rewrite import (
     refuse,
 )
 from tflfuse.rules.epilogue import activation_fusion_refusal
-from tflfuse.targets import capability, cost, cost_profile
+from tflfuse.targets import XNNPACK, Target, capability, cost
 from tflfuse.verification import verified
 
 
@@ -124,7 +124,7 @@ class _Completion(Rule):
     quantized_ok = True
     inner_ops_may_be_shared = True  # the float op stays for any other reader
 
-    def __init__(self, target: str | None = None) -> None:
+    def __init__(self, target: Target | None = None) -> None:
         self.target = target
 
     def target_refusal(self, m: Match) -> Refusal | None:
@@ -135,7 +135,7 @@ class _Completion(Rule):
         if reason is None:
             return None
         int8_op = cost.INT8_COMPLETION_OP.get(self.completes, self.completes)
-        if cost_profile(self.target).runtime == "xnnpack" and not _xnnpack_takes_int8(int8_op):
+        if self.target.cost.runtime == "xnnpack" and not _xnnpack_takes_int8(int8_op):
             reason = f"XNNPACK takes no int8 {int8_op}, and {reason}"
         return refuse(reason)
 
@@ -216,7 +216,7 @@ class QuantizeRelu0To1(_Completion):
             t in m.graph.outputs or t.consumers != [reader] for t, reader in chain
         ):
             return None
-        target = self.target or "xnnpack"
+        target = self.target or XNNPACK
         refusal = activation_fusion_refusal(producer, m.x, "RELU", m.root.output, target)
         return producer if refusal is None else None
 
@@ -267,7 +267,7 @@ RULES = (QuantizePrelu(), QuantizeRelu0To1(), QuantizeDepthToSpace())
 COMPLETED_OPS = frozenset(rule.completes for rule in RULES)  # float ops these rules make int8
 
 
-def rules_for(target: str | None) -> tuple[_Completion, ...]:
+def rules_for(target: Target | None) -> tuple[_Completion, ...]:
     """The completion rules deciding for `target` (None: complete wherever the rules apply)."""
     return tuple(type(rule)(target) for rule in RULES)
 
@@ -295,7 +295,7 @@ class Completion:
         }
 
 
-def complete(data: bytes, *, verify: bool = True, target: str | None = None) -> Completion:
+def complete(data: bytes, *, verify: bool = True, target: Target | None = None) -> Completion:
     """The quantized model `data` with its PRELU / RELU_0_TO_1 / DEPTH_TO_SPACE float islands
     made int8 where that pays on `target` (module docstring), checked against `data` within the
     declared int8 error. A result outside it is not kept: `data` is returned with the reason."""

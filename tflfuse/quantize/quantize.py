@@ -38,6 +38,7 @@ from tflfuse.quantize.calibrated_ranges import usable_ranges
 from tflfuse.quantize.int8_completion import COMPLETED_OPS, complete
 from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
+from tflfuse.targets import Target
 from tflfuse.verification import run_memo
 
 BOUNDARY_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
@@ -85,7 +86,7 @@ def quantize(
     layer_error: bool = False,
     complete_int8: bool = False,
     verify: bool = True,
-    target: str | None = None,
+    target: Target | None = None,
     parsed: Model | None = None,
 ) -> Quantized:
     """The quantized model (bytes) and how it was made; `mode` 'none' returns the input.

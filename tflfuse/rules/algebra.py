@@ -14,7 +14,7 @@ import numpy as np
 from tflfuse.ir import Graph, Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
 from tflfuse.rewrite.common import NotApplicable
-from tflfuse.targets import cost
+from tflfuse.targets import XNNPACK, Target, cost
 
 
 def _identity_value(op: Op) -> float | None:
@@ -90,7 +90,7 @@ class FactorCommonMultiplier(Rule):
 
     int8_error_steps = 0  # float-only
 
-    def __init__(self, target: str = "xnnpack") -> None:
+    def __init__(self, target: Target = XNNPACK) -> None:
         self.target = target
 
     def pattern(self, p: PatternBuilder) -> OpPattern:

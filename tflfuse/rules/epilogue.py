@@ -13,7 +13,7 @@ import numpy as np
 from tflfuse.ir import Op, Tensor
 from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
 from tflfuse.rewrite.build import fit_version
-from tflfuse.targets import find
+from tflfuse.targets import XNNPACK, Target
 
 # Producers whose TFLite kernels apply a fused activation, and the activations they take.
 _ACTIVATION_OPS = ("RELU", "RELU6", "RELU_N1_TO_1", "TANH")
@@ -70,7 +70,7 @@ class FuseActivationIntoProducer(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any(*_ACTIVATION_OPS)(p.any(*_PRODUCERS)(..., out="y"))
 
-    def __init__(self, target: str = "xnnpack") -> None:
+    def __init__(self, target: Target = XNNPACK) -> None:
         self.target = target
 
     def check(self, m: Match) -> Refusal | None:
@@ -84,7 +84,7 @@ _CLAMP_RANGE = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.
 
 
 def activation_fusion_refusal(
-    producer: Op, y: Tensor, activation: str, out: Tensor, target: str
+    producer: Op, y: Tensor, activation: str, out: Tensor, target: Target
 ) -> Refusal | None:
     """Why `producer` (writing y) cannot take over an `activation` that reads y and writes `out`
     as its fused activation on `target`; None when it can (the check of
@@ -93,8 +93,7 @@ def activation_fusion_refusal(
         return refuse(f"{producer.type} takes no fused activation")
     if activation not in _CLAMPS:
         return refuse(f"{producer.type} kernels do not apply a fused {activation}")
-    limited = find(target)  # a name the registry does not know: no limit
-    refusal = limited.fused_activation_refusal(producer.type, activation) if limited else None
+    refusal = target.fused_activation_refusal(producer.type, activation)
     if refusal is not None:
         return refusal
     if producer.fused_activation != "NONE":

@@ -33,7 +33,7 @@ from tflfuse.rewrite import (
     refuse,
 )
 from tflfuse.rewrite.common import NotApplicable
-from tflfuse.targets import find
+from tflfuse.targets import Target
 
 _MOVEMENT = ("RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS")
 _RESHAPES = ("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
@@ -982,16 +982,14 @@ class FoldPadByWidenedKernel(Rule):
         b.commit()
 
 
-def exporter_rules(target: str) -> tuple[Rule, ...]:
+def exporter_rules(target: Target) -> tuple[Rule, ...]:
     """The exporter rules a target's level-2 pipeline runs, each where it was measured to pay
     (benchmarks/exporter_rules_bench.py; `cpu` is the plain kernels): fewer kernels everywhere.
     A constant BATCH_MATMUL as FULLY_CONNECTED where the target's
     `batch_matmul_as_fully_connected` says so. FoldPadByWidenedKernel is in no pipeline: it is
     slower wherever it matters (see its docstring). PADV2 and BATCH_MATMUL are Edge TPU
     legalizations too (half-pixel resizes are in targets/edgetpu/rules.py); a layout chain keeps
-    within the target's `max_nontrivial_dims` (the Edge TPU: 3). A name the registry does not
-    know gets neither."""
-    traits = find(target)
+    within the target's `max_nontrivial_dims` (the Edge TPU: 3)."""
     rules: list[Rule] = [
         ShortenLayerNorm(),
         RecognizeClamp(),
@@ -999,12 +997,12 @@ def exporter_rules(target: str) -> tuple[Rule, ...]:
         SliceBeforeLayout(),
         SinkReshapeBelowScalarOp(),
         CanonicalizeLayoutChain(
-            traits.cost.max_nontrivial_dims if traits else None,
-            traits.layout_chain_kept if traits else None,
+            target.cost.max_nontrivial_dims,
+            target.layout_chain_kept,
         ),
         SoftmaxThroughReshape(),
         LegalizePadV2BeforeMaxPool(),
     ]
-    if traits is not None and traits.batch_matmul_as_fully_connected:
+    if target.batch_matmul_as_fully_connected:
         rules.append(BatchMatmulToFullyConnected())
     return tuple(rules)

@@ -25,7 +25,7 @@ from tflfuse.rewrite import (
     refuse,
 )
 from tflfuse.rewrite.common import NotApplicable
-from tflfuse.targets import cost
+from tflfuse.targets import XNNPACK, Target, cost
 
 _SIBLINGS = ("CONV_2D", "FULLY_CONNECTED")
 _GEOMETRY = (
@@ -87,7 +87,7 @@ class MergeSiblingOps(Rule):
 
     int8_error_steps = 0  # float-only
 
-    def __init__(self, target: str = "xnnpack") -> None:
+    def __init__(self, target: Target = XNNPACK) -> None:
         self.target = target
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
@@ -264,7 +264,7 @@ class HoistLayoutAboveSplit(Rule):
     quantized_ok = True
     int8_error_steps = 0  # moves bytes only
 
-    def __init__(self, target: str = "xnnpack") -> None:
+    def __init__(self, target: Target = XNNPACK) -> None:
         self.target = target
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
@@ -280,7 +280,7 @@ class HoistLayoutAboveSplit(Rule):
         if not cost.layout_fits(self.target, shape):
             return refuse(
                 f"the merged head layout {list(shape)} has more non-trivial dimensions than "
-                f"the {self.target} maps ({cost.MAX_NONTRIVIAL_DIMS[self.target]})"
+                f"the {self.target.name} maps ({self.target.cost.max_nontrivial_dims})"
             )
         return plan
 

@@ -13,7 +13,7 @@ import numpy as np
 from tflfuse.ir import Tensor
 from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.common import NotApplicable
-from tflfuse.targets import cost
+from tflfuse.targets import XNNPACK, Target, cost
 from tflfuse.targets.edgetpu.rules import (
     LegalizeHardSwish,
     hard_swish_int8_steps,
@@ -39,7 +39,7 @@ class MeanKeepDims(Rule):
     quantized_ok = True
     int8_error_steps = 1
 
-    def __init__(self, target: str = "xnnpack") -> None:
+    def __init__(self, target: Target = XNNPACK) -> None:
         self.target = target
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
@@ -80,7 +80,7 @@ class MeanLastAxisAsRows(Rule):
     quantized_ok = True
     int8_error_steps = 1
 
-    def __init__(self, target: str = "xnnpack") -> None:
+    def __init__(self, target: Target = XNNPACK) -> None:
         self.target = target
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
@@ -135,7 +135,7 @@ class SpellOutInt8HardSwish(Rule):
     quantized_ok = True
     int8_error_steps = LegalizeHardSwish.int8_error_steps  # the same ops, the same roundings
 
-    def __init__(self, target: str = "xnnpack") -> None:
+    def __init__(self, target: Target = XNNPACK) -> None:
         self.target = target
 
     def pattern(self, p: PatternBuilder) -> OpPattern:

@@ -29,7 +29,7 @@ from tflfuse.sources.keras import Frontend, every_op_output
 from tflfuse.sources.keras_calibration import statistics_by_interpreter
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.recipe_fields import RecipeFields
-from tflfuse.targets import find
+from tflfuse.targets import XNNPACK, Target
 
 
 def _tf() -> Any:
@@ -100,7 +100,7 @@ def tflite_convert(
     trackable: Any = None,
     *,
     select_tf_ops: bool = False,
-    target: str = "xnnpack",
+    target: Target = XNNPACK,
     configure: Callable[[Any], None] | None = None,
 ) -> bytes:
     """Run the MLIR converter on one concrete function (raises a one-line TflfuseError)."""
@@ -119,11 +119,10 @@ def tflite_convert(
         text = str(exc)
         names = _flex_ops(text)
         if names:
-            runs_on = find(target)
             hint = (
                 "tflfuse converts to TFLite builtins only; replace them in the model"
-                if runs_on is not None and runs_on.on_cpu
-                else f"the {target} cannot run TF ops; replace them in the model"
+                if target.on_cpu
+                else f"the {target.name} cannot run TF ops; replace them in the model"
             )
             raise TflfuseError(
                 f"the model uses TF ops with no TFLite builtin: {', '.join(names)} ({hint})"

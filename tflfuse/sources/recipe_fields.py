@@ -4,14 +4,17 @@ import it, tests/test_architecture.py), so they take the recipe by the fields th
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from tflfuse.targets import Target
 
 
 class RecipeFields(Protocol):
     """The recipe as a source sees it (read-only)."""
 
     @property
-    def target(self) -> str: ...  # the converter's settings for it (keras_route)
+    def target(self) -> Target: ...  # the converter's settings for it (keras_route)
 
     @property
     def quant_mode(self) -> str: ...  # "int8", "dynamic", "float16" or "none"

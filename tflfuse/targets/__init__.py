@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tflfuse.errors import TflfuseError
 from tflfuse.targets.registry import (
+    EDGETPU,
     TARGETS,
+    XNNPACK,
     CostProfile,
     Target,
-    cost_profile,
+    every,
     find,
     names,
     target,
@@ -73,7 +74,7 @@ def __getattr__(name: str) -> Any:
 
 def predict(
     model: Model,
-    target: str,
+    target: Target,
     compiler_version: str | None = None,
     *,
     multiple_subgraphs: bool = False,
@@ -85,11 +86,7 @@ def predict(
     `predict_edgetpu`); the other targets ignore them."""
     from tflfuse.ir.summary import stored_float16_note
 
-    found = find(target)
-    if found is None or found.predictor is None:
-        choices = ", ".join(names(predicts=True))
-        raise TflfuseError(f"unknown target {target!r} (choose from {choices})")
-    prediction = found.predict(model, compiler_version, multiple_subgraphs)
+    prediction = target.predict(model, compiler_version, multiple_subgraphs)
     note = stored_float16_note(model)
     if note:
         prediction.notes.append(note)
@@ -97,10 +94,12 @@ def predict(
 
 
 __all__ = [
+    "EDGETPU",
     "TARGETS",
+    "XNNPACK",
     "CostProfile",
     "Target",
-    "cost_profile",
+    "every",
     "find",
     "names",
     "predict",

@@ -18,18 +18,15 @@ import numpy as np
 
 from tflfuse.ir import Graph, Model, Op
 from tflfuse.resources import data_file
-from tflfuse.targets.registry import MIB, TARGETS, cost_profile
+from tflfuse.targets.registry import MIB, Target
 
 # What each target keeps on chip, which splits it delegates, how many dimensions it maps, and
-# which measured runtime it runs on: its `CostProfile` in the target registry.
-MAX_NONTRIVIAL_DIMS: dict[str, int] = {  # for rules that name the limit in a refusal
-    name: limit for name in TARGETS if (limit := cost_profile(name).max_nontrivial_dims)
-}
+# which measured runtime it runs on: its `CostProfile` in the target registry (`Target.cost`).
 
 
-def layout_fits(target: str, shape: tuple[int, ...]) -> bool:
+def layout_fits(target: Target, shape: tuple[int, ...]) -> bool:
     """A new intermediate tensor of this shape keeps the target's mapping."""
-    limit = cost_profile(target).max_nontrivial_dims
+    limit = target.cost.max_nontrivial_dims
     return limit is None or sum(1 for d in shape if d > 1) <= limit
 
 
@@ -118,12 +115,12 @@ def chain_merge_pays(inputs: int, middle: int, outputs: int) -> bool:
     return inputs * outputs <= inputs * middle + middle * outputs
 
 
-def fits_on_chip(target: str, weight_bytes: int) -> bool:
-    return weight_bytes <= cost_profile(target).on_chip_bytes
+def fits_on_chip(target: Target, weight_bytes: int) -> bool:
+    return weight_bytes <= target.cost.on_chip_bytes
 
 
 def horizontal_pays(
-    target: str, siblings: int, weight_bytes: int, *, absorbs_concat: bool, equal_parts: bool
+    target: Target, siblings: int, weight_bytes: int, *, absorbs_concat: bool, equal_parts: bool
 ) -> str | None:
     """None when merging `siblings` ops into one pays on `target`, else the reason it does not.
 
@@ -131,23 +128,23 @@ def horizontal_pays(
     int8-only target a split is refused: the parts would lose their own scales
     (`CostProfile.int8_only`); absorbing a concatenation keeps the one scale its output had.
     """
-    profile = cost_profile(target)
+    profile, name = target.cost, target.name
     if not fits_on_chip(target, weight_bytes):
         return (
-            f"merged weights ({weight_bytes / MIB:.1f} MiB) exceed the {target} on-chip budget "
+            f"merged weights ({weight_bytes / MIB:.1f} MiB) exceed the {name} on-chip budget "
             f"({profile.on_chip_bytes / MIB:.0f} MiB)"
         )
     if not absorbs_concat and profile.int8_only:
         return (
-            f"the {target} computes in int8 with one scale per tensor: the siblings' outputs would"
+            f"the {name} computes in int8 with one scale per tensor: the siblings' outputs would"
             " share the merged output's scale (their ranges may differ by orders of magnitude),"
             " and litert-quantizer leaves a SPLIT_V in float, which cuts the graph"
         )
     if not absorbs_concat and not equal_parts and not profile.split_v_delegated:
-        return f"{target} does not delegate SPLIT_V, which unequal parts would need"
+        return f"{name} does not delegate SPLIT_V, which unequal parts would need"
     most = profile.split_max_parts
     if not absorbs_concat and most is not None and siblings > most:
-        return f"{target} splits into at most {most} parts"
+        return f"{name} splits into at most {most} parts"
     after = 1 if absorbs_concat else 2
     before = siblings + (1 if absorbs_concat else 0)
     if after >= before:
@@ -162,11 +159,11 @@ def horizontal_pays(
 _INT_TYPES = frozenset({"INT8", "UINT8", "INT16"})
 
 
-def runtime_label(target: str) -> str:
+def runtime_label(target: Target) -> str:
     """Words for the runtime a target's models run on (for refusal sentences)."""
-    runtime = cost_profile(target).runtime
+    runtime = target.cost.runtime
     labels = {"xnnpack": "XNNPACK kernels", "none": "the plain built-in kernels"}
-    return labels.get(runtime, f"the {target} kernels")
+    return labels.get(runtime, f"the {target.name} kernels")
 
 
 @functools.cache
@@ -243,12 +240,12 @@ def predict_latency_us(model: Model, runtime: str, table: dict | None = None) ->
     return sum(predict_op_us(op, runtime, table) for op in model.main.ops)
 
 
-def fast_sub(target: str) -> bool:
+def fast_sub(target: Target) -> bool:
     """The target's runtime runs an int8 SUB about as fast as an int8 ADD (within 1.5x at the
     medium shape class). Plain kernels do not (measured: benchmarks/cost_table.py); a rule
     that would write a SUB there writes ADD of a negation instead. True without a table."""
     table = cost_table()
-    runtime = cost_profile(target).runtime
+    runtime = target.cost.runtime
     sub, add = table.get(("SUB@bcast", "int8", runtime)), table.get(("ADD@bcast", "int8", runtime))
     if sub is None or add is None:
         return runtime != "none"
@@ -256,12 +253,12 @@ def fast_sub(target: str) -> bool:
     return sub[0] + sub[1] * medium <= 1.5 * (add[0] + add[1] * medium)
 
 
-def mean_keep_dims_saving_us(target: str, dtype: str, shape: tuple[int, ...]) -> float | None:
+def mean_keep_dims_saving_us(target: Target, dtype: str, shape: tuple[int, ...]) -> float | None:
     """Microseconds a MEAN over H, W of `shape` saves on the target's runtime when written with
     keep_dims=True plus a RESHAPE instead of keep_dims=False (negative: it costs), and the
     keep_dims=False time; None without a measured table."""
     table = cost_table()
-    runtime = cost_profile(target).runtime
+    runtime = target.cost.runtime
     squeeze = table.get(("MEAN@squeeze", dtype, runtime))
     keep, reshape = table.get(("MEAN", dtype, runtime)), table.get(("RESHAPE", dtype, runtime))
     if squeeze is None or keep is None or reshape is None:
@@ -272,7 +269,7 @@ def mean_keep_dims_saving_us(target: str, dtype: str, shape: tuple[int, ...]) ->
     return before - after
 
 
-def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool:
+def mean_keep_dims_pays(target: Target, dtype: str, shape: tuple[int, ...]) -> bool:
     """keep_dims=True + RESHAPE saves at least a fifth of the MEAN's int8 time on the target's
     runtime. For a float graph, which convert may still quantize, the int8 saving must also
     outweigh the float cost (measured table; False without one)."""
@@ -280,7 +277,7 @@ def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool
     if int8 is None or int8 <= 0:
         return False
     table = cost_table()
-    squeeze = table[("MEAN@squeeze", "int8", cost_profile(target).runtime)]
+    squeeze = table[("MEAN@squeeze", "int8", target.cost.runtime)]
     if int8 < 0.2 * (squeeze[0] + squeeze[1] * _elements(shape)):
         return False
     if dtype == "int8":
@@ -289,13 +286,13 @@ def mean_keep_dims_pays(target: str, dtype: str, shape: tuple[int, ...]) -> bool
     return float_saving is not None and int8 + float_saving > 0
 
 
-def mean_last_as_rows_pays(target: str, dtype: str, rows: int, cols: int) -> bool:
+def mean_last_as_rows_pays(target: Target, dtype: str, rows: int, cols: int) -> bool:
     """MEAN over the last axis of (1, rows, cols) is faster on the target's runtime as
     RESHAPE (rows, 1, cols, 1) -> MEAN over axes 1, 2 -> RESHAPE: the plain int8 kernels'
     fast pooling path. For a float graph convert may still quantize, the int8 saving must
     outweigh the float cost (measured table; False without one)."""
     table = cost_table()
-    runtime = cost_profile(target).runtime
+    runtime = target.cost.runtime
 
     def saving(dt: str) -> float | None:
         last, pool = table.get(("MEAN@last", dt, runtime)), table.get(("MEAN@rows", dt, runtime))
@@ -316,11 +313,11 @@ def mean_last_as_rows_pays(target: str, dtype: str, rows: int, cols: int) -> boo
     return other is not None and int8 + other > 0
 
 
-def spelled_hard_swish_pays(target: str, elements: int) -> bool:
+def spelled_hard_swish_pays(target: Target, elements: int) -> bool:
     """An int8 HARD_SWISH is slower on the target's runtime than the ADD (RELU6) and two MULs
     that spell it out: XNNPACK takes the three but not the int8 HARD_SWISH (measured table)."""
     table = cost_table()
-    runtime = cost_profile(target).runtime
+    runtime = target.cost.runtime
     entries = [table.get((k, "int8", runtime)) for k in ("HARD_SWISH", "ADD", "MUL", "MUL@bcast")]
     if any(e is None for e in entries):
         return False
@@ -339,12 +336,12 @@ INT8_COMPLETION_OP: dict[str, str] = {
 }
 
 
-def int8_completion_us(target: str, float_op: str, elements: int) -> tuple[float, float] | None:
+def int8_completion_us(target: Target, float_op: str, elements: int) -> tuple[float, float] | None:
     """(island, int8 op): predicted microseconds of DEQUANTIZE -> float op -> QUANTIZE and of the
     int8 op that replaces them, over `elements` values on the target's runtime (measured table);
     None when the table lacks one of them or the target has no measured runtime."""
     table = cost_table()
-    runtime = cost_profile(target).runtime
+    runtime = target.cost.runtime
     parts = [
         table.get(("DEQUANTIZE", "float32", runtime)),
         table.get((float_op, "float32", runtime)),
@@ -357,7 +354,7 @@ def int8_completion_us(target: str, float_op: str, elements: int) -> tuple[float
     return island, int8[0] + int8[1] * elements
 
 
-def int8_completion_refusal(target: str, float_op: str, elements: int) -> str | None:
+def int8_completion_refusal(target: Target, float_op: str, elements: int) -> str | None:
     """Why the float island around `float_op` should stay on `target`, or None when the int8 op
     is the better spelling there.
 
@@ -366,7 +363,7 @@ def int8_completion_refusal(target: str, float_op: str, elements: int) -> str | 
     on its runtime at this size (measured: an int8 PRELU or RELU runs on the plain kernels,
     XNNPACK takes neither, and costs ~20x the island; an int8 DEPTH_TO_SPACE is faster than the
     island on both runtimes). A target with no measured runtime keeps the fully-int8 default."""
-    if cost_profile(target).int8_only:
+    if target.cost.int8_only:
         return None
     times = int8_completion_us(target, float_op, elements)
     if times is None:

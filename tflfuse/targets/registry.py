@@ -55,8 +55,6 @@ class CostProfile:
     runtime: str | None = None
 
 
-DEFAULT_COST = CostProfile()  # a name the registry does not know: a plain CPU, no measurements
-
 Predictor = Callable[["Model", "str | None", bool], "Prediction"]
 
 
@@ -262,7 +260,12 @@ def names(*, predicts: bool = False, compiled: bool = False) -> tuple[str, ...]:
     )
 
 
-def cost_profile(name: str) -> CostProfile:
-    """The cost profile of target `name`; a name the registry does not know gets a plain CPU's."""
-    found = find(name)
-    return found.cost if found is not None else DEFAULT_COST
+def every() -> tuple[Target, ...]:
+    """Every target, in the registry's order."""
+    return _TARGETS
+
+
+# The target a rule or a recipe serves when none is given (the CPU runtime applies XNNPACK by
+# default), and the one the quantized legalization (`convert.rule_sets.legalize_quantized`) is for.
+XNNPACK: Target = _BY_NAME["xnnpack"]
+EDGETPU: Target = _BY_NAME["edgetpu"]
