@@ -55,7 +55,7 @@ from tflfuse.convert.records import (
 )
 from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
-from tflfuse.ir import flatbuffer
+from tflfuse.ir import Model, flatbuffer
 from tflfuse.rules import pipeline
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.runtime import verify as verify_mod
@@ -124,6 +124,9 @@ class Context:
     runtime: RuntimeRecord | None = None  # --runtime only
     baselines: BaselinesRecord = field(init=False, repr=False)  # the three models as written
     report: dict[str, Any] = field(default_factory=dict)
+    # the quantized fused model's IR as the stage before left it, with the bytes it is the parse
+    # of (flatbuffer.read_back): the next stage takes it instead of parsing them again
+    handed: tuple[bytes, Model] | None = field(default=None, repr=False)
 
     @property
     def source(self) -> Source:
@@ -281,10 +284,11 @@ def quantize(rec: Recipe, ctx: Context) -> None:
     fused, unfused = ctx.fused.data, ctx.unfused.data
     if ctx.source.quantized:
         route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
+        fused_q, ir = _with_io_types(fused, rec)
         ctx.quantized = QuantizedRecord(
-            Quantized(_with_io_types(fused, rec), route),
-            Quantized(_with_io_types(unfused, rec), route),
+            Quantized(fused_q, route), Quantized(_with_io_types(unfused, rec)[0], route)
         )
+        ctx.handed = (fused_q, ir)
         return
     if rec.quant_mode == "none":
         ctx.quantized = QuantizedRecord(
@@ -309,7 +313,9 @@ def _quantize_one(
     converter's PTQ made it instead. None for an unfused baseline `baselines` makes from the
     stock model."""
     calib = ctx.loaded.inputs_for(which, ctx.loaded.calib)
-    parsed = flatbuffer.from_bytes(data)  # (only read, by both)
+    # (only read, by both): the fused float model's IR as `fuse` left it, or a parse
+    held = ctx.fused.model if data is ctx.fused.data else None
+    parsed = flatbuffer.read_back(held) if held is not None else flatbuffer.from_bytes(data)
     left = aeq_unsupported(data, parsed) if rec.quant_mode == "int8" else []
     if left:
         fallback = ctx.source.converter_ptq(which, rec, calib, ctx.options.progress)
@@ -340,11 +346,23 @@ def _quantize_one(
     return quantized, left, False
 
 
-def _with_io_types(data: bytes, rec: Recipe) -> bytes:
-    """An int8 model with the recipe's I/O types (float, int8 or uint8 boundaries)."""
+def _with_io_types(data: bytes, rec: Recipe) -> tuple[bytes, Model]:
+    """An int8 model with the recipe's I/O types (float, int8 or uint8 boundaries), and its IR
+    as the parse of those bytes reads (flatbuffer.read_back)."""
     model = flatbuffer.from_bytes(data, "int8")
     set_io_types(model, rec.input_type, rec.output_type)
-    return flatbuffer.to_bytes(model)
+    data = flatbuffer.to_bytes(model)
+    return data, flatbuffer.read_back(model)
+
+
+def _fused_ir(ctx: Context, name: str) -> Model:
+    """The quantized fused model's IR: the one the stage before handed on with its bytes, or
+    their parse. Taken once: the caller rewrites it in place."""
+    handed, ctx.handed = ctx.handed, None
+    data = ctx.quantized.fused.data
+    if handed is not None and handed[0] is data:
+        return handed[1]
+    return flatbuffer.from_bytes(data, name)
 
 
 def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
@@ -375,7 +393,7 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     if not rules:
         ctx.legalization = LegalizeRecord(ran=False, reason="no int8 rules for this recipe")
         return
-    model = flatbuffer.from_bytes(q.data, "quantized")
+    model = _fused_ir(ctx, "quantized")
     before = [op.type for op in model.main.ops]  # (what the passes start from)
     compiled = find(rec.target)
     compiled = compiled if compiled is not None and compiled.compiler else None
@@ -392,14 +410,17 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     # passes leave no rewrite events: say what they changed (op counts, order)
     summary["ops_before"], summary["ops_after"] = len(before), len(after)
     summary["reordered"] = before != after and sorted(before) == sorted(after)
+    failure, verification = verified.judge(candidate, ctx.options.verify)
+    model = flatbuffer.read_back(candidate.model)  # (after the check, which reads it as made)
     if compiled is not None:  # its compiler's mapping is the question
-        summary[f"{compiled.name}_mapped"] = [mapped_before, _mapped(data, compiled)]
-    failure, summary["verification"] = verified.judge(candidate, ctx.options.verify)
+        summary[f"{compiled.name}_mapped"] = [mapped_before, _mapped(data, compiled, model)]
+    summary["verification"] = verification
     if failure is not None:
         # not kept: the model stays as quantized (on the converter-PTQ route: without rules)
         ctx.legalization = LegalizeRecord(ran=True, kept=False, reason=failure, details=summary)
     else:
         q.data = data
+        ctx.handed = (data, model)
         ctx.legalization = LegalizeRecord(ran=True, kept=True, details=summary)
 
 
@@ -411,7 +432,10 @@ def runtime(rec: Recipe, ctx: Context) -> None:
         return
     target = resolve(rec.runtime)
     q = ctx.quantized.fused
-    candidate = verified.apply(q.data, lambda: [runtime_legalization(target)], name="quantized")
+    model = _fused_ir(ctx, "quantized")
+    candidate = verified.apply(
+        q.data, lambda: [runtime_legalization(target)], name="quantized", model=model
+    )
     result = candidate.result
     section = runtime_section(candidate.model, target, ctx.source.name)  # (refuses: raises)
     if result.changed:
