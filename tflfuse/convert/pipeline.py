@@ -66,7 +66,7 @@ from tflfuse.sources.keras import (
 )
 from tflfuse.sources.keras_route import KerasSource
 from tflfuse.sources.protocol import Source
-from tflfuse.targets import Target, find, runtimes
+from tflfuse.targets import find, runtimes
 from tflfuse.targets.runtimes import resolve
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -294,6 +294,7 @@ def quantize(rec: Recipe, ctx: Context) -> None:
         ctx.quantized = QuantizedRecord(
             Quantized(fused, "none (float32)"), Quantized(unfused, "none (float32)")
         )
+        ctx.handed = (fused, flatbuffer.read_back(ctx.fused.model))
         return
     fused_q, _, by_converter = _quantize_one(rec, ctx, "fused", fused)
     unfused_q, left, _ = _quantize_one(rec, ctx, "unfused", unfused)
@@ -378,11 +379,6 @@ def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
     return legalization or pipeline(rec.level, rec.target)
 
 
-def _mapped(data: bytes, target: Target, model: Any = None) -> int:
-    """Ops of `data` (or of `model`, its parse, only read) predicted on `target`."""
-    return target.predict(model if model is not None else flatbuffer.from_bytes(data)).mapped
-
-
 def legalize(rec: Recipe, ctx: Context) -> None:
     """The int8 rules on the fused model, verified like `optimize` verifies (each output within
     the int8 error its rewrites declare); a result outside tolerance is not kept, and the report
@@ -397,7 +393,7 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     before = [op.type for op in model.main.ops]  # (what the passes start from)
     compiled = find(rec.target)
     compiled = compiled if compiled is not None and compiled.compiler else None
-    mapped_before = _mapped(q.data, compiled, model) if compiled is not None else 0
+    mapped_before = compiled.predict(model).mapped if compiled is not None else 0
     candidate = verified.apply(q.data, lambda: [rules], disabled=ctx.options.disabled, model=model)
     result, data = candidate.result, candidate.data
     off = set(ctx.options.disabled)
@@ -413,7 +409,7 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     failure, verification = verified.judge(candidate, ctx.options.verify)
     model = flatbuffer.read_back(candidate.model)  # (after the check, which reads it as made)
     if compiled is not None:  # its compiler's mapping is the question
-        summary[f"{compiled.name}_mapped"] = [mapped_before, _mapped(data, compiled, model)]
+        summary[f"{compiled.name}_mapped"] = [mapped_before, compiled.predict(model).mapped]
     summary["verification"] = verification
     if failure is not None:
         # not kept: the model stays as quantized (on the converter-PTQ route: without rules)
@@ -445,6 +441,7 @@ def runtime(rec: Recipe, ctx: Context) -> None:
                 f"{ctx.source.name}: runtime legalization: {failure}; nothing written"
             )
         q.data = candidate.data
+        ctx.handed = (q.data, flatbuffer.read_back(candidate.model))  # (after the check)
     section["fired"] = {**ctx.fused.result.fired(), **result.fired()}
     section["fired"] = {k: v for k, v in section["fired"].items() if k in _RUNTIME_RULES}
     ctx.runtime = RuntimeRecord(section)
@@ -545,6 +542,7 @@ def report(rec: Recipe, ctx: Context) -> None:
     for name, data in zip((FUSED, UNFUSED, STOCK), (models[m] for m in MODELS)):
         (ctx.folder / name).write_bytes(data)
     parse = report_mod.ParseOnce()
+    parse.known(models["fused"], _written_fused(ctx))
     try:
         ctx.report = report_mod.assemble(
             rec,
@@ -749,11 +747,20 @@ def _run_stages(rec: Recipe, ctx: Context, started: float) -> dict[str, Any]:
     return ctx.report
 
 
+def _written_fused(ctx: Context) -> Model:
+    """The IR of the fused model as written (only read): the one the last stage handed on with
+    those bytes, or their parse."""
+    data = ctx.baselines.models["fused"]
+    if ctx.handed is None or ctx.handed[0] is not data:
+        ctx.handed = (data, flatbuffer.from_bytes(data))
+    return ctx.handed[1]
+
+
 def _judge_usefulness(ctx: Context) -> None:
     """Refuse a fused model whose outputs carry nothing of the source's where the data shows they
     could (tflfuse.convert.usefulness), unless the user accepts it: then the report says so."""
     fused = ctx.report.get("agreement", {}).get("fused") or {}
-    steps = usefulness.output_steps(flatbuffer.from_bytes(ctx.baselines.models["fused"]))
+    steps = usefulness.output_steps(_written_fused(ctx))
     names = list(ctx.loaded.source.output_names)
     verdict = usefulness.useless(fused, steps, names, FUSED)
     if verdict is None:
