@@ -170,7 +170,12 @@ FLOAT = [p for p in (SHARED / "models" / "pytorch").glob("encoder.tflite")] + [
 @pytest.mark.parametrize("path", FLOAT, ids=lambda p: p.stem)
 def test_the_fused_float_model_is_handed_to_quantize_as_parsed(path) -> None:
     """`fuse` hands its IR to `quantize`, which reads it (the ops litert-quantizer lacks, the
-    signature): after `read_back` it is the parse of the fused model's bytes."""
+    signature), and on a float recipe to `--runtime`, which rewrites it: after `read_back` it is
+    the parse of the fused model's bytes, and the runtime's legalization makes the same model."""
     fused = optimize_bytes(path.read_bytes(), target="xnnpack", verify=False)
     assert_read_back(fused.model)
     assert aeq_unsupported(fused.data, fused.model) == aeq_unsupported(fused.data)
+    stages = [runtime_legalization(runtimes.resolve("tflite-runtime==2.5.0"))]
+    lowered = verified.apply(fused.data, lambda: stages, model=fused.model)
+    again = verified.apply(fused.data, lambda: stages)
+    assert (lowered.data, lowered.result.fired()) == (again.data, again.result.fired())
