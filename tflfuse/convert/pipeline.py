@@ -53,7 +53,7 @@ from tflfuse.convert.records import (
 from tflfuse.convert.rule_sets import pipeline
 from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.files import check_input, discard, prepare_output, publish
-from tflfuse.ir import flatbuffer
+from tflfuse.ir import Model, flatbuffer
 from tflfuse.quantize import calibration as calib_mod
 from tflfuse.quantize import quantize as quantize_mod
 from tflfuse.quantize.quantize import Quantized, aeq_unsupported, set_io_types
@@ -65,7 +65,7 @@ from tflfuse.sources.keras import (
 )
 from tflfuse.sources.keras_route import KerasSource
 from tflfuse.sources.protocol import Source
-from tflfuse.targets import Target, runtimes
+from tflfuse.targets import runtimes
 from tflfuse.targets.runtimes import resolve
 from tflfuse.verification import verified
 from tflfuse.verification import verify as verify_mod
@@ -125,6 +125,9 @@ class Context:
     runtime: RuntimeRecord | None = None  # --runtime only
     baselines: BaselinesRecord = field(init=False, repr=False)  # the three models as written
     report: dict[str, Any] = field(default_factory=dict)
+    # the quantized fused model's IR as the stage before left it, with the bytes it is the parse
+    # of (flatbuffer.read_back): the next stage takes it instead of parsing them again
+    handed: tuple[bytes, Model] | None = field(default=None, repr=False)
 
     @property
     def source(self) -> Source:
@@ -282,15 +285,17 @@ def quantize(rec: Recipe, ctx: Context) -> None:
     fused, unfused = ctx.fused.data, ctx.unfused.data
     if ctx.source.quantized:
         route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
+        fused_q, ir = _with_io_types(fused, rec)
         ctx.quantized = QuantizedRecord(
-            Quantized(_with_io_types(fused, rec), route),
-            Quantized(_with_io_types(unfused, rec), route),
+            Quantized(fused_q, route), Quantized(_with_io_types(unfused, rec)[0], route)
         )
+        ctx.handed = (fused_q, ir)
         return
     if rec.quant_mode == "none":
         ctx.quantized = QuantizedRecord(
             Quantized(fused, "none (float32)"), Quantized(unfused, "none (float32)")
         )
+        ctx.handed = (fused, flatbuffer.read_back(ctx.fused.model))
         return
     fused_q, _, by_converter = _quantize_one(rec, ctx, "fused", fused)
     unfused_q, left, _ = _quantize_one(rec, ctx, "unfused", unfused)
@@ -310,7 +315,9 @@ def _quantize_one(
     converter's PTQ made it instead. None for an unfused baseline `baselines` makes from the
     stock model."""
     calib = ctx.loaded.inputs_for(which, ctx.loaded.calib)
-    parsed = flatbuffer.from_bytes(data)  # (only read, by both)
+    # (only read, by both): the fused float model's IR as `fuse` left it, or a parse
+    held = ctx.fused.model if data is ctx.fused.data else None
+    parsed = flatbuffer.read_back(held) if held is not None else flatbuffer.from_bytes(data)
     left = aeq_unsupported(data, parsed) if rec.quant_mode == "int8" else []
     if left:
         fallback = ctx.source.converter_ptq(which, rec, calib, ctx.options.progress)
@@ -341,11 +348,23 @@ def _quantize_one(
     return quantized, left, False
 
 
-def _with_io_types(data: bytes, rec: Recipe) -> bytes:
-    """An int8 model with the recipe's I/O types (float, int8 or uint8 boundaries)."""
+def _with_io_types(data: bytes, rec: Recipe) -> tuple[bytes, Model]:
+    """An int8 model with the recipe's I/O types (float, int8 or uint8 boundaries), and its IR
+    as the parse of those bytes reads (flatbuffer.read_back)."""
     model = flatbuffer.from_bytes(data, "int8")
     set_io_types(model, rec.input_type, rec.output_type)
-    return flatbuffer.to_bytes(model)
+    data = flatbuffer.to_bytes(model)
+    return data, flatbuffer.read_back(model)
+
+
+def _fused_ir(ctx: Context, name: str) -> Model:
+    """The quantized fused model's IR: the one the stage before handed on with its bytes, or
+    their parse. Taken once: the caller rewrites it in place."""
+    handed, ctx.handed = ctx.handed, None
+    data = ctx.quantized.fused.data
+    if handed is not None and handed[0] is data:
+        return handed[1]
+    return flatbuffer.from_bytes(data, name)
 
 
 def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
@@ -361,11 +380,6 @@ def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
     return legalization or pipeline(rec.level, rec.target)
 
 
-def _mapped(data: bytes, target: Target, model: Any = None) -> int:
-    """Ops of `data` (or of `model`, its parse, only read) predicted on `target`."""
-    return target.predict(model if model is not None else flatbuffer.from_bytes(data)).mapped
-
-
 def legalize(rec: Recipe, ctx: Context) -> None:
     """The int8 rules on the fused model, verified like `optimize` verifies (each output within
     the int8 error its rewrites declare); a result outside tolerance is not kept, and the report
@@ -376,10 +390,10 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     if not rules:
         ctx.legalization = LegalizeRecord(ran=False, reason="no int8 rules for this recipe")
         return
-    model = flatbuffer.from_bytes(q.data, "quantized")
+    model = _fused_ir(ctx, "quantized")
     before = [op.type for op in model.main.ops]  # (what the passes start from)
     compiled = rec.target if rec.target.compiler else None
-    mapped_before = _mapped(q.data, compiled, model) if compiled is not None else 0
+    mapped_before = compiled.predict(model).mapped if compiled is not None else 0
     candidate = verified.apply(q.data, lambda: [rules], disabled=ctx.options.disabled, model=model)
     result, data = candidate.result, candidate.data
     off = set(ctx.options.disabled)
@@ -392,14 +406,17 @@ def legalize(rec: Recipe, ctx: Context) -> None:
     # passes leave no rewrite events: say what they changed (op counts, order)
     summary["ops_before"], summary["ops_after"] = len(before), len(after)
     summary["reordered"] = before != after and sorted(before) == sorted(after)
+    failure, verification = verified.judge(candidate, ctx.options.verify)
+    model = flatbuffer.read_back(candidate.model)  # (after the check, which reads it as made)
     if compiled is not None:  # its compiler's mapping is the question
-        summary[f"{compiled.name}_mapped"] = [mapped_before, _mapped(data, compiled)]
-    failure, summary["verification"] = verified.judge(candidate, ctx.options.verify)
+        summary[f"{compiled.name}_mapped"] = [mapped_before, compiled.predict(model).mapped]
+    summary["verification"] = verification
     if failure is not None:
         # not kept: the model stays as quantized (on the converter-PTQ route: without rules)
         ctx.legalization = LegalizeRecord(ran=True, kept=False, reason=failure, details=summary)
     else:
         q.data = data
+        ctx.handed = (data, model)
         ctx.legalization = LegalizeRecord(ran=True, kept=True, details=summary)
 
 
@@ -411,7 +428,10 @@ def runtime(rec: Recipe, ctx: Context) -> None:
         return
     target = resolve(rec.runtime)
     q = ctx.quantized.fused
-    candidate = verified.apply(q.data, lambda: [runtime_legalization(target)], name="quantized")
+    model = _fused_ir(ctx, "quantized")
+    candidate = verified.apply(
+        q.data, lambda: [runtime_legalization(target)], name="quantized", model=model
+    )
     result = candidate.result
     section = runtime_section(candidate.model, target, ctx.source.name)  # (refuses: raises)
     if result.changed:
@@ -421,6 +441,7 @@ def runtime(rec: Recipe, ctx: Context) -> None:
                 f"{ctx.source.name}: runtime legalization: {failure}; nothing written"
             )
         q.data = candidate.data
+        ctx.handed = (q.data, flatbuffer.read_back(candidate.model))  # (after the check)
     section["fired"] = {**ctx.fused.result.fired(), **result.fired()}
     section["fired"] = {k: v for k, v in section["fired"].items() if k in _RUNTIME_RULES}
     ctx.runtime = RuntimeRecord(section)
@@ -521,6 +542,7 @@ def report(rec: Recipe, ctx: Context) -> None:
     for name, data in zip((FUSED, UNFUSED, STOCK), (models[m] for m in MODELS)):
         (ctx.folder / name).write_bytes(data)
     parse = report_mod.ParseOnce()
+    parse.known(models["fused"], _written_fused(ctx))
     try:
         ctx.report = report_mod.assemble(
             rec,
@@ -725,11 +747,20 @@ def _run_stages(rec: Recipe, ctx: Context, started: float) -> dict[str, Any]:
     return ctx.report
 
 
+def _written_fused(ctx: Context) -> Model:
+    """The IR of the fused model as written (only read): the one the last stage handed on with
+    those bytes, or their parse."""
+    data = ctx.baselines.models["fused"]
+    if ctx.handed is None or ctx.handed[0] is not data:
+        ctx.handed = (data, flatbuffer.from_bytes(data))
+    return ctx.handed[1]
+
+
 def _judge_usefulness(ctx: Context) -> None:
     """Refuse a fused model whose outputs carry nothing of the source's where the data shows they
     could (tflfuse.convert.usefulness), unless the user accepts it: then the report says so."""
     fused = ctx.report.get("agreement", {}).get("fused") or {}
-    steps = usefulness.output_steps(flatbuffer.from_bytes(ctx.baselines.models["fused"]))
+    steps = usefulness.output_steps(_written_fused(ctx))
     names = list(ctx.loaded.source.output_names)
     verdict = usefulness.useless(fused, steps, names, FUSED)
     if verdict is None:

@@ -47,6 +47,10 @@ class ParseOnce:
     def __init__(self) -> None:
         self._models: dict[bytes, Model] = {}
 
+    def known(self, data: bytes, model: Model) -> None:
+        """`model`, the parse of `data` a stage already holds (flatbuffer.read_back)."""
+        self._models[data] = model
+
     def __call__(self, data: bytes) -> Model:
         model = self._models.get(data)
         if model is None:

@@ -19,6 +19,7 @@ runs loads, except a graph whose file order gives it no defined result.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 import struct
 import sys
@@ -583,6 +584,82 @@ def _quantization_from_object(q: Any) -> Quantization | None:
         max=arr(q.max, "<f4"),
         details=q.details if q.detailsType else None,
     )
+
+
+def read_back(model: Model) -> Model:
+    """`model`, in place, as `from_bytes(to_bytes(model))` would read it back, so that a stage may
+    hand its IR to the next stage instead of bytes to parse: each builtin op at the version it is
+    written at (`to_bytes` fits versions, the loader keeps them as read), each tensor an op or the
+    graph names registered in the graph's tensors (the writer numbers them last), constants as
+    the loader types them (empty ones none), quantization vectors and options as a file stores
+    them (float32 scales, every field of the options table), and fresh tensor-name counters. The
+    serialized bytes do not change; tests/test_ir_handover.py shows the stages after it give what
+    they give on the parse."""
+    arrays: dict[tuple, np.ndarray | None] = {}
+    for index, graph in enumerate(model.subgraphs):
+        had_name = graph.extra.get("had_name", True) and bool(graph.name)
+        if not had_name:
+            graph.name = "main" if index == 0 else f"subgraph_{index}"
+        debug = graph.extra.get("debug_metadata_index", -1)
+        graph.extra = {"had_name": had_name, "debug_metadata_index": debug}
+        _read_back_tensors(graph, arrays)
+        for op in graph.ops:
+            if op.type != "CUSTOM":
+                op.version = max(op.version, required(op))
+            options_type = op.options_type or (options_type_for(op.type) if op.options else None)
+            if options_type is not None:
+                op.options_type = options_type
+                table = _options_from_dict(options_type, op.options)
+                op.options = {k: _as_stored(v) for k, v in _options_to_dict(table).items()}
+        graph._names = itertools.count()
+    return model
+
+
+def _read_back_tensors(graph: Graph, arrays: dict[tuple, np.ndarray | None]) -> None:
+    registered = set(graph.tensors)
+    for op in graph.ops:
+        for t in (*op.inputs, *op.outputs, *op.intermediates, *graph.inputs, *graph.outputs):
+            if t is not None and t not in registered:
+                registered.add(t)
+                graph.tensors.append(t)
+    for t in graph.tensors:
+        t.shape = tuple(int(d) for d in t.shape)
+        if t.shape_signature is not None:
+            t.shape_signature = tuple(int(d) for d in t.shape_signature)
+        t.producer, t._uses = None, []  # (rewired below in file order, as the loader wires)
+        if t.data is not None:
+            key = (id(t.data), t.dtype, t.shape)
+            if key not in arrays:
+                raw = np.ascontiguousarray(t.data).reshape(-1).view(np.uint8)
+                arrays[key] = _array(raw, t.dtype, t.shape) if raw.size else None
+            t.data = arrays[key]
+        q = t.quantization
+        if q is not None:  # one per tensor, as read
+            t.quantization = Quantization(
+                scale=None if q.scale is None else _vector(q.scale, "<f4"),
+                zero_point=None if q.zero_point is None else _vector(q.zero_point, "<i8"),
+                axis=int(q.axis),
+                min=None if q.min is None else _vector(q.min, "<f4"),
+                max=None if q.max is None else _vector(q.max, "<f4"),
+                details=q.details,
+            )
+    for op in graph.ops:
+        for t in op.inputs:
+            if t is not None:
+                t._uses.append(op)
+        for t in op.outputs:
+            t.producer = op
+
+
+def _as_stored(value: Any) -> Any:
+    """An option's value as the loader reads it: a float at float32 precision, a plain number."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        return float(np.float32(value))
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value
 
 
 # -- writing -----------------------------------------------------------------------------------
