@@ -25,7 +25,7 @@ def test_shipped_recipes_load(name: str) -> None:
 
 def test_recipe_fields_per_target() -> None:
     tpu, cpu, gpu = recipe.load("edgetpu"), recipe.load("cpu-float"), recipe.load("gpu-fp16")
-    assert (tpu.quant_mode, tpu.input_type, tpu.output_type, tpu.target) == (
+    assert (tpu.quant_mode, tpu.input_type, tpu.output_type, tpu.target.name) == (
         "int8",
         "uint8",
         "uint8",
@@ -33,13 +33,13 @@ def test_recipe_fields_per_target() -> None:
     )
     assert recipe.load("xnnpack-int8").input_type == "int8"
     assert cpu.quant_mode == "none" and gpu.quant_mode == "float16"
-    assert cpu.target == cpu.delegate == "xnnpack"  # rules for the runtime that will run it
+    assert cpu.target.name == cpu.delegate == "xnnpack"  # rules for the runtime that will run it
     assert not tpu.select_tf_ops
 
 
 def test_override_replaces_fields_and_records_them() -> None:
     r = recipe.load("edgetpu").override(input_type="int8", samples=10, target=None)
-    assert (r.input_type, r.samples, r.target) == ("int8", 10, "edgetpu")
+    assert (r.input_type, r.samples, r.target.name) == ("int8", 10, "edgetpu")
     assert r.overridden == ("input_type", "samples")
 
 
@@ -62,7 +62,7 @@ def test_recipe_file_and_errors(tmp_path: Path) -> None:
     good = tmp_path / "mine.toml"
     good.write_text('name = "mine"\ntarget = "gpu"\n[quantization]\nmode = "float16"\n')
     r = recipe.load(good)
-    assert (r.name, r.target, r.delegate, r.quant_mode) == ("mine", "gpu", "gpu", "float16")
+    assert (r.name, r.target.name, r.delegate, r.quant_mode) == ("mine", "gpu", "gpu", "float16")
     bad = tmp_path / "bad.toml"
     bad.write_text("name = \n")
     with pytest.raises(TflfuseError, match="not valid TOML"):

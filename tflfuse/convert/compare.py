@@ -105,7 +105,7 @@ def compare(
     rows: dict[str, dict[str, Any]] = {}
     for k in VARIANTS:
         model = flatbuffer.load(paths[k])
-        edgetpu = targets.predict(model, "edgetpu")
+        edgetpu = targets.predict(model, targets.EDGETPU)
         rows[k] = {
             "model": k,
             "file": str(paths[k]),
