@@ -64,11 +64,16 @@ def _off(op_type: str, shapes: tuple, dtype: str, out_shape: tuple, extra) -> st
     return None
 
 
+def _shown_mapped(op: Op) -> bool:
+    """Whether `op`'s gated form (if it has one) is shown mapped at its size."""
+    return not gated(form_of(op)) or gate(op).answer == "mapped"
+
+
 def _undecided(op: Op) -> Refusal | None:
     """NotApplicable unless the op table maps `op` and the forms evidence does not show it."""
     if edgetpu_shape_refusal(op) is not None:
         return NotApplicable("the op table refuses it (SplitOversizedTranspose's case)")
-    if not gated(form_of(op)) or gate(op).answer == "mapped":
+    if _shown_mapped(op):
         return NotApplicable("its form is shown mapped at its size")
     return None
 
@@ -76,11 +81,7 @@ def _undecided(op: Op) -> Refusal | None:
 def every_op_shown_mapped(ops: Sequence[Op]) -> bool:
     """Whether the op table maps every op of `ops` and each gated form is shown mapped at its
     size (a chain the Edge TPU keeps as written: `Target.layout_chain_kept`)."""
-    return all(
-        edgetpu_shape_refusal(op) is None
-        and (not gated(form_of(op)) or gate(op).answer == "mapped")
-        for op in ops
-    )
+    return all(edgetpu_shape_refusal(op) is None and _shown_mapped(op) for op in ops)
 
 
 def _int8_refusal(x: Tensor, out: Tensor, same_q: bool = True) -> Refusal | None:
