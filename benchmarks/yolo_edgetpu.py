@@ -169,10 +169,10 @@ def errors(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> dict[str
     for r_row, g_row in zip(ref, got):
         left = list(g_row)
         for r in r_row:
-            g = next((y for y in left if y.shape == r.shape), None)
-            if g is None:
+            at = next((i for i, y in enumerate(left) if y.shape == r.shape), None)
+            if at is None:
                 return {"error": f"no output of shape {list(r.shape)}"}
-            left.remove(g)
+            g = left.pop(at)  # by position: list.remove would compare arrays elementwise
             d = float(np.abs(g - r).max())
             worst = max(worst, d)
             rel = max(rel, d / max(float(np.abs(r).max()), 1e-12))
