@@ -19,7 +19,7 @@ from flatbuffers import flexbuffers
 from test_edgetpu_compiler import _chain_with_a_custom_op, stand_in  # noqa: F401
 
 from tflfuse.cli import main
-from tflfuse.ir import Graph, Model, Quantization, flatbuffer
+from tflfuse.ir import Graph, Model, Op, Quantization, flatbuffer
 from tflfuse.targets import capability
 from tflfuse.targets.edgetpu.memory import (
     concat_bytes,
@@ -226,6 +226,44 @@ def test_layout_pads_outputs_and_adds_header_words() -> None:
     assert layer_bytes(_fc(3, 512, per_channel=False, bias=True).main.ops[0]) == 16 * (4 + 512)
     # 100 outputs: two whole groups of 64; 10 inputs are 3 chunks of 4
     assert layer_bytes(_fc(100, 10, per_channel=False, bias=True).main.ops[0]) == 2 * 64 * (4 + 12)
+
+
+def _zero_bias_dense(outputs: int, map_shape: tuple[int, ...]) -> Op:
+    """A UINT8 FULLY_CONNECTED with an all-zero bias reading `map_shape` (iwatake2222's dense
+    stacks, whose 1.0 twins pinned both rules below)."""
+    g = Graph("main")
+    q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([128], np.int64))
+    inputs = int(np.prod(map_shape))
+    x = g.add_tensor("x", map_shape, "UINT8", quantization=q)
+    w = g.add_constant("w", np.ones((outputs, inputs), np.uint8), quantization=q)
+    b = g.add_constant("b", np.zeros(outputs, np.int32))
+    y = g.add_tensor("y", (1, outputs), "UINT8", quantization=q)
+    g.add_op("FULLY_CONNECTED", [x, w, b], [y])
+    return g.ops[0]
+
+
+def test_compilers_before_15_store_a_zero_bias_and_a_map_is_read_by_taps() -> None:
+    """100 outputs are two groups of 64; 16 stores no word for a zero bias, 1.x one per padded
+    output (4 x 128 bytes more); a dense layer reading [1, 2, 2, 3] is 4 taps of 3 channels,
+    each padded to a 4-byte chunk (16 bytes per output, not 12)."""
+    flat = _zero_bias_dense(100, (1, 100))
+    assert layer_bytes(flat) == 128 * 100
+    assert layer_bytes(flat, compiler_major=1) == 128 * (100 + 4)
+    assert layer_bytes(flat, compiler_major=15) == 128 * 100
+    mapped = _zero_bias_dense(100, (1, 2, 2, 3))
+    assert layer_bytes(mapped) == 128 * 16
+    assert layer_bytes(mapped, compiler_major=1) == 128 * (16 + 4)
+
+
+def test_compilers_before_15_leave_the_split_undecided_sooner() -> None:
+    """A stack of 101 dense layers of 1,322,112 bytes streams its end in its 1.0 twin: above
+    1,040,896 bytes the split of a compiler before 15 is undecided, for 16 only above 3 MB."""
+    table = capability("edgetpu")
+    stack = [_zero_bias_dense(100, (1, 100)) for _ in range(90)]
+    assert undecided_line(predicted_memory(stack, table)) is None
+    line = undecided_line(predicted_memory(stack, table, compiler_major=1))
+    assert line is not None and "streams although it fits" in line
+    assert undecided_line(predicted_memory(stack[:70], table, compiler_major=1)) is None
 
 
 # -- modes and crossings ---------------------------------------------------------------------------

@@ -53,6 +53,12 @@ WIDE_FC_STREAMED = 16384
 # MobileNetV2 classifier of 3,094,912 bytes streams 598,080; iNat birds of 3,947,328 streams
 # 1,623,872 in one commit and none in two others; YAMNet's 4,042,752 all cached).
 SPLIT_SURE_BYTES = 3_000_000
+# Compilers older than this generation store a bias word even for an all-zero bias.
+BIAS_ALWAYS_BEFORE = 15
+# Compilers before 15 cache less: their dev twins cache all of MobileNetV2 (3,900,864 bytes) but
+# stream a stack of 101 dense layers from its 80th layer on (1,040,896 cached of 1,322,112); at
+# most the bytes that stack cached, every dev twin of theirs caches all it holds.
+OLD_SPLIT_SURE_BYTES = 1_040_896
 _LAID_OUT = ("CONV_2D", "FULLY_CONNECTED", "DEPTHWISE_CONV_2D")
 
 
@@ -60,8 +66,11 @@ def _pad(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def header_words(op: Op) -> int:
-    """32-bit words the compiler stores per (padded) output channel before a group's weights."""
+def header_words(op: Op, compiler_major: int = 16) -> int:
+    """32-bit words the compiler stores per (padded) output channel before a group's weights.
+    Compilers before 15 store the bias word whether or not the bias is all zero (dev: stacks of
+    100 dense layers of zero bias hold 4 bytes more per padded output, 51,776 in all, and
+    MobileNetV2s of zero bias 69,568, in their 1.0 twins; `BIAS_ALWAYS_BEFORE`)."""
     w = op.inputs[1]
     q = w.quantization
     scales = np.asarray(q.scale).reshape(-1) if q is not None and q.scale is not None else None
@@ -69,7 +78,8 @@ def header_words(op: Op) -> int:
     distinct = per_channel and np.unique(scales).size > 1
     bias = op.inputs[2] if len(op.inputs) > 2 else None
     nonzero_bias = bias is not None and (bias.is_raw or bool(np.any(np.asarray(bias.data))))
-    return int(distinct) + int(nonzero_bias) + int(per_channel)
+    bias_word = nonzero_bias or (bias is not None and compiler_major < BIAS_ALWAYS_BEFORE)
+    return int(distinct) + int(bias_word) + int(per_channel)
 
 
 def _convolution(outputs: int, taps: int, inputs: int, words: int, small: int = SMALL_PAD) -> int:
@@ -181,9 +191,21 @@ def constant_input_bytes(op: Op) -> int:
     return _pad(int(rows) * _pad(int(depth), SMALL_PAD), ALIGN)
 
 
-def layer_bytes(op: Op) -> int | None:
+def fc_taps(op: Op, inputs: int) -> tuple[int, int]:
+    """(taps, channels) a FULLY_CONNECTED is laid out as: one tap of all its inputs, but when it
+    reads a map [1, H, W, C] without a RESHAPE, H x W taps of C channels, each tap's channels
+    padded to 4 bytes (dev: a dense layer reading [1, 2, 2, 3] holds 16 bytes per output, not
+    12, in its 1.0 twin)."""
+    shape = tuple(op.inputs[0].shape) if op.inputs and op.inputs[0] is not None else ()
+    if len(shape) == 4 and shape[0] == 1 and shape[1] * shape[2] * shape[3] == inputs:
+        return int(shape[1] * shape[2]), int(shape[3])
+    return 1, inputs
+
+
+def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
     """Parameter bytes of one mapped op in the compiler's layout; 0 for ops without weights the
-    layout is known for, None for an op with constant operands the layout does not cover."""
+    layout is known for, None for an op with constant operands the layout does not cover.
+    `compiler_major`: the edgetpu_compiler generation (`header_words`)."""
     if op.type in ("RESHAPE", "CONCATENATION"):
         return flatten_bytes(op) + concat_bytes(op)
     if op.type == "TRANSPOSE":  # every twin mapping one holds bytes the layout lacks (20 of 20)
@@ -196,14 +218,15 @@ def layer_bytes(op: Op) -> int | None:
     w = op.inputs[1] if len(op.inputs) > 1 else None
     if w is None or not w.is_constant or len(w.shape) not in (2, 4):
         return None
-    words = header_words(op)
+    words = header_words(op, compiler_major)
     if op.type == "CONV_2D":
         outputs, kh, kw, inputs = w.shape
         small = SINGLE_CONV_PAD if outputs == 1 else SMALL_PAD
         return _convolution(outputs, kh * kw, inputs, words, small)
     if op.type == "FULLY_CONNECTED":
         outputs, inputs = w.shape
-        return _convolution(outputs, 1, inputs, words)
+        taps, depth = fc_taps(op, inputs)
+        return _convolution(outputs, taps, depth, words)
     _, kh, kw, channels = w.shape
     if op.inputs[0].shape[-1] == 1 and channels > 1:  # a depth multiplier: a convolution
         return _convolution(channels, kh * kw, 1, words)
@@ -239,7 +262,7 @@ def predicted_memory(
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
     for op in mapped_ops:
-        size = layer_bytes(op)
+        size = layer_bytes(op, compiler_major)
         if op.type == "SOFTMAX":
             size = softmax_bytes(op, compiler_major)
             counts["undecided_softmax"] += compiler_major >= 16 and _softmax_form(op) is None
@@ -263,10 +286,8 @@ def predicted_memory(
         "on_chip_bytes": on_chip,
         "off_chip_bytes": total - on_chip,
     }
-    if total > SPLIT_SURE_BYTES:
+    if total > (SPLIT_SURE_BYTES if compiler_major >= 15 else OLD_SPLIT_SURE_BYTES):
         counts["undecided_split"] = 1
-    if compiler_major < 15 and total:
-        counts["undecided_compiler"] = 1
     memory.update({key: int(n) for key, n in counts.items() if n})
     return memory
 
@@ -289,14 +310,10 @@ def undecided_line(memory: dict[str, int]) -> str | None:
         )
     if memory.get("undecided_computed"):
         reasons.append("whether a FULLY_CONNECTED of computed weights caches its constant input")
-    if memory.get("undecided_compiler"):
-        reasons.append(
-            "the layout of compilers before 15 (their twins hold 960 to 102,976 bytes more on"
-            " MobileNetV2, stacked convolutions and dense layers)"
-        )
     if memory.get("undecided_split"):
         reasons.append(
-            f"which layers a model of more than {SPLIT_SURE_BYTES:,} parameter bytes streams"
-            " although it fits the cache (compiled models of that size differ)"
+            f"which layers a model of more than {SPLIT_SURE_BYTES:,} parameter bytes"
+            f" ({OLD_SPLIT_SURE_BYTES:,} for compilers before 15) streams although it fits the"
+            " cache (compiled models of that size differ)"
         )
     return "memory: exact layout undecided: " + "; ".join(reasons) if reasons else None
