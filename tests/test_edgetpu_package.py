@@ -401,14 +401,14 @@ def test_the_package_form_names_the_compiler_generation() -> None:
     assert compiler_generation(read_package(_custom_options(fifteen, runtime=10))) is None
 
 
-def _single_output_conv(inputs: int, kernel: int) -> Model:
+def _single_output_conv(inputs: int, kernel: int, outputs: int = 1) -> Model:
     g = Graph("main")
     q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
     x = g.add_tensor("x", (1, 8, 8, inputs), "INT8", quantization=q)
     wq = Quantization(scale=np.array([0.01], np.float32), zero_point=np.array([0], np.int64))
-    w = g.add_constant("w", np.ones((1, kernel, kernel, inputs), np.int8), quantization=wq)
-    b = g.add_constant("b", np.array([5], np.int32))
-    y = g.add_tensor("y", (1, 8, 8, 1), "INT8", quantization=q)
+    w = g.add_constant("w", np.ones((outputs, kernel, kernel, inputs), np.int8), quantization=wq)
+    b = g.add_constant("b", np.full(outputs, 5, np.int32))
+    y = g.add_tensor("y", (1, 8, 8, outputs), "INT8", quantization=q)
     g.add_op("CONV_2D", [x, w, b], [y])
     g.inputs, g.outputs = [x], [y]
     return Model([g])
@@ -420,6 +420,38 @@ def test_a_conv_of_one_output_is_padded_to_four_outputs_and_an_fc_to_sixteen() -
     assert layer_bytes(_single_output_conv(384, 1).main.ops[0]) == 1600
     # a FULLY_CONNECTED of one output (its bias 0: no header word) keeps 16 padded outputs
     assert layer_bytes(_fc(1, 384, per_channel=False, bias=True).main.ops[0]) == 16 * 384
+    # a YOLOv8 class head of 4 classes (1x1, 64 inputs): 4 x (4 + 64) = 272, padded to 320
+    assert layer_bytes(_single_output_conv(64, 1, outputs=4).main.ops[0]) == 320
+    # 5 outputs are padded to 16: 16 x 68 = 1,088
+    assert layer_bytes(_single_output_conv(64, 1, outputs=5).main.ops[0]) == 1088
+
+
+def _head_transpose(h: int, w: int, c: int, perm: tuple[int, ...] = (0, 3, 1, 2)) -> Op:
+    """YOLOv8's detect head: [1, H, W, C] transposed to [1, C, H, W], joined to [1, C, H x W]."""
+    g = Graph("main")
+    q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    x = g.add_tensor("x", (1, h, w, c), "INT8", quantization=q)
+    p = g.add_constant("perm", np.array(perm, np.int32))
+    t = g.add_tensor("t", tuple((1, h, w, c)[i] for i in perm), "INT8", quantization=q)
+    s = g.add_constant("shape", np.array([1, c, h * w], np.int32))
+    y = g.add_tensor("y", (1, c, h * w), "INT8", quantization=q)
+    g.add_op("TRANSPOSE", [x, p], [t])
+    g.add_op("RESHAPE", [t, s], [y])
+    g.inputs, g.outputs = [x], [y]
+    return g.ops[0]
+
+
+def test_a_head_transpose_is_laid_out_only_at_a_shape_a_twin_shows() -> None:
+    """Located in the dev twins' streams: 12,864 bytes at 20 x 20 (68 and 144 channels alike),
+    37,120 at 20 x 20 x 70, 18,496 at 10 x 10 x 144; any other shape or permutation is not laid
+    out and `check` says so."""
+    assert layer_bytes(_head_transpose(20, 20, 68)) == 12_864
+    assert layer_bytes(_head_transpose(20, 20, 144)) == 12_864
+    assert layer_bytes(_head_transpose(10, 10, 144)) == 18_496
+    assert layer_bytes(_head_transpose(20, 20, 65)) is None
+    assert layer_bytes(_head_transpose(20, 20, 68, perm=(0, 3, 2, 1))) is None
+    line = undecided_line(predicted_memory([_head_transpose(40, 40, 68)], capability("edgetpu")))
+    assert line is not None and "does not cover" in line
 
 
 def test_a_wide_fully_connected_streams_although_the_model_fits() -> None:
