@@ -40,7 +40,7 @@ from tflfuse.ir import Op
 
 GROUP = 64  # output channels per group
 SMALL_PAD = 16  # a layer of at most GROUP outputs is padded to a multiple of this
-SINGLE_CONV_PAD = 4  # ... except a CONV_2D of at most this many outputs, padded to this
+SINGLE_CONV_PAD = 4  # ... except a CONV_2D of one or of this many outputs, padded to this
 CHUNK = 4  # input channels per 4-byte chunk
 ALIGN = 64  # every layer's section starts on this boundary
 # A FULLY_CONNECTED of more inputs than this streams (`streamed_layer`); the dev twins cache one
@@ -251,7 +251,7 @@ def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
     words = header_words(op, compiler_major)
     if op.type == "CONV_2D":
         outputs, kh, kw, inputs = w.shape
-        small = SINGLE_CONV_PAD if outputs <= SINGLE_CONV_PAD else SMALL_PAD
+        small = SINGLE_CONV_PAD if outputs in (1, SINGLE_CONV_PAD) else SMALL_PAD
         return _convolution(outputs, kh * kw, inputs, words, small)
     if op.type == "FULLY_CONNECTED":
         outputs, inputs = w.shape
@@ -279,6 +279,13 @@ def _undecided_width(op: Op) -> bool:
     return WIDE_FC_CACHED < w.shape[1] < WIDE_FC_STREAMED
 
 
+def _undecided_small_conv(op: Op) -> bool:
+    """A CONV_2D of 2 or 3 outputs: the dev twins pad one output and four outputs to 4, and no
+    dev twin shows 2 or 3 (laid out padded to 16, and said undecided)."""
+    w = op.inputs[1] if op.type == "CONV_2D" and len(op.inputs) > 1 else None
+    return w is not None and len(w.shape) == 4 and w.shape[0] in (2, 3)
+
+
 def predicted_memory(
     mapped_ops: list[Op], table: dict[str, Any], compiler_major: int = 16
 ) -> dict[str, int]:
@@ -289,6 +296,7 @@ def predicted_memory(
     `compiler_major`: the edgetpu_compiler predicted (a SOFTMAX is laid out by generation)."""
     total = streamed = raw = 0
     keys = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width", "undecided_computed")
+    keys += ("undecided_small_conv",)
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
     for op in mapped_ops:
@@ -302,6 +310,7 @@ def predicted_memory(
         total += size
         streamed += size if streamed_layer(op) else 0
         counts["undecided_fc_width"] += _undecided_width(op)
+        counts["undecided_small_conv"] += _undecided_small_conv(op)
         counts["undecided_computed"] += op.type == "FULLY_CONNECTED" and computed_weights(op)
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
@@ -338,6 +347,8 @@ def undecided_line(memory: dict[str, int]) -> str | None:
             f"whether a FULLY_CONNECTED of {WIDE_FC_CACHED:,} to {WIDE_FC_STREAMED:,} inputs is"
             " cached or streamed"
         )
+    if memory.get("undecided_small_conv"):
+        reasons.append("how a CONV_2D of 2 or 3 outputs is padded (to 4 or to 16)")
     if memory.get("undecided_computed"):
         reasons.append("whether a FULLY_CONNECTED of computed weights caches its constant input")
     if memory.get("undecided_split"):
