@@ -32,6 +32,7 @@ from tflfuse.targets.edgetpu.memory import (
 from tflfuse.targets.edgetpu.modes import compare_modes, crossings
 from tflfuse.targets.edgetpu.package import (
     PackageError,
+    cocompiled,
     compiler_generation,
     model_packages,
     package_memory,
@@ -443,6 +444,42 @@ def _head_transpose(h: int, w: int, c: int, perm: tuple[int, ...] = (0, 3, 1, 2)
     g.add_op("RESHAPE", [t, s], [y])
     g.inputs, g.outputs = [x], [y]
     return g.ops[0]
+
+
+def test_a_caching_token_shared_by_different_models_marks_a_cocompile() -> None:
+    """One token over two models of different bytes: compiled together; over two copies of one
+    model (same bytes): not."""
+
+    def memory(token: str, on: int, off: int = 0) -> dict[str, object]:
+        return {"caching_tokens": [token], "on_chip_bytes": on, "off_chip_bytes": off}
+
+    memories = {
+        "birds": memory("0x1", 2_323_456, 1_623_872),
+        "dummy": memory("0x1", 16_320),
+        "copy_a": memory("0x2", 518_656),
+        "copy_b": memory("0x2", 518_656),
+        "alone": memory("0x3", 566_912),
+    }
+    assert cocompiled(memories) == {"birds", "dummy"}
+
+
+def _flatten(channels: int) -> Op:
+    g = Graph("main")
+    q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    x = g.add_tensor("x", (1, 6, 6, channels), "INT8", quantization=q)
+    s = g.add_constant("shape", np.array([1, 36 * channels], np.int32))
+    y = g.add_tensor("y", (1, 36 * channels), "INT8", quantization=q)
+    g.add_op("RESHAPE", [x, s], [y])
+    return g.ops[0]
+
+
+def test_a_flatten_of_channels_not_a_multiple_of_4_is_undecided() -> None:
+    """The dev twins flatten maps of 8, 64 and 164 channels with no bytes; 114 is shown by none."""
+    table = capability("edgetpu")
+    assert undecided_line(predicted_memory([_flatten(164)], table)) is None
+    assert predicted_memory([_flatten(164)], table)["parameter_bytes"] == 0
+    line = undecided_line(predicted_memory([_flatten(114)], table))
+    assert line is not None and "multiple of 4" in line
 
 
 def test_a_head_transpose_is_laid_out_only_at_a_shape_a_twin_shows() -> None:

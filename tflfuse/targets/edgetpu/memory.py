@@ -286,6 +286,17 @@ def _undecided_small_conv(op: Op) -> bool:
     return w is not None and len(w.shape) == 4 and w.shape[0] in (2, 3)
 
 
+def _undecided_flatten(op: Op) -> bool:
+    """A RESHAPE flattening a map [1, H, W, C] of several positions and channels whose C is not
+    a multiple of 4: the dev twins flatten C = 8, 64 and 164 (and one channel, `flatten_bytes`)
+    with no parameter bytes, and show no other C."""
+    x = op.inputs[0] if op.type == "RESHAPE" and op.inputs else None
+    if x is None or len(x.shape) != 4 or not op.outputs or len(op.outputs[0].shape) != 2:
+        return False
+    _, h, w, c = (int(d) for d in x.shape)
+    return h * w > 1 and c > 1 and c % CHUNK != 0
+
+
 def predicted_memory(
     mapped_ops: list[Op], table: dict[str, Any], compiler_major: int = 16
 ) -> dict[str, int]:
@@ -296,7 +307,7 @@ def predicted_memory(
     `compiler_major`: the edgetpu_compiler predicted (a SOFTMAX is laid out by generation)."""
     total = streamed = raw = 0
     keys = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width", "undecided_computed")
-    keys += ("undecided_small_conv",)
+    keys += ("undecided_small_conv", "undecided_flatten")
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
     for op in mapped_ops:
@@ -311,6 +322,7 @@ def predicted_memory(
         streamed += size if streamed_layer(op) else 0
         counts["undecided_fc_width"] += _undecided_width(op)
         counts["undecided_small_conv"] += _undecided_small_conv(op)
+        counts["undecided_flatten"] += _undecided_flatten(op)
         counts["undecided_computed"] += op.type == "FULLY_CONNECTED" and computed_weights(op)
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
@@ -349,6 +361,8 @@ def undecided_line(memory: dict[str, int]) -> str | None:
         )
     if memory.get("undecided_small_conv"):
         reasons.append("how a CONV_2D of 2 or 3 outputs is padded (to 4 or to 16)")
+    if memory.get("undecided_flatten"):
+        reasons.append("what flattening a map whose channels are not a multiple of 4 holds")
     if memory.get("undecided_computed"):
         reasons.append("whether a FULLY_CONNECTED of computed weights caches its constant input")
     if memory.get("undecided_split"):
