@@ -463,6 +463,30 @@ def test_a_caching_token_shared_by_different_models_marks_a_cocompile() -> None:
     assert cocompiled(memories) == {"birds", "dummy"}
 
 
+def _gemm_pack_and_transpose() -> list[Op]:
+    """The GEMM random forests' tail: PACK of a [1, 1] score and a [1, 1] constant, a RESHAPE,
+    a TRANSPOSE of [2, 2]."""
+    g = Graph("main")
+    q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    x = g.add_tensor("x", (1, 1), "INT8", quantization=q)
+    c = g.add_constant("c", np.array([[3]], np.int8), quantization=q)
+    p = g.add_tensor("p", (2, 1, 1), "INT8", quantization=q)
+    g.add_op("PACK", [x, c], [p], options={"values_count": 2, "axis": 0})
+    r = g.add_tensor("r", (2, 2), "INT8", quantization=q)
+    g.add_op("RESHAPE", [p, g.add_constant("s", np.array([2, 2], np.int32))], [r])
+    t = g.add_tensor("t", (2, 2), "INT8", quantization=q)
+    g.add_op("TRANSPOSE", [r, g.add_constant("perm", np.array([1, 0], np.int32))], [t])
+    return list(g.ops)
+
+
+def test_a_pack_of_a_constant_streams_128_bytes_and_a_small_transpose_holds_none() -> None:
+    pack, reshape, transpose = _gemm_pack_and_transpose()
+    assert (layer_bytes(pack), layer_bytes(reshape), layer_bytes(transpose)) == (128, 0, 0)
+    memory = predicted_memory([pack, reshape, transpose], capability("edgetpu"))
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (0, 128)
+    assert undecided_line(memory) is None
+
+
 def _flatten(channels: int) -> Op:
     g = Graph("main")
     q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))

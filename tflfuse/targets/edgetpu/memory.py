@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from tflfuse.ir import Op
+from tflfuse.targets.edgetpu.memory_shown import pack_bytes, streamed_pack, transpose_bytes
 
 GROUP = 64  # output channels per group
 SMALL_PAD = 16  # a layer of at most GROUP outputs is padded to a multiple of this
@@ -191,36 +192,6 @@ def constant_input_bytes(op: Op) -> int:
     return _pad(int(rows) * _pad(int(depth), SMALL_PAD), ALIGN)
 
 
-# The bytes of a TRANSPOSE of a map [1, H, W, C] to [1, C, H, W] whose result a RESHAPE joins
-# into [1, C, H x W] (YOLOv8's detect head), located between the layers around it in the dev
-# twins' parameter streams, by (H, W, C): lane selections of a pattern three shapes do not pin
-# down, so only the shapes shown are laid out (C = 68 and 144 hold the same bytes at 20 x 20).
-TRANSPOSE_SHOWN = {
-    (20, 20, 68): 12_864,
-    (20, 20, 144): 12_864,
-    (20, 20, 70): 37_120,
-    (10, 10, 144): 18_496,
-}
-
-
-def transpose_bytes(op: Op) -> int | None:
-    """A TRANSPOSE's parameter bytes where a dev twin shows its form and shape
-    (`TRANSPOSE_SHOWN`), else None (not laid out: every other mapped TRANSPOSE of the compiled
-    models holds bytes too, of a pattern the evidence does not pin down)."""
-    x = op.inputs[0] if op.inputs else None
-    y = op.outputs[0] if op.outputs else None
-    perm = op.inputs[1] if len(op.inputs) > 1 else None
-    if x is None or y is None or perm is None or not perm.is_constant or len(x.shape) != 4:
-        return None
-    readers = y.consumers
-    joined = len(readers) == 1 and readers[0].type == "RESHAPE"
-    out = tuple(readers[0].outputs[0].shape) if joined else ()
-    _, h, w, c = (int(d) for d in x.shape)
-    if [int(v) for v in np.asarray(perm.data).reshape(-1)] != [0, 3, 1, 2] or out != (1, c, h * w):
-        return None
-    return TRANSPOSE_SHOWN.get((h, w, c))
-
-
 def fc_taps(op: Op, inputs: int) -> tuple[int, int]:
     """(taps, channels) a FULLY_CONNECTED is laid out as: one tap of all its inputs, but when it
     reads a map [1, H, W, C] without a RESHAPE, H x W taps of C channels, each tap's channels
@@ -240,6 +211,8 @@ def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
         return flatten_bytes(op) + concat_bytes(op)
     if op.type == "TRANSPOSE":
         return transpose_bytes(op)
+    if op.type == "PACK":
+        return pack_bytes(op)
     if op.type == "FULLY_CONNECTED" and computed_weights(op):
         return constant_input_bytes(op)
     if op.type not in _LAID_OUT:
@@ -265,9 +238,12 @@ def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
 
 def streamed_layer(op: Op) -> bool:
     """Whether the compiler streams this layer's parameters even when the model fits the cache:
-    a FULLY_CONNECTED of more than WIDE_FC_INPUTS inputs (dev: LibrEdgeTPU's trackers stream
-    their [1, 16384] ones and cache the [1, 4096] ones, edgetpu-tcn streams its [1, 94400] one,
-    RPS caches its [512, 6272] one; holdout: [10, 9504] and [10, 13104] streamed)."""
+    a PACK of an activation and a constant (`memory_shown.streamed_pack`); a FULLY_CONNECTED
+    of more than WIDE_FC_INPUTS inputs (dev: LibrEdgeTPU's trackers stream their [1, 16384]
+    ones and cache the [1, 4096] ones, edgetpu-tcn streams its [1, 94400] one, RPS caches its
+    [512, 6272] one; holdout: [10, 9504] and [10, 13104] streamed)."""
+    if streamed_pack(op):
+        return True
     w = op.inputs[1] if op.type == "FULLY_CONNECTED" and len(op.inputs) > 1 else None
     return w is not None and w.is_constant and len(w.shape) == 2 and w.shape[1] > WIDE_FC_INPUTS
 
