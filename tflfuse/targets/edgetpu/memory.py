@@ -6,28 +6,32 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
 - CONV_2D, FULLY_CONNECTED, and a DEPTHWISE_CONV_2D that reads one channel (a depth multiplier
   makes it a convolution): output channels in groups of 64; a layer of at most 64 outputs is
   one group padded to a multiple of 16, a larger one is padded to whole groups of 64; a
-  CONV_2D of a single output is padded to 4 (BodyPix's segmentation head of 384 inputs: 1,600
-  bytes, not 6,208, in its 4 dev twins; LibrEdgeTPU's 3x3 and 1x1 ones, read in their streams),
-  a FULLY_CONNECTED of one to 16 (edgetpu-tcn, dev).
+  CONV_2D of one or of four outputs is padded to 4 (BodyPix's segmentation head of 384 inputs:
+  1,600 bytes, not 6,208, in its 4 dev twins; LibrEdgeTPU's 3x3 and 1x1 ones; a YOLOv8 head of
+  4 classes: 320 bytes, not 1,088, read in their streams; 2 or 3 outputs are undecided), a
+  FULLY_CONNECTED of one to 16 (edgetpu-tcn, dev).
   Per group and per kernel tap, the input channels in chunks of 4 bytes for every (padded) output: a
-  1x1 layer of 256 inputs and 64 outputs stores 64 chunks x 64 outputs x 4 = 16,384 bytes.
+  1x1 layer of 256 inputs and 64 outputs stores 64 chunks x 64 outputs x 4 = 16,384 bytes; a
+  FULLY_CONNECTED reading a map [1, H, W, C] as H x W taps of C channels (`fc_taps`).
   Before each group, a header per padded output channel: its float scale when the weights'
-  per-channel scales differ, its int32 bias when the bias is not all zero, and one more
-  word when the weights are quantized per channel (the weights' zero point in the stream,
-  which stores int8 weights offset by 128).
+  per-channel scales differ, its int32 bias when the bias is not all zero (compilers before 15:
+  whenever there is a bias), and one more word when the weights are quantized per channel (the
+  weights' zero point in the stream, which stores int8 weights offset by 128).
 - DEPTHWISE_CONV_2D: per channel, 4 bytes per kernel tap and the same header.
 - Each layer's section padded to 64 bytes.
 - A SOFTMAX, by the compiler's generation (`softmax_bytes`; the package's form names the
   generation of a compiled twin: `package.compiler_generation`).
 - Lane selections (a zero block and a 64-byte one-hot block per lane): a RESHAPE flattening a
-  one-channel map (`flatten_bytes`), a CONCATENATION of one-channel tensors (`concat_bytes`).
+  one-channel map (`flatten_bytes`), a CONCATENATION of one-channel tensors (`concat_bytes`);
+  a TRANSPOSE or a PACK at the forms and shapes dev twins show (`memory_shown`).
 - A FULLY_CONNECTED of more than 8192 inputs streams although the model fits (`streamed_layer`).
 
-Applied to the ops each twin maps, the bytes are exact on 253 of 316 compiled pairs (dev
-118/149, holdout 135/167; they were 93 and 112), cached and streamed both exact on 235 (dev
-110, holdout 125) (`benchmarks/edgetpu_oracle_score.py` with the local sets); what the layout does
-not cover is in the comment above [meta] in `delegates/edgetpu.toml`, and `undecided_line` says
-it of a model. No TensorFlow here.
+Applied to the ops each twin maps, the bytes are exact on 282 of 316 compiled pairs (dev
+133/149, holdout 149/167; they were 118 and 135), cached and streamed both exact on 260 (dev
+124, holdout 136) (`benchmarks/edgetpu_oracle_score.py` with the local sets); what the layout
+does not cover is in the comment above [meta] in `delegates/edgetpu.toml`, and `undecided_line`
+says it of a model. Co-compiled twins (`package.cocompiled`) are scored apart: their split
+depends on the models compiled with them. No TensorFlow here.
 """
 
 from __future__ import annotations
