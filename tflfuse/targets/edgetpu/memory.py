@@ -259,6 +259,20 @@ def _undecided_width(op: Op) -> bool:
     return WIDE_FC_CACHED < w.shape[1] < WIDE_FC_STREAMED
 
 
+# The class counts whose softmax compiler 15 is shown laying out (dev: 2 classes 128 bytes, 5
+# classes 256); a 3-class one holds 128 bytes fewer than two sections (RPS, dev).
+SOFTMAX_15_SHOWN = (2, 5)
+
+
+def _undecided_softmax(op: Op, compiler_major: int) -> bool:
+    """A SOFTMAX of a form no compiled model lays out (16), or of a class count compiler 15 is
+    not shown laying out."""
+    form = _softmax_form(op)
+    if compiler_major >= 16:
+        return form is None
+    return compiler_major == 15 and form is not None and form[1] not in SOFTMAX_15_SHOWN
+
+
 def _undecided_small_conv(op: Op) -> bool:
     """A CONV_2D of 2 or 3 outputs: the dev twins pad one output and four outputs to 4, and no
     dev twin shows 2 or 3 (laid out padded to 16, and said undecided)."""
@@ -294,7 +308,7 @@ def predicted_memory(
         size = layer_bytes(op, compiler_major)
         if op.type == "SOFTMAX":
             size = softmax_bytes(op, compiler_major)
-            counts["undecided_softmax"] += compiler_major >= 16 and _softmax_form(op) is None
+            counts["undecided_softmax"] += _undecided_softmax(op, compiler_major)
         if size is None:
             counts["layers_not_laid_out"] += 1
             size = 0
@@ -333,7 +347,7 @@ def undecided_line(memory: dict[str, int]) -> str | None:
             f"{n} layer{'s' * (n > 1)} whose parameters the layout does not cover (counted as 0)"
         )
     if memory.get("undecided_softmax"):
-        reasons.append("a softmax of a form no compiled model lays out (counted as 0)")
+        reasons.append("a softmax of a form or class count no compiled model lays out")
     if memory.get("undecided_fc_width"):
         reasons.append(
             f"whether a FULLY_CONNECTED of {WIDE_FC_CACHED:,} to {WIDE_FC_STREAMED:,} inputs is"
