@@ -19,6 +19,9 @@ Parameter memory: each twin's Edge TPU package (`tflfuse.targets.edgetpu.package
 bytes the compiler caches on chip and streams; the prediction (`check --json`'s `on_chip_bytes`,
 `off_chip_bytes`) is exact when both match, and the layout alone
 (`tflfuse.targets.edgetpu.memory`, applied to the ops the twin maps) when their sum does.
+Twins compiled together with another compiled model of the set (a shared caching token,
+`tflfuse.targets.edgetpu.package.cocompiled`) are counted apart: their split between the cache
+and streaming depends on the models compiled with them, which one model cannot show.
 """
 
 from __future__ import annotations
