@@ -469,27 +469,46 @@ def test_a_caching_token_shared_by_different_models_marks_a_cocompile() -> None:
 
 
 def _gemm_pack_and_transpose() -> list[Op]:
-    """The GEMM random forests' tail: PACK of a [1, 1] score and a [1, 1] constant, a RESHAPE,
-    a TRANSPOSE of [2, 2]."""
+    """The GEMM random forests' forms: PACK of a [1, 1] score and a [1, 1] constant, its RESHAPE
+    to [2, 1], a TRANSPOSE of [2, 2] scores."""
     g = Graph("main")
     q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
     x = g.add_tensor("x", (1, 1), "INT8", quantization=q)
     c = g.add_constant("c", np.array([[3]], np.int8), quantization=q)
     p = g.add_tensor("p", (2, 1, 1), "INT8", quantization=q)
     g.add_op("PACK", [x, c], [p], options={"values_count": 2, "axis": 0})
-    r = g.add_tensor("r", (2, 2), "INT8", quantization=q)
-    g.add_op("RESHAPE", [p, g.add_constant("s", np.array([2, 2], np.int32))], [r])
+    r = g.add_tensor("r", (2, 1), "INT8", quantization=q)
+    g.add_op("RESHAPE", [p, g.add_constant("s", np.array([2, 1], np.int32))], [r])
+    scores = g.add_tensor("scores", (2, 2), "INT8", quantization=q)
     t = g.add_tensor("t", (2, 2), "INT8", quantization=q)
-    g.add_op("TRANSPOSE", [r, g.add_constant("perm", np.array([1, 0], np.int32))], [t])
+    g.add_op("TRANSPOSE", [scores, g.add_constant("perm", np.array([1, 0], np.int32))], [t])
     return list(g.ops)
 
 
-def test_a_pack_of_a_constant_streams_128_bytes_and_a_small_transpose_holds_none() -> None:
+def test_a_pack_of_a_constant_streams_its_block_and_a_small_transpose_holds_none() -> None:
+    """The PACK holds 128 bytes: its constant's block streamed, a lane selection cached."""
     pack, reshape, transpose = _gemm_pack_and_transpose()
     assert (layer_bytes(pack), layer_bytes(reshape), layer_bytes(transpose)) == (128, 0, 0)
     memory = predicted_memory([pack, reshape, transpose], capability("edgetpu"))
-    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (0, 128)
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (64, 64)
     assert undecided_line(memory) is None
+
+
+def test_a_reshape_turning_a_column_into_a_row_is_undecided() -> None:
+    """The GEMM forests' [4, 1] -> [1, 4] after a SUM holds bytes no rule accounts for; the same
+    RESHAPE of a QUANTIZE's output holds none (shown)."""
+    g = Graph("main")
+    q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
+    x = g.add_tensor("x", (4, 3), "INT8", quantization=q)
+    col = g.add_tensor("col", (4, 1), "INT8", quantization=q)
+    g.add_op("SUM", [x, g.add_constant("axis", np.array([1], np.int32))], [col])
+    row = g.add_tensor("row", (1, 4), "INT8", quantization=q)
+    g.add_op("RESHAPE", [col, g.add_constant("s", np.array([1, 4], np.int32))], [row])
+    table = capability("edgetpu")
+    line = undecided_line(predicted_memory([g.ops[1]], table))
+    assert line is not None and "column into a row" in line
+    g.ops[0].type = "QUANTIZE"
+    assert undecided_line(predicted_memory([g.ops[1]], table)) is None
 
 
 def _flatten(channels: int) -> Op:
@@ -581,15 +600,26 @@ def test_a_runtime_12_twin_without_a_cycle_estimate_is_named_compiler_16() -> No
 
 def test_a_fully_connected_of_a_constant_input_stores_its_rows_padded_to_16() -> None:
     """The GEMM random-forest form: a constant [M, K] input times computed weights; each row of
-    the constant padded to 16 bytes, the whole to 64; where it is kept is undecided."""
+    the constant padded to 16 bytes, the whole to 64; the first such layer streams, the next
+    is cached."""
     g = Graph("main")
     q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([-128], np.int64))
     const = g.add_constant("c", np.zeros((5, 20), np.int8), quantization=q)
     w = g.add_tensor("w", (1000, 20), "INT8", quantization=q)
     y = g.add_tensor("y", (5, 1000), "INT8", quantization=q)
     g.add_op("FULLY_CONNECTED", [const, w, None], [y])
-    g.inputs, g.outputs = [w], [y]
-    fc = g.ops[0]
-    assert layer_bytes(fc) == 5 * 32 + 32  # 5 rows of 32 bytes = 160, padded to 192
-    line = undecided_line(predicted_memory([fc], capability("edgetpu")))
-    assert line is not None and "computed weights" in line
+    rows = g.add_constant("r", np.zeros((2, 5), np.int8), quantization=q)
+    yt = g.add_tensor("yt", (1000, 5), "INT8", quantization=q)
+    g.add_op("TRANSPOSE", [y, g.add_constant("perm", np.array([1, 0], np.int32))], [yt])
+    z = g.add_tensor("z", (2, 1000), "INT8", quantization=q)
+    g.add_op("FULLY_CONNECTED", [rows, yt, None], [z])
+    g.inputs, g.outputs = [w], [z]
+    first, transpose, second = g.ops
+    assert layer_bytes(first) == 5 * 32 + 32  # 5 rows of 32 bytes = 160, padded to 192
+    assert layer_bytes(second) == 64
+    memory = predicted_memory([first, second], capability("edgetpu"))
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (64, 192)
+    assert undecided_line(memory) is None
+    # a TRANSPOSE of [5, 1000] no twin shows is not laid out
+    line = undecided_line(predicted_memory([first, transpose, second], capability("edgetpu")))
+    assert line is not None and "does not cover" in line

@@ -24,11 +24,12 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
 - Lane selections (a zero block and a 64-byte one-hot block per lane): a RESHAPE flattening a
   one-channel map (`flatten_bytes`), a CONCATENATION of one-channel tensors (`concat_bytes`);
   a TRANSPOSE or a PACK at the forms and shapes dev twins show (`memory_shown`).
-- A FULLY_CONNECTED of more than 8192 inputs streams although the model fits (`streamed_layer`).
+- Streamed although the model fits (`streamed_bytes`): a FULLY_CONNECTED of more than 8192
+  inputs, the first FULLY_CONNECTED of computed weights (the GEMM forests), a PACK's constant.
 
-Applied to the ops each twin maps, the bytes are exact on 282 of 316 compiled pairs (dev
-133/149, holdout 149/167; they were 118 and 135), cached and streamed both exact on 260 (dev
-124, holdout 136) (`benchmarks/edgetpu_oracle_score.py` with the local sets); what the layout
+Applied to the ops each twin maps, the bytes are exact on 284 of 316 compiled pairs (dev
+135/149, holdout 149/167; they were 118 and 135), cached and streamed both exact on 264 (dev
+126, holdout 138) (`benchmarks/edgetpu_oracle_score.py` with the local sets); what the layout
 does not cover is in the comment above [meta] in `delegates/edgetpu.toml`, and `undecided_line`
 says it of a model. Co-compiled twins (`package.cocompiled`) are scored apart: their split
 depends on the models compiled with them. No TensorFlow here.
@@ -41,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from tflfuse.ir import Op
-from tflfuse.targets.edgetpu.memory_shown import pack_bytes, streamed_pack, transpose_bytes
+from tflfuse.targets.edgetpu.memory_shown import pack_bytes, pack_streamed_bytes, transpose_bytes
 
 GROUP = 64  # output channels per group
 SMALL_PAD = 16  # a layer of at most GROUP outputs is padded to a multiple of this
@@ -189,8 +190,8 @@ def computed_weights(op: Op) -> bool:
 def constant_input_bytes(op: Op) -> int:
     """A FULLY_CONNECTED of a constant [M, K] input and computed weights stores the constant row
     by row, each row padded to 16 bytes, the whole to 64 (read in the streams of the GEMM
-    random-forest twins, dev: [1, 8], [2, 1] and [4, 2] each 64 bytes). Whether it is cached
-    or streamed is undecided (the first such layer streams in some twins, later ones cache)."""
+    random-forest twins, dev: [1, 8], [2, 1] and [4, 2] each 64 bytes). The first such layer
+    streams, later ones are cached (`streamed_bytes`)."""
     shape = tuple(op.inputs[0].shape)
     rows, depth = shape[-2:] if len(shape) >= 2 else (1, shape[0] if shape else 1)
     return _pad(int(rows) * _pad(int(depth), SMALL_PAD), ALIGN)
@@ -242,14 +243,25 @@ def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
 
 def streamed_layer(op: Op) -> bool:
     """Whether the compiler streams this layer's parameters even when the model fits the cache:
-    a PACK of an activation and a constant (`memory_shown.streamed_pack`); a FULLY_CONNECTED
-    of more than WIDE_FC_INPUTS inputs (dev: LibrEdgeTPU's trackers stream their [1, 16384]
-    ones and cache the [1, 4096] ones, edgetpu-tcn streams its [1, 94400] one, RPS caches its
-    [512, 6272] one; holdout: [10, 9504] and [10, 13104] streamed)."""
-    if streamed_pack(op):
-        return True
+    a FULLY_CONNECTED of more than WIDE_FC_INPUTS inputs (dev: LibrEdgeTPU's trackers stream
+    their [1, 16384] ones and cache the [1, 4096] ones, edgetpu-tcn streams its [1, 94400] one,
+    RPS caches its [512, 6272] one; holdout: [10, 9504] and [10, 13104] streamed)."""
     w = op.inputs[1] if op.type == "FULLY_CONNECTED" and len(op.inputs) > 1 else None
     return w is not None and w.is_constant and len(w.shape) == 2 and w.shape[1] > WIDE_FC_INPUTS
+
+
+def streamed_bytes(op: Op, size: int, first_computed: bool) -> int:
+    """The bytes of one mapped op (of `size` laid out) streamed although the model fits: a
+    `streamed_layer` whole; the first FULLY_CONNECTED of computed weights in execution order
+    (`first_computed`) its constant (dev: the GEMM random forests of one subgraph stream exactly
+    it, a one-hot row selecting a feature, and cache the later ones' rows; in every twin it is
+    also the one whose weights are the model's input); a PACK of a constant its constant's block
+    (`memory_shown.pack_streamed_bytes`)."""
+    if streamed_layer(op):
+        return size
+    if first_computed and op.type == "FULLY_CONNECTED" and computed_weights(op):
+        return size
+    return min(size, pack_streamed_bytes(op))
 
 
 def _undecided_width(op: Op) -> bool:
@@ -291,6 +303,22 @@ def _undecided_flatten(op: Op) -> bool:
     return h * w > 1 and c > 1 and c % CHUNK != 0
 
 
+def _undecided_reshape(op: Op) -> bool:
+    """A RESHAPE turning an innermost axis of 1 into one of several elements (a column into a
+    row: the GEMM forests' [4, 1] to [1, 4] after a SUM, [2, 1, 1] to [1, 1, 2] after a PACK)
+    of a tensor an Edge TPU op computed: their twins hold bytes no rule accounts for. The
+    flatten of a one-channel map (`flatten_bytes`) and a RESHAPE of a QUANTIZE's output (none)
+    are shown."""
+    x = op.inputs[0] if op.type == "RESHAPE" and op.inputs else None
+    if x is None or not x.shape or not op.outputs or not op.outputs[0].shape:
+        return False
+    y = op.outputs[0]
+    if x.shape[-1] != 1 or y.shape[-1] <= 1 or x.producer is None:
+        return False
+    one_channel_map = len(x.shape) == 4 and len(y.shape) == 2
+    return not one_channel_map and x.producer.type != "QUANTIZE"
+
+
 def predicted_memory(
     mapped_ops: list[Op], table: dict[str, Any], compiler_major: int = 16
 ) -> dict[str, int]:
@@ -300,10 +328,11 @@ def predicted_memory(
     in `undecided_*` keys (`undecided_line` says it in words).
     `compiler_major`: the edgetpu_compiler predicted (a SOFTMAX is laid out by generation)."""
     total = streamed = raw = 0
-    keys = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width", "undecided_computed")
-    keys += ("undecided_small_conv", "undecided_flatten")
+    keys = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width")
+    keys += ("undecided_small_conv", "undecided_flatten", "undecided_reshape")
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
+    first_computed = True
     for op in mapped_ops:
         size = layer_bytes(op, compiler_major)
         if op.type == "SOFTMAX":
@@ -313,11 +342,14 @@ def predicted_memory(
             counts["layers_not_laid_out"] += 1
             size = 0
         total += size
-        streamed += size if streamed_layer(op) else 0
+        streamed += streamed_bytes(op, size, first_computed)
+        first_computed = first_computed and not (
+            op.type == "FULLY_CONNECTED" and computed_weights(op)
+        )
         counts["undecided_fc_width"] += _undecided_width(op)
         counts["undecided_small_conv"] += _undecided_small_conv(op)
         counts["undecided_flatten"] += _undecided_flatten(op)
-        counts["undecided_computed"] += op.type == "FULLY_CONNECTED" and computed_weights(op)
+        counts["undecided_reshape"] += _undecided_reshape(op)
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
                 seen.add(id(t))
@@ -355,10 +387,10 @@ def undecided_line(memory: dict[str, int]) -> str | None:
         )
     if memory.get("undecided_small_conv"):
         reasons.append("how a CONV_2D of 2 or 3 outputs is padded (to 4 or to 16)")
+    if memory.get("undecided_reshape"):
+        reasons.append("what a RESHAPE turning a column into a row holds")
     if memory.get("undecided_flatten"):
         reasons.append("what flattening a map whose channels are not a multiple of 4 holds")
-    if memory.get("undecided_computed"):
-        reasons.append("whether a FULLY_CONNECTED of computed weights caches its constant input")
     if memory.get("undecided_split"):
         reasons.append(
             f"which layers a model of more than {SPLIT_SURE_BYTES:,} parameter bytes"

@@ -17,8 +17,11 @@ from tflfuse.ir import Op
 # - YOLOv8's detect head: [1, H, W, C] to [1, C, H, W], joined by a RESHAPE into [1, C, H x W]
 #   (`_joined`): 12,864 bytes at 20 x 20 for C = 68 and C = 144 alike (3 dev twins), 37,120
 #   at C = 70, 18,496 at 10 x 10 x 144.
-# - The GEMM random forests' small transposes hold none: [2, 2] by (1, 0) and [1, 4, 2] by
-#   (2, 1, 0) (4 dev twins of one Edge TPU subgraph, their bytes all the FULLY_CONNECTEDs').
+# - The GEMM random forests' transposes: [2, 2] by (1, 0) and [1, 4, 2] by (2, 1, 0) hold none
+#   (4 dev twins of one Edge TPU subgraph, their bytes all the FULLY_CONNECTEDs' and the
+#   PACK's); with 300 and 1,000 samples, [2, N] by (1, 0) and [1, 4, N] by (2, 1, 0) hold two
+#   64-byte blocks between them, cached (2 dev twins; one block a selection of 4 lanes): counted
+#   on the [1, 4, N] one.
 TRANSPOSE_SHOWN: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {
     ((1, 20, 20, 68), (0, 3, 1, 2)): 12_864,
     ((1, 20, 20, 144), (0, 3, 1, 2)): 12_864,
@@ -26,11 +29,17 @@ TRANSPOSE_SHOWN: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {
     ((1, 10, 10, 144), (0, 3, 1, 2)): 18_496,
     ((2, 2), (1, 0)): 0,
     ((1, 4, 2), (2, 1, 0)): 0,
+    ((2, 300), (1, 0)): 0,
+    ((1, 4, 300), (2, 1, 0)): 128,
+    ((2, 1000), (1, 0)): 0,
+    ((1, 4, 1000), (2, 1, 0)): 128,
 }
-# A PACK along axis 0 of a [1, 1] activation and a [1, 1] constant: one 64-byte block holding the
-# constant and one of lane selection, streamed although the model fits (7 dev twins of the GEMM
-# random forests: each streams exactly these 128 bytes and caches its FULLY_CONNECTEDs).
+# A PACK along axis 0 of a [1, 1] activation and a [1, 1] constant: a 64-byte block holding the
+# constant, streamed although the model fits, and a 64-byte lane selection, cached (7 dev twins
+# of the GEMM random forests: each streams exactly the constant's block and the first
+# FULLY_CONNECTED's constant, `memory.streamed_bytes`, and caches the rest).
 PACK_CONSTANT_BYTES = 128
+PACK_STREAMED_BYTES = 64
 
 
 def _perm(op: Op) -> tuple[int, ...] | None:
@@ -83,6 +92,7 @@ def pack_bytes(op: Op) -> int | None:
     return None
 
 
-def streamed_pack(op: Op) -> bool:
-    """Whether this op is the PACK of a constant the dev twins stream although they fit."""
-    return _constant_pack(op)
+def pack_streamed_bytes(op: Op) -> int:
+    """The bytes of this op the dev twins stream although they fit: the constant of the PACK
+    form `pack_bytes` lays out; 0 for any other op."""
+    return PACK_STREAMED_BYTES if _constant_pack(op) else 0
