@@ -530,6 +530,23 @@ def test_a_flatten_of_channels_not_a_multiple_of_4_is_undecided() -> None:
     assert line is not None and "multiple of 4" in line
 
 
+def test_yolov8n_twin_holds_the_layout_with_its_head_transpose() -> None:
+    """MaxwellHogan's YOLOv8n twin (compiler 16; 80 classes, its head transpose of
+    [1, 20, 20, 144] mapped): the layout with `TRANSPOSE_SHOWN` gives its 3,492,544 bytes."""
+    folder = MORE / "MaxwellHogan__coral_wifi_webserver"
+    cpu_path = next(folder.rglob("yolov8n_full_integer_quant.tflite"), None)
+    if cpu_path is None:
+        pytest.skip("the YOLOv8n pair is not in ../shared/oracle/edgetpu-more")
+    cpu = flatbuffer.load(cpu_path)
+    truth = truth_of(cpu, flatbuffer.load(cpu_path.with_name(f"{cpu_path.stem}_edgetpu.tflite")))
+    assert truth.memory is not None
+    mapped = [op for i, op in enumerate(cpu.main.ops) if i not in set(truth.cpu_ops)]
+    assert any(op.type == "TRANSPOSE" for op in mapped)
+    memory = predicted_memory(mapped, capability("edgetpu"), twin_compiler_major(truth))
+    on, off = truth.memory["on_chip_bytes"], truth.memory["off_chip_bytes"]
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (on, off) == (3_492_544, 0)
+
+
 def test_a_head_transpose_is_laid_out_only_at_a_shape_a_twin_shows() -> None:
     """Located in the dev twins' streams: 12,864 bytes at 20 x 20 (68 and 144 channels alike),
     37,120 at 20 x 20 x 70, 18,496 at 10 x 10 x 144; any other shape or permutation is not laid
