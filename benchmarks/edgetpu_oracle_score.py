@@ -19,6 +19,9 @@ Parameter memory: each twin's Edge TPU package (`tflfuse.targets.edgetpu.package
 bytes the compiler caches on chip and streams; the prediction (`check --json`'s `on_chip_bytes`,
 `off_chip_bytes`) is exact when both match, and the layout alone
 (`tflfuse.targets.edgetpu.memory`, applied to the ops the twin maps) when their sum does.
+Twins compiled together with another compiled model of the set (a shared caching token,
+`tflfuse.targets.edgetpu.package.cocompiled`) are counted apart: their split between the cache
+and streaming depends on the models compiled with them, which one model cannot show.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from tflfuse.ir import flatbuffer
+from tflfuse.targets.edgetpu.package import cocompiled, package_memory
 from tflfuse.targets.edgetpu.pipeline import pipeline_split
 from tflfuse.targets.edgetpu.truth import PairScore, find_pairs, score_pair
 
@@ -111,12 +115,18 @@ def _print_memory(name: str, half: str, scores: list[PairScore], show_path: bool
         <= 0.01 * (s.memory["on_chip_bytes"] + s.memory["off_chip_bytes"])
         for s in parsed
     )
-    confident = sum(not s.memory["exact"] and not s.memory["undecided"] for s in parsed)
+    together = [s for s in parsed if s.memory.get("cocompiled")]
+    together_layout = sum(s.memory["layout_exact"] for s in together)
+    confident = sum(
+        not s.memory["exact"] and not s.memory["undecided"] and not s.memory.get("cocompiled")
+        for s in parsed
+    )
     print(
         f"{name:<12} {half:<8} memory: on-chip and streamed exact {exact}/{n},"
         f" total exact {total}/{n}, layout on the twin's ops exact {layout}/{n}"
         f" (within 1%: {near}/{n}; {len(scores) - n} packages unreadable;"
-        f" inexact without `check` saying undecided: {confident})"
+        f" co-compiled {len(together)}, their layout exact {together_layout};"
+        f" inexact without `check` saying undecided, not co-compiled: {confident})"
     )
     for s in parsed:
         m = s.memory
@@ -128,7 +138,28 @@ def _print_memory(name: str, half: str, scores: list[PairScore], show_path: bool
             f"    {where}: package {m['on_chip_bytes']} on chip + {m['off_chip_bytes']} streamed;"
             f" predicted {m['predicted_on_chip_bytes']} + {m['predicted_off_chip_bytes']};"
             f" layout on the twin's ops {m['layout_bytes']}"
+            f"{' (co-compiled)' if m.get('cocompiled') else ''}"
         )
+
+
+def mark_cocompiled(root: Path, scores: list[PairScore]) -> None:
+    """Set `memory["cocompiled"]` on the pairs whose twin was compiled together with another
+    compiled model under `root` (`package.cocompiled`: a shared caching token): how much of it
+    is cached depends on the models compiled with it, which one model cannot show, so its
+    prediction (as compiled alone) is scored apart."""
+    memories = {str(s.pair.compiled): s.truth.memory for s in scores if s.truth and s.truth.memory}
+    for twin in sorted(root.rglob("*_edgetpu.tflite")):
+        if str(twin) not in memories:
+            try:
+                memory = package_memory(flatbuffer.load(twin))
+            except Exception:  # an unreadable twin holds no token to share
+                continue
+            if memory is not None:
+                memories[str(twin)] = memory
+    together = cocompiled(memories)
+    for s in scores:
+        if s.memory is not None:
+            s.memory["cocompiled"] = str(s.pair.compiled) in together
 
 
 _SEGMENT = re.compile(r"^(?P<stem>.+)_segment_(?P<k>\d+)_of_(?P<n>\d+)_edgetpu\.tflite$")
@@ -190,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         licensed = name in LICENSED
         shown = licensed or args.misses
         scores = [score_pair(p) for p in find_pairs(root, all_dev=name == "edgetpu")]
+        mark_cocompiled(root, scores)
         for half in ("dev", "holdout"):
             if args.half and half != args.half:
                 continue

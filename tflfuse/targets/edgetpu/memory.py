@@ -6,28 +6,33 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
 - CONV_2D, FULLY_CONNECTED, and a DEPTHWISE_CONV_2D that reads one channel (a depth multiplier
   makes it a convolution): output channels in groups of 64; a layer of at most 64 outputs is
   one group padded to a multiple of 16, a larger one is padded to whole groups of 64; a
-  CONV_2D of a single output is padded to 4 (BodyPix's segmentation head of 384 inputs: 1,600
-  bytes, not 6,208, in its 4 dev twins; LibrEdgeTPU's 3x3 and 1x1 ones, read in their streams),
-  a FULLY_CONNECTED of one to 16 (edgetpu-tcn, dev).
+  CONV_2D of one or of four outputs is padded to 4 (BodyPix's segmentation head of 384 inputs:
+  1,600 bytes, not 6,208, in its 4 dev twins; LibrEdgeTPU's 3x3 and 1x1 ones; a YOLOv8 head of
+  4 classes: 320 bytes, not 1,088, read in their streams; 2 or 3 outputs are undecided), a
+  FULLY_CONNECTED of one to 16 (edgetpu-tcn, dev).
   Per group and per kernel tap, the input channels in chunks of 4 bytes for every (padded) output: a
-  1x1 layer of 256 inputs and 64 outputs stores 64 chunks x 64 outputs x 4 = 16,384 bytes.
+  1x1 layer of 256 inputs and 64 outputs stores 64 chunks x 64 outputs x 4 = 16,384 bytes; a
+  FULLY_CONNECTED reading a map [1, H, W, C] as H x W taps of C channels (`fc_taps`).
   Before each group, a header per padded output channel: its float scale when the weights'
-  per-channel scales differ, its int32 bias when the bias is not all zero, and one more
-  word when the weights are quantized per channel (the weights' zero point in the stream,
-  which stores int8 weights offset by 128).
+  per-channel scales differ, its int32 bias when the bias is not all zero (compilers before 15:
+  whenever there is a bias), and one more word when the weights are quantized per channel (the
+  weights' zero point in the stream, which stores int8 weights offset by 128).
 - DEPTHWISE_CONV_2D: per channel, 4 bytes per kernel tap and the same header.
 - Each layer's section padded to 64 bytes.
 - A SOFTMAX, by the compiler's generation (`softmax_bytes`; the package's form names the
   generation of a compiled twin: `package.compiler_generation`).
 - Lane selections (a zero block and a 64-byte one-hot block per lane): a RESHAPE flattening a
-  one-channel map (`flatten_bytes`), a CONCATENATION of one-channel tensors (`concat_bytes`).
-- A FULLY_CONNECTED of more than 8192 inputs streams although the model fits (`streamed_layer`).
+  one-channel map (`flatten_bytes`), a CONCATENATION of one-channel tensors (`concat_bytes`);
+  a TRANSPOSE or a PACK at the forms and shapes dev twins show (`memory_shown`).
+- Streamed although the model fits (`streamed_bytes`): a FULLY_CONNECTED of more than 8192
+  inputs, the first FULLY_CONNECTED of computed weights (the GEMM forests), a PACK's constant.
 
-Applied to the ops each twin maps, the bytes are exact on 253 of 316 compiled pairs (dev
-118/149, holdout 135/167; they were 93 and 112), cached and streamed both exact on 235 (dev
-110, holdout 125) (`benchmarks/edgetpu_oracle_score.py` with the local sets); what the layout does
-not cover is in the comment above [meta] in `delegates/edgetpu.toml`, and `undecided_line` says
-it of a model. No TensorFlow here.
+Applied to the ops each twin maps, the bytes are exact on 284 of 316 compiled pairs (dev
+135/149, holdout 149/167; they were 118 and 135), cached and streamed both exact on 264 (dev
+126, holdout 138) (`benchmarks/edgetpu_oracle_score.py` with the local sets); what the layout
+does not cover is in the comment above [meta] in `delegates/edgetpu.toml`, and `undecided_line`
+says it of a model. Co-compiled twins (`package.cocompiled`) are scored apart: their split
+depends on the models compiled with them. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ from typing import Any
 import numpy as np
 
 from tflfuse.ir import Op
+from tflfuse.targets.edgetpu.memory_shown import pack_bytes, pack_streamed_bytes, transpose_bytes
 
 GROUP = 64  # output channels per group
 SMALL_PAD = 16  # a layer of at most GROUP outputs is padded to a multiple of this
-SINGLE_CONV_PAD = 4  # ... except a CONV_2D of one output channel, padded to this
+SINGLE_CONV_PAD = 4  # ... except a CONV_2D of one or of this many outputs, padded to this
 CHUNK = 4  # input channels per 4-byte chunk
 ALIGN = 64  # every layer's section starts on this boundary
 # A FULLY_CONNECTED of more inputs than this streams (`streamed_layer`); the dev twins cache one
@@ -53,6 +59,12 @@ WIDE_FC_STREAMED = 16384
 # MobileNetV2 classifier of 3,094,912 bytes streams 598,080; iNat birds of 3,947,328 streams
 # 1,623,872 in one commit and none in two others; YAMNet's 4,042,752 all cached).
 SPLIT_SURE_BYTES = 3_000_000
+# Compilers older than this generation store a bias word even for an all-zero bias.
+BIAS_ALWAYS_BEFORE = 15
+# Compilers before 15 cache less: their dev twins cache all of MobileNetV2 (3,900,864 bytes) but
+# stream a stack of 101 dense layers from its 80th layer on (1,040,896 cached of 1,322,112); at
+# most the bytes that stack cached, every dev twin of theirs caches all it holds.
+OLD_SPLIT_SURE_BYTES = 1_040_896
 _LAID_OUT = ("CONV_2D", "FULLY_CONNECTED", "DEPTHWISE_CONV_2D")
 
 
@@ -60,8 +72,11 @@ def _pad(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def header_words(op: Op) -> int:
-    """32-bit words the compiler stores per (padded) output channel before a group's weights."""
+def header_words(op: Op, compiler_major: int = 16) -> int:
+    """32-bit words the compiler stores per (padded) output channel before a group's weights.
+    Compilers before 15 store the bias word whether or not the bias is all zero (dev: stacks of
+    100 dense layers of zero bias hold 4 bytes more per padded output, 51,776 in all, and
+    MobileNetV2s of zero bias 69,568, in their 1.0 twins; `BIAS_ALWAYS_BEFORE`)."""
     w = op.inputs[1]
     q = w.quantization
     scales = np.asarray(q.scale).reshape(-1) if q is not None and q.scale is not None else None
@@ -69,7 +84,8 @@ def header_words(op: Op) -> int:
     distinct = per_channel and np.unique(scales).size > 1
     bias = op.inputs[2] if len(op.inputs) > 2 else None
     nonzero_bias = bias is not None and (bias.is_raw or bool(np.any(np.asarray(bias.data))))
-    return int(distinct) + int(nonzero_bias) + int(per_channel)
+    bias_word = nonzero_bias or (bias is not None and compiler_major < BIAS_ALWAYS_BEFORE)
+    return int(distinct) + int(bias_word) + int(per_channel)
 
 
 def _convolution(outputs: int, taps: int, inputs: int, words: int, small: int = SMALL_PAD) -> int:
@@ -174,20 +190,34 @@ def computed_weights(op: Op) -> bool:
 def constant_input_bytes(op: Op) -> int:
     """A FULLY_CONNECTED of a constant [M, K] input and computed weights stores the constant row
     by row, each row padded to 16 bytes, the whole to 64 (read in the streams of the GEMM
-    random-forest twins, dev: [1, 8], [2, 1] and [4, 2] each 64 bytes). Whether it is cached
-    or streamed is undecided (the first such layer streams in some twins, later ones cache)."""
+    random-forest twins, dev: [1, 8], [2, 1] and [4, 2] each 64 bytes). The first such layer
+    streams, later ones are cached (`streamed_bytes`)."""
     shape = tuple(op.inputs[0].shape)
     rows, depth = shape[-2:] if len(shape) >= 2 else (1, shape[0] if shape else 1)
     return _pad(int(rows) * _pad(int(depth), SMALL_PAD), ALIGN)
 
 
-def layer_bytes(op: Op) -> int | None:
+def fc_taps(op: Op, inputs: int) -> tuple[int, int]:
+    """(taps, channels) a FULLY_CONNECTED is laid out as: one tap of all its inputs, but when it
+    reads a map [1, H, W, C] without a RESHAPE, H x W taps of C channels, each tap's channels
+    padded to 4 bytes (dev: a dense layer reading [1, 2, 2, 3] holds 16 bytes per output, not
+    12, in its 1.0 twin)."""
+    shape = tuple(op.inputs[0].shape) if op.inputs and op.inputs[0] is not None else ()
+    if len(shape) == 4 and shape[0] == 1 and shape[1] * shape[2] * shape[3] == inputs:
+        return int(shape[1] * shape[2]), int(shape[3])
+    return 1, inputs
+
+
+def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
     """Parameter bytes of one mapped op in the compiler's layout; 0 for ops without weights the
-    layout is known for, None for an op with constant operands the layout does not cover."""
+    layout is known for, None for an op with constant operands the layout does not cover.
+    `compiler_major`: the edgetpu_compiler generation (`header_words`)."""
     if op.type in ("RESHAPE", "CONCATENATION"):
         return flatten_bytes(op) + concat_bytes(op)
-    if op.type == "TRANSPOSE":  # every twin mapping one holds bytes the layout lacks (20 of 20)
-        return None
+    if op.type == "TRANSPOSE":
+        return transpose_bytes(op)
+    if op.type == "PACK":
+        return pack_bytes(op)
     if op.type == "FULLY_CONNECTED" and computed_weights(op):
         return constant_input_bytes(op)
     if op.type not in _LAID_OUT:
@@ -196,14 +226,15 @@ def layer_bytes(op: Op) -> int | None:
     w = op.inputs[1] if len(op.inputs) > 1 else None
     if w is None or not w.is_constant or len(w.shape) not in (2, 4):
         return None
-    words = header_words(op)
+    words = header_words(op, compiler_major)
     if op.type == "CONV_2D":
         outputs, kh, kw, inputs = w.shape
-        small = SINGLE_CONV_PAD if outputs == 1 else SMALL_PAD
+        small = SINGLE_CONV_PAD if outputs in (1, SINGLE_CONV_PAD) else SMALL_PAD
         return _convolution(outputs, kh * kw, inputs, words, small)
     if op.type == "FULLY_CONNECTED":
         outputs, inputs = w.shape
-        return _convolution(outputs, 1, inputs, words)
+        taps, depth = fc_taps(op, inputs)
+        return _convolution(outputs, taps, depth, words)
     _, kh, kw, channels = w.shape
     if op.inputs[0].shape[-1] == 1 and channels > 1:  # a depth multiplier: a convolution
         return _convolution(channels, kh * kw, 1, words)
@@ -219,11 +250,73 @@ def streamed_layer(op: Op) -> bool:
     return w is not None and w.is_constant and len(w.shape) == 2 and w.shape[1] > WIDE_FC_INPUTS
 
 
+def streamed_bytes(op: Op, size: int, first_computed: bool) -> int:
+    """The bytes of one mapped op (of `size` laid out) streamed although the model fits: a
+    `streamed_layer` whole; the first FULLY_CONNECTED of computed weights in execution order
+    (`first_computed`) its constant (dev: the GEMM random forests of one subgraph stream exactly
+    it, a one-hot row selecting a feature, and cache the later ones' rows; in every twin it is
+    also the one whose weights are the model's input); a PACK of a constant its constant's block
+    (`memory_shown.pack_streamed_bytes`)."""
+    if streamed_layer(op):
+        return size
+    if first_computed and op.type == "FULLY_CONNECTED" and computed_weights(op):
+        return size
+    return min(size, pack_streamed_bytes(op))
+
+
 def _undecided_width(op: Op) -> bool:
     w = op.inputs[1] if op.type == "FULLY_CONNECTED" and len(op.inputs) > 1 else None
     if w is None or not w.is_constant or len(w.shape) != 2:
         return False
     return WIDE_FC_CACHED < w.shape[1] < WIDE_FC_STREAMED
+
+
+# The class counts whose softmax compiler 15 is shown laying out (dev: 2 classes 128 bytes, 5
+# classes 256); a 3-class one holds 128 bytes fewer than two sections (RPS, dev).
+SOFTMAX_15_SHOWN = (2, 5)
+
+
+def _undecided_softmax(op: Op, compiler_major: int) -> bool:
+    """A SOFTMAX of a form no compiled model lays out (16), or of a class count compiler 15 is
+    not shown laying out."""
+    form = _softmax_form(op)
+    if compiler_major >= 16:
+        return form is None
+    return compiler_major == 15 and form is not None and form[1] not in SOFTMAX_15_SHOWN
+
+
+def _undecided_small_conv(op: Op) -> bool:
+    """A CONV_2D of 2 or 3 outputs: the dev twins pad one output and four outputs to 4, and no
+    dev twin shows 2 or 3 (laid out padded to 16, and said undecided)."""
+    w = op.inputs[1] if op.type == "CONV_2D" and len(op.inputs) > 1 else None
+    return w is not None and len(w.shape) == 4 and w.shape[0] in (2, 3)
+
+
+def _undecided_flatten(op: Op) -> bool:
+    """A RESHAPE flattening a map [1, H, W, C] of several positions and channels whose C is not
+    a multiple of 4: the dev twins flatten C = 8, 64 and 164 (and one channel, `flatten_bytes`)
+    with no parameter bytes, and show no other C."""
+    x = op.inputs[0] if op.type == "RESHAPE" and op.inputs else None
+    if x is None or len(x.shape) != 4 or not op.outputs or len(op.outputs[0].shape) != 2:
+        return False
+    _, h, w, c = (int(d) for d in x.shape)
+    return h * w > 1 and c > 1 and c % CHUNK != 0
+
+
+def _undecided_reshape(op: Op) -> bool:
+    """A RESHAPE turning an innermost axis of 1 into one of several elements (a column into a
+    row: the GEMM forests' [4, 1] to [1, 4] after a SUM, [2, 1, 1] to [1, 1, 2] after a PACK)
+    of a tensor an Edge TPU op computed: their twins hold bytes no rule accounts for. The
+    flatten of a one-channel map (`flatten_bytes`) and a RESHAPE of a QUANTIZE's output (none)
+    are shown."""
+    x = op.inputs[0] if op.type == "RESHAPE" and op.inputs else None
+    if x is None or not x.shape or not op.outputs or not op.outputs[0].shape:
+        return False
+    y = op.outputs[0]
+    if x.shape[-1] != 1 or y.shape[-1] <= 1 or x.producer is None:
+        return False
+    one_channel_map = len(x.shape) == 4 and len(y.shape) == 2
+    return not one_channel_map and x.producer.type != "QUANTIZE"
 
 
 def predicted_memory(
@@ -235,21 +328,28 @@ def predicted_memory(
     in `undecided_*` keys (`undecided_line` says it in words).
     `compiler_major`: the edgetpu_compiler predicted (a SOFTMAX is laid out by generation)."""
     total = streamed = raw = 0
-    keys = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width", "undecided_computed")
+    keys = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width")
+    keys += ("undecided_small_conv", "undecided_flatten", "undecided_reshape")
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
+    first_computed = True
     for op in mapped_ops:
-        size = layer_bytes(op)
+        size = layer_bytes(op, compiler_major)
         if op.type == "SOFTMAX":
             size = softmax_bytes(op, compiler_major)
-            counts["undecided_softmax"] += compiler_major >= 16 and _softmax_form(op) is None
+            counts["undecided_softmax"] += _undecided_softmax(op, compiler_major)
         if size is None:
             counts["layers_not_laid_out"] += 1
             size = 0
         total += size
-        streamed += size if streamed_layer(op) else 0
+        streamed += streamed_bytes(op, size, first_computed)
+        first_computed = first_computed and not (
+            op.type == "FULLY_CONNECTED" and computed_weights(op)
+        )
         counts["undecided_fc_width"] += _undecided_width(op)
-        counts["undecided_computed"] += op.type == "FULLY_CONNECTED" and computed_weights(op)
+        counts["undecided_small_conv"] += _undecided_small_conv(op)
+        counts["undecided_flatten"] += _undecided_flatten(op)
+        counts["undecided_reshape"] += _undecided_reshape(op)
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
                 seen.add(id(t))
@@ -263,10 +363,8 @@ def predicted_memory(
         "on_chip_bytes": on_chip,
         "off_chip_bytes": total - on_chip,
     }
-    if total > SPLIT_SURE_BYTES:
+    if total > (SPLIT_SURE_BYTES if compiler_major >= 15 else OLD_SPLIT_SURE_BYTES):
         counts["undecided_split"] = 1
-    if compiler_major < 15 and total:
-        counts["undecided_compiler"] = 1
     memory.update({key: int(n) for key, n in counts.items() if n})
     return memory
 
@@ -281,22 +379,22 @@ def undecided_line(memory: dict[str, int]) -> str | None:
             f"{n} layer{'s' * (n > 1)} whose parameters the layout does not cover (counted as 0)"
         )
     if memory.get("undecided_softmax"):
-        reasons.append("a softmax of a form no compiled model lays out (counted as 0)")
+        reasons.append("a softmax of a form or class count no compiled model lays out")
     if memory.get("undecided_fc_width"):
         reasons.append(
             f"whether a FULLY_CONNECTED of {WIDE_FC_CACHED:,} to {WIDE_FC_STREAMED:,} inputs is"
             " cached or streamed"
         )
-    if memory.get("undecided_computed"):
-        reasons.append("whether a FULLY_CONNECTED of computed weights caches its constant input")
-    if memory.get("undecided_compiler"):
-        reasons.append(
-            "the layout of compilers before 15 (their twins hold 960 to 102,976 bytes more on"
-            " MobileNetV2, stacked convolutions and dense layers)"
-        )
+    if memory.get("undecided_small_conv"):
+        reasons.append("how a CONV_2D of 2 or 3 outputs is padded (to 4 or to 16)")
+    if memory.get("undecided_reshape"):
+        reasons.append("what a RESHAPE turning a column into a row holds")
+    if memory.get("undecided_flatten"):
+        reasons.append("what flattening a map whose channels are not a multiple of 4 holds")
     if memory.get("undecided_split"):
         reasons.append(
-            f"which layers a model of more than {SPLIT_SURE_BYTES:,} parameter bytes streams"
-            " although it fits the cache (compiled models of that size differ)"
+            f"which layers a model of more than {SPLIT_SURE_BYTES:,} parameter bytes"
+            f" ({OLD_SPLIT_SURE_BYTES:,} for compilers before 15) streams although it fits the"
+            " cache (compiled models of that size differ)"
         )
     return "memory: exact layout undecided: " + "; ".join(reasons) if reasons else None

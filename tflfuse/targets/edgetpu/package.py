@@ -323,3 +323,24 @@ def package_memory(compiled: Model) -> dict[str, Any] | None:
         "caching_tokens": sorted({f"{t:#018x}" for p in readable for t in p.caching_tokens}),
         "packages": [p.to_dict() if p is not None else None for p in packages],
     }
+
+
+def cocompiled(memories: dict[str, dict[str, Any]]) -> set[str]:
+    """The compiled models, of `memories` (`package_memory` of each, by any key), that were
+    compiled together with another: `edgetpu_compiler` gives the models of one invocation one
+    caching token, shared by their executables, and they share the on-chip cache, so how much of
+    each is cached depends on the others. A token also recurs in copies of one model (the same
+    twin committed twice, a model and its variant with a decoder op), so a token marks a
+    co-compile only where the models holding it differ in parameter bytes (dev: Coral's
+    cocompilation test data; an iNat-birds twin that streams 1,623,872 bytes shares its token
+    with a 16,320-byte dummy, the same model compiled alone streams none)."""
+    totals: dict[str, set[int]] = {}
+    for memory in memories.values():
+        for token in memory.get("caching_tokens", []):
+            total = int(memory["on_chip_bytes"]) + int(memory["off_chip_bytes"])
+            totals.setdefault(token, set()).add(total)
+    return {
+        key
+        for key, memory in memories.items()
+        if any(len(totals[token]) > 1 for token in memory.get("caching_tokens", []))
+    }
