@@ -13,12 +13,14 @@ import math
 
 import numpy as np
 from irgraphs import fully_connected, model_of, to_bytes
+from rulekit import apply, ops, refusals
+from test_edgetpu_heads import Head
 
 from tflfuse.convert.optimize import optimize_bytes
 from tflfuse.convert.rule_sets import pipeline
-from tflfuse.ir import Graph
+from tflfuse.ir import Graph, Quantization
 from tflfuse.targets import target as target_named
-from tflfuse.targets.edgetpu.gelu import MAX_STEPS, gelu_steps
+from tflfuse.targets.edgetpu.gelu import MAX_STEPS, LegalizeGeluInt8, gelu_steps
 
 
 def _fc_gelu() -> bytes:
@@ -82,3 +84,23 @@ def test_edgetpu_float_stage_leaves_gelu_for_its_int8_form_when_quantized_next()
     assert kept.after["op_counts"].get("GELU") == 1
     spelled = optimize_bytes(_fc_gelu(), target="edgetpu")  # a float model that stays float
     assert "GELU" not in spelled.after["op_counts"]
+
+
+def test_the_int8_form_is_refused_where_its_measured_error_exceeds_its_bound() -> None:
+    """The check that now carries every GELU of a quantized model can fail: an output step of
+    0.004 (y spans about 1 over its 256 codes) makes the sloped swish's 0.02 off GELU 8 steps."""
+
+    def int8_gelu(s_y: float, z_y: int) -> bytes:
+        h = Head()
+        x = h.input((1, 16, 16), "x")
+        x.quantization = Quantization(np.array([0.02], np.float32), np.array([0], np.int64))
+        return h.bytes(h.op("GELU", [x], x.shape, s_y, z_y))
+
+    assert gelu_steps(0.02, 0, 0.004, -100, approximate=False) == 8
+    _, model, result = apply(int8_gelu(0.004, -100), LegalizeGeluInt8())
+    assert ops(model) == ["GELU"]
+    assert refusals(result, "LegalizeGeluInt8") == [
+        f"x sigma(1.702 x) is 8 steps off GELU here (at most {MAX_STEPS})"
+    ]
+    _, model, result = apply(int8_gelu(0.02, -110), LegalizeGeluInt8())  # a coarser output
+    assert result.fired() == {"LegalizeGeluInt8": 1} and ops(model) == ["MUL", "LOGISTIC", "MUL"]
