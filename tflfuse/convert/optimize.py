@@ -94,7 +94,7 @@ def _stages(
     it may undo a fusion the pipeline made."""
 
     def stages() -> list[Any]:
-        made: list[Any] = [pipeline(level, target)]
+        made: list[Any] = [pipeline(level, target, before_int8=before_int8)]
         if runtime is not None:
             made.append(runtime_legalization(runtime, before_int8=before_int8))
         return made

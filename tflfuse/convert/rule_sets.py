@@ -68,18 +68,22 @@ from tflfuse.targets import EDGETPU, XNNPACK, Target, every
 
 
 def pipeline(
-    level: int, target: Target = XNNPACK, *, quantized: bool = False
+    level: int, target: Target = XNNPACK, *, quantized: bool = False, before_int8: bool = False
 ) -> tuple[Rule | Pass, ...]:
     """The rules and passes for an optimization level (0: none) and target (where its pipeline
     differs, its `Target` says).
 
     `quantized=True` is the stage after quantization: only the target's legalization of the int8
     model (Edge TPU: the rules' int8 forms, e.g. `SplitOversizedTranspose`), nothing for other
-    targets.
+    targets. `before_int8=True` is the float stage of a model quantized to int8 next: the
+    legalizations whose float form loses the signal in int8 (`Rule.float_form_loses_int8`,
+    e.g. GELU's x^3) are left to their int8 forms, run after quantizing.
     """
     if level <= 0:
         return ()
     legalize = target.legalization_rules()
+    if before_int8 and not quantized:
+        legalize = tuple(r for r in legalize if not getattr(r, "float_form_loses_int8", False))
     if quantized:
         return (*legalize, DeadCodeElimination(), TopologicalSort()) if legalize else ()
     cleanup = _cleanup()

@@ -50,6 +50,11 @@ class Rule:
     # readers see. A rule whose rewrite leaves the inner ops in place for such readers (it only
     # stops reading them) sets this.
     inner_ops_may_be_shared: ClassVar[bool] = False
+    # A float spelling whose intermediate tensors would take int8 ranges that lose the signal,
+    # where an int8 form of the same rule (run after quantizing) measures its own error: before
+    # a quantization (`pipeline(..., before_int8=True)`) the float form is not written, and the
+    # quantized op is left to that int8 form.
+    float_form_loses_int8: ClassVar[bool] = False
 
     def error_bound(self, m: Match) -> float:
         """The absolute error one application may add to its output: 0 for an exact rewrite.

@@ -1,9 +1,10 @@
 """Edge TPU legalization of an int8 GELU: x * LOGISTIC(1.702 x), with its error declared per model.
 
-GELU is outside the compiler's table. `LegalizeGelu` spells it in float before quantization,
-but on the int8 graph (an NCHW export whose float legalization stops at the input TRANSPOSE, a
-stock int8 model given to `optimize`) a GELU stays and ends the Edge TPU segment at the first
-MLP of every ViT. In int8 GELU is a function of the input's 256 codes, but no op of the table
+GELU is outside the compiler's table. `LegalizeGelu` spells it in float (`optimize` on a float
+model), but a model quantized next keeps its GELU through quantization (the tanh form's x^3
+loses the signal in int8: `LegalizeGelu`), and on every int8 graph (`convert`'s, a stock int8
+model given to `optimize`) a GELU would end the Edge TPU segment at the first MLP of every ViT.
+In int8 GELU is a function of the input's 256 codes, but no op of the table
 looks a code up. The form used here is the sigmoid approximation GELU(x) ~ x sigma(1.702 x)
 (Hendrycks and Gimpel 2016): a swish with a slope, the form compiled YOLO models show mapped at
 every activation (MUL by a constant, LOGISTIC, MUL of two tensors of one shape,
@@ -71,7 +72,7 @@ class LegalizeGeluInt8(Rule):
         """A refusal, or the declared int8 steps (the plan)."""
         x, out = m.x, m.root.output
         if _kind(x) == "float":
-            return NotApplicable("float GELU: LegalizeGelu spells it before quantization")
+            return NotApplicable("float GELU: LegalizeGelu spells it (when not quantized next)")
         if _kind(x) != "int" or _kind(out) != "int" or x.dtype != "INT8" or out.dtype != "INT8":
             return refuse("GELU on other than per-tensor int8")
         (s_x, z_x), (s_y, z_y) = _scale_zp(x), _scale_zp(out)

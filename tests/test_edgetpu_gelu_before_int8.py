@@ -1,0 +1,106 @@
+"""A float GELU quantized next is left to its int8 form (LegalizeGeluInt8), not spelled as the
+tanh form (LegalizeGelu), whose x^2 and x^3 take int8 ranges of the square and cube of x's.
+
+The failure mode, in numbers: each tensor of the tanh spelling quantized per tensor over the
+values x's 256 codes give it (what calibration over those inputs gives), against the int8 GELU
+of the same parameters. Its error grows as the cube of x's range; the sloped swish's, measured
+by the rule over the same codes, stays at 2 steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from irgraphs import fully_connected, model_of, to_bytes
+from rulekit import apply, ops, refusals
+from test_edgetpu_heads import Head
+
+from tflfuse.convert.optimize import optimize_bytes
+from tflfuse.convert.rule_sets import pipeline
+from tflfuse.ir import Graph, Quantization
+from tflfuse.targets import target as target_named
+from tflfuse.targets.edgetpu.gelu import MAX_STEPS, LegalizeGeluInt8, gelu_steps
+
+
+def _fc_gelu() -> bytes:
+    g = Graph("main")
+    x = g.add_tensor("x", (4, 6))
+    fc = fully_connected(g, x, 8)
+    y = g.add_tensor("y", (4, 8))
+    g.add_op("GELU", [fc.output], [y], {"approximate": False})
+    return to_bytes(model_of(g, [x], [y]))
+
+
+def _params(lo: float, hi: float) -> tuple[float, int]:
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = (hi - lo) / 255
+    return scale, round(-128 - lo / scale)
+
+
+def _q(v: np.ndarray, scale: float, zero: int) -> np.ndarray:
+    return (np.clip(np.round(v / scale) + zero, -128, 127) - zero) * scale
+
+
+def _calibrated(v: np.ndarray) -> np.ndarray:
+    return _q(v, *_params(float(v.min()), float(v.max())))
+
+
+def _erf_gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def _tanh_form_steps(bound: float) -> tuple[int, tuple[float, int, float, int]]:
+    """Largest |tanh spelling in int8 - int8 GELU| over x's codes, in y's steps, and the
+    (s_x, z_x, s_y, z_y) of that GELU (x in [-bound, bound])."""
+    s_x, z_x = _params(-bound, bound)
+    x = s_x * (np.arange(-128, 128, dtype=np.float64) - z_x)
+    x3 = _calibrated(_calibrated(x * x) * x)
+    inner = _calibrated(x + _calibrated(x3 * 0.044715))
+    th = _calibrated(np.tanh(_calibrated(inner * math.sqrt(2 / math.pi))))
+    spelled = _calibrated(x * 0.5) * _calibrated(th + 1)
+    ref = _erf_gelu(x)
+    s_y, z_y = _params(float(ref.min()), float(ref.max()))
+    steps = np.abs(_q(spelled, s_y, z_y) - _q(ref, s_y, z_y)).max() / s_y
+    return round(float(steps)), (s_x, z_x, s_y, z_y)
+
+
+def test_the_tanh_form_loses_the_signal_in_int8_where_the_int8_form_does_not() -> None:
+    small, params = _tanh_form_steps(4.0)
+    assert small <= 1 and gelu_steps(*params, approximate=False) <= 3
+    # EfficientFormer-L1's GELU inputs span +-10 to +-23 (litert-quantizer's calibration)
+    wide, params = _tanh_form_steps(20.0)
+    assert wide >= 2 * MAX_STEPS  # 8 steps
+    assert gelu_steps(*params, approximate=False) == 2
+
+
+def test_edgetpu_float_stage_leaves_gelu_for_its_int8_form_when_quantized_next() -> None:
+    edgetpu = target_named("edgetpu")
+    names = {type(r).__name__ for r in pipeline(2, edgetpu, before_int8=True)}
+    assert "LegalizeGelu" not in names and "LegalizeGeluInt8" in names
+    assert "LegalizeGelu" in {type(r).__name__ for r in pipeline(2, edgetpu)}
+    assert "LegalizeGeluInt8" in {type(r).__name__ for r in pipeline(2, edgetpu, quantized=True)}
+    kept = optimize_bytes(_fc_gelu(), target="edgetpu", before_int8=True)
+    assert kept.after["op_counts"].get("GELU") == 1
+    spelled = optimize_bytes(_fc_gelu(), target="edgetpu")  # a float model that stays float
+    assert "GELU" not in spelled.after["op_counts"]
+
+
+def test_the_int8_form_is_refused_where_its_measured_error_exceeds_its_bound() -> None:
+    """The check that now carries every GELU of a quantized model can fail: an output step of
+    0.004 (y spans about 1 over its 256 codes) makes the sloped swish's 0.02 off GELU 8 steps."""
+
+    def int8_gelu(s_y: float, z_y: int) -> bytes:
+        h = Head()
+        x = h.input((1, 16, 16), "x")
+        x.quantization = Quantization(np.array([0.02], np.float32), np.array([0], np.int64))
+        return h.bytes(h.op("GELU", [x], x.shape, s_y, z_y))
+
+    assert gelu_steps(0.02, 0, 0.004, -100, approximate=False) == 8
+    _, model, result = apply(int8_gelu(0.004, -100), LegalizeGeluInt8())
+    assert ops(model) == ["GELU"]
+    assert refusals(result, "LegalizeGeluInt8") == [
+        f"x sigma(1.702 x) is 8 steps off GELU here (at most {MAX_STEPS})"
+    ]
+    _, model, result = apply(int8_gelu(0.02, -110), LegalizeGeluInt8())  # a coarser output
+    assert result.fired() == {"LegalizeGeluInt8": 1} and ops(model) == ["MUL", "LOGISTIC", "MUL"]
