@@ -173,6 +173,7 @@ def _edgetpu_legalization() -> tuple[Any, ...]:
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
     from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION
     from tflfuse.targets.edgetpu.nhwc import NHWC_LEGALIZATION
+    from tflfuse.targets.edgetpu.rowmean import ROW_MEAN_LEGALIZATION
     from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
 
     # the heads first: a head cut along its anchors takes its oversized transposes with it,
@@ -181,7 +182,8 @@ def _edgetpu_legalization() -> tuple[Any, ...]:
     # layout cuts after them all, on the reshapes and transposes they write too; before the heads,
     # an NCHW island back in its NHWC layout (PadChannelsForMean would pad its MEAN otherwise)
     legalizations = (*EDGETPU_LEGALIZATION, *ATTENTION_LEGALIZATION, *BROADCAST_LEGALIZATION)
-    return (*NHWC_LEGALIZATION, *HEAD_LEGALIZATION, *legalizations, *LAYOUT_LEGALIZATION)
+    first = (*NHWC_LEGALIZATION, *ROW_MEAN_LEGALIZATION)
+    return (*first, *HEAD_LEGALIZATION, *legalizations, *LAYOUT_LEGALIZATION)
 
 
 # -- the registry -------------------------------------------------------------------------------
