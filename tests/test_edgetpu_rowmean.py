@@ -86,3 +86,23 @@ def test_int8_the_layer_norm_maps_once_replicated_and_stays_close_to_float() -> 
     assert n_before == (2, 11) and n_after == (13, 15), (n_before, n_after)
     errors = {k: verify.compare(before, v, atol=10.0, rtol=10.0).max_abs for k, v in int8.items()}
     assert 0 < errors["after"] <= errors["before"] * 1.05 + 1e-3, errors
+
+
+def test_an_int8_layer_norm_is_replicated_in_the_quantized_stage_too() -> None:
+    """Where a float-stage cut kept the float rule off, the int8 graph's MEANs become int8 1x1
+    convolutions (weights 127 at 1/(127 C)): every op maps, within a step of the MEAN's."""
+    from test_edgetpu_layout import mapped
+    from test_rules_property_int8 import observed_ranges, quantize_graph
+
+    g = G()
+    x = g.conv(g.input((1, 8, 8, 16)), 24, 1)
+    flat = g.op("RESHAPE", [x, g.const(np.array([1, 64, 24], np.int32), "s")], (1, 64, 24))
+    graph = flatbuffer.from_bytes(g.bytes(layer_norm(g, flat))).main
+    before = quantize_graph(graph, observed_ranges(graph))
+    after, model, result = apply(before, ReplicateRowMean())
+    assert result.fired() == {"ReplicateRowMean": 2}
+    conv = [op for op in model.main.ops if op.type == "CONV_2D"][1]
+    assert conv.inputs[1].dtype == "INT8" and set(conv.inputs[1].data.ravel()) == {127}
+    assert mapped(before) == (2, 9) and mapped(after) == (13, 13)
+    agreement = verify.compare(before, after, int_atol=2, runs=3)
+    assert agreement.ok and agreement.varies, agreement

@@ -13,9 +13,12 @@ tensor of x's shape ("same": MUL/SUB/SQUARED_DIFFERENCE of two activations of on
 the per-row ops between (ADD eps, RSQRT) compute the same value C times. CONV_2D 1x1 is the
 form compiled models show most (66 models, up to 11,107,248 elements).
 
-Float only (before quantization): the weights quantize exactly (all equal: one int8 code per
-output channel), the convolution sums in int32 and rounds once at its output's scale, as the
-MEAN did. Float: the sum in another order, within a few ulps. No TensorFlow here.
+Float (before quantization): the weights quantize exactly (all equal: one int8 code per output
+channel), the convolution sums in int32 and rounds once at its output's scale, as the MEAN did;
+the sum in another order, within a few ulps. int8 (the quantized stage, where a float-stage cut
+such as a GELU left to the int8 GELU legalization kept the float rule from firing): weights 127
+at scale 1/(127 C), a zero bias, the MEAN's own output parameters: the same sum and one
+rounding, within one step of the MEAN kernel's. No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tflfuse.ir import Op, Tensor
+from tflfuse.ir import Op, Quantization, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rewrite.common import NotApplicable, is_float
 from tflfuse.targets.edgetpu.forms import gate
@@ -96,13 +99,35 @@ def _conv_shapes(x: Tensor) -> tuple[tuple[int, ...], ...]:
     return (1, 1, rows, x.shape[-1]), (1, 1, rows, x.shape[-1])
 
 
+def _per_tensor_int8(*tensors: Tensor) -> bool:
+    return all(
+        t.dtype == "INT8" and t.quantization is not None and np.size(t.quantization.scale) == 1
+        for t in tensors
+    )
+
+
+def _weights(b, x: Tensor, c: int):
+    """The C x C weights of 1/C and a zero bias: float, or int8 codes 127 at scale 1/(127 C)
+    and an int32 bias at the input's scale times it."""
+    if is_float(x):
+        w = b.const(np.full((c, 1, 1, c), 1.0 / c, np.float32), "mean_weights")
+        return w, b.const(np.zeros(c, np.float32), "mean_bias")
+    s_w = 1.0 / (127.0 * c)
+    s_x = float(np.asarray(x.quantization.scale).reshape(-1)[0])
+    q_w = Quantization(np.array([s_w], np.float32), np.zeros(1, np.int64))
+    q_b = Quantization(np.array([s_x * s_w], np.float32), np.zeros(1, np.int64))
+    w = b.const(np.full((c, 1, 1, c), 127, np.int8), "mean_weights", "INT8", q_w)
+    return w, b.const(np.zeros(c, np.int32), "mean_bias", "INT32", q_b)
+
+
 class ReplicateRowMean(Rule):
     """float: MEAN(x, innermost, keep_dims) read against x's rows (the module docstring)  =>
     CONV_2D_1x1(x, W = 1/C everywhere) [with RESHAPEs to and from NHWC]: the mean in every
     element of the row; the per-row ops after it compute on x's shape, and the ops that read it
     against x read two tensors of one shape. mean_j = sum_i x_i / C for every j: exact."""
 
-    int8_error_steps = 0  # float only: quantized after
+    quantized_ok = True
+    int8_error_steps = 1  # int8: the convolution's requantization against the MEAN kernel's
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MEAN(p.x, p.const("axes"))
@@ -111,8 +136,8 @@ class ReplicateRowMean(Rule):
     def check(self, m: Match) -> Refusal | RowRegion:
         """A refusal, or the region (the plan)."""
         x, mean = m.x, m.root
-        if not is_float(x):
-            return NotApplicable("int8 graph: the weights are quantized with the float graph")
+        if not is_float(x) and not _per_tensor_int8(x, mean.output):
+            return NotApplicable("neither float nor int8 with per-tensor quantization")
         if not _row_mean(x, mean):
             return NotApplicable("not a mean over the innermost axis keeping dims")
         if gate(mean, as_quantized=True).answer == "mapped":
@@ -142,14 +167,14 @@ class ReplicateRowMean(Rule):
         src = x
         if shape_in != full:
             src = b.RESHAPE(x, b.ints(shape_in, "rows_shape"), name="rows", like=x, shape=shape_in)
-        w = b.const(np.full((c, 1, 1, c), 1.0 / c, np.float32), "mean_weights")
-        bias = b.const(np.zeros(c, np.float32), "mean_bias")
-        rep = b.CONV_2D(src, w, bias, name="replicated", like=x, shape=shape_out,
+        w, bias = _weights(b, x, c)
+        quant = None if is_float(x) else mean.output.quantization
+        rep = b.CONV_2D(src, w, bias, name="replicated", like=x, quant=quant, shape=shape_out,
                         padding="VALID", stride_w=1, stride_h=1, dilation_w_factor=1,
                         dilation_h_factor=1)  # fmt: skip
         if shape_out != full:
             rep = b.RESHAPE(rep, b.ints(full, "replicated_shape"), name="replicated_rows",
-                            like=x, shape=full)  # fmt: skip
+                            like=x, quant=quant, shape=full)  # fmt: skip
         column = mean.output
         b.commit(remove=mean)
         m.graph.replace_uses(column, rep.tensor)
