@@ -11,8 +11,9 @@ import numpy as np
 from rulekit import apply, ops, refusals
 
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer
+from tflfuse.targets.edgetpu.broadcast import BROADCAST_LEGALIZATION
 from tflfuse.targets.edgetpu.forms import form_of, gate, gated
-from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION
+from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION, CutMeanIntoShownPieces
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 from tflfuse.targets.edgetpu.rules import SplitOversizedTranspose
 from tflfuse.verification import verify
@@ -131,3 +132,89 @@ def test_the_status_memo_follows_an_op_changed_in_place() -> None:
     op.inputs[1].data[:] = [0, 1, 3, 2]  # another perm, written in place
     op.inputs[0].shape, op.outputs[0].shape = (1, 300, 300, 16), (1, 300, 16, 300)
     assert statuses_once_quantized(graph)[0][0] != "mapped"  # 1440000 elements moved
+
+
+def _se_mean(shape, keep: bool = True) -> bytes:
+    """An int8 squeeze-excite pool: MEAN over the plane of NHWC `shape`, a finer output scale."""
+    g = Graph("main")
+    x = g.add_tensor("x", tuple(shape), "INT8", quantization=q(0.05, -20, "INT8"))
+    g.inputs.append(x)
+    axes = g.add_constant("axes", np.array([1, 2], np.int32))
+    out_shape = (1, 1, 1, shape[3]) if keep else (1, shape[3])
+    y = g.add_tensor("y", out_shape, "INT8", quantization=q(0.01, -90, "INT8"))
+    g.add_op("MEAN", [x, axes], [y], {"keep_dims": keep})
+    g.outputs = [y]
+    g.validate()
+    return flatbuffer.to_bytes(Model([g]))
+
+
+def test_a_mean_over_more_than_shown_is_cut_along_its_channels() -> None:
+    """[1, 28, 28, 120] (94080 elements; an int8 MEAN over a plane is shown up to 62720): two
+    [1, 28, 28, 60] MEANs, every op shown mapped, within the declared step (TFLite's int8 MEAN
+    rounds by channel count)."""
+    for keep in (True, False):
+        before = _se_mean((1, 28, 28, 120), keep)
+        assert len(undecided(before)) == 1 and mapped(before) == (0, 1)
+        after, model, result = apply(before, *LAYOUT_LEGALIZATION)
+        assert [e.rule for e in result.events] == ["CutMeanIntoShownPieces"]
+        assert ops(model) == ["SLICE", "MEAN", "SLICE", "MEAN", "CONCATENATION"]
+        assert [op.outputs[0].shape[-1] for op in model.main.ops if op.type == "MEAN"] == [60, 60]
+        assert undecided(after) == [] and mapped(after) == (5, 5)
+        steps = CutMeanIntoShownPieces().int8_error_steps
+        agreement = verify.compare(before, after, runs=3, int_atol=steps)
+        assert agreement.ok and agreement.varies and agreement.max_abs <= steps, agreement
+
+
+def test_a_mean_of_a_form_never_shown_is_not_cut() -> None:
+    """A MEAN over W of an NCHW-like [1, 8, 14, 16] ("kkr") is shown at no size: pieces would be
+    undecided too, so the rule refuses and says why."""
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 8, 14, 16), "INT8", quantization=q(0.05, 0, "INT8"))
+    g.inputs.append(x)
+    y = g.add_tensor("y", (1, 8, 14, 1), "INT8", quantization=q(0.05, 0, "INT8"))
+    g.add_op("MEAN", [x, g.add_constant("axes", np.array([3], np.int32))], [y], {"keep_dims": True})
+    g.outputs = [y]
+    before = flatbuffer.to_bytes(Model([g]))
+    _, model, result = apply(before, *LAYOUT_LEGALIZATION)
+    assert ops(model) == ["MEAN"]
+    why = refusals(result, "CutMeanIntoShownPieces")
+    assert len(why) == 1 and "no cut into at most 64 pieces along a kept axis" in why[0], why
+
+
+def _se_product(c: int, hw: int, op_type: str = "MUL") -> bytes:
+    """An int8 squeeze-excite product: the map [1, hw, hw, c] times the gate [1, 1, 1, c]."""
+    g = Graph("main")
+    x = g.add_tensor("x", (1, hw, hw, c), "INT8", quantization=q(0.05, -20, "INT8"))
+    s = g.add_tensor("s", (1, 1, 1, c), "INT8", quantization=q(1 / 256, -128, "INT8"))
+    g.inputs += [x, s]
+    y = g.add_tensor("y", (1, hw, hw, c), "INT8", quantization=q(0.04, -10, "INT8"))
+    g.add_op(op_type, [x, s], [y], {"fused_activation_function": "NONE"})
+    g.outputs = [y]
+    g.validate()
+    return flatbuffer.to_bytes(Model([g]))
+
+
+def test_a_broadcast_product_whose_tile_is_over_the_shown_size_is_cut_then_tiled() -> None:
+    """[1, 14, 14, 480] x [1, 1, 1, 480]: its TILE would hold 6720 elements in its two innermost
+    dims (shown up to 4224); two 240-channel halves, each tiled by TileBroadcastOperand: every op
+    shown mapped, bit-identical."""
+    before = _se_product(480, 14)
+    assert mapped(before) == (0, 1)
+    after, model, result = apply(before, *LAYOUT_LEGALIZATION, *BROADCAST_LEGALIZATION)
+    fired = collections.Counter(e.rule for e in result.events)
+    assert fired == {"CutBroadcastIntoShownPiecesMul": 1, "TileBroadcastOperandMul": 2}
+    assert ops(model).count("TILE") == 2 and ops(model)[-1] == "CONCATENATION"
+    assert undecided(after) == []
+    n = len(ops(model))
+    assert mapped(after) == (n, n)
+    agreement = verify.compare(before, after, runs=3, int_atol=0)
+    assert agreement.identical and agreement.varies, agreement
+
+
+def test_a_broadcast_product_tiled_whole_is_left_to_tile_broadcast_operand() -> None:
+    before = _se_product(120, 14)  # the tile [1, 14, 14, 120]: 1680 innermost, shown
+    _, model, result = apply(before, *LAYOUT_LEGALIZATION)
+    assert ops(model) == ["MUL"]
+    assert any(
+        "TileBroadcastOperand's" in r for r in refusals(result, "CutBroadcastIntoShownPiecesMul")
+    )

@@ -649,9 +649,12 @@ def test_every_fused_activation_the_edgetpu_pipeline_writes_is_in_its_row() -> N
 def test_quantized_pipeline_is_the_edgetpu_legalization_only() -> None:
     from tflfuse.convert.rule_sets import pipeline
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
+    from tflfuse.targets.edgetpu.nhwc import NHWC_LEGALIZATION
+    from tflfuse.targets.edgetpu.rowmean import ROW_MEAN_LEGALIZATION
 
     names = [p.name for p in pipeline(2, target_named("edgetpu"), quantized=True)]
-    legalization = [*HEAD_LEGALIZATION, *EDGETPU_LEGALIZATION]
+    first = [*NHWC_LEGALIZATION, *ROW_MEAN_LEGALIZATION]
+    legalization = [*first, *HEAD_LEGALIZATION, *EDGETPU_LEGALIZATION]
     assert names[: len(legalization)] == [p.name for p in legalization]
     assert "SplitOversizedTranspose" in names and "FuseActivationIntoProducer" not in names
     assert pipeline(2, target_named("xnnpack"), quantized=True) == ()

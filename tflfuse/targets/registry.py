@@ -172,14 +172,18 @@ def _edgetpu_legalization() -> tuple[Any, ...]:
     from tflfuse.targets.edgetpu.broadcast import BROADCAST_LEGALIZATION
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
     from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION
+    from tflfuse.targets.edgetpu.nhwc import NHWC_LEGALIZATION
+    from tflfuse.targets.edgetpu.rowmean import ROW_MEAN_LEGALIZATION
     from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
 
     # the heads first: a head cut along its anchors takes its oversized transposes with it,
     # which SplitOversizedTranspose would otherwise split and join again; the broadcasts last,
     # so that they also take the squeeze-excite-shaped MULs the attention products write; the
-    # layout cuts after them all, on the reshapes and transposes they write too
+    # layout cuts after them all, on the reshapes and transposes they write too; before the heads,
+    # an NCHW island back in its NHWC layout (PadChannelsForMean would pad its MEAN otherwise)
     legalizations = (*EDGETPU_LEGALIZATION, *ATTENTION_LEGALIZATION, *BROADCAST_LEGALIZATION)
-    return (*HEAD_LEGALIZATION, *legalizations, *LAYOUT_LEGALIZATION)
+    first = (*NHWC_LEGALIZATION, *ROW_MEAN_LEGALIZATION)
+    return (*first, *HEAD_LEGALIZATION, *legalizations, *LAYOUT_LEGALIZATION)
 
 
 # -- the registry -------------------------------------------------------------------------------

@@ -422,8 +422,201 @@ class CutReshapeIntoShownBlocks(Rule):
                                           quant=out.quantization))  # fmt: skip
 
 
+# -- a MEAN cut along an axis it keeps -------------------------------------------------------------
+@dataclass(frozen=True)
+class AxisPlan:
+    """x cut along its axis `axis_in` into pieces of `sizes`, each computed on its own (a MEAN
+    that keeps the axis, a broadcast op whose operands both span it), joined along the output's
+    axis `axis_out`."""
+
+    axis_in: int
+    axis_out: int
+    sizes: tuple[int, ...]
+
+
+def _reduced(shape: tuple[int, ...], axes: set[int], keep: bool) -> tuple[int, ...]:
+    return tuple(1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes)
+
+
+def mean_plan(x: Tensor, out: Tensor, axes: set[int], keep: bool) -> AxisPlan | str:
+    """The fewest pieces along one kept axis (the innermost first) whose SLICE, MEAN and
+    CONCATENATION are all shown mapped at their sizes, or why none is."""
+    shape, dt = tuple(x.shape), x.dtype
+    kept = [a for a in range(len(shape)) if a not in axes and shape[a] > 1]
+    last = "it keeps no axis longer than 1"
+    axes_const = tuple(sorted(axes))
+    for count in range(2, MOST_PIECES + 1):
+        for axis in reversed(kept):
+            if count > shape[axis]:
+                continue
+            sizes = tuple(_pieces(shape[axis], count))
+            at = axis if keep else axis - sum(1 for a in axes if a < axis)
+            parts = [tuple(n if i == axis else d for i, d in enumerate(shape)) for n in sizes]
+            outs = [_reduced(p, axes, keep) for p in parts]
+            why = next(
+                (w for p, o in zip(parts, outs) for w in (
+                    _off("SLICE", (shape,), dt, p, None), _off("MEAN", (p,), dt, o, axes_const))
+                 if w),
+                None,
+            ) or _off("CONCATENATION", tuple(outs), dt, tuple(out.shape), (at,))  # fmt: skip
+            if why is None:
+                return AxisPlan(axis, at, sizes)
+            last = why
+    return f"no cut into at most {MOST_PIECES} pieces along a kept axis is shown mapped ({last})"
+
+
+class CutMeanIntoShownPieces(Rule):
+    """int8: MEAN(x, axes) of a form compiled models show mapped, but not at its size  =>
+    CONCATENATION(MEAN(SLICE(x)) ...), pieces along an axis the MEAN keeps (a squeeze-excite's
+    [1, 28, 28, 120] pool as two [1, 28, 28, 60] ones: shown up to [1, 7, 7, 1280]). Each output
+    element averages the same inputs with the same parameters in its piece: exact in float; int8
+    within one step (TFLite's int8 MEAN kernels round an element differently by channel count:
+    1 step seen, [1, 28, 28, 120] against two 60-channel pieces)."""
+
+    quantized_ok = True
+    int8_error_steps = 1  # the CPU kernel's rounding differs by channel count
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MEAN(p.x, p.const("axes"))
+
+    @_gated
+    def check(self, m: Match) -> Refusal | AxisPlan:
+        """A refusal, or the pieces (the plan)."""
+        x, out = m.x, m.root.output
+        refusal = _int8_refusal(x, out, same_q=False) or _undecided(m.root)
+        if refusal is not None:
+            return refusal
+        axes = {int(a) % len(x.shape) for a in np.asarray(m.axes.data).reshape(-1)}
+        plan = mean_plan(x, out, axes, bool(m.root.options.get("keep_dims")))
+        return refuse(plan) if isinstance(plan, str) else plan
+
+    def rewrite(self, m: Match) -> None:
+        x, out, plan = m.x, m.root.output, m.plan
+        b = m.builder(constants="after_reader")
+        parts, start = [], 0
+        for j, size in enumerate(plan.sizes):
+            begin = [start if k == plan.axis_in else 0 for k in range(len(x.shape))]
+            shape = [size if k == plan.axis_in else d for k, d in enumerate(x.shape)]
+            part = _slice(b, x, begin, shape, f"piece{j}/in", x.quantization)
+            piece_out = tuple(size if k == plan.axis_out else d for k, d in enumerate(out.shape))
+            parts.append(b.MEAN(part, m.axes, name=f"piece{j}", quant=out.quantization,
+                                shape=piece_out, options=dict(m.root.options)))  # fmt: skip
+            start += size
+        b.replace(m.root, b.CONCATENATION(*parts, axis=plan.axis_out, shape=tuple(out.shape),
+                                          quant=out.quantization))  # fmt: skip
+
+
+# -- a broadcast op cut along an axis both operands span ----------------------------------------
+def _broadcast_operand(m: Match) -> int | Refusal:
+    """Which operand of an int8 op of two activations is broadcast against the other, or why
+    the rule does not apply."""
+    a, b, out = m.a, m.b, m.root.output
+    if a.is_constant or b.is_constant:
+        return NotApplicable("an operand is a constant")
+    refusal = _int8_refusal(a, out, same_q=False) or _int8_refusal(b, out, same_q=False)
+    if refusal is not None:
+        return refusal
+    small = [i for i, t in enumerate((a, b)) if tuple(t.shape) != tuple(out.shape)]
+    s = (a, b)[small[0]] if len(small) == 1 else None
+    if s is None or len(s.shape) != len(out.shape):
+        return NotApplicable("not one operand broadcast against the other at the same rank")
+    if gate(m.root).answer == "mapped":
+        return NotApplicable("the broadcast form is shown mapped as it is")
+    return small[0]
+
+
+def broadcast_plan(m: Match, which: int) -> AxisPlan | str:
+    """The fewest pieces along one axis both operands span (the innermost first) whose SLICEs,
+    CONCATENATION, TILE of the broadcast piece and same-shape op are all shown mapped."""
+    out, s = m.root.output, (m.a, m.b)[which]
+    shape, dt = tuple(out.shape), out.dtype
+    spans = [k for k, d in enumerate(s.shape) if d == shape[k] and d > 1]
+    last = "the broadcast operand spans no axis to cut"
+    for count in range(2, MOST_PIECES + 1):
+        for axis in reversed(spans):
+            if count > shape[axis]:
+                continue
+            sizes = tuple(_pieces(shape[axis], count))
+            for n in sorted(set(sizes)):
+                piece = tuple(n if k == axis else d for k, d in enumerate(shape))
+                small = tuple(n if k == axis else d for k, d in enumerate(s.shape))
+                multiples = tuple(p // q for p, q in zip(piece, small))
+                why = (
+                    _off("SLICE", (shape,), dt, piece, None)
+                    or _off("SLICE", (tuple(s.shape),), dt, small, None)
+                    or _off("TILE", (small,), dt, piece, multiples)
+                    or _off(m.root.type, (piece, piece), dt, piece, None)
+                )
+                if why:
+                    break
+            else:
+                why = _off("CONCATENATION", tuple(
+                    tuple(n if k == axis else d for k, d in enumerate(shape)) for n in sizes
+                ), dt, shape, (axis,))  # fmt: skip
+            if why is None:
+                return AxisPlan(axis, axis, sizes)
+            last = why
+    return f"no cut into at most {MOST_PIECES} pieces is shown mapped once tiled ({last})"
+
+
+class CutBroadcastIntoShownPieces(Rule):
+    """int8: OP(x, s), OP in MUL/ADD/SUB of two activations, s broadcast against x, where the
+    TILE that would give s x's shape is larger than compiled models show mapped  =>
+    CONCATENATION(OP(SLICE(x), SLICE(s)) ...), pieces along an axis both span (a squeeze-excite's
+    [1, 14, 14, 480] x [1, 1, 1, 480] as two 240-channel halves: the tile of [1, 1, 1, 240] over
+    [1, 14, 14, 240] is within DeepLab's shown [1, 33, 33, 128]); `TileBroadcastOperand` then
+    tiles each piece's operand. The pieces compute the same elements with the same parameters:
+    bit-identical."""
+
+    quantized_ok = True
+    int8_error_steps = 0  # each output element computed as before
+
+    def __init__(self, op_type: str = "MUL") -> None:
+        self.op_type = op_type
+
+    @property
+    def name(self) -> str:
+        return f"CutBroadcastIntoShownPieces{self.op_type.title()}"
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return getattr(p, self.op_type)(p.a, p.b)
+
+    @_gated
+    def check(self, m: Match) -> Refusal | tuple[int, AxisPlan]:
+        """A refusal, or the broadcast operand and the pieces (the plan)."""
+        which = _broadcast_operand(m)
+        if isinstance(which, Refusal):
+            return which
+        s, out = (m.a, m.b)[which], m.root.output
+        multiples = tuple(o // d for d, o in zip(s.shape, out.shape))
+        if _off("TILE", (tuple(s.shape),), out.dtype, tuple(out.shape), multiples) is None:
+            return NotApplicable("the whole operand's TILE is shown (TileBroadcastOperand's)")
+        plan = broadcast_plan(m, which)
+        return refuse(plan) if isinstance(plan, str) else (which, plan)
+
+    def rewrite(self, m: Match) -> None:
+        which, plan = m.plan
+        out = m.root.output
+        b = m.builder(constants="after_reader")
+        parts, start = [], 0
+        for j, size in enumerate(plan.sizes):
+            pieces = []
+            for k, t in enumerate((m.a, m.b)):
+                begin = [start if i == plan.axis_in and t.shape[i] > 1 else 0
+                         for i in range(len(t.shape))]  # fmt: skip
+                shape = [size if i == plan.axis_in else d for i, d in enumerate(t.shape)]
+                pieces.append(_slice(b, t, begin, shape, f"piece{j}/in{k}", t.quantization))
+            parts.append(b.op(m.root.type, *pieces, name=f"piece{j}", quant=out.quantization,
+                              options=dict(m.root.options)))  # fmt: skip
+            start += size
+        b.replace(m.root, b.CONCATENATION(*parts, axis=plan.axis_out, shape=tuple(out.shape),
+                                          quant=out.quantization))  # fmt: skip
+
+
 LAYOUT_LEGALIZATION: tuple[Rule, ...] = (
     CutReshapeIntoShownBlocks(),
     CutTransposeIntoShownForms(),
     CutSoftmaxIntoShownRows(),
+    CutMeanIntoShownPieces(),
+    *(CutBroadcastIntoShownPieces(t) for t in ("MUL", "ADD", "SUB")),
 )
