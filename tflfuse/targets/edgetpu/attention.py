@@ -38,6 +38,9 @@ to the product's shape. Why this one:
   * the exporters' head split and merge TRANSPOSEs ([1, N, H, d] <-> [1, H, N, d]; no compiled
     model shows those 4-D permutations mapped) are read through: each head's rows are a SLICE
     of the split's input, and the heads are joined in the merge's order, so both go.
+  * onnx2tf's q^T k with the keys' tokens on a batch axis ([1, H, d, N] @ [N, H, d, 1] ->
+    [N, H, N, 1], then a TRANSPOSE back to [1, H, N, N]) is read as the plain product written
+    into that TRANSPOSE's output (`_columns_on_batch`): both go.
 Chunks keep every tensor within the compiler's limits (edgetpu.toml [meta] and the RESHAPE and
 TRANSPOSE rows): m_c d within the row limit (and the TRANSPOSE limit when Y arrives as [d, m]),
 the replication weights m_c d^2 and the blocks m_c^2 d within PARAMETER_BUDGET, and on the grid
@@ -108,8 +111,12 @@ from tflfuse.targets.edgetpu.rules import (
 # Bytes of replication weights (m_c d^2, int8) one chunk may use: an eighth of the 8 MiB
 # parameter cache, so that the product leaves room for the model's own weights.
 PARAMETER_BUDGET = 1 << 20
-# Pieces per head up to which both operands are repeated (shown forms only; more ops).
-FULL_PIECES = 16
+# Pieces per head up to which both operands are repeated (shown forms only; more ops). The
+# other ways hang on a MUL broadcast between two activations that no compiled model shows, so
+# this one is preferred up to 512 tokens a head (512^2 products in pieces of SUM_CHANNELS: 64;
+# a 640-px YOLO's 20x20 map, 400 tokens, needs 40); past that the ops it writes (about six a
+# piece) outgrow the model's own.
+FULL_PIECES = 64
 # Channels of the summing DEPTHWISE_CONV_2D: ai-edge-litert 2.3's float kernel (the one every
 # verification runs) hangs on a depthwise conv of 4900 channels or more with a tall kernel
 # ([1, 8, 1, 4900]: no answer in minutes; 4800 and below: microseconds), which stalled a

@@ -11,6 +11,9 @@ Every legalization is also refused when an op it would rewrite reads what the co
 on the CPU after its one segment (`after_the_cut`): the cut follows the data flow, so such an op
 never maps whatever it becomes, and spelling it out only adds CPU work (the encoder's GELU after
 attention's BATCH_MATMUL of two activations stays one op instead of nine: benchmarks/PYTORCH.md).
+A float TRANSPOSE over the element limit that the quantized stage splits into mapped pieces
+(`split_once_quantized`) is no cut there: at 640 px YOLO's [1, 20, 20, 256] layout TRANSPOSE held
+the attention product, which must be legalized in float to be calibrated, on the CPU.
 
 Most rules work on float graphs (the `edgetpu` recipe fuses and legalizes in float, then
 quantizes) and on int8/uint8 graphs (a stock-converted `.tflite` given to `optimize`): there the
