@@ -42,3 +42,19 @@ def test_one_interpreter_per_model_gives_the_validators_numbers() -> None:
     assert intermediates == single.intermediate_tensors
     assert len(intermediates) >= 1 and all(v["mse"] > 0 for v in outputs.values())
     assert not layer_error.stateful(flatbuffer.from_bytes(data))
+
+
+def test_a_model_over_the_activation_budget_gets_a_sentence_not_a_table(monkeypatch) -> None:
+    """Over BUDGET bytes of float activations the table is not computed: one row saying why
+    (the report prints it as a sentence), and the int8 model is the same bytes."""
+    data = _conv_chain()
+    calib = np.random.default_rng(0).uniform(-1, 1, (6, 6, 6, 3)).astype(np.float32)
+    full = quantize(data, "int8", [calib], progress=False, layer_error=True)
+    assert full.layer_error and "error" not in full.layer_error[0]
+    monkeypatch.setattr(layer_error, "BUDGET", 100)
+    held = layer_error.activation_bytes(flatbuffer.from_bytes(data))
+    assert held > 100
+    cut = quantize(data, "int8", [calib], progress=False, layer_error=True)
+    assert cut.layer_error == [{"error": layer_error.skipped(held)}]
+    assert "not computed" in cut.layer_error[0]["error"]
+    assert cut.data == full.data

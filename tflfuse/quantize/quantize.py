@@ -133,8 +133,12 @@ def quantize(
     qparams.check(qmodel, f"litert-quantizer's output ({which})")
     out = Quantized(data, f"litert-quantizer {mode}", ranges_adjusted=adjusted)
     if layer_error and samples:
-        pair = None if layer_error_mod.stateful(model) else (bytes(float_model), data)
-        out.layer_error = _layer_error(q, signature.key, samples[:4], pair)
+        held = layer_error_mod.activation_bytes(model)
+        if held > layer_error_mod.BUDGET:
+            out.layer_error = [{"error": layer_error_mod.skipped(held)}]
+        else:
+            pair = None if layer_error_mod.stateful(model) else (bytes(float_model), data)
+            out.layer_error = _layer_error(q, signature.key, samples[:4], pair)
     if mode == "int8" and complete_int8:
         done = complete(data, verify=verify, target=target)
         out.completion = done.to_dict()
