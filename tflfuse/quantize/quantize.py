@@ -133,12 +133,8 @@ def quantize(
     qparams.check(qmodel, f"litert-quantizer's output ({which})")
     out = Quantized(data, f"litert-quantizer {mode}", ranges_adjusted=adjusted)
     if layer_error and samples:
-        held = layer_error_mod.activation_bytes(model)
-        if held > layer_error_mod.BUDGET:
-            out.layer_error = [{"error": layer_error_mod.skipped(held)}]
-        else:
-            pair = None if layer_error_mod.stateful(model) else (bytes(float_model), data)
-            out.layer_error = _layer_error(q, signature.key, samples[:4], pair)
+        pair = (bytes(float_model), data)
+        out.layer_error = _layer_error_within_budget(q, signature.key, samples, model, pair)
     if mode == "int8" and complete_int8:
         done = complete(data, verify=verify, target=target)
         out.completion = done.to_dict()
@@ -249,6 +245,17 @@ def _global_min_max(qsv: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     merged["min"] = np.minimum(qsv["min"], new["min"])
     merged["max"] = np.maximum(qsv["max"], new["max"])
     return merged
+
+
+def _layer_error_within_budget(
+    q: Any, key: str, samples: list[dict[str, np.ndarray]], model: Model, pair: tuple[bytes, bytes]
+) -> list[dict[str, Any]]:
+    """The per-tensor error on the first 4 samples (`pair`: the float and quantized bytes), or
+    one row saying why it was not computed (over `layer_error.BUDGET` bytes of activations)."""
+    held = layer_error_mod.activation_bytes(model)
+    if held > layer_error_mod.BUDGET:
+        return [{"error": layer_error_mod.skipped(held)}]
+    return _layer_error(q, key, samples[:4], None if layer_error_mod.stateful(model) else pair)
 
 
 def _layer_error(
