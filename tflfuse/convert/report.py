@@ -527,7 +527,9 @@ def _quantization_lines(q: dict[str, Any]) -> list[str]:
     ]
     if q["float_ops_left"]:
         lines.append(f"Ops still in float: {', '.join(sorted(set(q['float_ops_left'])))}.")
-    if q["layer_error"]:
+    if q["layer_error"] and "error" in q["layer_error"][0]:
+        lines += ["", f"Per-tensor quantization error: {q['layer_error'][0]['error']}."]
+    elif q["layer_error"]:
         lines += [
             "",
             "Worst per-tensor quantization error (litert-quantizer validator):",

@@ -34,6 +34,7 @@ import numpy as np
 from tflfuse import isolation
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer, qparams
+from tflfuse.quantize import layer_error as layer_error_mod
 from tflfuse.quantize.calibrated_ranges import usable_ranges
 from tflfuse.quantize.int8_completion import COMPLETED_OPS, complete
 from tflfuse.quiet import progress_bar
@@ -132,7 +133,8 @@ def quantize(
     qparams.check(qmodel, f"litert-quantizer's output ({which})")
     out = Quantized(data, f"litert-quantizer {mode}", ranges_adjusted=adjusted)
     if layer_error and samples:
-        out.layer_error = _layer_error(q, signature.key, samples[:4])
+        pair = (bytes(float_model), data)
+        out.layer_error = _layer_error_within_budget(q, signature.key, samples, model, pair)
     if mode == "int8" and complete_int8:
         done = complete(data, verify=verify, target=target)
         out.completion = done.to_dict()
@@ -245,9 +247,24 @@ def _global_min_max(qsv: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _layer_error(q: Any, key: str, samples: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
+def _layer_error_within_budget(
+    q: Any, key: str, samples: list[dict[str, np.ndarray]], model: Model, pair: tuple[bytes, bytes]
+) -> list[dict[str, Any]]:
+    """The per-tensor error on the first 4 samples (`pair`: the float and quantized bytes), or
+    one row saying why it was not computed (over `layer_error.BUDGET` bytes of activations)."""
+    held = layer_error_mod.activation_bytes(model)
+    if held > layer_error_mod.BUDGET:
+        return [{"error": layer_error_mod.skipped(held)}]
+    return _layer_error(q, key, samples[:4], None if layer_error_mod.stateful(model) else pair)
+
+
+def _layer_error(
+    q: Any, key: str, samples: list[dict[str, np.ndarray]], pair: tuple[bytes, bytes] | None
+) -> list[dict[str, Any]]:
     """Per-tensor error of the quantized model against the float one (litert-quantizer's
-    validator: mean squared error and signal-to-noise ratio), worst first."""
+    validator: mean squared error and signal-to-noise ratio), worst first. `pair` (float,
+    quantized bytes): computed with one interpreter per model (`layer_error.compare`, the
+    validator's numbers); None: by the validator itself (a model holding variables)."""
     from litert_quantizer.utils import validation_utils
 
     metrics = [validation_utils.ValidationErrorMetric.MSE]
@@ -255,15 +272,16 @@ def _layer_error(q: Any, key: str, samples: list[dict[str, np.ndarray]]) -> list
     if snr is not None:
         metrics.append(snr)
     try:
-        res = q.validate({key: samples}, error_metrics=metrics, num_threads=1)
-        single = res.get_signature_comparison_result(key)
+        if pair is not None:
+            outputs, intermediates = layer_error_mod.compare(*pair, key, samples, metrics)
+        else:
+            res = q.validate({key: samples}, error_metrics=metrics, num_threads=1)
+            single = res.get_signature_comparison_result(key)
+            outputs, intermediates = single.output_tensors, single.intermediate_tensors
     except (ValueError, RuntimeError, KeyError) as exc:
         return [{"error": f"validation failed: {exc}"}]
     rows = []
-    for kind, table in (
-        ("output", single.output_tensors),
-        ("activation", single.intermediate_tensors),
-    ):
+    for kind, table in (("output", outputs), ("activation", intermediates)):
         for name, values in table.items():
             rows.append(
                 {"tensor": name, "kind": kind, **{str(k): float(v) for k, v in values.items()}}

@@ -38,6 +38,9 @@ to the product's shape. Why this one:
   * the exporters' head split and merge TRANSPOSEs ([1, N, H, d] <-> [1, H, N, d]; no compiled
     model shows those 4-D permutations mapped) are read through: each head's rows are a SLICE
     of the split's input, and the heads are joined in the merge's order, so both go.
+  * onnx2tf's q^T k with the keys' tokens on a batch axis ([1, H, d, N] @ [N, H, d, 1] ->
+    [N, H, N, 1], then a TRANSPOSE back to [1, H, N, N]) is read as the plain product written
+    into that TRANSPOSE's output (`_columns_on_batch`): both go.
 Chunks keep every tensor within the compiler's limits (edgetpu.toml [meta] and the RESHAPE and
 TRANSPOSE rows): m_c d within the row limit (and the TRANSPOSE limit when Y arrives as [d, m]),
 the replication weights m_c d^2 and the blocks m_c^2 d within PARAMETER_BUDGET, and on the grid
@@ -108,8 +111,12 @@ from tflfuse.targets.edgetpu.rules import (
 # Bytes of replication weights (m_c d^2, int8) one chunk may use: an eighth of the 8 MiB
 # parameter cache, so that the product leaves room for the model's own weights.
 PARAMETER_BUDGET = 1 << 20
-# Pieces per head up to which both operands are repeated (shown forms only; more ops).
-FULL_PIECES = 16
+# Pieces per head up to which both operands are repeated (shown forms only; more ops). The
+# other ways hang on a MUL broadcast between two activations that no compiled model shows, so
+# this one is preferred up to 512 tokens a head (512^2 products in pieces of SUM_CHANNELS: 64;
+# a 640-px YOLO's 20x20 map, 400 tokens, needs 40); past that the ops it writes (about six a
+# piece) outgrow the model's own.
+FULL_PIECES = 64
 # Channels of the summing DEPTHWISE_CONV_2D: ai-edge-litert 2.3's float kernel (the one every
 # verification runs) hangs on a depthwise conv of 4900 channels or more with a tall kernel
 # ([1, 8, 1, 4900]: no answer in minutes; 4800 and below: microseconds), which stalled a
@@ -206,6 +213,40 @@ def _fold_broadcast_rows(
     return folded, other, (*lead[:-1], lead[-1], out_shape[-1])
 
 
+def _columns_on_batch(
+    graph: Graph, x: Operand, y: Operand, out: Tensor
+) -> tuple[Operand, Operand, tuple[int, ...], Op] | None:
+    """onnx2tf also writes q^T k with k's tokens on a batch axis and one column each,
+    [1, H, d, N] (adj_x) @ [N, H, d, 1] -> [N, H, N, 1] (k read through a TRANSPOSE), then
+    TRANSPOSEs that to the plain product [1, H, N, N]: out[j, h, i, 0] = sum_k X[h, i, k]
+    Y[j, h, k]. Read as X [1, H, N, d] . Y [1, H, N, d]^T written straight into that
+    TRANSPOSE's output (which goes with the product). Returns (x, y as rows, the product's
+    shape, the TRANSPOSE), or None when the product is not of that form."""
+    shape, lead = tuple(out.shape), len(out.shape) - 2
+    if lead < 1 or y.view is not None or y.rows != 1 or shape[-1] != 1:
+        return None
+    if len(x.lead) != lead or len(y.lead) != lead or x.lead[0] != 1 or y.lead[0] != shape[0]:
+        return None
+    if shape[0] < 2 or not (x.lead[1:] == y.lead[1:] == shape[1:lead]) or x.rows != shape[-2]:
+        return None
+    reader = _sole_reader(graph, out)
+    if reader is None or reader.type != "TRANSPOSE" or len(reader.inputs) < 2:
+        return None
+    perm_t, product = reader.inputs[1], (1, *shape[1:lead], x.rows, shape[0])
+    if reader.inputs[0] is not out or perm_t is None or not perm_t.is_constant:
+        return None
+    perm = [int(v) % len(shape) for v in np.asarray(perm_t.data).reshape(-1)]
+    if perm != [lead + 1, *range(1, lead), lead, 0] or tuple(reader.output.shape) != product:
+        return None
+    if out.is_quantized and not reader.output.quantization.same_as(out.quantization):
+        return None
+    rank = len(y.shape)
+    own = y.perm if y.perm is not None else tuple(range(rank))
+    rows, depth = (rank - 2, rank - 1) if y.rows_last else (rank - 1, rank - 2)
+    as_rows = (own[rows], *(own[a] for a in range(1, lead)), own[0], own[depth])
+    return x, Operand(y.tensor, True, perm=as_rows), product, reader
+
+
 def _through_transpose(t: Tensor, rows_last: bool) -> Operand:
     """The operand, read before a TRANSPOSE (through a RESHAPE that only regroups the leading
     axes): each head's rows are sliced from the TRANSPOSE's input directly, which the exporters'
@@ -251,6 +292,7 @@ class MatmulPlan:
     merge: Op | None = (
         None  # the heads' merge TRANSPOSE it writes directly ([H, N, E] -> [N, H, E])
     )
+    into: Op | None = None  # the TRANSPOSE whose output is the plain product (`_columns_on_batch`)
 
     @property
     def pieces(self) -> int:
@@ -672,14 +714,23 @@ class _Spell:
             merged.tensor = last
             self.b.commit(remove=[*p.merge, self.m.root])
             return
-        if not p.per_batch_reshape:
-            joined = self._join(results, 1, "heads")
-            self.b.replace(self.m.root, self._reshape_to(joined, out.shape, "result"))
+        if p.into is not None:  # the plain product is the TRANSPOSE's output; both go
+            last = p.into.output
+            value = self._result(results, tuple(last.shape))
+            value.tensor = last
+            self.b.commit(remove=[p.into, self.m.root])
             return
-        axis = next(i for i, a in enumerate(out.shape[:-2]) if a > 1)
-        piece_shape = [1 if i == axis else a for i, a in enumerate(out.shape)]
+        self.b.replace(self.m.root, self._result(results, tuple(out.shape)))
+
+    def _result(self, results: list[Value], shape: tuple[int, ...]) -> Value:
+        """The heads' results joined as `shape`: one RESHAPE of them all, or one per head
+        joined along the head axis (`per_batch_reshape`)."""
+        if not self.p.per_batch_reshape:
+            return self._reshape_to(self._join(results, 1, "heads"), shape, "result")
+        axis = next(i for i, a in enumerate(shape[:-2]) if a > 1)
+        piece_shape = [1 if i == axis else a for i, a in enumerate(shape)]
         pieces = [self._reshape_to(r, piece_shape, f"h{i}/result") for i, r in enumerate(results)]
-        self.b.replace(self.m.root, self.b.CONCATENATION(*pieces, axis=axis))
+        return self.b.CONCATENATION(*pieces, axis=axis, quant=self.out.quantization)
 
     def _reshape_to(self, x: Value, shape, name: str) -> Value:
         return self._reshape(x, list(shape), name, self.out.quantization)
@@ -818,8 +869,13 @@ class LegalizeActivationMatmul(_MatmulRule):
         x, y = _through_transpose(a, rows_x), _through_transpose(b, rows_y)
         shape = tuple(out.shape)
         lead = shape[:-2]
-        if not (_lead_ok(x, lead) and _lead_ok(y, lead)):  # onnx2tf's rows on a batch axis
-            x, y, shape = _fold_broadcast_rows(Operand(a, rows_x), Operand(b, rows_y), shape)
+        into = None
+        if not (_lead_ok(x, lead) and _lead_ok(y, lead)):
+            columns = _columns_on_batch(m.graph, x, y, out)
+            if columns is not None:  # onnx2tf's columns on a batch axis
+                x, y, shape, into = columns
+            else:  # onnx2tf's rows on a batch axis
+                x, y, shape = _fold_broadcast_rows(Operand(a, rows_x), Operand(b, rows_y), shape)
             lead = shape[:-2]
         batch = int(np.prod(lead, dtype=np.int64)) if lead else 1
         if not (_lead_ok(x, lead) and _lead_ok(y, lead)):
@@ -831,6 +887,9 @@ class LegalizeActivationMatmul(_MatmulRule):
             MatmulPlan(y, x, batch, "NONE", kind=kind, swapped=True),
             Tensor("product", shape, out.dtype),
         )
+        if isinstance(plan, MatmulPlan) and into is not None:
+            plan.into = into
+            return plan
         if isinstance(plan, MatmulPlan) and plan.per_batch_reshape and shape != out.shape:
             return refuse(
                 "its rows are spread over a batch axis and each head needs its own reshape"

@@ -25,6 +25,7 @@ from typing import Any
 from tflfuse.ir import Graph, Model
 from tflfuse.targets.capabilities import OpPrediction, Prediction, capability
 from tflfuse.targets.edgetpu.failures import whole_model_failures
+from tflfuse.targets.edgetpu.limits import interface_limit_notes
 from tflfuse.targets.edgetpu.pipeline import PipelineSplit, pipeline_split, segment_graph
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 
@@ -161,6 +162,7 @@ def compare_modes(
         key=lambda i: (-outcomes[i].mapped, outcomes[i].crossings.count, outcomes[i].segments),
     )
     notes = [f.line() for f in whole_model_failures(model, compiler_version)]
+    notes += interface_limit_notes(model)
     failure = failure_note(model, multi)
     if failure:
         notes.append(f"{failure}; {search_note(len(graph.ops))}")

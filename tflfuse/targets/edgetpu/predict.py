@@ -548,12 +548,23 @@ def _op_key(op: Op) -> tuple:
     return (op.type, op.version, op.custom_code, repr(op.options), tensors)
 
 
-def cut_origins(graph: Graph, compiler_version: str | None = None) -> dict[int, int]:
+def cut_origins(
+    graph: Graph,
+    compiler_version: str | None = None,
+    lifted: Callable[[Op], bool] | None = None,
+) -> dict[int, int]:
     """{id of a tensor a one-segment compile computes on the CPU from the segment's outputs:
     index of the refused op that cut it}, on the graph as it is (a float graph judged as it
     will be once quantized). An op reading such a tensor can never map, whatever is done to the
-    op itself: a legalization there only adds CPU work (`tflfuse.targets.edgetpu.rules`)."""
-    return _single_segment(graph, statuses_once_quantized(graph, compiler_version))[2]
+    op itself: a legalization there only adds CPU work (`tflfuse.targets.edgetpu.rules`).
+    `lifted(op)`: a refused op the quantized stage's legalization makes mapped, counted mapped."""
+    statuses = statuses_once_quantized(graph, compiler_version)
+    if lifted is not None:
+        statuses = [
+            ("mapped", "") if key != "mapped" and lifted(op) else (key, why)
+            for op, (key, why) in zip(graph.ops, statuses)
+        ]
+    return _single_segment(graph, statuses)[2]
 
 
 def _segments(graph: Graph, mapped: list[bool]) -> int:

@@ -11,6 +11,9 @@ Every legalization is also refused when an op it would rewrite reads what the co
 on the CPU after its one segment (`after_the_cut`): the cut follows the data flow, so such an op
 never maps whatever it becomes, and spelling it out only adds CPU work (the encoder's GELU after
 attention's BATCH_MATMUL of two activations stays one op instead of nine: benchmarks/PYTORCH.md).
+A float TRANSPOSE over the element limit that the quantized stage splits into mapped pieces
+(`split_once_quantized`) is no cut there: at 640 px YOLO's [1, 20, 20, 256] layout TRANSPOSE held
+the attention product, which must be legalized in float to be calibrated, on the CPU.
 
 Most rules work on float graphs (the `edgetpu` recipe fuses and legalizes in float, then
 quantizes) and on int8/uint8 graphs (a stock-converted `.tflite` given to `optimize`): there the
@@ -26,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from tflfuse.ir import Graph, Quantization, Tensor
+from tflfuse.ir import Graph, Op, Quantization, Tensor
 from tflfuse.rewrite import (
     Builder,
     Match,
@@ -59,7 +62,7 @@ def after_the_cut(m: Match) -> Refusal | None:
     round after round, so once a rule lifts the refusal upstream, the legalization follows."""
     inside = {id(t) for op in m.ops for t in op.outputs}
     reads = [t for op in m.ops for t in op.inputs if t is not None and id(t) not in inside]
-    origins = cut_origins(m.graph)
+    origins = cut_origins(m.graph, lifted=split_once_quantized)
     cut = min((origins[id(t)] for t in reads if id(t) in origins), default=None)
     if cut is None:
         return None
@@ -69,6 +72,24 @@ def after_the_cut(m: Match) -> Refusal | None:
         f"its input is computed on the CPU after the Edge TPU segment (cut at op {cut}"
         f" {op.type}: {why}): legalized, it would still run on the CPU, in more ops"
     )
+
+
+def split_once_quantized(op: Op) -> bool:
+    """A float TRANSPOSE over the compiler's element limit that `SplitOversizedTranspose` cuts
+    into mapped pieces once the graph is quantized (it waits for one scale for every piece):
+    the gate does not count it as a cut, so a legalization that must run in float (the
+    attention product, calibrated there) is not held back by it. Shapes only, as the rule's
+    own plan (`transpose_split`) asks them."""
+    if op.type != "TRANSPOSE" or len(op.inputs) < 2 or not op.outputs:
+        return False
+    x, perm_t = op.inputs[0], op.inputs[1]
+    if x is None or perm_t is None or not perm_t.is_constant or not is_float(x):
+        return False
+    if x.size <= _transpose_limit():
+        return False
+    perm = [int(v) % len(x.shape) for v in np.asarray(perm_t.data).reshape(-1)]
+    plan = transpose_split(tuple(x.shape), perm, tuple(op.outputs[0].shape), "INT8")
+    return not isinstance(plan, Refusal)
 
 
 def _gated(check: Callable[..., Refusal | Any]) -> Callable[..., Refusal | Any]:
@@ -775,6 +796,38 @@ def _pieces(length: int, count: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(count)]
 
 
+def transpose_split(
+    shape: tuple[int, ...], perm: list[int], out_shape: tuple[int, ...], dtype: str
+) -> tuple[int, list[int]] | Refusal:
+    """SplitOversizedTranspose's plan from shapes alone: (the axis cut, the pieces' sizes), or
+    why no cut maps (every piece TRANSPOSE and their CONCATENATION asked of the op table)."""
+    limit, size = _transpose_limit(), int(np.prod(shape, dtype=np.int64))
+    plans = []
+    for axis, length in enumerate(shape):
+        per_row = size // length
+        if length < 2 or per_row > limit:
+            continue
+        plans.append((math.ceil(length / (limit // per_row)), axis))
+    if not plans:
+        return refuse(f"no axis of {list(shape)} cuts it into pieces of at most {limit}")
+    count, axis = min(plans)
+    sizes = _pieces(shape[axis], count)
+    j = perm.index(axis)
+    for piece_len in sorted(set(sizes)):
+        piece = tuple(piece_len if i == axis else d for i, d in enumerate(shape))
+        moved = tuple(piece[i] for i in perm)
+        why = _refusal_of("TRANSPOSE", [Tensor("p", piece, dtype)], moved,
+                          consts=[np.array(perm, np.int32)])  # fmt: skip
+        if why:
+            return refuse(f"a piece would stay on the CPU: {why}")
+    moved_t = [Tensor("m", tuple(s if i == j else d for i, d in enumerate(out_shape)), dtype)
+               for s in sorted(set(sizes))]  # fmt: skip
+    why = _refusal_of("CONCATENATION", moved_t, out_shape, {"axis": j})
+    if why:
+        return refuse(f"the transposed tensor itself stays on the CPU: {why}")
+    return axis, sizes
+
+
 class SplitOversizedTranspose(Rule):
     """TRANSPOSE(x, perm) over the compiler's element limit  =>
     CONCATENATION_j(TRANSPOSE(SLICE_a(x, piece_i), perm) ...), j the axis with perm[j] = a.
@@ -800,8 +853,8 @@ class SplitOversizedTranspose(Rule):
         return p.TRANSPOSE(p.x, p.const("perm"))
 
     def _plan(self, m: Match) -> tuple[int, list[int]] | Refusal:
-        x, out, limit = m.x, m.root.output, _transpose_limit()
-        if x.size <= limit:
+        x, out = m.x, m.root.output
+        if x.size <= _transpose_limit():
             return NotApplicable("the transpose is within the limit")
         perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
         kind = _kind(x)
@@ -811,31 +864,7 @@ class SplitOversizedTranspose(Rule):
             return refuse(f"TRANSPOSE on {x.dtype} with per-channel or no quantization")
         if not (out.is_quantized and out.quantization.same_as(x.quantization)):
             return refuse("the transpose requantizes")
-        plans = []
-        for axis, length in enumerate(x.shape):
-            per_row = x.size // length
-            if length < 2 or per_row > limit:
-                continue
-            count = math.ceil(length / (limit // per_row))
-            plans.append((count, axis))
-        if not plans:
-            return refuse(f"no axis of {list(x.shape)} cuts it into pieces of at most {limit}")
-        count, axis = min(plans)
-        sizes = _pieces(x.shape[axis], count)
-        j = perm.index(axis)
-        for size in sorted(set(sizes)):
-            piece = tuple(size if i == axis else d for i, d in enumerate(x.shape))
-            moved = tuple(piece[i] for i in perm)
-            why = _refusal_of("TRANSPOSE", [Tensor("p", piece, x.dtype)], moved,
-                              consts=[np.array(perm, np.int32)])  # fmt: skip
-            if why:
-                return refuse(f"a piece would stay on the CPU: {why}")
-        moved = [Tensor("m", tuple(s if i == j else d for i, d in enumerate(out.shape)), x.dtype)
-                 for s in sorted(set(sizes))]  # fmt: skip
-        why = _refusal_of("CONCATENATION", moved, out.shape, {"axis": j})
-        if why:
-            return refuse(f"the transposed tensor itself stays on the CPU: {why}")
-        return axis, sizes
+        return transpose_split(tuple(x.shape), perm, tuple(out.shape), x.dtype)
 
     @_gated
     def check(self, m: Match) -> Refusal | tuple[int, list[int]]:
