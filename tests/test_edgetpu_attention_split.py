@@ -105,3 +105,19 @@ def test_the_split_is_refused(n: int, softmax: bool, why: str, monkeypatch) -> N
     data = _attention(n, softmax)
     _, counts = _legalized(data, True, monkeypatch)
     assert "ADD" not in counts and counts["MUL"] == 2, why
+
+
+def test_a_softmax_read_through_its_transpose_is_split(monkeypatch) -> None:
+    """YOLO11's C2PSA form: v [1, H, D, n] @ TRANSPOSE(A) (keys last in A, contracted): A is the
+    right operand, read through the TRANSPOSE; it is split all the same, exactly."""
+    from tflfuse.sources import tflite as tflite_frontend
+
+    g = G()
+    a = g.op("SOFTMAX", [g.input((1, H, N, N), "s")], (1, H, N, N), beta=1.0)
+    at = g.op("TRANSPOSE", [a, g.const(np.array([0, 1, 3, 2]), "perm")], (1, H, N, N))
+    v = g.unary("TANH", g.input((1, H, D, N), "v"))
+    out = g.op("BATCH_MATMUL", [v, at], (1, H, D, N), adj_x=False, adj_y=False)
+    data = tflite_frontend.load(g.bytes(out)).float_tflite(None)
+    after, counts = _legalized(data, True, monkeypatch)
+    assert counts["ADD"] == 2
+    assert_same_function(data, after, atol=1e-5, rtol=1e-5)

@@ -470,10 +470,8 @@ SPLIT_SMALL = 8.0
 def _softmax_rows(op: Operand) -> bool:
     """The operand is a SOFTMAX's output (through RESHAPEs that keep its last axis) read with
     the softmax's axis as the contracted depth: its rows are >= 0 and sum to 1."""
-    t, last = op.tensor, len(op.shape) - 1
-    if op.axes()[1] != (op.perm[last] if op.perm is not None else last):
-        return False
-    if op.perm is not None and op.perm[last] != len(t.shape) - 1:
+    t = op.tensor
+    if op.axes()[1] != len(op.shape if op.perm is None else t.shape) - 1:  # the depth is last
         return False
     if op.view is not None and op.view[-1] != t.shape[-1]:
         return False
