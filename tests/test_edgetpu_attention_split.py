@@ -121,3 +121,15 @@ def test_a_softmax_read_through_its_transpose_is_split(monkeypatch) -> None:
     after, counts = _legalized(data, True, monkeypatch)
     assert counts["ADD"] == 2
     assert_same_function(data, after, atol=1e-5, rtol=1e-5)
+
+
+def test_the_split_on_the_per_channel_mul_spelling_is_exact(monkeypatch) -> None:
+    """Where both operands are not repeated (more than FULL_PIECES pieces a head), the softmax
+    as X is split all the same: two repeat convs, two MULs and sums, an ADD per piece."""
+    monkeypatch.setattr(attention, "FULL_PIECES", 0)
+    data = _attention()
+    after, model, result = apply(data, LegalizeActivationMatmul())
+    counts = Counter(ops(model))
+    assert result.fired() == {"LegalizeActivationMatmul": 1}
+    assert counts["ADD"] == counts["MUL"] // 2 > 0 and "DEPTHWISE_CONV_2D" not in counts
+    assert_same_function(data, after, atol=1e-5, rtol=1e-5)
