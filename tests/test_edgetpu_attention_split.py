@@ -1,0 +1,135 @@
+"""LegalizeActivationMatmul's split of a softmax operand (attention.split_tau): A V spelled as
+products calibrated one tensor at a time loses a diffuse softmax's small weights; split at
+tau = 8/n into min(A, tau) and max(A - tau, 0), each product keeps them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from rulekit import G, apply, assert_same_function, ops
+
+from tflfuse.ir import flatbuffer
+from tflfuse.targets.edgetpu import attention
+from tflfuse.targets.edgetpu.attention import LegalizeActivationMatmul
+from tflfuse.targets.edgetpu.predict import statuses_once_quantized
+
+H, N, D = 2, 64, 8
+
+
+def _attention(n: int = N, softmax: bool = True) -> bytes:
+    """SOFTMAX(s) @ TANH(v): [1, H, n, n] weights over n tokens, [1, H, n, D] values (a TANH
+    in place of the SOFTMAX when not `softmax`)."""
+    from tflfuse.sources import tflite as tflite_frontend
+
+    g = G()
+    s = g.input((1, H, n, n), "s")
+    a = g.op("SOFTMAX", [s], (1, H, n, n), beta=1.0) if softmax else g.unary("TANH", s)
+    v = g.unary("TANH", g.input((1, H, n, D), "v"))
+    out = g.op("BATCH_MATMUL", [a, v], (1, H, n, D), adj_x=False, adj_y=False)
+    return tflite_frontend.load(g.bytes(out)).float_tflite(None)
+
+
+def _inputs(k: int, seed: int, n: int = N) -> list[np.ndarray]:
+    """Mostly diffuse rows (logits ~ N(0, 0.5)); a few rows peak, setting the products' range."""
+    rng = np.random.default_rng(seed)
+    s = rng.normal(0, 0.5, (k, H, n, n)).astype(np.float32)
+    s[:, :, :4, :2] += 8
+    return [s, rng.normal(0, 1.5, (k, H, n, D)).astype(np.float32)]
+
+
+def _legalized(data: bytes, split: bool, monkeypatch) -> tuple[bytes, Counter]:
+    if not split:
+        monkeypatch.setattr(attention, "split_tau", lambda plan: None)
+    after, model, result = apply(data, LegalizeActivationMatmul())
+    monkeypatch.undo()
+    assert result.fired() == {"LegalizeActivationMatmul": 1}
+    return after, Counter(ops(model))
+
+
+def _snr(ref: np.ndarray, got: np.ndarray) -> float:
+    return float((ref**2).mean() / ((got - ref) ** 2).mean())
+
+
+def test_split_softmax_product_keeps_stock_accuracy_once_quantized(monkeypatch) -> None:
+    """int8 after calibration: the one-tensor spelling's SNR (103 here) falls far under stock's
+    int32 sum (569); split, it is 379. In float the split is exact."""
+    pytest.importorskip("litert_quantizer")
+    from tflfuse.quantize.quantize import quantize
+    from tflfuse.verification.runs import run_float
+
+    data = _attention()
+    old, _ = _legalized(data, False, monkeypatch)
+    new, counts = _legalized(data, True, monkeypatch)
+    assert counts["ADD"] == 2 and counts["MUL"] == 4  # two parts a head
+    assert_same_function(data, new, atol=1e-5, rtol=1e-5)
+    calib, ev = _inputs(16, 0), _inputs(4, 1)
+    ref = run_float(data, ev)[0]
+
+    def snr(model: bytes) -> float:
+        return _snr(ref, run_float(quantize(model, "int8", calib, progress=False).data, ev)[0])
+
+    stock, before, after = snr(data), snr(old), snr(new)
+    assert before < 0.25 * stock, (before, stock)
+    assert after > 3 * before and after > 0.6 * stock, (before, after, stock)
+
+
+def test_split_parts_map_once_quantized(monkeypatch) -> None:
+    """The split's ops (CONV_2D with a fused RELU6 or RELU, MUL of two same-shaped activations,
+    DEPTHWISE_CONV_2D, ADD) all map once quantized: 8 more ops mapped, none more on the CPU."""
+    data = _attention()
+    old, old_counts = _legalized(data, False, monkeypatch)
+    new, new_counts = _legalized(data, True, monkeypatch)
+    assert new_counts - old_counts == Counter(CONV_2D=2, MUL=2, DEPTHWISE_CONV_2D=2, ADD=2)
+    acts = Counter(
+        op.fused_activation for op in flatbuffer.from_bytes(new).main.ops if op.type == "CONV_2D"
+    )
+    assert acts == {"RELU6": 2, "RELU": 2, "NONE": 2}
+
+    def statuses(model: bytes) -> Counter:
+        return Counter(s for s, _ in statuses_once_quantized(flatbuffer.from_bytes(model).main))
+
+    before, after = statuses(old), statuses(new)
+    assert after["mapped"] == before["mapped"] + 8
+    assert after - Counter(mapped=after["mapped"]) == before - Counter(mapped=before["mapped"])
+
+
+@pytest.mark.parametrize(
+    ("n", "softmax", "why"),
+    [(N, False, "not a softmax: its range is unknown before calibration"), (16, True, "tau 1/2")],
+)
+def test_the_split_is_refused(n: int, softmax: bool, why: str, monkeypatch) -> None:
+    """No split where the operand is not a softmax's output, or where tau = 8/n >= 1/2 (rows of
+    16 tokens or fewer: no weight is small against the uniform one); the plain spelling then."""
+    data = _attention(n, softmax)
+    _, counts = _legalized(data, True, monkeypatch)
+    assert "ADD" not in counts and counts["MUL"] == 2, why
+
+
+def test_a_softmax_read_through_its_transpose_is_split(monkeypatch) -> None:
+    """YOLO11's C2PSA form: v [1, H, D, n] @ TRANSPOSE(A) (keys last in A, contracted): A is the
+    right operand, read through the TRANSPOSE; it is split all the same, exactly."""
+    from tflfuse.sources import tflite as tflite_frontend
+
+    g = G()
+    a = g.op("SOFTMAX", [g.input((1, H, N, N), "s")], (1, H, N, N), beta=1.0)
+    at = g.op("TRANSPOSE", [a, g.const(np.array([0, 1, 3, 2]), "perm")], (1, H, N, N))
+    v = g.unary("TANH", g.input((1, H, D, N), "v"))
+    out = g.op("BATCH_MATMUL", [v, at], (1, H, D, N), adj_x=False, adj_y=False)
+    data = tflite_frontend.load(g.bytes(out)).float_tflite(None)
+    after, counts = _legalized(data, True, monkeypatch)
+    assert counts["ADD"] == 2
+    assert_same_function(data, after, atol=1e-5, rtol=1e-5)
+
+
+def test_the_split_on_the_per_channel_mul_spelling_is_exact(monkeypatch) -> None:
+    """Where both operands are not repeated (more than FULL_PIECES pieces a head), the softmax
+    as X is split all the same: two repeat convs, two MULs and sums, an ADD per piece."""
+    monkeypatch.setattr(attention, "FULL_PIECES", 0)
+    data = _attention()
+    after, model, result = apply(data, LegalizeActivationMatmul())
+    counts = Counter(ops(model))
+    assert result.fired() == {"LegalizeActivationMatmul": 1}
+    assert counts["ADD"] == counts["MUL"] // 2 > 0 and "DEPTHWISE_CONV_2D" not in counts
+    assert_same_function(data, after, atol=1e-5, rtol=1e-5)
