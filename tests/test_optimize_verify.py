@@ -113,7 +113,9 @@ def test_cli_refuses_to_write_a_result_the_interpreter_rejects(tmp_path, monkeyp
             )
 
     monkeypatch.setattr(
-        optimize, "pipeline", lambda level, target: (OldLegalizeLeakyRelu(), DeadCodeElimination())
+        optimize,
+        "pipeline",
+        lambda level, target, **_: (OldLegalizeLeakyRelu(), DeadCodeElimination()),
     )
     src, dst = tmp_path / "in.tflite", tmp_path / "out.tflite"
     src.write_bytes(int8_leaky_relu((1, 16)))

@@ -419,7 +419,9 @@ def test_a_wrong_int8_rewrite_that_the_old_budget_passed_now_fails(monkeypatch) 
     old = verify.compare(before, after, int_atol=1 + len(result.events))
     assert old.ok and old.varies and old.max_abs == 2  # what used to pass
 
-    monkeypatch.setattr(optimize, "pipeline", lambda level, target: (NudgesInt8Add(), *CLEANUP))
+    monkeypatch.setattr(
+        optimize, "pipeline", lambda level, target, **_: (NudgesInt8Add(), *CLEANUP)
+    )
     with pytest.raises(optimize.VerificationError) as info:
         optimize.optimize_bytes(before)
     message = str(info.value)
@@ -447,7 +449,7 @@ def test_a_candidate_the_interpreter_refuses_is_a_verification_error(monkeypatch
             m.root.options = {}
             m.root.inputs = [m.x, alpha]
 
-    monkeypatch.setattr(optimize, "pipeline", lambda level, target: (ReluToBadPrelu(),))
+    monkeypatch.setattr(optimize, "pipeline", lambda level, target, **_: (ReluToBadPrelu(),))
     data = to_bytes(_relu_model())
     with pytest.raises(optimize.VerificationError, match=r"does not run .*rule ReluToBadPrelu"):
         optimize.optimize_bytes(data)
