@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from irgraphs import add, conv, model_of, to_bytes, unary
 
-from tflfuse.ir import Graph, Quantization, flatbuffer
+from tflfuse.ir import Graph, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import (
     Builder,
     BuildError,
@@ -235,10 +235,10 @@ class _Doubling(Rule):
         self.checks += 1
         return {"zero": 0.0}
 
-    def rewrite(self, m):
-        self.plans.append(m.plan)
+    def rewrite(self, m, *, x: Tensor, plan: dict[str, float]):
+        self.plans.append(plan)
         b = m.builder()
-        b.replace(m.root, b.MAXIMUM(m.x, b.scalar(m.plan["zero"], "zero", like=m.x)))
+        b.replace(m.root, b.MAXIMUM(x, b.scalar(plan["zero"], "zero", like=x)))
 
 
 def test_check_returns_a_plan_that_rewrite_receives() -> None:

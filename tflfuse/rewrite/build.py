@@ -1,8 +1,7 @@
 """Building new ops in a rule's rewrite: a builder bound to the match.
 
-    def rewrite(self, m):
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
         b = m.builder()                         # names new tensors "<root output>/<name>"
-        x = m.x
         y = b.MUL(b.MUL(x, b.scalar(0.5, "half", like=x), name="half_x"), ..., name="y")
         b.replace(m.root, y)                    # y's op writes the root's output; the root goes
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, common, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets import XNNPACK, Target, cost
 
@@ -34,20 +34,20 @@ class RemoveIdentityArithmetic(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MUL", "DIV", "ADD", "SUB")(p.x, p.const("c"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
-        value = common.float_constant(m.c)
+    def check(self, m: Match, *, c: Tensor, x: Tensor, y: Tensor) -> Refusal | None:
+        value = common.float_constant(c)
         if value is None or not np.all(value == _identity_value(m.root)):
             return NotApplicable(f"the {m.root.type} constant is not the identity")
         if m.root.fused_activation != "NONE":
             return refuse(f"{m.root.type} applies fused {m.root.fused_activation}")
-        if m.x.dtype != m.y.dtype:
+        if x.dtype != y.dtype:
             return refuse("the constant changes the type")
-        if m.x.shape != m.y.shape and not _readers_broadcast(m.graph, m.y, m.x):
+        if x.shape != y.shape and not _readers_broadcast(m.graph, y, x):
             return refuse("the constant broadcasts the value to a larger shape")
-        return _forwardable(m.graph, m.y, m.x)
+        return _forwardable(m.graph, y, x)
 
-    def rewrite(self, m: Match) -> None:
-        common.forward(m.graph, m.y, m.x)
+    def rewrite(self, m: Match, *, y: Tensor, x: Tensor) -> None:
+        common.forward(m.graph, y, x)
 
 
 _BROADCASTING = frozenset({"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE"})
@@ -96,36 +96,39 @@ class FactorCommonMultiplier(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(p.MUL(p.a, p.k, out="ma"), p.MUL(p.b, p.k, out="mb"))
 
-    def check(self, m: Match) -> Refusal | None:
-        if m.ma is m.mb:
+    def check(
+        self, m: Match, *, ma: Tensor, mb: Tensor, a: Tensor, b: Tensor, k: Tensor
+    ) -> Refusal | None:
+        if ma is mb:
             return NotApplicable("the same product twice")
-        for t in (m.ma, m.mb):
+        for t in (ma, mb):
             if t.op.fused_activation != "NONE":
                 return refuse(f"a product has fused {t.op.fused_activation}")
             if not common.single_reader(m.graph, t):  # the engine's check, in this rule's words
                 return refuse("a product is read elsewhere")
-        if not all(common.is_float(t) for t in (m.a, m.b, m.k, m.root.output)):
+        if not all(common.is_float(t) for t in (a, b, k, m.root.output)):
             return refuse("not float")
         try:
-            shape = np.broadcast_shapes(m.a.shape, _negated(m.b).shape, m.k.shape)
+            shape = np.broadcast_shapes(a.shape, _negated(b).shape, k.shape)
         except ValueError:
             return refuse("the operands do not broadcast")
         if tuple(shape) != tuple(m.root.output.shape):
             return refuse("the operands do not broadcast to the sum's shape")
         return None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, b: Tensor, a: Tensor, k: Tensor) -> None:
         add, bld = m.root, m.builder(prefix="")
-        neg = m.b.producer is not None and m.b.producer.type == "NEG"
-        b = _negated(m.b)
-        shape = tuple(np.broadcast_shapes(m.a.shape, b.shape))
+        neg = b.producer is not None and b.producer.type == "NEG"
+        n = _negated(b)
+        shape = tuple(np.broadcast_shapes(a.shape, n.shape))
         inner = bld.tensor(add.output.name + "_factored", shape)
+        other: Tensor | Value = n
         if neg and not cost.fast_sub(self.target):
-            negated = bld.tensor(b.name + "_negated", b.shape)
-            b = bld.MUL(b, bld.const(np.float32(-1.0), "minus_one"), out=negated)
+            negated = bld.tensor(n.name + "_negated", n.shape)
+            other = bld.MUL(n, bld.const(np.float32(-1.0), "minus_one"), out=negated)
             neg = False
-        bld.op("SUB" if neg else "ADD", m.a, b, out=inner)
-        bld.replace(add, bld.MUL(inner, m.k, fused_activation_function=add.fused_activation))
+        bld.op("SUB" if neg else "ADD", a, other, out=inner)
+        bld.replace(add, bld.MUL(inner, k, fused_activation_function=add.fused_activation))
 
 
 class SquareExistingDifference(Rule):
@@ -143,22 +146,22 @@ class SquareExistingDifference(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         # float inputs give a float square; a quantized one the engine refuses first
         return p.SQUARED_DIFFERENCE(
-            p.x.of("float", because="not float"), p.m.of("float", because="not float"), out="y"
+            p.x.of("float", because="not float"), p.mean.of("float", because="not float"), out="y"
         )
 
-    def check(self, m: Match) -> Refusal | Tensor:
-        """A refusal, or the tensor that holds x - m."""
-        d = _difference(m.x, m.m)
+    def check(self, m: Match, *, x: Tensor, mean: Tensor, y: Tensor) -> Refusal | Tensor:
+        """A refusal, or the tensor that holds x - mean."""
+        d = _difference(x, mean)
         if d is None:
             return NotApplicable("x - m is not computed elsewhere")
-        if d.shape != m.y.shape:
+        if d.shape != y.shape:
             return refuse("the difference has another shape than the square")
         if d.producer in _descendants(m.root):
             return refuse("the difference is computed from the square")
         return d
 
-    def rewrite(self, m: Match) -> None:
-        d, b = m.plan, m.builder()
+    def rewrite(self, m: Match, *, plan: Tensor) -> None:
+        d, b = plan, m.builder()
         b.replace(m.root, b.MUL(d, d))
         m.graph.toposort()  # the difference may be computed after the square was
 
@@ -206,28 +209,30 @@ class CancelTransposePair(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.TRANSPOSE(p.TRANSPOSE(p.x, p.const("p1"), out="mid"), p.const("p2"), out="y")
 
-    def check(self, m: Match) -> Refusal | list[int]:
+    def check(
+        self, m: Match, *, x: Tensor, p1: Tensor, p2: Tensor, y: Tensor
+    ) -> Refusal | list[int]:
         """A refusal, or the composed permutation."""
-        perm = _composed(m)
+        perm = _composed(p1, p2)
         if perm == list(range(len(perm))):
-            return _forwardable(m.graph, m.y, m.x) or perm
+            return _forwardable(m.graph, y, x) or perm
         return perm
 
-    def rewrite(self, m: Match) -> None:
-        perm = m.plan
+    def rewrite(self, m: Match, *, x: Tensor, y: Tensor, plan: list[int]) -> None:
+        perm = plan
         if perm == list(range(len(perm))):
-            common.forward(m.graph, m.y, m.x)
+            common.forward(m.graph, y, x)
             return
         b = m.builder(prefix="")
-        b.set_input(m.root, 0, m.x)
+        b.set_input(m.root, 0, x)
         b.set_input(m.root, 1, b.ints(perm, "perm"))
         b.commit()
 
 
-def _composed(m: Match) -> list[int]:
-    p1 = np.asarray(m.p1.data).reshape(-1)
-    p2 = np.asarray(m.p2.data).reshape(-1)
-    return [int(v) for v in p1[p2]]
+def _composed(p1: Tensor, p2: Tensor) -> list[int]:
+    first = np.asarray(p1.data).reshape(-1)
+    second = np.asarray(p2.data).reshape(-1)
+    return [int(v) for v in first[second]]
 
 
 class CollapseReshapeChain(Rule):
@@ -239,23 +244,23 @@ class CollapseReshapeChain(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.RESHAPE(p.x, ..., out="y")
 
-    def check(self, m: Match) -> Refusal | None:
-        inner = m.x.producer
-        if m.x.shape == m.y.shape and _same_q(m.x, m.y):
-            return _forwardable(m.graph, m.y, m.x)
-        if inner is not None and inner.type == "RESHAPE" and common.single_reader(m.graph, m.x):
+    def check(self, m: Match, *, x: Tensor, y: Tensor) -> Refusal | None:
+        inner = x.producer
+        if x.shape == y.shape and _same_q(x, y):
+            return _forwardable(m.graph, y, x)
+        if inner is not None and inner.type == "RESHAPE" and common.single_reader(m.graph, x):
             return None
         return _NOT_A_CHAIN
 
-    def rewrite(self, m: Match) -> None:
-        if m.x.shape == m.y.shape and _same_q(m.x, m.y):
-            common.forward(m.graph, m.y, m.x)
+    def rewrite(self, m: Match, *, x: Tensor, y: Tensor) -> None:
+        if x.shape == y.shape and _same_q(x, y):
+            common.forward(m.graph, y, x)
             return
         b = m.builder(prefix="")
-        b.set_input(m.root, 0, m.x.producer.inputs[0])
-        b.set_input(m.root, 1, b.ints(m.y.shape, "shape"))
+        b.set_input(m.root, 0, x.producer.inputs[0])
+        b.set_input(m.root, 1, b.ints(y.shape, "shape"))
         b.commit()
-        m.root.options = {"new_shape": list(m.y.shape)} if m.root.options else {}
+        m.root.options = {"new_shape": list(y.shape)} if m.root.options else {}
 
 
 _NOT_A_CHAIN = NotApplicable("a single RESHAPE to a new shape")
@@ -278,13 +283,13 @@ class CancelQuantizeDequantize(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.QUANTIZE(p.DEQUANTIZE(p.q, out="real"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
-        if m.q.dtype != m.y.dtype or not _same_q(m.q, m.y) or m.q.shape != m.y.shape:
+    def check(self, m: Match, *, q: Tensor, y: Tensor) -> Refusal | None:
+        if q.dtype != y.dtype or not _same_q(q, y) or q.shape != y.shape:
             return refuse("the QUANTIZE uses another type or scale than the DEQUANTIZE input")
-        return _forwardable(m.graph, m.y, m.q)
+        return _forwardable(m.graph, y, q)
 
-    def rewrite(self, m: Match) -> None:
-        common.forward(m.graph, m.y, m.q)
+    def rewrite(self, m: Match, *, y: Tensor, q: Tensor) -> None:
+        common.forward(m.graph, y, q)
 
 
 # -- activations written out ---------------------------------------------------------------------
@@ -394,8 +399,8 @@ class _Recognize(Rule):
             return refuse(f"the {self.builtin} input is not float or is broadcast")
         return found
 
-    def rewrite(self, m: Match) -> None:
-        x, options = m.plan
+    def rewrite(self, m: Match, *, plan: tuple[Tensor, dict]) -> None:
+        x, options = plan
         b = m.builder()
         b.replace(m.root, b.op(self.builtin, x, options=options))
 

@@ -188,7 +188,7 @@ class ShortenLayerNorm(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("ADD", "SUB")(p.a, p.b)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | _LayerNorm:
         ln = _match_layer_norm(m.root)
         if ln is None:
             return NotApplicable("not a LayerNorm written out")
@@ -199,14 +199,14 @@ class ShortenLayerNorm(Rule):
             return refuse("a LayerNorm intermediate (mean or variance) is read elsewhere")
         return ln
 
-    def rewrite(self, m: Match) -> None:
-        x, b = m.plan.x, m.builder()
+    def rewrite(self, m: Match, *, plan: _LayerNorm) -> None:
+        x, b = plan.x, m.builder()
         axis = b.ints([len(x.shape) - 1], "axis")
         reduced = (*x.shape[:-1], 1)
         mu = b.MEAN(x, axis, name="mean", shape=reduced, like=x, keep_dims=True)
         sq = b.SQUARED_DIFFERENCE(x, mu, name="sq", like=x)
         var = b.MEAN(sq, axis, name="var", shape=reduced, like=x, keep_dims=True)
-        eps = b.const(np.array(m.plan.eps, np.float32), "eps")
+        eps = b.const(np.array(plan.eps, np.float32), "eps")
         r = b.RSQRT(b.ADD(var, eps, name="var_eps", like=x), name="rsqrt", like=x)
         centred = b.SUB(x, mu, name="centred", like=x)
         b.replace(m.root, b.MUL(centred, r, fused_activation_function=m.root.fused_activation))
@@ -495,13 +495,13 @@ class CanonicalizeLayoutChain(Rule):
         """A refusal, or the chain and the plan that replaces it."""
         return self._plan(m)
 
-    def rewrite(self, m: Match) -> None:
-        chain, plan = m.plan
+    def rewrite(self, m: Match, *, plan: tuple[list[Op], _Plan]) -> None:
+        chain, layout = plan
         source, out = chain[0].inputs[0], m.root.output
-        if not plan.ops(source.shape, out.shape) and common.forward(m.graph, out, source):
+        if not layout.ops(source.shape, out.shape) and common.forward(m.graph, out, source):
             return  # the chain moves nothing: its readers read the source
         b = m.builder(constants="after_reader")
-        b.replace(m.root, _emit(b, source, plan, out))
+        b.replace(m.root, _emit(b, source, layout, out))
 
 
 def _free_reshape_after(t: Tensor) -> bool:
@@ -573,11 +573,11 @@ class SliceBeforeLayout(Rule):
         """A refusal, or the chain's source and each SLICE's plan."""
         return self._plans(m)
 
-    def rewrite(self, m: Match) -> None:
-        source, plans = m.plan
-        for reader, plan in plans:
+    def rewrite(self, m: Match, *, plan: tuple[Tensor, list[tuple[Op, _Plan]]]) -> None:
+        source, plans = plan
+        for reader, piece in plans:
             b = m.builder(at=reader, constants="after_reader")
-            b.replace(reader, _emit(b, source, plan, reader.output))
+            b.replace(reader, _emit(b, source, piece, reader.output))
 
 
 def _reshaped_input(op: Op) -> Tensor | None:
@@ -615,8 +615,8 @@ class SinkReshapeBelowScalarOp(Rule):
             return refuse("not float")
         return r
 
-    def rewrite(self, m: Match) -> None:
-        root, r = m.root, m.plan
+    def rewrite(self, m: Match, *, plan: Tensor) -> None:
+        root, r = m.root, plan
         x, out = r.producer.inputs[0], root.output
         b = m.builder(after=root)
         inner = b.tensor("unreshaped", x.shape, dtype=out.dtype)
@@ -640,19 +640,19 @@ class SoftmaxThroughReshape(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.RESHAPE(p.SOFTMAX(p.RESHAPE(p.x, ..., out="inner"), out="soft"), ...)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match, *, x: Tensor, inner: Tensor, soft: Tensor) -> Refusal | None:
         out = m.root.output
-        if out.shape != m.x.shape or not m.x.shape:
+        if out.shape != x.shape or not x.shape:
             return refuse("the reshapes do not give the SOFTMAX input's shape back")
-        if m.inner.shape[-1] != m.x.shape[-1]:
+        if inner.shape[-1] != x.shape[-1]:
             return refuse("the reshape changes the softmax axis")
-        if not _same_layout_q([m.x, m.inner]) or not _same_layout_q([m.soft, out]):
+        if not _same_layout_q([x, inner]) or not _same_layout_q([soft, out]):
             return refuse("a reshape changes type or quantization")
         return None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, x: Tensor, soft: Tensor) -> None:
         b = m.builder()
-        b.replace(m.root, b.SOFTMAX(m.x, options=m.soft.producer.options))
+        b.replace(m.root, b.SOFTMAX(x, options=soft.producer.options))
 
 
 # -- clamps, padded max pool, constant matmul ----------------------------------------------------
@@ -700,7 +700,7 @@ class RecognizeClamp(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MINIMUM", "MAXIMUM")(p.a, p.b)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | tuple[Tensor, str]:
         found = _clamp(m.root)
         if found is None:
             return NotApplicable("not a RELU-family clamp")
@@ -709,8 +709,8 @@ class RecognizeClamp(Rule):
             return refuse("the clamp input is not float or is broadcast")
         return found
 
-    def rewrite(self, m: Match) -> None:
-        x, activation = m.plan
+    def rewrite(self, m: Match, *, plan: tuple[Tensor, str]) -> None:
+        x, activation = plan
         b = m.builder()
         b.replace(m.root, b.op(activation, x))
 
@@ -731,20 +731,20 @@ class ReciprocalSqrtAsRsqrt(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.DIV(p.const("c"), p.SQRT(p.y, out="sqrt"))
 
-    def check(self, m: Match) -> Refusal | None:
-        if not common.is_float(m.y) or not common.is_float(m.root.output):
+    def check(self, m: Match, *, y: Tensor, c: Tensor, sqrt: Tensor) -> Refusal | None:
+        if not common.is_float(y) or not common.is_float(m.root.output):
             return NotApplicable("not float")
-        if m.c.size != 1 or m.c.is_raw:
+        if c.size != 1 or c.is_raw:
             return refuse("the numerator is not one number")
-        if m.root.output.shape != m.y.shape or not common.single_reader(m.graph, m.sqrt):
+        if m.root.output.shape != y.shape or not common.single_reader(m.graph, sqrt):
             return refuse("the quotient is broadcast, or the SQRT has other readers")
         return None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, c: Tensor, y: Tensor) -> None:
         b = m.builder()
-        c = float(np.asarray(m.c.data, np.float64).reshape(-1)[0])
-        r = b.RSQRT(m.y, name="rsqrt", like=m.y)
-        b.replace(m.root, r if c == 1.0 else b.MUL(r, b.scalar(c, "c", like=m.y)))
+        k = float(np.asarray(c.data, np.float64).reshape(-1)[0])
+        r = b.RSQRT(y, name="rsqrt", like=y)
+        b.replace(m.root, r if k == 1.0 else b.MUL(r, b.scalar(k, "c", like=y)))
 
 
 def _non_negative(t: Tensor) -> bool:
@@ -791,54 +791,54 @@ class LegalizePadV2BeforeMaxPool(Rule):
     int8_error_steps = 0
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.MAX_POOL_2D(p.PADV2(p.x, p.const("pads"), ..., out="padded"))
+        return p.MAX_POOL_2D(p.PADV2(p.x, p.const("paddings"), ..., out="padded"))
 
-    def _plan(self, m: Match) -> str | Refusal:
-        pool, pad = m.root, m.padded.op
+    def _plan(self, m: Match, x: Tensor, padded: Tensor, paddings: Tensor) -> str | Refusal:
+        pool, pad = m.root, padded.op
         if pool.options.get("padding") != "VALID":
             return refuse("the max pool already pads")
         value = _pad_value(pad)
         if value is None:
             return refuse("the PADV2 value is not a constant number")
-        if len(m.x.shape) != 4 or m.x.dtype != m.padded.dtype:
+        if len(x.shape) != 4 or x.dtype != padded.dtype:
             return refuse("the PADV2 input is not an NHWC tensor of the pool's type")
-        if not _same_layout_q([m.x, m.padded]):
+        if not _same_layout_q([x, padded]):
             return refuse("the PADV2 changes quantization")
-        pads = np.asarray(m.pads.data).reshape(-1, 2).tolist()
+        pads = np.asarray(paddings.data).reshape(-1, 2).tolist()
         if len(pads) != 4 or pads[0] != [0, 0] or pads[3] != [0, 0]:
             return refuse("the PADV2 pads the batch or channel axis")
         kh, kw = common.kernel_hw(pool)
         if max(pads[1]) >= kh or max(pads[2]) >= kw:
             return refuse("a window would hold only padding")
         sh, sw = pool.options.get("stride_h", 1), pool.options.get("stride_w", 1)
-        same = tuple(pads[1]) == common.pads_for_same(m.x.shape[1], kh, sh) and tuple(
+        same = tuple(pads[1]) == common.pads_for_same(x.shape[1], kh, sh) and tuple(
             pads[2]
-        ) == common.pads_for_same(m.x.shape[2], kw, sw)
-        lowest = value <= -3.0e38 or (m.x.is_quantized and _is_type_min(pad.inputs[2]))
-        nonneg = _non_negative(m.x)
+        ) == common.pads_for_same(x.shape[2], kw, sw)
+        lowest = value <= -3.0e38 or (x.is_quantized and _is_type_min(pad.inputs[2]))
+        nonneg = _non_negative(x)
         if same and (lowest or (nonneg and value <= 0.0)):
             return "same"
         if nonneg and value <= 0.0:
             # the engine's check, in this rule's words
-            if not common.single_reader(m.graph, m.padded):
+            if not common.single_reader(m.graph, padded):
                 return refuse("the PADV2 output is also read by an op that needs its value")
             return "pad"
         return refuse(
             f"the PADV2 pads with {value:g} and the input may be negative: zeros could win"
         )
 
-    def check(self, m: Match) -> Refusal | str:
+    def check(self, m: Match, *, x: Tensor, padded: Tensor, paddings: Tensor) -> Refusal | str:
         """A refusal, or "same" (the pool pads) or "pad" (a PAD with zeros)."""
-        return self._plan(m)
+        return self._plan(m, x, padded, paddings)
 
-    def rewrite(self, m: Match) -> None:
-        if m.plan == "same":
+    def rewrite(self, m: Match, *, x: Tensor, padded: Tensor, paddings: Tensor, plan: str) -> None:
+        if plan == "same":
             m.root.options["padding"] = "SAME"
-            m.root.set_input(0, m.x)
+            m.root.set_input(0, x)
             return
-        pad = m.padded.op
+        pad = padded.op
         b = m.builder(at=pad)
-        b.replace(pad, b.PAD(m.x, m.pads, shape=m.padded.shape, like=m.padded))
+        b.replace(pad, b.PAD(x, paddings, shape=padded.shape, like=padded))
 
 
 def _is_type_min(c: Tensor) -> bool:
@@ -861,31 +861,35 @@ class BatchMatmulToFullyConnected(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.BATCH_MATMUL(p.x, p.w)
 
-    def check(self, m: Match) -> Refusal | None:
-        if m.x.is_constant and not m.w.is_constant:
+    def check(self, m: Match, *, x: Tensor, w: Tensor) -> Refusal | None:
+        if x.is_constant and not w.is_constant:
             return refuse("the constant is the left operand: FULLY_CONNECTED takes it on the right")
-        w = common.float_constant(m.w)
-        if w is None:
+        weights = common.float_constant(w)
+        if weights is None:
             return NotApplicable("no constant float operand")
-        if not common.is_float(m.x) or m.x.is_constant:
+        if not common.is_float(x) or x.is_constant:
             return refuse("the activation operand is not float")
         if m.root.options.get("adj_x"):
             return refuse("adj_x transposes the activation operand")
-        if w.ndim < 2 or any(d != 1 for d in w.shape[:-2]) or w.ndim > len(m.x.shape):
-            return refuse(f"the constant {list(w.shape)} is batched")
-        n = w.shape[-2] if m.root.options.get("adj_y") else w.shape[-1]
-        if tuple(m.root.output.shape) != (*m.x.shape[:-1], n):
+        if (
+            weights.ndim < 2
+            or any(d != 1 for d in weights.shape[:-2])
+            or weights.ndim > len(x.shape)
+        ):
+            return refuse(f"the constant {list(weights.shape)} is batched")
+        n = weights.shape[-2] if m.root.options.get("adj_y") else weights.shape[-1]
+        if tuple(m.root.output.shape) != (*x.shape[:-1], n):
             return refuse("the product broadcasts to another shape")
         return None
 
-    def rewrite(self, m: Match) -> None:
-        w = common.float_constant(m.w)
-        w2 = w.reshape(w.shape[-2:])
+    def rewrite(self, m: Match, *, w: Tensor, x: Tensor) -> None:
+        data = common.float_constant(w)
+        w2 = data.reshape(data.shape[-2:])
         weights = w2 if m.root.options.get("adj_y") else w2.T
         b = m.builder()
         filt = b.const(np.ascontiguousarray(weights), "weights", "FLOAT32")
         fc = b.FULLY_CONNECTED(
-            m.x, filt, None, shape=m.root.output.shape, fused_activation_function="NONE",
+            x, filt, None, shape=m.root.output.shape, fused_activation_function="NONE",
             weights_format=0, keep_num_dims=True, asymmetric_quantize_inputs=False,
         )  # fmt: skip
         b.replace(m.root, fc)
@@ -929,18 +933,20 @@ class FoldPadByWidenedKernel(Rule):
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("CONV_2D", "DEPTHWISE_CONV_2D")(
-            p.any("PAD", "PADV2")(p.x, p.const("pads"), ..., out="padded"), ...
+            p.any("PAD", "PADV2")(p.x, p.const("paddings"), ..., out="padded"), ...
         )
 
-    def _plan(self, m: Match) -> tuple[tuple[int, int], tuple[int, int]] | Refusal:
-        op, pad = m.root, m.padded.op
-        if op.options.get("padding") != "VALID" or op.inputs[0] is not m.padded:
+    def _plan(
+        self, m: Match, x: Tensor, padded: Tensor, paddings: Tensor
+    ) -> tuple[tuple[int, int], tuple[int, int]] | Refusal:
+        op, pad = m.root, padded.op
+        if op.options.get("padding") != "VALID" or op.inputs[0] is not padded:
             return NotApplicable("the conv pads already or reads the PAD as weights")
-        if not common.is_float(m.x) or len(m.x.shape) != 4 or not common.has_float_params(op):
+        if not common.is_float(x) or len(x.shape) != 4 or not common.has_float_params(op):
             return NotApplicable("not a float NHWC conv with constant weights")
         if pad.type == "PADV2" and common.scalar_value(pad.inputs[2]) != 0.0:
             return NotApplicable("the PAD value is not zero")
-        pads = np.asarray(m.pads.data).reshape(-1, 2).tolist()
+        pads = np.asarray(paddings.data).reshape(-1, 2).tolist()
         if len(pads) != 4 or pads[0] != [0, 0] or pads[3] != [0, 0]:
             return NotApplicable("the PAD touches the batch or channel axis")
         kh, kw = common.kernel_hw(op)
@@ -950,8 +956,8 @@ class FoldPadByWidenedKernel(Rule):
         ):
             return NotApplicable("not a strided, undilated conv")
         same = (
-            common.pads_for_same(m.x.shape[1], kh, sh),
-            common.pads_for_same(m.x.shape[2], kw, sw),
+            common.pads_for_same(x.shape[1], kh, sh),
+            common.pads_for_same(x.shape[2], kw, sw),
         )
         if (tuple(pads[1]), tuple(pads[2])) == same:
             return NotApplicable("the PAD is SAME's own (FoldPadIntoConv folds it)")
@@ -959,25 +965,29 @@ class FoldPadByWidenedKernel(Rule):
             return refuse(
                 f"a {op.type} with a widened kernel does more multiply-adds than the PAD costs"
             )
-        h = _widened(m.x.shape[1], kh, sh, *pads[1])
-        w = _widened(m.x.shape[2], kw, sw, *pads[2])
+        h = _widened(x.shape[1], kh, sh, *pads[1])
+        w = _widened(x.shape[2], kw, sw, *pads[2])
         if h is None or w is None:
             return refuse("no SAME window of any size lines up with the PAD's windows")
         return h, w
 
-    def check(self, m: Match) -> Refusal | tuple[tuple[int, int], tuple[int, int]]:
+    def check(
+        self, m: Match, *, x: Tensor, padded: Tensor, paddings: Tensor
+    ) -> Refusal | tuple[tuple[int, int], tuple[int, int]]:
         """A refusal, or the widened kernel and its leading zero rows, per axis."""
-        return self._plan(m)
+        return self._plan(m, x, padded, paddings)
 
-    def rewrite(self, m: Match) -> None:
-        (wh, lh), (ww, lw) = m.plan
+    def rewrite(
+        self, m: Match, *, x: Tensor, plan: tuple[tuple[int, int], tuple[int, int]]
+    ) -> None:
+        (wh, lh), (ww, lw) = plan
         op = m.root
         w = common.weights(op)
         kh, kw = w.shape[1], w.shape[2]
         wide = np.pad(w, [(0, 0), (lh, wh - kh - lh), (lw, ww - kw - lw), (0, 0)])
         b = m.builder()
         b.set_weights(op, wide)
-        b.set_input(op, 0, m.x)
+        b.set_input(op, 0, x)
         op.options["padding"] = "SAME"
         b.commit()
 

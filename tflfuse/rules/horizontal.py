@@ -93,12 +93,12 @@ class MergeSiblingOps(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any(*_SIBLINGS)(p.x, p.const("w"), ...)
 
-    def check(self, m: Match) -> Refusal | None:
-        if not _mergeable(m.root, m.x):
+    def check(self, m: Match, *, x: Tensor) -> Refusal | tuple[list[Op], Op | None]:
+        if not _mergeable(m.root, x):
             return NotApplicable("not a float op with constant weights")
-        group = _siblings(m.root, m.x)
+        group = _siblings(m.root, x)
         if len(group) < 2:
-            same_type = [op for op in m.x.consumers if op.type == m.root.type]
+            same_type = [op for op in x.consumers if op.type == m.root.type]
             if len(same_type) > 1:
                 return refuse(f"sibling {m.root.type} ops differ in kernel, stride or activation")
             return NotApplicable("no sibling reads the same input")
@@ -114,9 +114,9 @@ class MergeSiblingOps(Rule):
         )
         return refuse(reason) if reason is not None else (group, concat)
 
-    def rewrite(self, m: Match) -> None:
-        g, x = m.graph, m.x
-        group, concat = m.plan
+    def rewrite(self, m: Match, *, x: Tensor, plan: tuple[list[Op], Op | None]) -> None:
+        g = m.graph
+        group, concat = plan
         if concat is not None:
             order = {t: i for i, t in enumerate(concat.inputs)}
             group.sort(key=lambda op: order[op.output])
@@ -177,20 +177,20 @@ class MergeSiblingSum(Rule):
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(
-            p.any(*_SIBLINGS)(p.x, p.const("wa"), ..., out="a"),
-            p.any(*_SIBLINGS)(p.x, p.const("wb"), ..., out="b"),
+            p.any(*_SIBLINGS)(p.x, p.const("wa"), ..., out="ya"),
+            p.any(*_SIBLINGS)(p.x, p.const("wb"), ..., out="yb"),
         )
 
-    def check(self, m: Match) -> Refusal | None:
-        a, b = m.a.op, m.b.op
+    def check(self, m: Match, *, ya: Tensor, yb: Tensor, x: Tensor) -> Refusal | None:
+        a, b = ya.op, yb.op
         if a is b or a.type != b.type:
             return refuse("the two addends are not the same kind of op")
         for op in (a, b):
             if op.fused_activation != "NONE":
                 return refuse(f"an addend has fused {op.fused_activation}")
-            if not _mergeable(op, m.x):
+            if not _mergeable(op, x):
                 return refuse("an addend's weights are not float constants")
-        if m.root.output.shape != m.a.shape:
+        if m.root.output.shape != ya.shape:
             return refuse("the ADD broadcasts")
         geometry = [k for k in _GEOMETRY if k != "fused_activation_function"]
         if any(a.options.get(k) != b.options.get(k) for k in geometry):
@@ -209,8 +209,8 @@ class MergeSiblingSum(Rule):
                 return refuse("an even kernel size has no centre")
         return None
 
-    def rewrite(self, m: Match) -> None:
-        g, a, b, add = m.graph, m.a.op, m.b.op, m.root
+    def rewrite(self, m: Match, *, ya: Tensor, yb: Tensor, x: Tensor) -> None:
+        g, a, b, add = m.graph, ya.op, yb.op, m.root
         wa, wb = common.weights(a), common.weights(b)
         if wa.shape != wb.shape:
             kh = max(wa.shape[1], wb.shape[1])
@@ -223,7 +223,7 @@ class MergeSiblingSum(Rule):
         bld = m.builder(at=min((a, b), key=g.ops.index), prefix="")
         bld.op(
             a.type,
-            m.x,
+            x,
             bld.const(wa + wb, a.inputs[1].name + "_sum"),
             bld.const(bias, a.name + "_sum_bias"),
             out=out,
@@ -270,9 +270,9 @@ class HoistLayoutAboveSplit(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.SPLIT(p.const("axis"), p.x)
 
-    def check(self, m: Match) -> Refusal | Any:
+    def check(self, m: Match, *, x: Tensor, axis: Tensor) -> Refusal | Any:
         """A refusal, or the plan of `_hoist_plan`."""
-        plan = _hoist_plan(m)
+        plan = _hoist_plan(m, x, axis)
         if isinstance(plan, Refusal):
             return plan
         _, mid, split_c, chains = plan
@@ -284,9 +284,9 @@ class HoistLayoutAboveSplit(Rule):
             )
         return plan
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, x: Tensor, plan: Any) -> None:
         split = m.root
-        base, mid, split_c, chains = m.plan
+        base, mid, split_c, chains = plan
         n, rank = len(chains), len(chains[0][1].output.shape)
         m_len = len(mid)
         axis_map = {0: m_len, **{k: k - 1 for k in range(1, m_len + 1)}}
@@ -302,21 +302,21 @@ class HoistLayoutAboveSplit(Rule):
             outs.append(out)
         b = m.builder(prefix="")
         shape = (*mid, n, *split_c)
-        r = b.tensor(m.x.name + "_heads", shape, m.x)
-        t = b.tensor(m.x.name + "_heads_t", tuple(shape[a] for a in q), m.x)
-        b.RESHAPE(m.x, b.ints(shape, "shape"), out=r, new_shape=list(shape))
+        r = b.tensor(x.name + "_heads", shape, x)
+        t = b.tensor(x.name + "_heads_t", tuple(shape[a] for a in q), x)
+        b.RESHAPE(x, b.ints(shape, "shape"), out=r, new_shape=list(shape))
         b.TRANSPOSE(r, b.ints(q, "perm"), out=t)
         b.split("SPLIT", b.const(np.array(0, np.int32), "axis"), t, outs=outs, num_splits=n)
         b.commit(remove=[*(op for r_op, t_op, _ in chains for op in (t_op, r_op)), split])
 
 
-def _hoist_plan(m: Match) -> Any:
+def _hoist_plan(m: Match, x: Tensor, axis: Tensor) -> Any:
     """(base perm, mid dims, split channel dims, [(reshape, transpose, adj reader)]) or a
     Refusal."""
-    x, split = m.x, m.root
+    split = m.root
     rank = len(x.shape)
-    axis = int(np.asarray(m.axis.data).reshape(-1)[0])
-    if rank < 2 or x.shape[0] != 1 or axis % rank != rank - 1:
+    dim = int(np.asarray(axis.data).reshape(-1)[0])
+    if rank < 2 or x.shape[0] != 1 or dim % rank != rank - 1:
         return NotApplicable("not a split of the channel axis of a batch-1 tensor")
     chains = []
     for part in split.outputs:

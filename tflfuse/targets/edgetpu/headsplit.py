@@ -269,9 +269,9 @@ class SplitHeadsInWindows(Rule):
         return p.RESHAPE(p.x, p.const("shape"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | list[EndPlan]:
+    def check(self, m: Match, *, x: Tensor) -> Refusal | list[EndPlan]:
         """A refusal, or how each end of the chain is written (the plan)."""
-        x, out = m.x, m.root.output
+        out = m.root.output
         if nontrivial(out.shape) <= MAX_DIMS or nontrivial(x.shape) > MAX_DIMS:
             return NotApplicable("not a reshape into more than 3 dimensions > 1")
         if _kind(x) is None:
@@ -298,10 +298,10 @@ class SplitHeadsInWindows(Rule):
             plans.append(plan)
         return plans
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, plan: list[EndPlan]) -> None:
         chain = find_chain(m.graph, m.root)
-        for plan in m.plan:
-            _write_end(m, chain.x, plan)
+        for end in plan:
+            _write_end(m, chain.x, end)
         for op in reversed(chain.ops):  # what no end reads any more goes
             if not any(o is op for o in m.graph.ops):
                 continue

@@ -139,12 +139,12 @@ class ComputeNchwIslandInNhwc(Rule):
     int8_error_steps = 1  # a MEAN over other axes: another kernel path's rounding
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.TRANSPOSE(p.x, p.const("perm"))
+        return p.TRANSPOSE(p.x, p.const("permutation"))
 
-    def check(self, m: Match) -> Refusal | Island:
+    def check(self, m: Match, *, x: Tensor, permutation: Tensor) -> Refusal | Island:
         """A refusal, or the island (the plan)."""
-        perm = [int(v) for v in np.asarray(m.perm.data).reshape(-1)]
-        if perm == sorted(perm) or len(perm) != len(m.x.shape):
+        perm = [int(v) for v in np.asarray(permutation.data).reshape(-1)]
+        if perm == sorted(perm) or len(perm) != len(x.shape):
             return NotApplicable("not a permutation of x's axes")
         if any(m.root.output is o for o in m.graph.outputs) or not m.root.output.consumers:
             return NotApplicable("the TRANSPOSE writes a model output: no island after it")
@@ -159,10 +159,10 @@ class ComputeNchwIslandInNhwc(Rule):
             return NotApplicable("a TRANSPOSE pair with nothing between (CancelTransposePair's)")
         return island
 
-    def rewrite(self, m: Match) -> None:
-        island: Island = m.plan
-        graph, x, entry = m.graph, m.x, m.root
-        perm = [int(v) for v in np.asarray(m.perm.data).reshape(-1)]
+    def rewrite(self, m: Match, *, x: Tensor, permutation: Tensor, plan: Island) -> None:
+        island = plan
+        graph, entry = m.graph, m.root
+        perm = [int(v) for v in np.asarray(permutation.data).reshape(-1)]
         inv = _inverse(perm)
         old_shapes = {id(t): t.shape for t in island.inside.values()}
 

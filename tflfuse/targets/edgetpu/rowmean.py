@@ -133,9 +133,9 @@ class ReplicateRowMean(Rule):
         return p.MEAN(p.x, p.const("axes"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | RowRegion:
+    def check(self, m: Match, *, x: Tensor) -> Refusal | RowRegion:
         """A refusal, or the region (the plan)."""
-        x, mean = m.x, m.root
+        mean = m.root
         if not is_float(x) and not _per_tensor_int8(x, mean.output):
             return NotApplicable("neither float nor int8 with per-tensor quantization")
         if not _row_mean(x, mean):
@@ -159,8 +159,8 @@ class ReplicateRowMean(Rule):
                 return refuse(f"its {op_type} would not map: {why or verdict.reason}")
         return region
 
-    def rewrite(self, m: Match) -> None:
-        x, mean, region = m.x, m.root, m.plan
+    def rewrite(self, m: Match, *, x: Tensor, plan: RowRegion) -> None:
+        mean, region = m.root, plan
         c, full = x.shape[-1], tuple(x.shape)
         shape_in, shape_out = _conv_shapes(x)
         b = m.builder()
