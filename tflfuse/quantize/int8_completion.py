@@ -162,13 +162,15 @@ class QuantizePrelu(_Completion):
     def check(self, m: Match, *, x: Tensor, alpha: Tensor) -> Refusal | None:
         if alpha.dtype != "FLOAT32" or alpha.is_raw:
             return refuse(f"alpha {alpha.name!r} is {alpha.dtype}, not a float32 constant")
-        if not np.all(np.isfinite(alpha.data)):
+        if not np.all(np.isfinite(np.asarray(alpha.data))):
             return refuse(f"alpha {alpha.name!r} is not finite")
         return _island_check(m, x) or self.target_refusal(m)
 
     def int8_error(self, m: Match, *, alpha: Tensor, x: Tensor) -> int:
         values, scale = _alpha_int8(np.asarray(alpha.data, np.float64))
-        rounding = float(np.max(np.abs(values * scale - alpha.data))) if values.size else 0.0
+        rounding = (
+            float(np.max(np.abs(values * scale - np.asarray(alpha.data)))) if values.size else 0.0
+        )
         s_x, z_x = _scale_zp(x)
         s_out, _ = _scale_zp(m.root.output)
         most_negative = s_x * (z_x + 128)  # |x| at int8 -128
@@ -215,8 +217,8 @@ class QuantizeRelu0To1(_Completion):
     def _fusable_producer(self, m: Match, x: Tensor, float_out: Tensor) -> Op | None:
         """x's producer, when it can take the clamp as its fused RELU (FuseActivationIntoProducer's
         check) and nothing outside the island reads x or the island's float tensors (they go)."""
-        producer, relu = x.producer, float_out.producer
-        chain = [(x, relu.inputs[0].producer), (relu.inputs[0], relu), (float_out, m.root)]
+        producer, relu = x.producer, float_out.op
+        chain = [(x, relu.input(0).producer), (relu.input(0), relu), (float_out, m.root)]
         if producer is None or any(
             t in m.graph.outputs or t.consumers != [reader] for t, reader in chain
         ):
@@ -264,7 +266,7 @@ class QuantizeDepthToSpace(_Completion):
         return self.target_refusal(m)
 
     def rewrite(self, m: Match, *, float_out: Tensor, x: Tensor) -> None:
-        options = dict(float_out.producer.options)  # the block size
+        options = dict(float_out.op.options)  # the block size
         _replace(m, float_out, "DEPTH_TO_SPACE", [x], version=2, options=options)  # int8: version 2
 
 

@@ -134,6 +134,13 @@ class Value:
     def is_constant(self) -> bool:
         return self.data is not None
 
+    @property
+    def made(self) -> Tensor:
+        """The tensor made at commit (a BuildError before)."""
+        if self.tensor is None:
+            raise BuildError(f"{self.name!r} is not made before the builder commits")
+        return self.tensor
+
     def __repr__(self) -> str:
         return f"<Value {self.name!r} {self.dtype}{list(self.shape)}>"
 

@@ -8,6 +8,7 @@ some order, or maximum(x, 0.2 * x): several kernels and intermediate tensors for
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def _readers_broadcast(graph: Graph, y: Tensor, x: Tensor) -> bool:
     for op in y.consumers:
         if op.type not in _BROADCASTING or len(op.inputs) != 2:
             return False
-        shapes = [x.shape if t is y else t.shape for t in op.inputs]
+        shapes = [x.shape if t is y else t.shape for t in op.operands]
         try:
             if tuple(np.broadcast_shapes(*shapes)) != tuple(op.output.shape):
                 return False
@@ -196,7 +197,7 @@ def _descendants(op: Op) -> set[Op]:
 def _negated(t: Tensor) -> Tensor:
     """n when t = NEG(n), else t."""
     op = t.producer
-    return op.inputs[0] if op is not None and op.type == "NEG" else t
+    return op.input(0) if op is not None and op.type == "NEG" else t
 
 
 class CancelTransposePair(Rule):
@@ -257,7 +258,7 @@ class CollapseReshapeChain(Rule):
             common.forward(m.graph, y, x)
             return
         b = m.builder(prefix="")
-        b.set_input(m.root, 0, x.producer.inputs[0])
+        b.set_input(m.root, 0, x.op.input(0))
         b.set_input(m.root, 1, b.ints(y.shape, "shape"))
         b.commit()
         m.root.options = {"new_shape": list(y.shape)} if m.root.options else {}
@@ -300,11 +301,11 @@ def _is_const(t: Tensor | None, value: float, tol: float = 1e-6) -> bool:
 
 def _other(op: Op, t: Tensor) -> Tensor | None:
     """The other input of a binary op whose one input is t."""
-    a, b = op.inputs[0], op.inputs[1]
+    a, b = op.input(0), op.input(1)
     return b if a is t else a if b is t else None
 
 
-def _plain(op: Op | None, *types: str) -> bool:
+def _plain(op: Op | None, *types: str) -> TypeGuard[Op]:
     return op is not None and op.type in types and op.fused_activation == "NONE"
 
 
@@ -314,7 +315,7 @@ def _relu6_of_x_plus_3(t: Tensor) -> Tensor | None:
     if op is None:
         return None
     if op.type == "RELU6":
-        inner = op.inputs[0].producer
+        inner = op.input(0).producer
         if not _plain(inner, "ADD"):
             return None
         op, act = inner, "RELU6"
@@ -322,7 +323,8 @@ def _relu6_of_x_plus_3(t: Tensor) -> Tensor | None:
         act = op.fused_activation
     if op.type != "ADD" or act != "RELU6":
         return None
-    for x, c in ((op.inputs[0], op.inputs[1]), (op.inputs[1], op.inputs[0])):
+    a, b = op.operands
+    for x, c in ((a, b), (b, a)):
         if _is_const(c, 3.0) and not x.is_constant:
             return x
     return None
@@ -335,9 +337,8 @@ def _hard_sigmoid(t: Tensor) -> tuple[Tensor, bool] | None:
         return x, False
     op = t.producer
     if _plain(op, "MUL", "DIV"):
-        for inner, c in ((op.inputs[0], op.inputs[1]),) + (
-            ((op.inputs[1], op.inputs[0]),) if op.type == "MUL" else ()
-        ):
+        a, b = op.operands
+        for inner, c in ((a, b),) + (((b, a),) if op.type == "MUL" else ()):
             scale = 1 / 6 if op.type == "MUL" else 6.0
             if _is_const(c, scale, 1e-5):
                 x = _relu6_of_x_plus_3(inner)
@@ -350,7 +351,7 @@ def match_hard_swish(root: Op) -> Tensor | None:
     """x when root computes x * relu6(x + 3) / 6 in any of the usual association orders."""
     if not _plain(root, "MUL", "DIV") or len(root.inputs) != 2:
         return None
-    a, b = root.inputs
+    a, b = root.operands
     # x * hsig(x) where hsig already includes the 1/6
     if root.type == "MUL":
         for x, h in ((a, b), (b, a)):
@@ -362,7 +363,7 @@ def match_hard_swish(root: Op) -> Tensor | None:
         scale = 1 / 6 if root.type == "MUL" else 6.0
         if not _is_const(c, scale, 1e-5) or not _plain(inner.producer, "MUL"):
             continue
-        p, q = inner.producer.inputs
+        p, q = inner.producer.operands
         for x, h in ((p, q), (q, p)):
             if _relu6_of_x_plus_3(h) is x:
                 return x
@@ -371,10 +372,10 @@ def match_hard_swish(root: Op) -> Tensor | None:
         for s, h in ((a, b), (b, a)):
             op = s.producer
             if _plain(op, "MUL", "DIV"):
-                x = _relu6_of_x_plus_3(h)
+                z = _relu6_of_x_plus_3(h)
                 scale = 1 / 6 if op.type == "MUL" else 6.0
-                if x is not None and x in op.inputs and _is_const(_other(op, x), scale, 1e-5):
-                    return x
+                if z is not None and z in op.inputs and _is_const(_other(op, z), scale, 1e-5):
+                    return z
     return None
 
 
@@ -423,10 +424,10 @@ class RecognizeHardSwish(_Recognize):
 
 def _leaky(root: Op) -> tuple[Tensor, float] | None:
     """(x, alpha) when root = maximum(x, alpha * x), or alpha * x + (1 - alpha) * relu(x)."""
-    a, b = root.inputs[0], root.inputs[1]
+    a, b = root.input(0), root.input(1)
     for x, s in ((a, b), (b, a)):
         op = s.producer
-        if root.type == "MAXIMUM" and _plain(op, "MUL") and x in op.inputs:
+        if root.type == "MAXIMUM" and _plain(op, "MUL") and x in op.operands:
             alpha = common.scalar_value(_other(op, x))
             if alpha is not None and 0.0 <= alpha < 1.0:
                 return x, alpha
@@ -435,11 +436,11 @@ def _leaky(root: Op) -> tuple[Tensor, float] | None:
             p, q = lin.producer, rel.producer
             if not (_plain(p, "MUL") and _plain(q, "MUL")):
                 continue
-            for x in p.inputs:
+            for x in p.operands:
                 alpha = common.scalar_value(_other(p, x))
                 if alpha is None or not 0.0 <= alpha < 1.0:
                     continue
-                for r in q.inputs:
+                for r in q.operands:
                     relu = r.producer
                     if (
                         relu is not None
@@ -474,23 +475,26 @@ def _gelu_tanh_input(t: Tensor) -> Tensor | None:
     op = t.producer
     if not _plain(op, "ADD"):
         return None
-    th = next((i for i in op.inputs if i.producer is not None and i.producer.type == "TANH"), None)
+    th = next(
+        (i for i in op.operands if i.producer is not None and i.producer.type == "TANH"), None
+    )
     if th is None or not _is_const(_other(op, th), 1.0):
         return None
-    inner = th.producer.inputs[0].producer
+    inner = th.op.input(0).producer
     if not _plain(inner, "MUL"):
         return None
-    poly = next((i for i in inner.inputs if not i.is_constant), None)
+    poly = next((i for i in inner.operands if not i.is_constant), None)
     if poly is None or not _is_const(_other(inner, poly), _SQRT_2_OVER_PI, 1e-4):
         return None
     add = poly.producer
     if not _plain(add, "ADD"):
         return None
-    for x, cubic in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+    first, second = add.operands
+    for x, cubic in ((first, second), (second, first)):
         op = cubic.producer
         if _plain(op, "MUL"):
-            consts = [i for i in op.inputs if i.is_constant]
-            cube = next((i for i in op.inputs if not i.is_constant), None)
+            consts = [i for i in op.operands if i.is_constant]
+            cube = next((i for i in op.operands if not i.is_constant), None)
             if (
                 cube is not None
                 and len(consts) == 1
@@ -508,7 +512,7 @@ def _is_cube(t: Tensor, x: Tensor) -> bool:
     if op.type == "POW":
         return op.inputs[0] is x and _is_const(op.inputs[1], 3.0)
     if _plain(op, "MUL"):
-        a, b = op.inputs
+        a, b = op.operands
         sq = b if a is x else a if b is x else None
         return sq is not None and _plain(sq.producer, "MUL") and list(sq.producer.inputs) == [x, x]
     return False
@@ -518,7 +522,7 @@ def _gelu(root: Op) -> Tensor | None:
     """x when root = 0.5 * x * (1 + tanh(...)) in one of the usual association orders."""
     if not _plain(root, "MUL"):
         return None
-    a, b = root.inputs
+    a, b = root.operands
     for half, rest in ((a, b), (b, a)):
         op = half.producer
         # (0.5 * x) * (1 + tanh(..)) or (x * 0.5) * (...)
@@ -528,13 +532,13 @@ def _gelu(root: Op) -> Tensor | None:
                 return x
         # 0.5 * (x * (1 + tanh(..)))
         if _is_const(half, 0.5) and _plain(rest.producer, "MUL"):
-            p, q = rest.producer.inputs
+            p, q = rest.producer.operands
             for x, t in ((p, q), (q, p)):
                 if _gelu_tanh_input(t) is x:
                     return x
         # x * (0.5 * (1 + tanh(..)))
         if _plain(rest.producer, "MUL"):
-            p, q = rest.producer.inputs
+            p, q = rest.producer.operands
             for c, t in ((p, q), (q, p)):
                 if _is_const(c, 0.5) and _gelu_tanh_input(t) is half:
                     return half

@@ -55,9 +55,12 @@ class FuseActivationIntoProducer(Rule):
         with a coarser scale than the activation differ by more than one step (the int8 property
         test found 8 for an FC whose range was 16x wider than the RELU's)."""
         z = m.root.output
+        qy, qz = y.quantization, z.quantization
+        if qy is None or qz is None or qy.scale is None or qz.scale is None:
+            return 0  # not quantized
         if not (y.is_quantized and z.is_quantized) or y.np_dtype is None:
             return 0
-        ratio = float(y.quantization.scale[0]) / float(z.quantization.scale[0])
+        ratio = float(qy.scale[0]) / float(qz.scale[0])
         if abs(ratio - 1.0) < 1e-6:
             # same scale: the RELU's requantization is exact, so fusing changes nothing unless
             # y saturates inside the activation's range (the check allows one step of that)
@@ -102,6 +105,7 @@ def activation_fusion_refusal(
         return refuse("activation changes the tensor type")
     if (
         producer.type in _SAME_SCALE_ONLY
+        and y.quantization is not None
         and y.is_quantized
         and not y.quantization.same_as(out.quantization)
     ):
@@ -113,9 +117,9 @@ def _saturation_refusal(producer: str, y: Tensor, activation: str, z: Tensor) ->
     """Quantized: unfused, y saturates at its own range before the activation clamps; fused, the
     kernel clamps in the activation's output range. Equal (to one step) only if y's range covers
     every value the activation can output."""
-    if not (y.is_quantized and z.is_quantized):
-        return None
     qy, qz = y.quantization, z.quantization
+    if qy is None or qz is None or qz.scale is None or not (y.is_quantized and z.is_quantized):
+        return None
     if qy.per_channel or qz.per_channel or y.np_dtype is None:
         return refuse("per-channel quantized activations: saturation cannot be compared")
     (y_lo, y_hi), (z_lo, z_hi) = y.real_range(), z.real_range()
@@ -129,7 +133,8 @@ def _saturation_refusal(producer: str, y: Tensor, activation: str, z: Tensor) ->
     return None
 
 
-def _affine_check(m: Match, y: Tensor, c: Tensor, kind: str) -> Refusal | None:
+def _affine_check(m: Match, y: Tensor, c: Tensor, kind: str) -> Refusal | np.ndarray:
+    """A refusal, or c as one value per output channel of y's producer (the plan)."""
     producer = y.op
     if producer.fused_activation != "NONE":
         return refuse(f"{producer.type} has fused {producer.fused_activation} before the {kind}")
@@ -139,12 +144,12 @@ def _affine_check(m: Match, y: Tensor, c: Tensor, kind: str) -> Refusal | None:
         return refuse(f"{producer.type} weights or bias are not float constants")
     if m.root.fused_activation not in ("NONE", "RELU", "RELU6", "RELU_N1_TO_1"):
         return refuse(f"{m.root.type} has fused {m.root.fused_activation}")
-    rank = len(y.shape)
-    if common.channel_vector(c, common.out_channels(producer), rank) is None:
+    vector = common.channel_vector(c, common.out_channels(producer), len(y.shape))
+    if vector is None:
         return refuse(f"the {kind} constant is not one value per output channel")
     if m.root.output.shape != y.shape:
         return refuse(f"the {kind} broadcasts to a larger shape")
-    return None
+    return vector
 
 
 def _adopt(m: Match, y: Tensor, b: Builder, act: str | None = None) -> None:
@@ -170,12 +175,11 @@ class FoldBiasIntoProducer(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("ADD", "SUB")(p.any(*common.WEIGHTED)(..., out="y"), p.const("c"))
 
-    def check(self, m: Match, *, y: Tensor, c: Tensor) -> Refusal | None:
+    def check(self, m: Match, *, y: Tensor, c: Tensor) -> Refusal | np.ndarray:
         return _affine_check(m, y, c, "bias")
 
-    def rewrite(self, m: Match, *, y: Tensor, c: Tensor) -> None:
-        producer = y.op
-        vector = common.channel_vector(c, common.out_channels(producer), len(y.shape))
+    def rewrite(self, m: Match, *, y: Tensor, plan: np.ndarray) -> None:
+        producer, vector = y.op, plan
         sign = -1.0 if m.root.type == "SUB" else 1.0
         b = m.builder()
         b.set_bias(producer, common.bias(producer) + sign * vector)
@@ -194,12 +198,11 @@ class FoldScaleIntoProducer(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MUL(p.any(*common.WEIGHTED)(..., out="y"), p.const("c"))
 
-    def check(self, m: Match, *, y: Tensor, c: Tensor) -> Refusal | None:
+    def check(self, m: Match, *, y: Tensor, c: Tensor) -> Refusal | np.ndarray:
         return _affine_check(m, y, c, "scale")
 
-    def rewrite(self, m: Match, *, y: Tensor, c: Tensor) -> None:
-        producer = y.op
-        s = common.channel_vector(c, common.out_channels(producer), len(y.shape))
+    def rewrite(self, m: Match, *, y: Tensor, plan: np.ndarray) -> None:
+        producer, s = y.op, plan
         w = common.weights(producer)
         if producer.type == "DEPTHWISE_CONV_2D":
             scaled = w * s.reshape(1, 1, 1, -1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TypeGuard
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def _only_inside(graph: Graph, tensors: list[Tensor], ops: set[Op]) -> bool:
 def _through_reshapes(t: Tensor) -> Tensor:
     """The tensor before any RESHAPE/SQUEEZE/EXPAND_DIMS (the value, whatever its shape)."""
     while t.producer is not None and t.producer.type in _RESHAPES:
-        t = t.producer.inputs[0]
+        t = t.producer.input(0)
     return t
 
 
@@ -58,16 +59,16 @@ def _reshape_ops(t: Tensor) -> list[Op]:
     ops = []
     while t.producer is not None and t.producer.type in _RESHAPES:
         ops.append(t.producer)
-        t = t.producer.inputs[0]
+        t = t.producer.input(0)
     return ops
 
 
-def _plain(op: Op | None, *types: str) -> bool:
+def _plain(op: Op | None, *types: str) -> TypeGuard[Op]:
     return op is not None and op.type in types and op.fused_activation == "NONE"
 
 
 def _other(op: Op, t: Tensor) -> Tensor | None:
-    a, b = op.inputs[0], op.inputs[1]
+    a, b = op.input(0), op.input(1)
     return b if a is t else a if b is t else None
 
 
@@ -75,7 +76,7 @@ def _axes(op: Op) -> set[int] | None:
     t = op.inputs[1] if len(op.inputs) > 1 else None
     if t is None or not t.is_constant:
         return None
-    rank = len(op.inputs[0].shape)
+    rank = len(op.input(0).shape)
     return {int(a) % rank for a in np.asarray(t.data).reshape(-1)}
 
 
@@ -100,14 +101,16 @@ def _match_layer_norm(root: Op) -> _LayerNorm | None:
     r = rsqrt(mean((x - mean)^2) + eps) and mean = MEAN(x, last axis), reshapes anywhere."""
     if root.type not in ("ADD", "SUB") or len(root.inputs) != 2:
         return None
-    orders = [(root.inputs[0], root.inputs[1])]
+    first, second = root.operands
+    orders = [(first, second)]
     if root.type == "ADD":
-        orders.append((root.inputs[1], root.inputs[0]))
+        orders.append((second, first))
     for scaled, offset in orders:
         mul = scaled.producer
         if not _plain(mul, "MUL"):
             continue
-        for x_cand, r_cand in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+        a, b = mul.operands
+        for x_cand, r_cand in ((a, b), (b, a)):
             if not (_per_row(r_cand, x_cand) and _per_row(offset, x_cand)):
                 continue
             found = _layer_norm_from(root, mul, x_cand, _through_reshapes(r_cand), offset)
@@ -128,17 +131,17 @@ def _layer_norm_from(root: Op, mul: Op, x: Tensor, r: Tensor, offset: Tensor) ->
     rsqrt = r.producer
     if rsqrt is None or rsqrt.type != "RSQRT":
         return None
-    add_eps = _through_reshapes(rsqrt.inputs[0]).producer
+    add_eps = _through_reshapes(rsqrt.input(0)).producer
     if not _plain(add_eps, "ADD"):
         return None
-    var = next((i for i in add_eps.inputs if not i.is_constant), None)
-    eps = common.scalar_value(next((i for i in add_eps.inputs if i.is_constant), None))
+    var = next((i for i in add_eps.operands if not i.is_constant), None)
+    eps = common.scalar_value(next((i for i in add_eps.operands if i.is_constant), None))
     if var is None or eps is None or eps < 0:
         return None
     var_mean = _through_reshapes(var).producer
     if var_mean is None or var_mean.type != "MEAN":
         return None
-    sq = var_mean.inputs[0].producer
+    sq = var_mean.input(0).producer
     if sq is None or sq.type != "SQUARED_DIFFERENCE" or not _last_axis_mean(var_mean, sq.output):
         return None
     mean_t = _other(sq, x)
@@ -151,23 +154,23 @@ def _layer_norm_from(root: Op, mul: Op, x: Tensor, r: Tensor, offset: Tensor) ->
     off = _through_reshapes(offset)
     neg = off.producer
     if root.type == "ADD":
-        if _plain(neg, "SUB") and common.scalar_value(neg.inputs[0]) == 0.0:
-            prod = neg.inputs[1]
+        if _plain(neg, "SUB") and common.scalar_value(neg.input(0)) == 0.0:
+            prod = neg.input(1)
         elif neg is not None and neg.type == "NEG":
-            prod = neg.inputs[0]
+            prod = neg.input(0)
         else:
             return None
         negation = [neg]
     else:
         prod, negation = off, []
     pm = _through_reshapes(prod).producer
-    if not _plain(pm, "MUL") or pm.inputs[0].shape != pm.inputs[1].shape:
+    if not _plain(pm, "MUL") or pm.input(0).shape != pm.input(1).shape:
         return None
-    operands = {id(_through_reshapes(i)) for i in pm.inputs}
+    operands = {id(_through_reshapes(i)) for i in pm.operands}
     if operands != {id(r), id(mean)}:
         return None
-    ops = [mean.producer, sq, var_mean, add_eps, rsqrt, mul, pm, *negation, root]
-    for t in (mean_t, var, rsqrt.inputs[0], *mul.inputs, offset, prod, *pm.inputs):
+    ops = [mean.op, sq, var_mean, add_eps, rsqrt, mul, pm, *negation, root]
+    for t in (mean_t, var, rsqrt.input(0), *mul.operands, offset, prod, *pm.operands):
         ops.extend(_reshape_ops(t))
     return _LayerNorm(x, float(eps), list(dict.fromkeys(ops)))
 
@@ -401,11 +404,11 @@ def _same_layout_q(tensors: list[Tensor]) -> bool:
     return True
 
 
-def _emit(b: Builder, source: Tensor, plan: _Plan, out: Tensor) -> Value:
+def _emit(b: Builder, source: Tensor, plan: _Plan, out: Tensor) -> Tensor | Value:
     """The plan's ops from source; the last one's result is to replace `out`. (The builder
     orders constants "after_reader": each op's result, then its begin/size/perm/shape.)"""
     steps = plan.ops(source.shape, out.shape) or ["RESHAPE"]  # a copy when nothing moves
-    current = source
+    current: Tensor | Value = source
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
         if step == "SLICE":
@@ -428,7 +431,7 @@ def _chain_up(root: Op, graph: Graph, types=(*_MOVEMENT, "SLICE")) -> list[Op]:
     """root and the single-reader movement ops above it, source first."""
     chain = [root]
     while True:
-        t = chain[0].inputs[0]
+        t = chain[0].input(0)
         op = t.producer
         if op is None or op.type not in types or not common.single_reader(graph, t):
             break
@@ -472,7 +475,7 @@ class CanonicalizeLayoutChain(Rule):
             return NotApplicable("a single layout op")
         if self.kept is not None and self.kept(chain):
             return NotApplicable("the target keeps the chain as written (every op shown mapped)")
-        source = chain[0].inputs[0]
+        source = chain[0].input(0)
         tensors = [source, *(op.output for op in chain)]
         if not _same_layout_q(tensors):
             return refuse("the chain changes type or quantization")
@@ -497,7 +500,7 @@ class CanonicalizeLayoutChain(Rule):
 
     def rewrite(self, m: Match, *, plan: tuple[list[Op], _Plan]) -> None:
         chain, layout = plan
-        source, out = chain[0].inputs[0], m.root.output
+        source, out = chain[0].input(0), m.root.output
         if not layout.ops(source.shape, out.shape) and common.forward(m.graph, out, source):
             return  # the chain moves nothing: its readers read the source
         b = m.builder(constants="after_reader")
@@ -519,7 +522,7 @@ def _free_reshape_after(t: Tensor) -> bool:
 
 
 def _scalar_operand(op: Op, t: Tensor) -> Tensor | None:
-    a, b = op.inputs[0], op.inputs[1]
+    a, b = op.input(0), op.input(1)
     other = b if a is t else a if b is t else None
     if other is None or not other.is_constant or other.size != 1:
         return None
@@ -548,7 +551,7 @@ class SliceBeforeLayout(Rule):
         if m.graph.is_graph_output(out) or not readers or any(r.type != "SLICE" for r in readers):
             return NotApplicable("not read by SLICEs only")
         chain = _chain_up(m.root, m.graph, _MOVEMENT)
-        source = chain[0].inputs[0]
+        source = chain[0].input(0)
         if not _same_layout_q([source, *(op.output for op in chain), *(r.output for r in readers)]):
             return refuse("the chain changes type or quantization")
         plans = []
@@ -562,7 +565,7 @@ class SliceBeforeLayout(Rule):
             plans.append((reader, plan))
         before = len(chain) + len(readers)
         after = sum(
-            len(plan.ops(source.shape, r.output.shape)) - _free_reshape_after(r.output)
+            len(plan.ops(source.shape, r.output.shape)) - int(_free_reshape_after(r.output))
             for r, plan in plans
         )
         if after >= before:
@@ -582,7 +585,7 @@ class SliceBeforeLayout(Rule):
 
 def _reshaped_input(op: Op) -> Tensor | None:
     return next(
-        (t for t in op.inputs if t.producer is not None and t.producer.type == "RESHAPE"), None
+        (t for t in op.operands if t.producer is not None and t.producer.type == "RESHAPE"), None
     )
 
 
@@ -617,7 +620,7 @@ class SinkReshapeBelowScalarOp(Rule):
 
     def rewrite(self, m: Match, *, plan: Tensor) -> None:
         root, r = m.root, plan
-        x, out = r.producer.inputs[0], root.output
+        x, out = r.op.input(0), root.output
         b = m.builder(after=root)
         inner = b.tensor("unreshaped", x.shape, dtype=out.dtype)
         shape = b.ints(out.shape, "shape")
@@ -652,7 +655,7 @@ class SoftmaxThroughReshape(Rule):
 
     def rewrite(self, m: Match, *, x: Tensor, soft: Tensor) -> None:
         b = m.builder()
-        b.replace(m.root, b.SOFTMAX(x, options=soft.producer.options))
+        b.replace(m.root, b.SOFTMAX(x, options=soft.op.options))
 
 
 # -- clamps, padded max pool, constant matmul ----------------------------------------------------
@@ -664,7 +667,8 @@ def _clamp(root: Op) -> tuple[Tensor, str] | None:
     MINIMUM(RELU(x), 6) or MAXIMUM(x, 0), for the RELU-family bounds."""
     if root.type not in ("MINIMUM", "MAXIMUM") or len(root.inputs) != 2:
         return None
-    for t, c in ((root.inputs[0], root.inputs[1]), (root.inputs[1], root.inputs[0])):
+    first, second = root.operands
+    for t, c in ((first, second), (second, first)):
         bound = common.scalar_value(c)
         if bound is None or t.is_constant:
             continue
@@ -672,14 +676,15 @@ def _clamp(root: Op) -> tuple[Tensor, str] | None:
         lo, hi = (-math.inf, bound) if root.type == "MINIMUM" else (bound, math.inf)
         x = t
         if inner is not None and inner.type in ("MINIMUM", "MAXIMUM") and inner.type != root.type:
-            for u, d in ((inner.inputs[0], inner.inputs[1]), (inner.inputs[1], inner.inputs[0])):
+            p, q = inner.operands
+            for u, d in ((p, q), (q, p)):
                 other = common.scalar_value(d)
                 if other is not None and not u.is_constant:
                     lo, hi = (other, bound) if root.type == "MINIMUM" else (bound, other)
                     x = u
                     break
         elif inner is not None and inner.type == "RELU" and root.type == "MINIMUM":
-            lo, x = 0.0, inner.inputs[0]
+            lo, x = 0.0, inner.input(0)
         act = _CLAMPS.get((lo, hi))
         if act is not None:
             return x, act
@@ -755,8 +760,9 @@ def _non_negative(t: Tensor) -> bool:
         op.type in ("RELU", "RELU6") or op.fused_activation in ("RELU", "RELU6")
     ):
         return True
-    if t.is_quantized and not t.quantization.per_channel and t.np_dtype is not None:
-        zp = int(np.asarray(t.quantization.zero_point).reshape(-1)[0])
+    q = t.quantization
+    if q is not None and t.is_quantized and not q.per_channel and t.np_dtype is not None:
+        zp = int(np.asarray(q.zero_point).reshape(-1)[0])
         return zp == int(np.iinfo(t.np_dtype).min)
     return False
 
@@ -769,7 +775,7 @@ def _pad_value(pad: Op) -> float | None:
         return None
     v = float(np.asarray(c.data).reshape(-1)[0])
     if c.dtype in ("INT8", "UINT8"):
-        q = c.quantization if c.is_quantized else pad.inputs[0].quantization
+        q = c.quantization if c.is_quantized else pad.input(0).quantization
         if q is None or q.scale is None or q.per_channel:
             return None
         v = float(q.scale.reshape(-1)[0]) * (v - int(np.asarray(q.zero_point).reshape(-1)[0]))
@@ -814,7 +820,7 @@ class LegalizePadV2BeforeMaxPool(Rule):
         same = tuple(pads[1]) == common.pads_for_same(x.shape[1], kh, sh) and tuple(
             pads[2]
         ) == common.pads_for_same(x.shape[2], kw, sw)
-        lowest = value <= -3.0e38 or (x.is_quantized and _is_type_min(pad.inputs[2]))
+        lowest = value <= -3.0e38 or (x.is_quantized and _is_type_min(pad.input(2)))
         nonneg = _non_negative(x)
         if same and (lowest or (nonneg and value <= 0.0)):
             return "same"
@@ -861,7 +867,8 @@ class BatchMatmulToFullyConnected(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.BATCH_MATMUL(p.x, p.w)
 
-    def check(self, m: Match, *, x: Tensor, w: Tensor) -> Refusal | None:
+    def check(self, m: Match, *, x: Tensor, w: Tensor) -> Refusal | np.ndarray:
+        """A refusal, or the constant operand (the plan)."""
         if x.is_constant and not w.is_constant:
             return refuse("the constant is the left operand: FULLY_CONNECTED takes it on the right")
         weights = common.float_constant(w)
@@ -880,10 +887,10 @@ class BatchMatmulToFullyConnected(Rule):
         n = weights.shape[-2] if m.root.options.get("adj_y") else weights.shape[-1]
         if tuple(m.root.output.shape) != (*x.shape[:-1], n):
             return refuse("the product broadcasts to another shape")
-        return None
+        return weights
 
-    def rewrite(self, m: Match, *, w: Tensor, x: Tensor) -> None:
-        data = common.float_constant(w)
+    def rewrite(self, m: Match, *, x: Tensor, plan: np.ndarray) -> None:
+        data = plan
         w2 = data.reshape(data.shape[-2:])
         weights = w2 if m.root.options.get("adj_y") else w2.T
         b = m.builder()

@@ -41,7 +41,7 @@ _GEOMETRY = (
 
 
 def _geometry(op: Op) -> tuple:
-    return (*[op.options.get(k) for k in _GEOMETRY], tuple(op.inputs[1].shape[1:]))
+    return (*[op.options.get(k) for k in _GEOMETRY], tuple(op.input(1).shape[1:]))
 
 
 def _mergeable(op: Op, x: Tensor) -> bool:
@@ -104,7 +104,7 @@ class MergeSiblingOps(Rule):
             return NotApplicable("no sibling reads the same input")
         concat = _absorbing_concat(m.graph, group)
         sizes = [op.output.shape[-1] for op in group]
-        weight_bytes = sum(op.inputs[1].nbytes for op in group)
+        weight_bytes = sum(op.input(1).nbytes for op in group)
         reason = cost.horizontal_pays(
             self.target,
             len(group),
@@ -126,6 +126,7 @@ class MergeSiblingOps(Rule):
         outs = [op.output for op in group]
         proto = group[0]
         bld = m.builder(at=first, prefix="")
+        merged_out: Tensor | Value
         if concat is not None:
             merged_out = concat.output
         else:
@@ -135,7 +136,7 @@ class MergeSiblingOps(Rule):
         merged = bld.op(
             proto.type,
             x,
-            bld.const(w, proto.inputs[1].name + "_merged"),
+            bld.const(w, proto.input(1).name + "_merged"),
             bld.const(b, proto.name + "_merged_bias"),
             out=merged_out,
             options=dict(proto.options),
@@ -195,7 +196,7 @@ class MergeSiblingSum(Rule):
         geometry = [k for k in _GEOMETRY if k != "fused_activation_function"]
         if any(a.options.get(k) != b.options.get(k) for k in geometry):
             return refuse("the addends differ in stride, padding or dilation")
-        if a.inputs[1].shape != b.inputs[1].shape:
+        if a.input(1).shape != b.input(1).shape:
             if a.type != "CONV_2D" or a.options.get("padding") != "SAME":
                 return refuse("different kernel sizes merge only with SAME padding")
             if (a.options.get("stride_h"), a.options.get("stride_w")) != (1, 1):
@@ -205,7 +206,7 @@ class MergeSiblingSum(Rule):
                 1,
             ):
                 return refuse("different kernel sizes merge only without dilation")
-            if any(d % 2 == 0 for d in (*a.inputs[1].shape[1:3], *b.inputs[1].shape[1:3])):
+            if any(d % 2 == 0 for d in (*a.input(1).shape[1:3], *b.input(1).shape[1:3])):
                 return refuse("an even kernel size has no centre")
         return None
 
@@ -224,7 +225,7 @@ class MergeSiblingSum(Rule):
         bld.op(
             a.type,
             x,
-            bld.const(wa + wb, a.inputs[1].name + "_sum"),
+            bld.const(wa + wb, a.input(1).name + "_sum"),
             bld.const(bias, a.name + "_sum_bias"),
             out=out,
             options=options,
@@ -235,7 +236,8 @@ class MergeSiblingSum(Rule):
 
 def _perm(op: Op) -> list[int] | None:
     t = op.inputs[1] if len(op.inputs) > 1 else None
-    return None if t is None or not t.is_constant else [int(v) for v in t.data.reshape(-1)]
+    data = t.data if t is not None and t.is_constant else None
+    return None if data is None else [int(v) for v in data.reshape(-1)]
 
 
 def _swap_last(perm: list[int]) -> list[int]:
@@ -335,8 +337,9 @@ def _hoist_plan(m: Match, x: Tensor, axis: Tensor) -> Any:
     per_part = x.shape[-1] // len(chains)
     if shape[: len(mid) + 1] != (1, *mid) or int(np.prod(shape[len(mid) + 1 :])) != per_part:
         return refuse("the reshape does more than split the channel axis")
-    perms = [_perm(t) for _, t in chains]
-    if any(p is None or p[0] != 0 for p in perms):
+    found = [_perm(t) for _, t in chains]
+    perms = [p for p in found if p is not None and p[0] == 0]
+    if len(perms) != len(found):
         return refuse("a transpose moves the batch axis")
     base = max(perms, key=perms.count)
     planned = []

@@ -49,7 +49,7 @@ class MeanKeepDims(Rule):
         if m.root.options.get("keep_dims", False):
             return NotApplicable("the MEAN keeps its dimensions already")
         rank = len(x.shape)
-        reduced = {int(a) % rank for a in np.ravel(axes.data)} if rank else set()
+        reduced = {int(a) % rank for a in np.ravel(np.asarray(axes.data))} if rank else set()
         if rank != 4 or reduced != {1, 2}:
             return NotApplicable("not a mean over H and W of an NHWC tensor")
         if not cost.mean_keep_dims_pays(self.target, cost.op_dtype(m.root), x.shape):
@@ -88,7 +88,7 @@ class MeanLastAxisAsRows(Rule):
 
     def check(self, m: Match, *, x: Tensor, axes: Tensor) -> Refusal | None:
         shape = tuple(x.shape)
-        reduced = [int(a) % len(shape) for a in np.ravel(axes.data)] if shape else []
+        reduced = [int(a) % len(shape) for a in np.ravel(np.asarray(axes.data))] if shape else []
         if (
             len(shape) != 3
             or shape[0] != 1
@@ -120,7 +120,7 @@ class MeanLastAxisAsRows(Rule):
         before.set_output(mean, 0, pooled)
         before.commit()
         after = m.builder(prefix="", after=mean)
-        reshape(after, pooled.tensor, y)
+        reshape(after, pooled.made, y)
         after.commit()
 
 

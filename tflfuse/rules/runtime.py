@@ -180,7 +180,7 @@ def _transpose_conv_version(op: Op) -> int:
     has_bias = len(op.inputs) > 3 and op.inputs[3] is not None
     if has_bias:
         return 3
-    return 2 if op.inputs[1] is not None and op.inputs[1].dtype == "INT8" else 1
+    return 2 if op.inputs[1] is not None and op.input(1).dtype == "INT8" else 1
 
 
 def runtime_legalization(runtime: Runtime, *, before_int8: bool = False) -> tuple[Rule | Pass, ...]:

@@ -41,9 +41,9 @@ def _absorbing_readers(
             return refuse(f"{op.type} reads the value as weights")
         if not common.has_float_params(op):
             return refuse(f"{op.type} weights or bias are not float constants")
-        if op.type == "FULLY_CONNECTED" and op.inputs[1].shape[-1] % t.shape[-1]:
+        if op.type == "FULLY_CONNECTED" and op.input(1).shape[-1] % t.shape[-1]:
             return refuse(
-                f"FULLY_CONNECTED rows of {op.inputs[1].shape[-1]} values do not line up with"
+                f"FULLY_CONNECTED rows of {op.input(1).shape[-1]} values do not line up with"
                 f" the {t.shape[-1]} channels"
             )
         if needs_no_padding and not common.same_padding_is_zero(op):
@@ -59,7 +59,7 @@ def _per_weight_column(op: Op, v: np.ndarray) -> np.ndarray:
     the row length is a multiple of C)."""
     if op.type != "FULLY_CONNECTED":
         return v
-    return np.tile(v, op.inputs[1].shape[-1] // v.size)
+    return np.tile(v, op.input(1).shape[-1] // v.size)
 
 
 def _scale_input_channels(op: Op, s: np.ndarray) -> np.ndarray:
@@ -96,18 +96,20 @@ class FoldAffineIntoFollowing(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MUL", "ADD", "SUB")(p.x, p.const("c"), out="y")
 
-    def check(self, m: Match, *, x: Tensor, y: Tensor, c: Tensor) -> Refusal | None:
+    def check(self, m: Match, *, x: Tensor, y: Tensor, c: Tensor) -> Refusal | np.ndarray:
+        """A refusal, or the constant as one value per channel."""
         root = m.root
         if root.fused_activation != "NONE":
             return refuse(f"{root.type} has fused {root.fused_activation}")
         if not common.is_float(x) or x.is_constant or x.shape != y.shape or not x.shape:
             return refuse(f"{root.type} broadcasts or is not a float activation")
-        if common.channel_vector(c, y.shape[-1], len(y.shape)) is None:
-            return refuse(f"the {root.type} constant is not one value per channel")
-        return _absorbing_readers(m, y, needs_no_padding=root.type != "MUL")
-
-    def rewrite(self, m: Match, *, c: Tensor, y: Tensor, x: Tensor) -> None:
         vector = common.channel_vector(c, y.shape[-1], len(y.shape))
+        if vector is None:
+            return refuse(f"the {root.type} constant is not one value per channel")
+        return _absorbing_readers(m, y, needs_no_padding=root.type != "MUL") or vector
+
+    def rewrite(self, m: Match, *, x: Tensor, y: Tensor, plan: np.ndarray) -> None:
+        vector = plan
         b = m.builder()
         for op in y.consumers:
             if m.root.type == "MUL":
@@ -134,7 +136,8 @@ class MoveScaleThroughRelu(Rule):
 
     def check(
         self, m: Match, *, x: Tensor, scale: Tensor, scaled: Tensor, shift: Tensor, y: Tensor
-    ) -> Refusal | None:
+    ) -> Refusal | tuple[np.ndarray, np.ndarray]:
+        """A refusal, or the scale and the offset as one value per channel."""
         if m.root.fused_activation == "NONE":
             return refuse("no RELU follows the affine, so there is nothing to move it past")
         if m.root.fused_activation != "RELU":
@@ -152,12 +155,12 @@ class MoveScaleThroughRelu(Rule):
             return refuse("scale or offset is not one value per channel")
         if not np.all(s > 0):
             return refuse("a scale is not positive, so it does not commute with RELU")
-        return _absorbing_readers(m, y, needs_no_padding=False, through_mean=True)
+        return _absorbing_readers(m, y, needs_no_padding=False, through_mean=True) or (s, b)
 
-    def rewrite(self, m: Match, *, x: Tensor, scale: Tensor, shift: Tensor, y: Tensor) -> None:
-        channels, rank = y.shape[-1], len(y.shape)
-        s = common.channel_vector(scale, channels, rank)
-        b = common.channel_vector(shift, channels, rank)
+    def rewrite(
+        self, m: Match, *, x: Tensor, y: Tensor, plan: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        s, b = plan
         add, bld = m.root, m.builder(prefix="")
         shifted = bld.tensor(add.output.name + "_shifted", y.shape)
         offset = bld.const(b / s, add.name + "_offset")
@@ -167,10 +170,10 @@ class MoveScaleThroughRelu(Rule):
 
 def _spatial_mean(op: Op, t: Tensor) -> bool:
     """op is a MEAN of t over axes that leave the last (channel) axis in place."""
-    if op.type != "MEAN" or op.inputs[0] is not t or not t.shape or not op.inputs[1].is_constant:
+    if op.type != "MEAN" or op.inputs[0] is not t or not t.shape or not op.input(1).is_constant:
         return False
     rank = len(t.shape)
-    axes = {int(a) % rank for a in np.asarray(op.inputs[1].data).reshape(-1)}
+    axes = {int(a) % rank for a in np.asarray(op.input(1).data).reshape(-1)}
     out = op.output.shape
     return rank - 1 not in axes and bool(out) and out[-1] == t.shape[-1]
 
@@ -404,9 +407,10 @@ def _int8_pad_refusal(x: Tensor, padded: Tensor, pad: Op) -> Refusal | None:
     if q is None or q.per_channel or q.scale is None or not _same_quantization(x, padded):
         return refuse("the PAD changes the quantization")
     if pad.type == "PADV2":
-        value = pad.inputs[2]
+        value = pad.input(2)
         zero = int(np.ravel(q.zero_point)[0]) if q.zero_point is not None else 0
-        if not value.is_constant or value.data.size != 1 or int(np.ravel(value.data)[0]) != zero:
+        data = value.data if value.is_constant else None
+        if data is None or data.size != 1 or int(np.ravel(data)[0]) != zero:
             return refuse("the PAD value is not the zero point (real zero)")
     return None
 
@@ -427,7 +431,7 @@ def _scalable_producer(m: Match, t: Tensor) -> Op | None:
     while t.producer is not None and t.producer.type in _LAYOUT:
         if not common.single_reader(m.graph, t):
             return None
-        t = t.producer.inputs[0]
+        t = t.producer.input(0)
     op = t.producer
     if op is None or op.type not in ("FULLY_CONNECTED", "CONV_2D"):
         return None

@@ -304,7 +304,7 @@ class MatmulPlan:
     block_sum: bool = False
     full: bool = False  # both operands repeated to [1, d, 1, n_c m_c]: shown forms only
     swapped: bool = False  # computes C^T = Y . X^T per head, then transposes it
-    merge: Op | None = (
+    merge: list[Op] | None = (
         None  # the heads' merge TRANSPOSE it writes directly ([H, N, E] -> [N, H, E])
     )
     into: Op | None = None  # the TRANSPOSE whose output is the plain product (`_columns_on_batch`)

@@ -172,7 +172,7 @@ class ComputeNchwIslandInNhwc(Rule):
         for op in island.ops:  # graph order: producers first
             self._operands(m, op, island, moved)
             if op.type == "MEAN":
-                axes = sorted(perm[a] for a in _const_axes(op))
+                axes = sorted(perm[a] for a in _const_axes(op) or ())  # the check read them
                 op.inputs = [op.inputs[0], graph.add_constant(
                     f"{op.output.name}/axes_nhwc", np.asarray(axes, np.int32))]  # fmt: skip
             op.output.shape = moved(op.output.shape)
@@ -190,7 +190,8 @@ class ComputeNchwIslandInNhwc(Rule):
                 graph.add_op("RESHAPE", [t, shape], [back], {"new_shape": list(back.shape)},
                              after=op)  # fmt: skip
         for op in island.exits:  # the island's last op writes the exit's tensor where it can
-            t, out, producer = op.inputs[0], op.output, op.inputs[0].producer
+            t, out = op.input(0), op.output
+            producer = t.producer
             graph.remove_op(op)
             if producer is not None and not t.consumers and t.shape == out.shape:
                 producer.outputs = [out if o is t else o for o in producer.outputs]

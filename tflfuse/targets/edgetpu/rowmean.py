@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tflfuse.ir import Op, Quantization, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.common import NotApplicable, is_float
 from tflfuse.targets.edgetpu.forms import gate
 from tflfuse.targets.edgetpu.heads import form_verdict
@@ -164,7 +164,7 @@ class ReplicateRowMean(Rule):
         c, full = x.shape[-1], tuple(x.shape)
         shape_in, shape_out = _conv_shapes(x)
         b = m.builder()
-        src = x
+        src: Tensor | Value = x
         if shape_in != full:
             src = b.RESHAPE(x, b.ints(shape_in, "rows_shape"), name="rows", like=x, shape=shape_in)
         w, bias = _weights(b, x, c)
@@ -177,7 +177,7 @@ class ReplicateRowMean(Rule):
                             like=x, quant=quant, shape=full)  # fmt: skip
         column = mean.output
         b.commit(remove=mean)
-        m.graph.replace_uses(column, rep.tensor)
+        m.graph.replace_uses(column, rep.made)
         for op in region.ops:
             op.output.shape = full
             op.output.shape_signature = None

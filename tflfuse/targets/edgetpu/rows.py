@@ -32,7 +32,7 @@ from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, ref
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.capabilities import capability
 from tflfuse.targets.edgetpu.headsplit import unshown
-from tflfuse.targets.edgetpu.rules import _gated, _kind
+from tflfuse.targets.edgetpu.rules import _gated, _kind, _same_scale
 
 
 def _row_limit() -> int:
@@ -81,7 +81,7 @@ class SplitFullyConnectedRows(Rule):
     def check(self, m: Match, *, y: Tensor) -> Refusal | int:
         """A refusal, or k, the map rows per piece (the plan)."""
         out = m.root.output
-        fc = y.producer
+        fc = y.op
         if len(y.consumers) != 1:
             return NotApplicable("not the one reader of a FULLY_CONNECTED")
         if m.graph.is_graph_output(y):
@@ -91,7 +91,7 @@ class SplitFullyConnectedRows(Rule):
             return NotApplicable("the rows tensor is within the row limit")
         rows, c = got
         width, height = int(out.shape[-2]), int(out.shape[-3])
-        x = fc.inputs[0]
+        x = fc.input(0)
         if (
             _rows_shape(x) is None
             or x.shape[-2] != rows
@@ -105,7 +105,7 @@ class SplitFullyConnectedRows(Rule):
         kind = _kind(x)
         if kind is None or _kind(y) != kind:
             return refuse(f"FULLY_CONNECTED on {x.dtype} with per-channel or no quantization")
-        if kind == "int" and not out.quantization.same_as(y.quantization):
+        if kind == "int" and not _same_scale(out, y):
             return refuse("the reshape requantizes")
         for k in range(height, 0, -1):
             last = height % k
@@ -114,8 +114,8 @@ class SplitFullyConnectedRows(Rule):
         return refuse(f"no piece of map rows is shown mapped: {_piece_refusal(m, 1, width)}")
 
     def rewrite(self, m: Match, *, y: Tensor, plan: int) -> None:
-        k, out, fc = plan, m.root.output, y.producer
-        x, width = fc.inputs[0], int(out.shape[-2])
+        k, out, fc = plan, m.root.output, y.op
+        x, width = fc.input(0), int(out.shape[-2])
         b = m.builder(at=fc, constants="after_reader")
         weights = list(fc.inputs[1:])
         pieces, start = [], 0

@@ -109,6 +109,11 @@ def _gated(check: Callable[..., Refusal | Any]) -> Callable[..., Refusal | Any]:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+def _same_scale(a: Tensor, b: Tensor) -> bool:
+    """a is quantized as b is (a's quantization `same_as` b's)."""
+    return a.quantization is not None and a.quantization.same_as(b.quantization)
+
+
 def _kind(t: Tensor) -> str | None:
     """ "float", "int" (per-tensor int8/uint8) or None (something these rules do not handle)."""
     if is_float(t):
@@ -454,9 +459,9 @@ class MeanToAveragePool(Rule):
         property test: 5 steps for a 3x3 mean whose output scale is 8x finer)."""
         if _kind(x) != "int":
             return 0
-        stages = plan or [()]
+        stages = max(len(plan), 1)
         ratio = _scale_zp(x)[0] / _scale_zp(m.root.output)[0]
-        return max(self.int8_error_steps, math.floor(len(stages) * ratio / 2 + 1))
+        return max(self.int8_error_steps, math.floor(stages * ratio / 2 + 1))
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MEAN(p.x, p.const("axes"))
@@ -487,7 +492,7 @@ class MeanToAveragePool(Rule):
     def rewrite(self, m: Match, *, x: Tensor, plan: list[tuple[int, int]]) -> None:
         out, b = m.root.output, m.builder()
         pooled_shape = (1, 1, 1, x.shape[3])
-        requant = _kind(x) == "int" and not out.quantization.same_as(x.quantization)
+        requant = _kind(x) == "int" and not _same_scale(out, x)
         if out.shape == pooled_shape and not requant:  # the pools write the MEAN's output
             _keep_input_quantization(out, x)
             b.replace(m.root, _average_pool_chain(b, x, plan, None))
@@ -522,7 +527,7 @@ class SplitOversizedAveragePool(Rule):
             return refuse("only a global average pool (window = whole plane) is split")
         if op.fused_activation != "NONE":
             return refuse("the pool has a fused activation")
-        if _kind(x) == "int" and not op.output.quantization.same_as(x.quantization):
+        if _kind(x) == "int" and not _same_scale(op.output, x):
             return refuse("int8 pool changes the scale")
         stages = _pool_stages(fh, fw, _pool_limit())
         if stages is None:
@@ -741,8 +746,9 @@ class ConcatFlattenedMapsInNHWC(Rule):
             return NotApplicable("not a join along the last axis of a 3-D tensor")
         if op.fused_activation != "NONE":
             return refuse("the join has a fused activation")
-        maps = [_flattened_nchw(m.graph, t) for t in op.inputs]
-        if any(x is None for x in maps):
+        found = [_flattened_nchw(m.graph, t) for t in op.inputs]
+        maps = [x for x in found if x is not None]
+        if len(maps) != len(found):
             return NotApplicable("not every input is an NHWC map flattened channels-first")
         if len({x.shape[3] for x, _ in maps}) != 1:
             return refuse("the maps have different channel counts")
@@ -863,7 +869,7 @@ class SplitOversizedTranspose(Rule):
             return NotApplicable("float graph: split after quantization, one scale for all pieces")
         if kind is None:
             return refuse(f"TRANSPOSE on {x.dtype} with per-channel or no quantization")
-        if not (out.is_quantized and out.quantization.same_as(x.quantization)):
+        if not (out.is_quantized and _same_scale(out, x)):
             return refuse("the transpose requantizes")
         return transpose_split(tuple(x.shape), perm, tuple(out.shape), x.dtype)
 
