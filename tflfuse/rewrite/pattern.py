@@ -135,13 +135,12 @@ class Match:
         self,
         at: Op | None = None,
         prefix: str | None = None,
-        constants: str = "calls",
         after: Op | None = None,
     ) -> Builder:
         """A builder placing new ops where `at` (default: the root) is, or right after `after`,
         naming new tensors `<prefix>/<name>` (default: the output name of `at`; `prefix=""`:
         the names as given); see `tflfuse.rewrite.build`."""
-        return Builder(self.graph, at or after or self.root, prefix, constants, after)
+        return Builder(self.graph, at or after or self.root, prefix, after)
 
 
 def _match_op(pat: OpPattern, op: Op, env: dict[str, Any], ops: list[Op]) -> Iterator[dict]:

@@ -405,8 +405,7 @@ def _same_layout_q(tensors: list[Tensor]) -> bool:
 
 
 def _emit(b: Builder, source: Tensor, plan: _Plan, out: Tensor) -> Tensor | Value:
-    """The plan's ops from source; the last one's result is to replace `out`. (The builder
-    orders constants "after_reader": each op's result, then its begin/size/perm/shape.)"""
+    """The plan's ops from source; the last one's result is to replace `out`."""
     steps = plan.ops(source.shape, out.shape) or ["RESHAPE"]  # a copy when nothing moves
     current: Tensor | Value = source
     for i, step in enumerate(steps):
@@ -503,7 +502,7 @@ class CanonicalizeLayoutChain(Rule):
         source, out = chain[0].input(0), m.root.output
         if not layout.ops(source.shape, out.shape) and common.forward(m.graph, out, source):
             return  # the chain moves nothing: its readers read the source
-        b = m.builder(constants="after_reader")
+        b = m.builder()
         b.replace(m.root, _emit(b, source, layout, out))
 
 
@@ -579,7 +578,7 @@ class SliceBeforeLayout(Rule):
     def rewrite(self, m: Match, *, plan: tuple[Tensor, list[tuple[Op, _Plan]]]) -> None:
         source, plans = plan
         for reader, piece in plans:
-            b = m.builder(at=reader, constants="after_reader")
+            b = m.builder(at=reader)
             b.replace(reader, _emit(b, source, piece, reader.output))
 
 

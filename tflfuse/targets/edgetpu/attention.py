@@ -556,7 +556,7 @@ class _Spell:
 
     def __init__(self, m: Match, plan: MatmulPlan) -> None:
         self.m, self.p = m, plan
-        self.b: Builder = m.builder(constants="after_reader")
+        self.b: Builder = m.builder()
         self.out = m.root.output
         self.int8 = plan.kind == "int"
         self._weights: dict[tuple[str, int], tuple[Value, Value]] = {}
@@ -1075,7 +1075,7 @@ class LegalizeNeg(Rule):
         return None
 
     def rewrite(self, m: Match, *, x: Tensor) -> None:
-        b = m.builder(constants="last")
+        b = m.builder()
         b.replace(m.root, b.MUL(x, b.scalar(-1.0, "minus_one", like=x)))
 
 

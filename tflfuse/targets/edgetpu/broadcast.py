@@ -102,7 +102,7 @@ class TileBroadcastOperand(Rule):
     def rewrite(self, m: Match, *, a: Tensor, b: Tensor, plan: tuple[int, list[int]]) -> None:
         which, multiples = plan
         s = (a, b)[which]
-        bld = m.builder(constants="after_reader")
+        bld = m.builder()
         tiled = bld.TILE(s, bld.ints(multiples, "multiples"), name="tiled",
                          shape=m.root.output.shape, like=s)  # fmt: skip
         operands = (tiled, b) if which == 0 else (a, tiled)

@@ -91,7 +91,7 @@ class LegalizeGeluInt8(Rule):
 
     def rewrite(self, m: Match, *, x: Tensor) -> None:
         s_x, z_x = _scale_zp(x)
-        b = m.builder(constants="last")
+        b = m.builder()
         t = b.MUL(x, b.scalar(SLOPE, "slope", like=x), name="sloped",
                   quant=_quant(SLOPE * s_x, z_x))  # fmt: skip
         s = b.LOGISTIC(t, name="sigma", quant=_quant(1 / 256, -128))

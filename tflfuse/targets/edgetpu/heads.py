@@ -647,7 +647,7 @@ class ChunkHeadAlongAnchors(Rule):
         return HeadPlan(region, *plan)
 
     def rewrite(self, m: Match, *, plan: HeadPlan) -> None:
-        cutter = _Cutter(plan, Builder(m.graph, None, m.root.output.name, "after_reader"))
+        cutter = _Cutter(plan, Builder(m.graph, None, m.root.output.name))
         region = plan.region
         for n, op in enumerate(region.ordered_ops()):
             if id(op) not in region.joins:
@@ -817,7 +817,7 @@ class PadChannelsForMean(Rule):
         out, pad = m.root.output, plan
         last = len(x.shape) - 1
         factor = (x.shape[last] + pad) / x.shape[last]
-        b = m.builder(constants="last")
+        b = m.builder()
         pads = np.zeros((len(x.shape), 2), np.int32)
         pads[last, 1] = pad
         padded = b.PAD(x, b.const(pads, "paddings", "INT32"), name="padded", like=x,

@@ -312,7 +312,7 @@ class SplitHeadsInWindows(Rule):
 
 def _write_end(m: Match, x: Tensor, plan: EndPlan) -> None:
     producer = plan.end.producer
-    b = m.builder(at=producer, constants="after_reader")
+    b = m.builder(at=producer)
     piece, pieces = _piece_shape(plan), []
     for i, w in enumerate(plan.windows):
         src = x

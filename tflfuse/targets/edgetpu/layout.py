@@ -220,7 +220,7 @@ def best_plan(op_type: str, x: Tensor, out: Tensor, bases) -> CutPlan | str:
 def build_plan(m: Match, plan: CutPlan, make) -> None:
     """Write `plan` in place of `m.root`: `make(b, piece, name)` moves one piece."""
     x, out = m.root.inputs[0], m.root.output
-    b = m.builder(constants="after_reader")
+    b = m.builder()
     src = x
     if plan.base != tuple(x.shape):
         src = b.RESHAPE(x, b.ints(plan.base, "base/shape"), name="base", quant=x.quantization,
@@ -407,7 +407,7 @@ class CutReshapeIntoShownBlocks(Rule):
 
     def rewrite(self, m: Match, *, x: Tensor, plan: ReshapePlan) -> None:
         out = m.root.output
-        b = m.builder(constants="after_reader")
+        b = m.builder()
         parts, start = [], 0
         for j, (rin, rout) in enumerate(zip(plan.rows_in, plan.rows_out)):
             begin = [start if k == plan.axis_in else 0 for k in range(len(x.shape))]
@@ -491,7 +491,7 @@ class CutMeanIntoShownPieces(Rule):
 
     def rewrite(self, m: Match, *, x: Tensor, axes: Tensor, plan: AxisPlan) -> None:
         out = m.root.output
-        b = m.builder(constants="after_reader")
+        b = m.builder()
         parts, start = [], 0
         for j, size in enumerate(plan.sizes):
             begin = [start if k == plan.axis_in else 0 for k in range(len(x.shape))]
@@ -596,7 +596,7 @@ class CutBroadcastIntoShownPieces(Rule):
     def rewrite(self, m: Match, *, a: Tensor, b: Tensor, plan: tuple[int, AxisPlan]) -> None:
         _, cut = plan
         out = m.root.output
-        bld = m.builder(constants="after_reader")
+        bld = m.builder()
         parts, start = [], 0
         for j, size in enumerate(cut.sizes):
             pieces = []

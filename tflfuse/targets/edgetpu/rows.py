@@ -116,7 +116,7 @@ class SplitFullyConnectedRows(Rule):
     def rewrite(self, m: Match, *, y: Tensor, plan: int) -> None:
         k, out, fc = plan, m.root.output, y.op
         x, width = fc.input(0), int(out.shape[-2])
-        b = m.builder(at=fc, constants="after_reader")
+        b = m.builder(at=fc)
         weights = list(fc.inputs[1:])
         pieces, start = [], 0
         for i in range(math.ceil(out.shape[-3] / k)):

@@ -194,7 +194,7 @@ class LegalizeLeakyRelu(Rule):
 
     def rewrite(self, m: Match, *, x: Tensor) -> None:
         alpha = float(m.root.options.get("alpha", 0.2))
-        b = m.builder(constants="last")
+        b = m.builder()
         if _kind(x) == "int":
             top = 127 if x.dtype == "INT8" else 255
             # alpha broadcasts to x exactly: (1, 1, C) for NHWC, (C,) for (N, C); the kernel
@@ -301,7 +301,7 @@ def spell_out_hard_swish(m: Match) -> None:
     if _kind(x) == "int":
         s_out, z_out = _scale_zp(out)
         q_gate, q_prod = _range_q(x, 0.0, _gate_top(x)), _quant(6 * s_out, z_out)
-    b = m.builder(constants="last")
+    b = m.builder()
     three = b.scalar(3.0, "three", like=x)
     gate = b.ADD(x, three, name="relu6_x_plus_3", quant=q_gate, fused_activation_function="RELU6")
     prod = b.MUL(x, gate, name="x_times_gate", quant=q_prod)
@@ -374,7 +374,7 @@ class LegalizeGelu(Rule):
         return 0.0 if m.root.options.get("approximate") else _GELU_TANH_VS_ERF
 
     def rewrite(self, m: Match, *, x: Tensor) -> None:
-        b = m.builder(constants="last")
+        b = m.builder()
 
         def c(name: str, value: float) -> Value:
             return b.scalar(value, name, like=x)
@@ -609,7 +609,7 @@ class SplitOversizedResize(Rule):
         out = op.output
         _, h, w, c = x.shape
         big_w = out.shape[2]
-        b = m.builder(constants="after_reader")
+        b = m.builder()
         tiles = []
         for i, a in enumerate(range(0, h, rows)):
             end = min(h, a + rows)
@@ -780,7 +780,7 @@ class ConcatFlattenedMapsInNHWC(Rule):
         return self._maps(m)
 
     def rewrite(self, m: Match, *, plan: list[tuple[Tensor, Quantization | None]]) -> None:
-        out, b = m.root.output, m.builder(constants="after_reader")
+        out, b = m.root.output, m.builder()
         rows = []
         for i, (x, requant) in enumerate(plan):
             shape = (1, x.shape[1] * x.shape[2], x.shape[3])
@@ -883,7 +883,7 @@ class SplitOversizedTranspose(Rule):
     ) -> None:
         axis, sizes = plan
         perm = [int(v) % len(x.shape) for v in np.asarray(permutation.data).reshape(-1)]
-        b = m.builder(constants="after_reader")
+        b = m.builder()
         pieces, start = [], 0
         for i, size in enumerate(sizes):
             begin = [start if k == axis else 0 for k in range(len(x.shape))]
