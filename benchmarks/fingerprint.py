@@ -30,6 +30,23 @@ changes from run to run (timings, paths, peak memory, host, cell keys that hash 
 `--compare` prints every difference and exits 1 if there is one. Two runs of the same tree must
 compare equal (conversion is seeded); a refactoring that keeps behaviour must too. The full run
 (the default: every set) takes well over an hour on 2 cores.
+
+Each model also gets a `canonical` digest: the sha256 of what the model computes, written out
+without the places a tensor or buffer happens to hold in the file (read with the fingerprinted
+tree's own IR). Every subgraph's ops in order, each with its type, version, options and custom
+data, its inputs named by the op and output index that writes them (`op3:0`), the subgraph
+input (`in0`) or, for a constant or variable, its content (dtype, shape, quantization and a hash
+of its data); every tensor's dtype, shape (and signature) and quantization; the names of the
+subgraph's inputs and outputs (the model's interface; an inner tensor's name is a label, and
+its de-duplicating suffix follows the order tensors were made in), the tensor count,
+signatures and metadata. A change that only puts tensors in another order changes the sha256
+(and the report's file size, by alignment padding) and not the canonical digest:
+
+    .venv/bin/python benchmarks/fingerprint.py --compare before.json after.json --canonical
+
+accepts a model whose sha256 (and `inspect`'s op list, which names the tensors) differs when its
+canonical digest is the same, and a report's `file_bytes` that differs for such a model; it
+counts both, and everything else must still be equal.
 """
 
 from __future__ import annotations
@@ -42,7 +59,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,10 +164,113 @@ def scrub(value: Any, root: str = "") -> Any:
     return value
 
 
-def models_in(folder: Path) -> dict[str, Any]:
+def _array_key(a: Any) -> Any:
+    if a is None:
+        return None
+    import numpy as np
+
+    a = np.ascontiguousarray(a)
+    return [str(a.dtype), list(a.shape), hashlib.sha256(a.tobytes()).hexdigest()[:16]]
+
+
+def _quant_key(q: Any) -> Any:
+    if q is None or q.is_empty():
+        return None
     return {
-        p.name: {"sha256": sha256(p), "ops": op_list(p)} for p in sorted(folder.glob("*.tflite"))
+        "scale": _array_key(q.scale),
+        "zero_point": _array_key(q.zero_point),
+        "axis": q.axis,
+        "min": _array_key(q.min),
+        "max": _array_key(q.max),
+        "details": None if q.details is None else repr(q.details),
     }
+
+
+def _tensor_key(t: Any, named: bool = False) -> dict[str, Any]:
+    """What a tensor is, wherever the file keeps it (its name only when `named`)."""
+    return {
+        "name": t.name if named else None,
+        "dtype": t.dtype,
+        "shape": list(t.shape),
+        "signature": None if t.shape_signature is None else list(t.shape_signature),
+        "quantization": _quant_key(t.quantization),
+        "data": _array_key(t.data),
+        "variable": t.is_variable,
+    }
+
+
+def _graph_key(g: Any) -> tuple[dict[str, Any], Callable[[Any], Any]]:
+    names: dict[int, str] = {id(t): f"in{i}" for i, t in enumerate(g.inputs)}
+    for n, op in enumerate(g.ops):
+        for k, t in enumerate(op.outputs):
+            names.setdefault(id(t), f"op{n}:{k}")
+
+    def ref(t: Any) -> Any:
+        return None if t is None else names.get(id(t)) or _tensor_key(t)
+
+    ops = [
+        {
+            "type": op.type,
+            "custom_code": op.custom_code,
+            "custom_options": None if op.custom_options is None else op.custom_options.hex(),
+            "version": op.version,
+            "options": json.loads(json.dumps(op.options, sort_keys=True, default=repr)),
+            "inputs": [ref(t) for t in op.inputs],
+            "outputs": [_tensor_key(t) for t in op.outputs],
+            "intermediates": [ref(t) for t in op.intermediates],
+        }
+        for op in g.ops
+    ]
+    return {
+        "name": g.name,
+        "inputs": [_tensor_key(t, named=True) for t in g.inputs],
+        "outputs": [ref(t) for t in g.outputs],
+        "output_names": [t.name for t in g.outputs],
+        "tensors": len(g.tensors),
+        "ops": ops,
+    }, ref
+
+
+def canonical(path: Path) -> str:
+    """The sha256 of the model's canonical form (see the module docstring), read with this
+    tree's IR; "unreadable: ..." when the IR cannot read it."""
+    sys.path.insert(0, str(HERE.parent))
+    from tflfuse.ir import flatbuffer
+
+    try:
+        model = flatbuffer.from_bytes(path.read_bytes())
+    except Exception as exc:  # a model the IR refuses: say so, the sha256 still compares
+        return f"unreadable: {type(exc).__name__}"
+    graphs, refs = [], []
+    for g in model.subgraphs:
+        key, ref = _graph_key(g)
+        graphs.append(key)
+        refs.append(ref)
+    form = {
+        "version": model.version,
+        "description": model.description,
+        "metadata": {k: hashlib.sha256(v).hexdigest() for k, v in sorted(model.metadata.items())},
+        "signatures": [
+            {
+                "key": s.key,
+                "subgraph": s.subgraph,
+                "inputs": {k: refs[s.subgraph](t) for k, t in sorted(s.inputs.items())},
+                "outputs": {k: refs[s.subgraph](t) for k, t in sorted(s.outputs.items())},
+            }
+            for s in model.signatures
+        ],
+        "subgraphs": graphs,
+    }
+    text = json.dumps(form, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def model_entry(path: Path) -> dict[str, Any]:
+    return {"sha256": sha256(path), "canonical": canonical(path), "ops": op_list(path)}
+
+
+def models_in(folder: Path) -> dict[str, Any]:
+    return {p.name: model_entry(p) for p in sorted(folder.glob("*.tflite"))}
 
 
 def record(proc: subprocess.CompletedProcess, out: Path | None, root: str) -> dict[str, Any]:
@@ -163,7 +283,7 @@ def record(proc: subprocess.CompletedProcess, out: Path | None, root: str) -> di
         if report.exists():
             entry["report"] = scrub(json.loads(report.read_text()), root)
     elif out is not None and out.is_file():
-        entry["models"] = {out.name: {"sha256": sha256(out), "ops": op_list(out)}}
+        entry["models"] = {out.name: model_entry(out)}
     return entry
 
 
@@ -344,11 +464,70 @@ def diff(a: Any, b: Any, where: str = "") -> Iterator[str]:
         yield f"{where}: {str(a)[:120]} != {str(b)[:120]}"
 
 
-def compare(before: Path, after: Path) -> int:
+def _models(runs: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for key, entry in sorted(runs.items()):
+        if isinstance(entry, dict):
+            for name, model in sorted(entry.get("models", {}).items()):
+                yield f"{key}/models/{name}", model
+
+
+def _set_canonical_aside(a: dict[str, Any], b: dict[str, Any]) -> tuple[set[str], list[str]]:
+    """Take the sha256 and op list out of every model present in both whose canonical digests
+    are equal: (those of them that had another sha256, the models without a canonical form)."""
+    after = dict(_models(b))
+    moved: set[str] = set()
+    missing = []
+    for where, model in _models(a):
+        other = after.get(where)
+        if other is None:
+            continue
+        if "canonical" not in model or "canonical" not in other:
+            missing.append(where)
+            continue
+        if model["canonical"] == other["canonical"]:
+            if model.get("sha256") != other.get("sha256"):
+                moved.add(where)
+            for key in ("sha256", "ops"):
+                model.pop(key, None)
+                other.pop(key, None)
+    return moved, missing
+
+
+def _sizes_aside(differences: list[str], moved: set[str]) -> tuple[list[str], list[str]]:
+    """(the report file sizes that differ in a run whose models moved, the other differences)."""
+    runs = {"/" + where.split("/models/")[0] + "/" for where in moved}
+    sizes = [
+        d
+        for d in differences
+        if d.split(":")[0].endswith("/file_bytes") and any(d.startswith(r) for r in runs)
+    ]
+    return sizes, [d for d in differences if d not in sizes]
+
+
+def _drop_one_sided_canonical(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """A fingerprint from before the canonical digest compares with a newer one on the rest."""
+    after = dict(_models(b))
+    for where, model in _models(a):
+        other = after.get(where)
+        if other is not None and ("canonical" in model) != ("canonical" in other):
+            model.pop("canonical", None)
+            other.pop("canonical", None)
+
+
+def compare(before: Path, after: Path, canonically: bool = False) -> int:
     a, b = json.loads(before.read_text()), json.loads(after.read_text())
-    differences = list(diff(a, b))
+    if not canonically:
+        _drop_one_sided_canonical(a, b)
+    moved, missing = _set_canonical_aside(a, b) if canonically else (set(), [])
+    differences = [f"{where}: no canonical digest" for where in missing] + list(diff(a, b))
+    sizes: list[str] = []
+    if canonically and moved:
+        sizes, differences = _sizes_aside(differences, moved)
     for line in differences:
         print(line)
+    if canonically:
+        print(f"{len(moved)} models with another sha256 and the same canonical form")
+        print(f"{len(sizes)} report file sizes differ with them (alignment of the moved buffers)")
     print(f"{len(a)} runs before, {len(b)} after, {len(differences)} differences")
     return 1 if differences else 0
 
@@ -359,9 +538,14 @@ def main() -> int:
     parser.add_argument("--sets", nargs="+", choices=SETS, default=list(SETS))
     parser.add_argument("--corpus", help="a folder of other people's .tflite models (+ .npy)")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
+    parser.add_argument(
+        "--canonical",
+        action="store_true",
+        help="with --compare: a model whose sha256 differs passes when its canonical form is equal",
+    )
     args = parser.parse_args()
     if args.compare:
-        return compare(Path(args.compare[0]), Path(args.compare[1]))
+        return compare(Path(args.compare[0]), Path(args.compare[1]), args.canonical)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     return run(args)
 

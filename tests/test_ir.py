@@ -27,6 +27,24 @@ def test_wiring_follows_assignment() -> None:
     assert r in x.consumers
 
 
+def test_required_inputs_and_producers_are_typed_and_checked() -> None:
+    """`input(i)`, `operands` and `op` give a Tensor / Op or say what is missing; `inputs` and
+    `producer` keep None for an absent optional input and a tensor no op writes."""
+    g, x, c, r = small_graph()
+    assert r.input(0) is c.output and r.operands == (c.output,) and c.output.op is c
+    c.set_input(2, None)  # no bias
+    assert c.inputs[2] is None and c.input(0) is x
+    with pytest.raises(IRError, match=r"CONV_2D op .* has no input 2"):
+        c.input(2)
+    with pytest.raises(IRError, match="has no input 3"):
+        c.input(3)
+    with pytest.raises(IRError, match="has an absent input"):
+        _ = c.operands
+    assert x.producer is None
+    with pytest.raises(IRError, match="tensor 'x' is written by no op"):
+        _ = x.op
+
+
 def test_replace_uses_rewires_ops_and_graph_outputs() -> None:
     g, x, c, r = small_graph()
     g.replace_uses(r.output, c.output)

@@ -101,8 +101,8 @@ def test_cli_refuses_to_write_a_result_the_interpreter_rejects(tmp_path, monkeyp
     from tflfuse.targets.edgetpu.rules import LegalizeLeakyRelu
 
     class OldLegalizeLeakyRelu(LegalizeLeakyRelu):
-        def rewrite(self, m) -> None:
-            super().rewrite(m)
+        def rewrite(self, m, *, x) -> None:
+            super().rewrite(m, x=x)
             prelu = m.graph.ops[-1]
             alpha = prelu.inputs[1]
             prelu.set_input(
@@ -113,7 +113,9 @@ def test_cli_refuses_to_write_a_result_the_interpreter_rejects(tmp_path, monkeyp
             )
 
     monkeypatch.setattr(
-        optimize, "pipeline", lambda level, target: (OldLegalizeLeakyRelu(), DeadCodeElimination())
+        optimize,
+        "pipeline",
+        lambda level, target, **_: (OldLegalizeLeakyRelu(), DeadCodeElimination()),
     )
     src, dst = tmp_path / "in.tflite", tmp_path / "out.tflite"
     src.write_bytes(int8_leaky_relu((1, 16)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from irgraphs import add, conv, depthwise, fully_connected, model_of, op_types, to_bytes, unary
 
-from tflfuse.ir import Graph, Model, Quantization, flatbuffer
+from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import (
     DeadCodeElimination,
     PassManager,
@@ -37,9 +37,60 @@ def test_pattern_captures_tensors_and_output() -> None:
     model_of(g, [x], [r.output])
     pat = p.RELU(p.CONV_2D(p.x, p.const("w"), p.b, out="y"))
     (m,) = find_matches(pat, g, r)
-    assert m.x is x and m.y is c.output and m.y.op is c and m.root is r
-    assert m.w.is_constant and m.ops == [r, c]
+    got = m.captures
+    assert got["x"] is x and got["y"] is c.output and got["y"].op is c and m.root is r
+    assert got["w"].is_constant and m.ops == [r, c] and set(got) == {"x", "w", "b", "y"}
+    assert not hasattr(m, "x")  # captures reach a rule as its methods' keyword arguments
     assert list(find_matches(p.RELU(p.CONV_2D(p.const("x"), p.w, p.b)), g, r)) == []
+
+
+def test_a_variable_never_captures_a_missing_optional_input() -> None:
+    g = Graph()
+    x = g.add_tensor("x", (1, 4, 4, 2))
+    c = conv(g, x, 3)
+    c.set_input(2, None)  # no bias
+    model_of(g, [x], [c.output])
+    assert list(find_matches(p.CONV_2D(p.x, p.w, p.b), g, c)) == []
+    assert len(list(find_matches(p.CONV_2D(p.x, p.w, ...), g, c))) == 1
+
+
+class _NamesAMissingCapture(Rule):
+    """RELU(x) => nothing: its check asks for `y`, which the pattern does not capture."""
+
+    int8_error_steps = 0
+
+    def pattern(self, pb: PatternBuilder):
+        return pb.RELU(pb.x)
+
+    def check(self, m, *, x: Tensor, y: Tensor):
+        return None
+
+
+class _TakesACaptureByPosition(Rule):
+    int8_error_steps = 0
+
+    def pattern(self, pb: PatternBuilder):
+        return pb.RELU(pb.x)
+
+    def rewrite(self, m, x: Tensor) -> None:
+        pass
+
+
+def test_a_method_naming_a_capture_the_pattern_lacks_fails_when_the_rule_is_registered() -> None:
+    with pytest.raises(TypeError, match=r"_NamesAMissingCapture: check\(\) takes 'y', which its"
+                       r" pattern does not capture \(it captures x\)"):  # fmt: skip
+        PassManager([_NamesAMissingCapture()])
+    with pytest.raises(TypeError, match=r"rewrite\(\) takes 'x' by position"):
+        PassManager([_TakesACaptureByPosition()])
+
+
+def test_a_refusal_is_a_sentence_not_a_string() -> None:
+    from tflfuse.rewrite import NotApplicable, Refusal, refuse
+
+    r, n = refuse("conv output is read by another op"), NotApplicable("no sibling")
+    assert not isinstance(r, str) and str(r) == "conv output is read by another op"
+    assert (r.quiet, n.quiet) == (False, True) and isinstance(n, Refusal)
+    assert f"{n}" == "no sibling" and r != "conv output is read by another op"
 
 
 def test_commutative_ops_match_in_either_order() -> None:
@@ -366,14 +417,14 @@ class NudgesInt8Add(Rule):
     def pattern(self, pb: PatternBuilder):
         return pb.ADD(pb.x, pb.const("c"))
 
-    def check(self, m):
+    def check(self, m, *, c: Tensor):
         from tflfuse.rewrite import NotApplicable
 
-        return NotApplicable("already nudged") if m.c.name.endswith("nudged") else None
+        return NotApplicable("already nudged") if c.name.endswith("nudged") else None
 
-    def rewrite(self, m) -> None:
-        value = (m.c.data.astype(np.int16) + 2).astype(np.int8)
-        nudged = m.graph.add_constant(m.c.name + "_nudged", value, "INT8", m.c.quantization)
+    def rewrite(self, m, *, c: Tensor) -> None:
+        value = (c.data.astype(np.int16) + 2).astype(np.int8)
+        nudged = m.graph.add_constant(c.name + "_nudged", value, "INT8", c.quantization)
         m.root.set_input(1, nudged)
 
 
@@ -419,7 +470,9 @@ def test_a_wrong_int8_rewrite_that_the_old_budget_passed_now_fails(monkeypatch) 
     old = verify.compare(before, after, int_atol=1 + len(result.events))
     assert old.ok and old.varies and old.max_abs == 2  # what used to pass
 
-    monkeypatch.setattr(optimize, "pipeline", lambda level, target: (NudgesInt8Add(), *CLEANUP))
+    monkeypatch.setattr(
+        optimize, "pipeline", lambda level, target, **_: (NudgesInt8Add(), *CLEANUP)
+    )
     with pytest.raises(optimize.VerificationError) as info:
         optimize.optimize_bytes(before)
     message = str(info.value)
@@ -441,13 +494,13 @@ def test_a_candidate_the_interpreter_refuses_is_a_verification_error(monkeypatch
         def pattern(self, pb: PatternBuilder):
             return pb.RELU(pb.x)
 
-        def rewrite(self, m) -> None:
+        def rewrite(self, m, *, x: Tensor) -> None:
             alpha = m.graph.add_constant("alpha", np.zeros((1, 1, 4), np.float32))
             m.root.type = "PRELU"
             m.root.options = {}
-            m.root.inputs = [m.x, alpha]
+            m.root.inputs = [x, alpha]
 
-    monkeypatch.setattr(optimize, "pipeline", lambda level, target: (ReluToBadPrelu(),))
+    monkeypatch.setattr(optimize, "pipeline", lambda level, target, **_: (ReluToBadPrelu(),))
     data = to_bytes(_relu_model())
     with pytest.raises(optimize.VerificationError, match=r"does not run .*rule ReluToBadPrelu"):
         optimize.optimize_bytes(data)
@@ -480,8 +533,8 @@ class FoldsTanhOfRelu(Rule):
     def pattern(self, pb: PatternBuilder):
         return pb.TANH(pb.RELU(pb.x, out="r"))
 
-    def rewrite(self, m) -> None:
-        m.root.set_input(0, m.x)
+    def rewrite(self, m, *, x: Tensor) -> None:
+        m.root.set_input(0, x)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from irgraphs import add, conv, model_of, to_bytes, unary
 
-from tflfuse.ir import Graph, Quantization, flatbuffer
+from tflfuse.ir import Graph, Quantization, Tensor, flatbuffer
 from tflfuse.rewrite import (
     Builder,
     BuildError,
@@ -73,23 +73,15 @@ def test_builder_output_computes_what_it_says() -> None:
     assert report.ok, report
 
 
-def test_constants_orders_decide_tensor_indices() -> None:
-    """The three orders the rules use (the index of a tensor decides the file's bytes)."""
-
-    def build(order: str) -> list[str]:
-        g, x, r, _ = _relu_graph()
-        m = _match(g, p.RELU(p.x), r)
-        b = m.builder(constants=order)
-        a = b.MUL(x, b.scalar(2.0, "two", like=x), name="a")
-        c = b.ADD(a, b.scalar(1.0, "one", like=x), name="c")
-        b.replace(m.root, b.RESHAPE(c, b.ints(x.shape, "shape")))
-        return [t.name for t in g.tensors[3:]]
-
-    assert build("calls") == ["y/two", "y/a", "y/one", "y/c", "y/shape"]
-    assert build("after_reader") == ["y/a", "y/two", "y/c", "y/one", "y/shape"]
-    assert build("last") == ["y/a", "y/c", "y/two", "y/one", "y/shape"]
-    with pytest.raises(ValueError, match="constants must be one of"):
-        Builder(Graph(), None, constants="sometimes")
+def test_tensors_are_made_in_the_order_of_the_calls() -> None:
+    """One order (a tensor's index decides the file's bytes): each tensor when its call happens."""
+    g, x, r, _ = _relu_graph()
+    m = _match(g, p.RELU(p.x), r)
+    b = m.builder()
+    a = b.MUL(x, b.scalar(2.0, "two", like=x), name="a")
+    c = b.ADD(a, b.scalar(1.0, "one", like=x), name="c")
+    b.replace(m.root, b.RESHAPE(c, b.ints(x.shape, "shape")))
+    assert [t.name for t in g.tensors[3:]] == ["y/two", "y/a", "y/one", "y/c", "y/shape"]
 
 
 def test_declared_tensor_comes_first_and_an_op_writes_it() -> None:
@@ -235,10 +227,10 @@ class _Doubling(Rule):
         self.checks += 1
         return {"zero": 0.0}
 
-    def rewrite(self, m):
-        self.plans.append(m.plan)
+    def rewrite(self, m, *, x: Tensor, plan: dict[str, float]):
+        self.plans.append(plan)
         b = m.builder()
-        b.replace(m.root, b.MAXIMUM(m.x, b.scalar(m.plan["zero"], "zero", like=m.x)))
+        b.replace(m.root, b.MAXIMUM(x, b.scalar(plan["zero"], "zero", like=x)))
 
 
 def test_check_returns_a_plan_that_rewrite_receives() -> None:

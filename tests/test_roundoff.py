@@ -204,7 +204,7 @@ def test_a_refusal_names_the_output_what_it_measured_and_what_was_allowed(monkey
             graph.extra["broken"] = True
             return 1
 
-    monkeypatch.setattr(optimize_mod, "pipeline", lambda level, target: (OneChannelOff(),))
+    monkeypatch.setattr(optimize_mod, "pipeline", lambda level, target, **_: (OneChannelOff(),))
     with pytest.raises(VerificationError) as caught:
         optimize_bytes(small_net())
     message = str(caught.value)

@@ -126,8 +126,11 @@ class Tensor:
 
     # -- relations ---------------------------------------------------------------------------
     @property
-    def op(self) -> Op | None:
-        """The op that produces this tensor (alias of `producer`, reads well in rules)."""
+    def op(self) -> Op:
+        """The op that writes this tensor, which must have one (a rule's `out=` capture):
+        an IRError for a graph input or a constant. `producer` is the same op, or None."""
+        if self.producer is None:
+            raise IRError(f"tensor {self.name!r} is written by no op")
         return self.producer
 
     @property
@@ -234,6 +237,24 @@ class Op:
         for t in self._inputs:
             if t is not None:
                 t._uses.append(self)
+
+    @property
+    def operands(self) -> tuple[Tensor, ...]:
+        """Every input, each present: an IRError when an optional one is absent. What code
+        walking an op that has no optional inputs (element-wise, layout) iterates."""
+        present = tuple(t for t in self._inputs if t is not None)
+        if len(present) != len(self._inputs):
+            raise IRError(f"{self.type} op {self.name!r} has an absent input")
+        return present
+
+    def input(self, index: int) -> Tensor:
+        """Input `index`, which must be present: an IRError when the op has no such input or
+        it is an absent optional one (`inputs[index]` is None). `inputs` holds them all, None
+        where an optional input is absent (TFLite's -1)."""
+        t = self._inputs[index] if -len(self._inputs) <= index < len(self._inputs) else None
+        if t is None:
+            raise IRError(f"{self.type} op {self.name!r} has no input {index}")
+        return t
 
     @property
     def outputs(self) -> tuple[Tensor, ...]:

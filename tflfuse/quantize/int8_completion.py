@@ -79,21 +79,27 @@ def _scale_zp(t: Tensor) -> tuple[float, int]:
     return float(np.asarray(q.scale).reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
 
 
-def _island_check(m: Match) -> Refusal | None:
+def _island_check(m: Match, x: Tensor) -> Refusal | None:
     """The island reads and writes per-tensor int8 tensors (what the rewrite keeps)."""
-    if not _per_tensor_int8(m.x):
-        return refuse(f"the input {m.x.name!r} is not per-tensor int8")
+    if not _per_tensor_int8(x):
+        return refuse(f"the input {x.name!r} is not per-tensor int8")
     if not _per_tensor_int8(m.root.output):
         return refuse(f"the output {m.root.output.name!r} is not per-tensor int8")
     return None
 
 
 def _replace(
-    m: Match, op_type: str, inputs: list[Tensor], version: int, options: dict | None = None
+    m: Match,
+    float_out: Tensor,
+    op_type: str,
+    inputs: list[Tensor],
+    version: int,
+    options: dict | None = None,
 ) -> None:
     """The island's QUANTIZE gives way to `op_type` writing the same int8 tensor (placed after
-    the float op, which stays for any other reader until dead-code elimination)."""
-    g, out, float_op = m.graph, m.root.output, m.float_out.producer
+    the float op writing `float_out`, which stays for any other reader until dead-code
+    elimination)."""
+    g, out, float_op = m.graph, m.root.output, float_out.producer
     g.remove_op(m.root)
     g.add_op(op_type, inputs, [out], options, after=float_op, version=version)
 
@@ -153,27 +159,28 @@ class QuantizePrelu(_Completion):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.QUANTIZE(p.PRELU(p.DEQUANTIZE(p.x), p.const("alpha"), out="float_out"))
 
-    def check(self, m: Match) -> Refusal | None:
-        alpha = m.alpha
+    def check(self, m: Match, *, x: Tensor, alpha: Tensor) -> Refusal | None:
         if alpha.dtype != "FLOAT32" or alpha.is_raw:
             return refuse(f"alpha {alpha.name!r} is {alpha.dtype}, not a float32 constant")
-        if not np.all(np.isfinite(alpha.data)):
+        if not np.all(np.isfinite(np.asarray(alpha.data))):
             return refuse(f"alpha {alpha.name!r} is not finite")
-        return _island_check(m) or self.target_refusal(m)
+        return _island_check(m, x) or self.target_refusal(m)
 
-    def int8_error(self, m: Match) -> int:
-        values, scale = _alpha_int8(np.asarray(m.alpha.data, np.float64))
-        rounding = float(np.max(np.abs(values * scale - m.alpha.data))) if values.size else 0.0
-        s_x, z_x = _scale_zp(m.x)
+    def int8_error(self, m: Match, *, alpha: Tensor, x: Tensor) -> int:
+        values, scale = _alpha_int8(np.asarray(alpha.data, np.float64))
+        rounding = (
+            float(np.max(np.abs(values * scale - np.asarray(alpha.data)))) if values.size else 0.0
+        )
+        s_x, z_x = _scale_zp(x)
         s_out, _ = _scale_zp(m.root.output)
         most_negative = s_x * (z_x + 128)  # |x| at int8 -128
         return 1 + math.ceil(rounding * most_negative / s_out - 1e-9)
 
-    def rewrite(self, m: Match) -> None:
-        values, scale = _alpha_int8(np.asarray(m.alpha.data, np.float64))
+    def rewrite(self, m: Match, *, x: Tensor, alpha: Tensor, float_out: Tensor) -> None:
+        values, scale = _alpha_int8(np.asarray(alpha.data, np.float64))
         q = Quantization(scale=np.array([scale], np.float32), zero_point=np.array([0], np.int64))
-        alpha = m.graph.add_constant(f"{m.alpha.name}_int8", values, "INT8", q)
-        _replace(m, "PRELU", [m.x, alpha], version=1)
+        alpha_q = m.graph.add_constant(f"{alpha.name}_int8", values, "INT8", q)
+        _replace(m, float_out, "PRELU", [x, alpha_q], version=1)
 
 
 class QuantizeRelu0To1(_Completion):
@@ -193,9 +200,9 @@ class QuantizeRelu0To1(_Completion):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.QUANTIZE(p.RELU_0_TO_1(p.DEQUANTIZE(p.x), out="float_out"))
 
-    def check(self, m: Match) -> Refusal | Op | None:
+    def check(self, m: Match, *, x: Tensor, float_out: Tensor) -> Refusal | Op | None:
         """A refusal, the producer the clamp fuses into (the plan), or None: a separate RELU."""
-        refusal = _island_check(m)
+        refusal = _island_check(m, x)
         if refusal is not None:
             return refusal
         scale, zero = _scale_zp(m.root.output)
@@ -204,32 +211,32 @@ class QuantizeRelu0To1(_Completion):
             return refuse(
                 f"the output's range reaches {top:.4g} > 1, so saturation is not the clamp at 1"
             )
-        producer = self._fusable_producer(m)
+        producer = self._fusable_producer(m, x, float_out)
         return producer if producer is not None else self.target_refusal(m)
 
-    def _fusable_producer(self, m: Match) -> Op | None:
+    def _fusable_producer(self, m: Match, x: Tensor, float_out: Tensor) -> Op | None:
         """x's producer, when it can take the clamp as its fused RELU (FuseActivationIntoProducer's
         check) and nothing outside the island reads x or the island's float tensors (they go)."""
-        producer, relu = m.x.producer, m.float_out.producer
-        chain = [(m.x, relu.inputs[0].producer), (relu.inputs[0], relu), (m.float_out, m.root)]
+        producer, relu = x.producer, float_out.op
+        chain = [(x, relu.input(0).producer), (relu.input(0), relu), (float_out, m.root)]
         if producer is None or any(
             t in m.graph.outputs or t.consumers != [reader] for t, reader in chain
         ):
             return None
         target = self.target or XNNPACK
-        refusal = activation_fusion_refusal(producer, m.x, "RELU", m.root.output, target)
+        refusal = activation_fusion_refusal(producer, x, "RELU", m.root.output, target)
         return producer if refusal is None else None
 
-    def int8_error(self, m: Match) -> int:
-        if m.plan is None:
+    def int8_error(self, m: Match, *, x: Tensor, plan: Op | None) -> int:
+        if plan is None:
             return self.int8_error_steps
-        ratio = _scale_zp(m.x)[0] / _scale_zp(m.root.output)[0]
+        ratio = _scale_zp(x)[0] / _scale_zp(m.root.output)[0]
         return max(1, math.floor(ratio / 2 + 1))
 
-    def rewrite(self, m: Match) -> None:
-        producer = m.plan
+    def rewrite(self, m: Match, *, x: Tensor, float_out: Tensor, plan: Op | None) -> None:
+        producer = plan
         if producer is None:
-            _replace(m, "RELU", [m.x], version=2)  # TFLite's op version of an int8 RELU
+            _replace(m, float_out, "RELU", [x], version=2)  # TFLite's op version of an int8 RELU
             return
         out = m.root.output
         m.graph.remove_op(m.root)  # the DEQUANTIZE and RELU_0_TO_1 go with dead-code elimination
@@ -250,17 +257,17 @@ class QuantizeDepthToSpace(_Completion):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.QUANTIZE(p.DEPTH_TO_SPACE(p.DEQUANTIZE(p.x), out="float_out"))
 
-    def check(self, m: Match) -> Refusal | None:
-        refusal = _island_check(m)
+    def check(self, m: Match, *, x: Tensor) -> Refusal | None:
+        refusal = _island_check(m, x)
         if refusal is not None:
             return refusal
-        if _scale_zp(m.x) != _scale_zp(m.root.output):
+        if _scale_zp(x) != _scale_zp(m.root.output):
             return refuse("the output has other quantization parameters than the input")
         return self.target_refusal(m)
 
-    def rewrite(self, m: Match) -> None:
-        options = dict(m.float_out.producer.options)  # the block size
-        _replace(m, "DEPTH_TO_SPACE", [m.x], version=2, options=options)  # int8: version 2
+    def rewrite(self, m: Match, *, float_out: Tensor, x: Tensor) -> None:
+        options = dict(float_out.op.options)  # the block size
+        _replace(m, float_out, "DEPTH_TO_SPACE", [x], version=2, options=options)  # int8: version 2
 
 
 RULES = (QuantizePrelu(), QuantizeRelu0To1(), QuantizeDepthToSpace())

@@ -1,8 +1,7 @@
 """Building new ops in a rule's rewrite: a builder bound to the match.
 
-    def rewrite(self, m):
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
         b = m.builder()                         # names new tensors "<root output>/<name>"
-        x = m.x
         y = b.MUL(b.MUL(x, b.scalar(0.5, "half", like=x), name="half_x"), ..., name="y")
         b.replace(m.root, y)                    # y's op writes the root's output; the root goes
 
@@ -24,18 +23,14 @@ Rules never edit a constant's array in place (a buffer may be shared by several 
 make a new constant and point the op at it. A builder made with `prefix=""` names new tensors
 exactly as told.
 
-Why tensors are made in a chosen order: a tensor's index in the subgraph (and a constant's buffer
-index) is its place in `graph.tensors`, and it decides the bytes of the file. Rules written before
-the builder made their tensors in one of three orders, kept so their files stay identical:
-`constants="calls"` (every tensor when its call happens: a constant when `b.const` is called, an
-op's output when the op is built), `"after_reader"` (a constant right after the output of the
-first op that reads it) and `"last"` (every op output first, then the constants, in the order ops
-read them).
+Tensors are made in one order, the order of the calls: a constant when `b.const` (or `ints`,
+`scalar`, `set_weights`, `set_bias`) is called, a declared tensor when `tensor` is, an op's output
+when the op is built. A tensor's index in the subgraph (and a constant's buffer index) is its
+place in `graph.tensors`, so that order decides the file's bytes, not what the model computes.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -87,7 +82,6 @@ ELEMENTWISE_UNARY = frozenset(
         "DEQUANTIZE",
     }
 )
-ORDERS = ("calls", "after_reader", "last")
 
 # Where ops that carry (weights, bias) read them: input index of the weights and of the bias.
 WEIGHTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV")
@@ -128,12 +122,18 @@ class Value:
         self.quantization = quantization
         self.data = data
         self.producer: _PendingOp | None = None
-        self.seq = next(builder._seq)
         self.tensor: Tensor | None = None  # made at commit (or the tensor it replaces)
 
     @property
     def is_constant(self) -> bool:
         return self.data is not None
+
+    @property
+    def made(self) -> Tensor:
+        """The tensor made at commit (a BuildError before)."""
+        if self.tensor is None:
+            raise BuildError(f"{self.name!r} is not made before the builder commits")
+        return self.tensor
 
     def __repr__(self) -> str:
         return f"<Value {self.name!r} {self.dtype}{list(self.shape)}>"
@@ -148,7 +148,6 @@ class _PendingOp:
             options,
             kwargs,
         )
-        self.seq = out.seq
         self.more: list[Value] = []  # further outputs (SPLIT, SPLIT_V, UNPACK)
 
 
@@ -163,18 +162,13 @@ class Builder:
         graph: Graph,
         at: Op | None,
         prefix: str | None = None,
-        constants: str = "calls",
         after: Op | None = None,
     ) -> None:
-        if constants not in ORDERS:
-            raise ValueError(f"constants must be one of {ORDERS}, not {constants!r}")
         self.graph = graph
         self.at = at
         self.after = after
         self.prefix = prefix if prefix is not None else (at.output.name if at else graph.name)
         self.as_told = prefix == ""  # asked for no prefix (an empty output name still gives "/")
-        self.order = constants
-        self._seq = itertools.count()
         self._values: list[Value] = []
         self._ops: list[_PendingOp] = []
         self._edits: list[tuple[Op, str, int, Input]] = []
@@ -315,8 +309,6 @@ class Builder:
         if shape is not None and result.shape != tuple(shape):
             raise BuildError(f"{type} gives shape {list(shape)}, written to {result}")
         pending = _PendingOp(type, list(inputs), result, options, {"version": version})
-        if out is not None:  # the op comes now, though the tensor it writes came earlier
-            pending.seq = next(self._seq)
         result.producer = pending
         self._ops.append(pending)
         return result
@@ -387,7 +379,7 @@ class Builder:
             anchor = next((op for op in g.ops[i:] if all(op is not d for d in dying)), None)
         for op in dying:
             g.remove_op(op)
-        for v in sorted(self._values, key=self._order_key):
+        for v in self._values:  # in the order of the calls
             if v.tensor is not None:
                 continue
             if v.is_constant:
@@ -412,16 +404,6 @@ class Builder:
             outs = cast("list[Tensor]", [p.out.tensor, *(v.tensor for v in p.more)])
             made.append(g.add_op(p.type, ins, outs, p.options, before=anchor, **p.kwargs))
         return made
-
-    def _order_key(self, v: Value) -> tuple:
-        if not v.is_constant or self.order == "calls":
-            return (0, v.seq, 0)
-        reader = next((p for p in self._ops if any(t is v for t in p.inputs)), None)
-        if reader is None:
-            return (0, v.seq, 0)
-        if self.order == "after_reader":
-            return (0, reader.seq, 1 + v.seq)
-        return (1, self._ops.index(reader), v.seq)
 
     def _live(self) -> None:
         if self._committed:

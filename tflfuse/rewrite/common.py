@@ -6,8 +6,6 @@ New weights and biases are made by the match's builder (`b.set_weights`, `b.set_
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
@@ -59,21 +57,28 @@ def single_reader(graph: Graph, t: Tensor) -> bool:
     return len(t.consumers) == 1 and not graph.is_graph_output(t)
 
 
-def data_input(op: Op) -> Tensor | None:
-    return op.inputs[_DATA_INDEX[op.type]]
+def data_input(op: Op) -> Tensor:
+    return op.input(_DATA_INDEX[op.type])
 
 
-def weights(op: Op) -> np.ndarray | None:
-    return float_constant(op.inputs[_WEIGHT_INDEX[op.type]])
+def weights(op: Op) -> np.ndarray:
+    """The op's float weights; a ValueError when they are not a float constant (a rule calls
+    this after `has_float_params`)."""
+    return _known(float_constant(op.input(_WEIGHT_INDEX[op.type])), op, "weights")
 
 
 def out_channels(op: Op) -> int:
-    w = cast(Tensor, op.inputs[_WEIGHT_INDEX[op.type]])
+    w = op.input(_WEIGHT_INDEX[op.type])
     return int(w.shape[3] if op.type == "DEPTHWISE_CONV_2D" else w.shape[0])
 
 
-def bias(op: Op) -> np.ndarray | None:
-    """The op's float bias, zeros when it has none, None when it is not a float constant."""
+def bias(op: Op) -> np.ndarray:
+    """The op's float bias, zeros when it has none; a ValueError when it is not a float
+    constant (a rule calls this after `has_float_params`)."""
+    return _known(_bias_or_zeros(op), op, "bias")
+
+
+def _bias_or_zeros(op: Op) -> np.ndarray | None:
     index = _BIAS_INDEX[op.type]
     t = op.inputs[index] if len(op.inputs) > index else None
     if t is None:
@@ -81,9 +86,16 @@ def bias(op: Op) -> np.ndarray | None:
     return float_constant(t)
 
 
+def _known(value: np.ndarray | None, op: Op, what: str) -> np.ndarray:
+    if value is None:
+        raise ValueError(f"the {what} of {op.type} op {op.name!r} are not a float constant")
+    return value
+
+
 def has_float_params(op: Op) -> bool:
     """Weights and bias are plain float32 constants, so they can be recomputed exactly."""
-    return weights(op) is not None and bias(op) is not None and is_float(op.output)
+    w = float_constant(op.inputs[_WEIGHT_INDEX[op.type]])
+    return w is not None and _bias_or_zeros(op) is not None and is_float(op.output)
 
 
 def pads_for_same(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
@@ -97,7 +109,7 @@ def pads_for_same(size: int, kernel: int, stride: int, dilation: int = 1) -> tup
 def kernel_hw(op: Op) -> tuple[int, int]:
     """Spatial kernel size of a conv, depthwise conv or pool."""
     if op.type in ("CONV_2D", "DEPTHWISE_CONV_2D"):
-        w = cast(Tensor, op.inputs[1])
+        w = op.input(1)
         return int(w.shape[1]), int(w.shape[2])
     return int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
 
@@ -106,7 +118,7 @@ def same_padding_is_zero(op: Op) -> bool:
     """The op pads nothing: VALID, or SAME where the kernel needs no border on this input."""
     if op.options.get("padding") != "SAME":
         return True
-    x = cast(Tensor, op.inputs[0])
+    x = op.input(0)
     if len(x.shape) != 4:
         return False
     kh, kw = kernel_hw(op)

@@ -6,14 +6,23 @@ read outside the match) and turns a rule's exception into a `RewriteError` namin
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, IRError, Model, Op
 from tflfuse.rewrite.int8_error import output_bounds
 from tflfuse.rewrite.pattern import Match, OpPattern, find_matches
-from tflfuse.rewrite.rule import Pass, PassResult, Refusal, RefusalEvent, RewriteEvent, Rule, refuse
+from tflfuse.rewrite.rule import (
+    Pass,
+    PassResult,
+    Refusal,
+    RefusalEvent,
+    RewriteEvent,
+    Rule,
+    call_hook,
+    refuse,
+)
 
 
 class RewriteError(TflfuseError):
@@ -27,6 +36,12 @@ class RewriteError(TflfuseError):
 
 
 FLOAT_ONLY = "float-only rule; the op is quantized"
+_HOOK = {
+    "check": "check",
+    "rewrite": "rewrite",
+    "error bound": "error_bound",
+    "int8 error": "int8_error",
+}
 
 
 def touches_quantized(op: Op) -> bool:
@@ -45,6 +60,9 @@ class PassManager:
         disabled: Sequence[str] = (),
     ) -> None:
         self.passes = [p for p in passes if p.name not in set(disabled)]
+        for p in self.passes:
+            if isinstance(p, Rule):
+                p.compiled()  # a method naming a capture its pattern lacks fails here
         self.validate = validate
         self.max_rounds = max_rounds
 
@@ -93,30 +111,29 @@ class PassManager:
                 continue  # wrong type, or removed by an earlier rewrite in this sweep
             float_only = not rule.quantized_ok and touches_quantized(op)
             for m in self._matches(rule, pattern, graph, op):
+                plan: Any = None
                 if float_only:
                     reason: Refusal | None = refuse(FLOAT_ONLY)
                 elif m.unmet is not None:
                     reason = refuse(m.unmet)
                 else:
-                    reason = self._judge(rule, op, m)
+                    reason, plan = self._judge(rule, op, m)
                     if reason is None and not rule.inner_ops_may_be_shared:
                         reason = shared_inner_op(m)
                 if reason is not None:
-                    refusals[(rule.name, op.name, reason)] = RefusalEvent(
-                        rule.name, index, op.name, str(reason), getattr(reason, "quiet", False)
+                    refusals[(rule.name, op.name, reason.reason)] = RefusalEvent(
+                        rule.name, index, op.name, reason.reason, reason.quiet
                     )
                     if float_only:
                         break
                     continue
                 where = op.name
-                error = self._guarded(rule, op, "error bound", rule.error_bound, m)
+                error = self._guarded(rule, op, "error bound", m, plan)
                 quantized = any(touches_quantized(o) for o in m.ops) or touches_quantized(op)
-                steps = (
-                    self._guarded(rule, op, "int8 error", rule.int8_error, m) if quantized else 0
-                )
+                steps = self._guarded(rule, op, "int8 error", m, plan) if quantized else 0
                 sites = tuple(t.name for t in op.outputs)
                 boundary = match_boundary(m)
-                self._guarded(rule, op, "rewrite", rule.rewrite, m)
+                self._guarded(rule, op, "rewrite", m, plan)
                 result.events.append(
                     RewriteEvent(rule.name, index, where, error, steps, sites, quantized, boundary)
                 )
@@ -124,13 +141,12 @@ class PassManager:
                 break
         return applied
 
-    def _judge(self, rule: Rule, op: Op, m: Match) -> Refusal | None:
-        """The rule's check: a refusal, or None after putting any plan it made on `m.plan`."""
-        verdict = self._guarded(rule, op, "check", rule.check, m)
-        if verdict is None or isinstance(verdict, Refusal):
-            return verdict
-        m.plan = verdict
-        return None
+    def _judge(self, rule: Rule, op: Op, m: Match) -> tuple[Refusal | None, Any]:
+        """The rule's check: (a refusal, None), or (None, the plan it made or None)."""
+        verdict = self._guarded(rule, op, "check", m)
+        if isinstance(verdict, Refusal):
+            return verdict, None
+        return None, verdict
 
     @staticmethod
     def _run_pass(p: Pass, graph: Graph) -> int:
@@ -157,10 +173,11 @@ class PassManager:
             raise _rule_failed(rule, op, "pattern", exc) from exc
 
     @staticmethod
-    def _guarded(rule: Rule, op: Op, stage: str, fn: Callable[[Match], Any], m: Match) -> Any:
-        """fn(m), with any exception turned into a RewriteError naming the rule and the op."""
+    def _guarded(rule: Rule, op: Op, stage: str, m: Match, plan: Any = None) -> Any:
+        """The rule's method for `stage` called on `m` (its captures and plan as keyword
+        arguments), with any exception turned into a RewriteError naming the rule and the op."""
         try:
-            return fn(m)
+            return call_hook(rule, _HOOK[stage], m, plan)
         except RewriteError:
             raise
         except Exception as exc:  # any failure is that rule's bug, named

@@ -11,8 +11,9 @@ with that sentence before the rule's check runs, so `--explain` keeps telling us
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, cast
 
 from tflfuse.ir import Graph, Op, Quantization, Tensor
@@ -44,7 +45,7 @@ def tensor_kind_is(t: Tensor | None, kind: str) -> bool:
 
 @dataclass(frozen=True)
 class Var:
-    """Captures one tensor (or a missing optional input, None) under `name`."""
+    """Captures one tensor under `name` (a missing optional input matches no variable)."""
 
     name: str
     constant: bool = False
@@ -98,11 +99,28 @@ class PatternBuilder:
         return build
 
 
-class Match:
-    """Captured tensors by name (`m.x`), the anchor op (`m.root`) and the graph (`m.graph`).
+def captured_names(pattern: OpPattern) -> frozenset[str]:
+    """Every name `pattern` captures: its variables and its ops' `out=` names."""
+    names: set[str] = set()
+    todo: list[Any] = [pattern]
+    while todo:
+        pat = todo.pop()
+        if isinstance(pat, Var):
+            names.add(pat.name)
+        elif isinstance(pat, OpPattern):
+            if pat.out is not None:
+                names.add(pat.out)
+            todo.extend(pat.inputs or ())
+    return frozenset(names)
 
-    `m.plan` is what the rule's `check` returned when it was neither None nor a refusal (the
-    engine puts it there for `rewrite`); `m.unmet` the reason of a failed soft constraint.
+
+class Match:
+    """One match: the anchor op (`m.root`), the matched ops (`m.ops`), the graph (`m.graph`)
+    and a builder bound to them (`m.builder()`).
+
+    The captured tensors reach the rule's methods as keyword arguments (see
+    `tflfuse.rewrite.rule`); `captures` holds them for the engine that passes them on.
+    `m.unmet` is the reason of a failed soft constraint.
     """
 
     def __init__(self, graph: Graph, root: Op, captures: dict[str, Any], ops: list[Op]) -> None:
@@ -111,29 +129,18 @@ class Match:
         self.ops = ops
         captures = dict(captures)
         self.unmet: str | None = captures.pop(_UNMET, None)
-        self._captures = captures
-        self.plan: Any = None
+        self.captures: Mapping[str, Tensor] = MappingProxyType(captures)
 
     def builder(
         self,
         at: Op | None = None,
         prefix: str | None = None,
-        constants: str = "calls",
         after: Op | None = None,
     ) -> Builder:
         """A builder placing new ops where `at` (default: the root) is, or right after `after`,
         naming new tensors `<prefix>/<name>` (default: the output name of `at`; `prefix=""`:
         the names as given); see `tflfuse.rewrite.build`."""
-        return Builder(self.graph, at or after or self.root, prefix, constants, after)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._captures[name]
-        except KeyError:
-            raise AttributeError(f"pattern captured no {name!r}") from None
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._captures
+        return Builder(self.graph, at or after or self.root, prefix, after)
 
 
 def _match_op(pat: OpPattern, op: Op, env: dict[str, Any], ops: list[Op]) -> Iterator[dict]:
@@ -177,7 +184,7 @@ def _match_args(pats: list, tensors: list, env: dict, ops: list[Op]) -> Iterator
 
 def _match_tensor(pat: Any, t: Tensor | None, env: dict, ops: list[Op]) -> Iterator[dict]:
     if isinstance(pat, Var):
-        if pat.constant and (t is None or not t.is_constant):
+        if t is None or (pat.constant and not t.is_constant):
             return
         if pat.kind is not None and not tensor_kind_is(t, pat.kind):
             if pat.because is None:

@@ -1,35 +1,104 @@
 """Rules and passes, refusals, and the record of what a run did (`PassResult`).
 
 A `Rule` is pattern + check + rewrite; `check` returns None, a `Refusal` (a sentence that
-`--explain` shows) or a plan for `rewrite` (`m.plan`). A `Pass` is a whole-graph transformation.
+`--explain` shows) or a plan for `rewrite`. A `Pass` is a whole-graph transformation.
+
+Captures reach a rule as typed keyword arguments, named as the pattern names them:
+
+    def pattern(self, p): return p.MUL(p.x, p.const("c"), out="y")
+    def check(self, m: Match, *, x: Tensor, c: Tensor) -> Refusal | None: ...
+    def rewrite(self, m: Match, *, x: Tensor, y: Tensor) -> None: ...
+
+Each of `check`, `rewrite`, `error_bound` and `int8_error` takes the `Match` (root, graph, ops,
+builder) and, keyword-only, the captures it uses, each a `Tensor` (a variable never captures a
+missing optional input); `rewrite`, `error_bound` and `int8_error` may also take `plan`, what
+`check` returned when it went ahead (None if it returned None). Keyword arguments rather than a
+record per rule (onnxscript's rewriter passes captures the same way): the parameter list is
+the one declaration, mypy checks every use in the body against `Tensor`, a method takes only
+what it reads, and a name the pattern does not capture fails when the rule is first compiled
+(`bind_captures`), not at some later match.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tflfuse.ir import Graph
-from tflfuse.rewrite.pattern import Match, OpPattern, PatternBuilder
+from tflfuse.rewrite.pattern import Match, OpPattern, PatternBuilder, captured_names
 
 
 # -- refusals ----------------------------------------------------------------------------------
-class Refusal(str):
-    """Why a rule declined a match: one sentence, shown to the user by `--explain`."""
+@dataclass(frozen=True)
+class Refusal:
+    """Why a rule declined a match: one sentence (`reason`), shown to the user by `--explain`.
+    `str(refusal)` is the sentence; a refusal is not itself a string, so a plan can never be
+    mistaken for one (nor one for a plan)."""
 
-    quiet = False
+    reason: str
+    quiet: bool = False
+
+    def __str__(self) -> str:
+        return self.reason
 
 
+@dataclass(frozen=True)
 class NotApplicable(Refusal):
     """A match that is no candidate at all (a lone conv has no sibling): nothing to explain,
     so the pass manager does not list it among the refusals."""
 
-    quiet = True
+    quiet: bool = True
 
 
 def refuse(reason: str) -> Refusal:
     return Refusal(reason)
+
+
+# -- captures as keyword arguments -------------------------------------------------------------
+HOOKS = ("check", "rewrite", "error_bound", "int8_error")
+_RESERVED = frozenset({"m", "plan", "self"})
+
+
+def bind_captures(rule: Rule, pattern: OpPattern) -> dict[str, tuple[str, ...]]:
+    """{hook: the keyword arguments it takes} for each of the rule's `HOOKS`, checked against
+    the captures of its pattern: a TypeError naming the rule, the method and the name when a
+    method asks for a capture the pattern lacks (a typo found when the rule is compiled)."""
+    captures = captured_names(pattern)
+    clash = sorted(captures & _RESERVED)
+    if clash:
+        raise TypeError(f"rule {rule.name}: its pattern captures {clash[0]!r}, a reserved name")
+    wants: dict[str, tuple[str, ...]] = {}
+    for hook in HOOKS:
+        names = []
+        params = list(inspect.signature(getattr(rule, hook)).parameters.values())[1:]
+        for param in params:
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                continue  # the base class's catch-all
+            if param.kind is not param.KEYWORD_ONLY:
+                raise TypeError(
+                    f"rule {rule.name}: {hook}() takes {param.name!r} by position; captures"
+                    " are keyword-only (after `*`)"
+                )
+            if param.name not in captures and not (param.name == "plan" and hook != "check"):
+                known = ", ".join(sorted(captures)) or "nothing"
+                raise TypeError(
+                    f"rule {rule.name}: {hook}() takes {param.name!r}, which its pattern does"
+                    f" not capture (it captures {known})"
+                )
+            names.append(param.name)
+        wants[hook] = tuple(names)
+    return wants
+
+
+def call_hook(rule: Rule, hook: str, m: Match, plan: Any = None) -> Any:
+    """rule.<hook>(m, **the captures and plan it takes)."""
+    rule.compiled()
+    captures: Mapping[str, Any] = m.captures
+    kwargs = {n: plan if n == "plan" else captures[n] for n in rule._wants[hook]}
+    return getattr(rule, hook)(m, **kwargs)
 
 
 # -- rules and passes --------------------------------------------------------------------------
@@ -55,14 +124,18 @@ class Rule:
     # a quantization (`pipeline(..., before_int8=True)`) the float form is not written, and the
     # quantized op is left to that int8 form.
     float_form_loses_int8: ClassVar[bool] = False
+    _pattern: OpPattern  # set by `compiled`
+    _wants: dict[str, tuple[str, ...]]  # {hook: the captures it takes}, set by `compiled`
 
-    def error_bound(self, m: Match) -> float:
+    # The hooks below take `*_: Any, **captures: Any` so that a rule's own signature (the
+    # captures it reads, keyword-only and typed) is a valid override for mypy.
+    def error_bound(self, m: Match, *_: Any, **captures: Any) -> float:
         """The absolute error one application may add to its output: 0 for an exact rewrite.
         An approximation (e.g. erf GELU in the tanh form, for a target with no GELU) overrides
         it; the pass manager records it with the event and verification allows for it."""
         return 0.0
 
-    def int8_error(self, m: Match) -> int:
+    def int8_error(self, m: Match, *_: Any, **captures: Any) -> int:
         """Steps one application may move the int8 tensor it writes: `int8_error_steps`, unless
         a rule whose error depends on the match (a requantization between two scales) says
         more for this one; the pass manager records it with the event."""
@@ -75,18 +148,21 @@ class Rule:
     def pattern(self, p: PatternBuilder) -> OpPattern:
         raise NotImplementedError
 
-    def check(self, m: Match) -> Refusal | Any | None:
+    def check(self, m: Match, *_: Any, **captures: Any) -> Refusal | Any | None:
         """None to go ahead, a `Refusal` to decline, or a plan (anything else): what the check
-        worked out and `rewrite` needs, which the engine hands over as `m.plan`."""
+        worked out and `rewrite` needs, which the engine hands over as its `plan` argument."""
         return None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *_: Any, **captures: Any) -> None:
         raise NotImplementedError
 
     def compiled(self) -> OpPattern:
-        """The pattern, built once per rule instance."""
+        """The pattern, built once per rule instance, its captures bound to the methods that
+        take them (`bind_captures`: a TypeError when one names a capture the pattern lacks)."""
         if "_pattern" not in self.__dict__:
-            self._pattern = self.pattern(PatternBuilder())
+            pattern = self.pattern(PatternBuilder())
+            self._wants = bind_captures(self, pattern)
+            self._pattern = pattern
         return self._pattern
 
 

@@ -8,11 +8,12 @@ some order, or maximum(x, 0.2 * x): several kernels and intermediate tensors for
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, common, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets import XNNPACK, Target, cost
 
@@ -34,20 +35,20 @@ class RemoveIdentityArithmetic(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MUL", "DIV", "ADD", "SUB")(p.x, p.const("c"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
-        value = common.float_constant(m.c)
+    def check(self, m: Match, *, c: Tensor, x: Tensor, y: Tensor) -> Refusal | None:
+        value = common.float_constant(c)
         if value is None or not np.all(value == _identity_value(m.root)):
             return NotApplicable(f"the {m.root.type} constant is not the identity")
         if m.root.fused_activation != "NONE":
             return refuse(f"{m.root.type} applies fused {m.root.fused_activation}")
-        if m.x.dtype != m.y.dtype:
+        if x.dtype != y.dtype:
             return refuse("the constant changes the type")
-        if m.x.shape != m.y.shape and not _readers_broadcast(m.graph, m.y, m.x):
+        if x.shape != y.shape and not _readers_broadcast(m.graph, y, x):
             return refuse("the constant broadcasts the value to a larger shape")
-        return _forwardable(m.graph, m.y, m.x)
+        return _forwardable(m.graph, y, x)
 
-    def rewrite(self, m: Match) -> None:
-        common.forward(m.graph, m.y, m.x)
+    def rewrite(self, m: Match, *, y: Tensor, x: Tensor) -> None:
+        common.forward(m.graph, y, x)
 
 
 _BROADCASTING = frozenset({"ADD", "SUB", "MUL", "DIV", "MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE"})
@@ -60,7 +61,7 @@ def _readers_broadcast(graph: Graph, y: Tensor, x: Tensor) -> bool:
     for op in y.consumers:
         if op.type not in _BROADCASTING or len(op.inputs) != 2:
             return False
-        shapes = [x.shape if t is y else t.shape for t in op.inputs]
+        shapes = [x.shape if t is y else t.shape for t in op.operands]
         try:
             if tuple(np.broadcast_shapes(*shapes)) != tuple(op.output.shape):
                 return False
@@ -96,36 +97,39 @@ class FactorCommonMultiplier(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(p.MUL(p.a, p.k, out="ma"), p.MUL(p.b, p.k, out="mb"))
 
-    def check(self, m: Match) -> Refusal | None:
-        if m.ma is m.mb:
+    def check(
+        self, m: Match, *, ma: Tensor, mb: Tensor, a: Tensor, b: Tensor, k: Tensor
+    ) -> Refusal | None:
+        if ma is mb:
             return NotApplicable("the same product twice")
-        for t in (m.ma, m.mb):
+        for t in (ma, mb):
             if t.op.fused_activation != "NONE":
                 return refuse(f"a product has fused {t.op.fused_activation}")
             if not common.single_reader(m.graph, t):  # the engine's check, in this rule's words
                 return refuse("a product is read elsewhere")
-        if not all(common.is_float(t) for t in (m.a, m.b, m.k, m.root.output)):
+        if not all(common.is_float(t) for t in (a, b, k, m.root.output)):
             return refuse("not float")
         try:
-            shape = np.broadcast_shapes(m.a.shape, _negated(m.b).shape, m.k.shape)
+            shape = np.broadcast_shapes(a.shape, _negated(b).shape, k.shape)
         except ValueError:
             return refuse("the operands do not broadcast")
         if tuple(shape) != tuple(m.root.output.shape):
             return refuse("the operands do not broadcast to the sum's shape")
         return None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, b: Tensor, a: Tensor, k: Tensor) -> None:
         add, bld = m.root, m.builder(prefix="")
-        neg = m.b.producer is not None and m.b.producer.type == "NEG"
-        b = _negated(m.b)
-        shape = tuple(np.broadcast_shapes(m.a.shape, b.shape))
+        neg = b.producer is not None and b.producer.type == "NEG"
+        n = _negated(b)
+        shape = tuple(np.broadcast_shapes(a.shape, n.shape))
         inner = bld.tensor(add.output.name + "_factored", shape)
+        other: Tensor | Value = n
         if neg and not cost.fast_sub(self.target):
-            negated = bld.tensor(b.name + "_negated", b.shape)
-            b = bld.MUL(b, bld.const(np.float32(-1.0), "minus_one"), out=negated)
+            negated = bld.tensor(n.name + "_negated", n.shape)
+            other = bld.MUL(n, bld.const(np.float32(-1.0), "minus_one"), out=negated)
             neg = False
-        bld.op("SUB" if neg else "ADD", m.a, b, out=inner)
-        bld.replace(add, bld.MUL(inner, m.k, fused_activation_function=add.fused_activation))
+        bld.op("SUB" if neg else "ADD", a, other, out=inner)
+        bld.replace(add, bld.MUL(inner, k, fused_activation_function=add.fused_activation))
 
 
 class SquareExistingDifference(Rule):
@@ -143,22 +147,22 @@ class SquareExistingDifference(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         # float inputs give a float square; a quantized one the engine refuses first
         return p.SQUARED_DIFFERENCE(
-            p.x.of("float", because="not float"), p.m.of("float", because="not float"), out="y"
+            p.x.of("float", because="not float"), p.mean.of("float", because="not float"), out="y"
         )
 
-    def check(self, m: Match) -> Refusal | Tensor:
-        """A refusal, or the tensor that holds x - m."""
-        d = _difference(m.x, m.m)
+    def check(self, m: Match, *, x: Tensor, mean: Tensor, y: Tensor) -> Refusal | Tensor:
+        """A refusal, or the tensor that holds x - mean."""
+        d = _difference(x, mean)
         if d is None:
             return NotApplicable("x - m is not computed elsewhere")
-        if d.shape != m.y.shape:
+        if d.shape != y.shape:
             return refuse("the difference has another shape than the square")
         if d.producer in _descendants(m.root):
             return refuse("the difference is computed from the square")
         return d
 
-    def rewrite(self, m: Match) -> None:
-        d, b = m.plan, m.builder()
+    def rewrite(self, m: Match, *, plan: Tensor) -> None:
+        d, b = plan, m.builder()
         b.replace(m.root, b.MUL(d, d))
         m.graph.toposort()  # the difference may be computed after the square was
 
@@ -193,7 +197,7 @@ def _descendants(op: Op) -> set[Op]:
 def _negated(t: Tensor) -> Tensor:
     """n when t = NEG(n), else t."""
     op = t.producer
-    return op.inputs[0] if op is not None and op.type == "NEG" else t
+    return op.input(0) if op is not None and op.type == "NEG" else t
 
 
 class CancelTransposePair(Rule):
@@ -206,28 +210,30 @@ class CancelTransposePair(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.TRANSPOSE(p.TRANSPOSE(p.x, p.const("p1"), out="mid"), p.const("p2"), out="y")
 
-    def check(self, m: Match) -> Refusal | list[int]:
+    def check(
+        self, m: Match, *, x: Tensor, p1: Tensor, p2: Tensor, y: Tensor
+    ) -> Refusal | list[int]:
         """A refusal, or the composed permutation."""
-        perm = _composed(m)
+        perm = _composed(p1, p2)
         if perm == list(range(len(perm))):
-            return _forwardable(m.graph, m.y, m.x) or perm
+            return _forwardable(m.graph, y, x) or perm
         return perm
 
-    def rewrite(self, m: Match) -> None:
-        perm = m.plan
+    def rewrite(self, m: Match, *, x: Tensor, y: Tensor, plan: list[int]) -> None:
+        perm = plan
         if perm == list(range(len(perm))):
-            common.forward(m.graph, m.y, m.x)
+            common.forward(m.graph, y, x)
             return
         b = m.builder(prefix="")
-        b.set_input(m.root, 0, m.x)
+        b.set_input(m.root, 0, x)
         b.set_input(m.root, 1, b.ints(perm, "perm"))
         b.commit()
 
 
-def _composed(m: Match) -> list[int]:
-    p1 = np.asarray(m.p1.data).reshape(-1)
-    p2 = np.asarray(m.p2.data).reshape(-1)
-    return [int(v) for v in p1[p2]]
+def _composed(p1: Tensor, p2: Tensor) -> list[int]:
+    first = np.asarray(p1.data).reshape(-1)
+    second = np.asarray(p2.data).reshape(-1)
+    return [int(v) for v in first[second]]
 
 
 class CollapseReshapeChain(Rule):
@@ -239,23 +245,23 @@ class CollapseReshapeChain(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.RESHAPE(p.x, ..., out="y")
 
-    def check(self, m: Match) -> Refusal | None:
-        inner = m.x.producer
-        if m.x.shape == m.y.shape and _same_q(m.x, m.y):
-            return _forwardable(m.graph, m.y, m.x)
-        if inner is not None and inner.type == "RESHAPE" and common.single_reader(m.graph, m.x):
+    def check(self, m: Match, *, x: Tensor, y: Tensor) -> Refusal | None:
+        inner = x.producer
+        if x.shape == y.shape and _same_q(x, y):
+            return _forwardable(m.graph, y, x)
+        if inner is not None and inner.type == "RESHAPE" and common.single_reader(m.graph, x):
             return None
         return _NOT_A_CHAIN
 
-    def rewrite(self, m: Match) -> None:
-        if m.x.shape == m.y.shape and _same_q(m.x, m.y):
-            common.forward(m.graph, m.y, m.x)
+    def rewrite(self, m: Match, *, x: Tensor, y: Tensor) -> None:
+        if x.shape == y.shape and _same_q(x, y):
+            common.forward(m.graph, y, x)
             return
         b = m.builder(prefix="")
-        b.set_input(m.root, 0, m.x.producer.inputs[0])
-        b.set_input(m.root, 1, b.ints(m.y.shape, "shape"))
+        b.set_input(m.root, 0, x.op.input(0))
+        b.set_input(m.root, 1, b.ints(y.shape, "shape"))
         b.commit()
-        m.root.options = {"new_shape": list(m.y.shape)} if m.root.options else {}
+        m.root.options = {"new_shape": list(y.shape)} if m.root.options else {}
 
 
 _NOT_A_CHAIN = NotApplicable("a single RESHAPE to a new shape")
@@ -278,13 +284,13 @@ class CancelQuantizeDequantize(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.QUANTIZE(p.DEQUANTIZE(p.q, out="real"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
-        if m.q.dtype != m.y.dtype or not _same_q(m.q, m.y) or m.q.shape != m.y.shape:
+    def check(self, m: Match, *, q: Tensor, y: Tensor) -> Refusal | None:
+        if q.dtype != y.dtype or not _same_q(q, y) or q.shape != y.shape:
             return refuse("the QUANTIZE uses another type or scale than the DEQUANTIZE input")
-        return _forwardable(m.graph, m.y, m.q)
+        return _forwardable(m.graph, y, q)
 
-    def rewrite(self, m: Match) -> None:
-        common.forward(m.graph, m.y, m.q)
+    def rewrite(self, m: Match, *, y: Tensor, q: Tensor) -> None:
+        common.forward(m.graph, y, q)
 
 
 # -- activations written out ---------------------------------------------------------------------
@@ -295,11 +301,11 @@ def _is_const(t: Tensor | None, value: float, tol: float = 1e-6) -> bool:
 
 def _other(op: Op, t: Tensor) -> Tensor | None:
     """The other input of a binary op whose one input is t."""
-    a, b = op.inputs[0], op.inputs[1]
+    a, b = op.input(0), op.input(1)
     return b if a is t else a if b is t else None
 
 
-def _plain(op: Op | None, *types: str) -> bool:
+def _plain(op: Op | None, *types: str) -> TypeGuard[Op]:
     return op is not None and op.type in types and op.fused_activation == "NONE"
 
 
@@ -309,7 +315,7 @@ def _relu6_of_x_plus_3(t: Tensor) -> Tensor | None:
     if op is None:
         return None
     if op.type == "RELU6":
-        inner = op.inputs[0].producer
+        inner = op.input(0).producer
         if not _plain(inner, "ADD"):
             return None
         op, act = inner, "RELU6"
@@ -317,7 +323,8 @@ def _relu6_of_x_plus_3(t: Tensor) -> Tensor | None:
         act = op.fused_activation
     if op.type != "ADD" or act != "RELU6":
         return None
-    for x, c in ((op.inputs[0], op.inputs[1]), (op.inputs[1], op.inputs[0])):
+    a, b = op.operands
+    for x, c in ((a, b), (b, a)):
         if _is_const(c, 3.0) and not x.is_constant:
             return x
     return None
@@ -330,9 +337,8 @@ def _hard_sigmoid(t: Tensor) -> tuple[Tensor, bool] | None:
         return x, False
     op = t.producer
     if _plain(op, "MUL", "DIV"):
-        for inner, c in ((op.inputs[0], op.inputs[1]),) + (
-            ((op.inputs[1], op.inputs[0]),) if op.type == "MUL" else ()
-        ):
+        a, b = op.operands
+        for inner, c in ((a, b),) + (((b, a),) if op.type == "MUL" else ()):
             scale = 1 / 6 if op.type == "MUL" else 6.0
             if _is_const(c, scale, 1e-5):
                 x = _relu6_of_x_plus_3(inner)
@@ -345,7 +351,7 @@ def match_hard_swish(root: Op) -> Tensor | None:
     """x when root computes x * relu6(x + 3) / 6 in any of the usual association orders."""
     if not _plain(root, "MUL", "DIV") or len(root.inputs) != 2:
         return None
-    a, b = root.inputs
+    a, b = root.operands
     # x * hsig(x) where hsig already includes the 1/6
     if root.type == "MUL":
         for x, h in ((a, b), (b, a)):
@@ -357,7 +363,7 @@ def match_hard_swish(root: Op) -> Tensor | None:
         scale = 1 / 6 if root.type == "MUL" else 6.0
         if not _is_const(c, scale, 1e-5) or not _plain(inner.producer, "MUL"):
             continue
-        p, q = inner.producer.inputs
+        p, q = inner.producer.operands
         for x, h in ((p, q), (q, p)):
             if _relu6_of_x_plus_3(h) is x:
                 return x
@@ -366,10 +372,10 @@ def match_hard_swish(root: Op) -> Tensor | None:
         for s, h in ((a, b), (b, a)):
             op = s.producer
             if _plain(op, "MUL", "DIV"):
-                x = _relu6_of_x_plus_3(h)
+                z = _relu6_of_x_plus_3(h)
                 scale = 1 / 6 if op.type == "MUL" else 6.0
-                if x is not None and x in op.inputs and _is_const(_other(op, x), scale, 1e-5):
-                    return x
+                if z is not None and z in op.inputs and _is_const(_other(op, z), scale, 1e-5):
+                    return z
     return None
 
 
@@ -394,8 +400,8 @@ class _Recognize(Rule):
             return refuse(f"the {self.builtin} input is not float or is broadcast")
         return found
 
-    def rewrite(self, m: Match) -> None:
-        x, options = m.plan
+    def rewrite(self, m: Match, *, plan: tuple[Tensor, dict]) -> None:
+        x, options = plan
         b = m.builder()
         b.replace(m.root, b.op(self.builtin, x, options=options))
 
@@ -418,10 +424,10 @@ class RecognizeHardSwish(_Recognize):
 
 def _leaky(root: Op) -> tuple[Tensor, float] | None:
     """(x, alpha) when root = maximum(x, alpha * x), or alpha * x + (1 - alpha) * relu(x)."""
-    a, b = root.inputs[0], root.inputs[1]
+    a, b = root.input(0), root.input(1)
     for x, s in ((a, b), (b, a)):
         op = s.producer
-        if root.type == "MAXIMUM" and _plain(op, "MUL") and x in op.inputs:
+        if root.type == "MAXIMUM" and _plain(op, "MUL") and x in op.operands:
             alpha = common.scalar_value(_other(op, x))
             if alpha is not None and 0.0 <= alpha < 1.0:
                 return x, alpha
@@ -430,11 +436,11 @@ def _leaky(root: Op) -> tuple[Tensor, float] | None:
             p, q = lin.producer, rel.producer
             if not (_plain(p, "MUL") and _plain(q, "MUL")):
                 continue
-            for x in p.inputs:
+            for x in p.operands:
                 alpha = common.scalar_value(_other(p, x))
                 if alpha is None or not 0.0 <= alpha < 1.0:
                     continue
-                for r in q.inputs:
+                for r in q.operands:
                     relu = r.producer
                     if (
                         relu is not None
@@ -469,23 +475,26 @@ def _gelu_tanh_input(t: Tensor) -> Tensor | None:
     op = t.producer
     if not _plain(op, "ADD"):
         return None
-    th = next((i for i in op.inputs if i.producer is not None and i.producer.type == "TANH"), None)
+    th = next(
+        (i for i in op.operands if i.producer is not None and i.producer.type == "TANH"), None
+    )
     if th is None or not _is_const(_other(op, th), 1.0):
         return None
-    inner = th.producer.inputs[0].producer
+    inner = th.op.input(0).producer
     if not _plain(inner, "MUL"):
         return None
-    poly = next((i for i in inner.inputs if not i.is_constant), None)
+    poly = next((i for i in inner.operands if not i.is_constant), None)
     if poly is None or not _is_const(_other(inner, poly), _SQRT_2_OVER_PI, 1e-4):
         return None
     add = poly.producer
     if not _plain(add, "ADD"):
         return None
-    for x, cubic in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+    first, second = add.operands
+    for x, cubic in ((first, second), (second, first)):
         op = cubic.producer
         if _plain(op, "MUL"):
-            consts = [i for i in op.inputs if i.is_constant]
-            cube = next((i for i in op.inputs if not i.is_constant), None)
+            consts = [i for i in op.operands if i.is_constant]
+            cube = next((i for i in op.operands if not i.is_constant), None)
             if (
                 cube is not None
                 and len(consts) == 1
@@ -503,7 +512,7 @@ def _is_cube(t: Tensor, x: Tensor) -> bool:
     if op.type == "POW":
         return op.inputs[0] is x and _is_const(op.inputs[1], 3.0)
     if _plain(op, "MUL"):
-        a, b = op.inputs
+        a, b = op.operands
         sq = b if a is x else a if b is x else None
         return sq is not None and _plain(sq.producer, "MUL") and list(sq.producer.inputs) == [x, x]
     return False
@@ -513,7 +522,7 @@ def _gelu(root: Op) -> Tensor | None:
     """x when root = 0.5 * x * (1 + tanh(...)) in one of the usual association orders."""
     if not _plain(root, "MUL"):
         return None
-    a, b = root.inputs
+    a, b = root.operands
     for half, rest in ((a, b), (b, a)):
         op = half.producer
         # (0.5 * x) * (1 + tanh(..)) or (x * 0.5) * (...)
@@ -523,13 +532,13 @@ def _gelu(root: Op) -> Tensor | None:
                 return x
         # 0.5 * (x * (1 + tanh(..)))
         if _is_const(half, 0.5) and _plain(rest.producer, "MUL"):
-            p, q = rest.producer.inputs
+            p, q = rest.producer.operands
             for x, t in ((p, q), (q, p)):
                 if _gelu_tanh_input(t) is x:
                     return x
         # x * (0.5 * (1 + tanh(..)))
         if _plain(rest.producer, "MUL"):
-            p, q = rest.producer.inputs
+            p, q = rest.producer.operands
             for c, t in ((p, q), (q, p)):
                 if _is_const(c, 0.5) and _gelu_tanh_input(t) is half:
                     return half

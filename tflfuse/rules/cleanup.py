@@ -124,7 +124,7 @@ class FoldConstants(Pass):
             t.shape_signature = None
 
     def _fold_shape(self, graph: Graph, op: Op) -> bool:
-        x = op.inputs[0]
+        x = op.input(0)
         if not _static_shape(x):
             return False
         out = op.output
@@ -148,7 +148,9 @@ class MergeDuplicateConstants(Pass):
         merged = 0
         protected = set(graph.inputs) | set(graph.outputs)
         for t in list(graph.tensors):
-            if not t.is_constant or t.producer is not None or t in protected or not t.consumers:
+            if t.data is None or not t.is_constant or t.producer is not None:
+                continue
+            if t in protected or not t.consumers:
                 continue
             key = (t.dtype, t.shape, t.data.tobytes(), _quant_key(t))
             first = seen.setdefault(key, t)

@@ -67,7 +67,7 @@ class Defuse(Pass):
         b.set_output(op, 0, pre)
         b.op(_ACTIVATION_OPS[act], pre, out=out)
         b.commit()
-        pre.tensor.shape_signature = out.shape_signature
+        pre.made.shape_signature = out.shape_signature
         op.fused_activation = "NONE"
 
     @staticmethod
@@ -78,12 +78,12 @@ class Defuse(Pass):
         index = 3 if op.type == "TRANSPOSE_CONV" else 2
         if len(op.inputs) <= index or op.inputs[index] is None or not np.any(b):
             return False
-        bias_const, out = op.inputs[index], op.output
+        bias_const, out = op.input(index), op.output
         bld = Builder(graph, op, prefix="", after=op)
         bld.set_bias(op, np.zeros_like(b))
         pre = bld.tensor(out.name + "_prebias", out.shape, dtype=out.dtype)
         bld.set_output(op, 0, pre)
         bld.ADD(pre, bias_const, out=out)
         bld.commit()
-        pre.tensor.shape_signature = out.shape_signature
+        pre.made.shape_signature = out.shape_signature
         return True

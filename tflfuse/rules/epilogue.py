@@ -49,15 +49,18 @@ class FuseActivationIntoProducer(Rule):
     quantized_ok = True
     int8_error_steps = 1  # one requantization instead of two
 
-    def int8_error(self, m: Match) -> int:
+    def int8_error(self, m: Match, *, y: Tensor) -> int:
         """Unfused, y is rounded to its scale s_y first: half a step of s_y, s_y / (2 s_z) steps
         of the activation's output scale s_z, plus one for the two final roundings. Producers
         with a coarser scale than the activation differ by more than one step (the int8 property
         test found 8 for an FC whose range was 16x wider than the RELU's)."""
-        y, z = m.y, m.root.output
+        z = m.root.output
+        qy, qz = y.quantization, z.quantization
+        if qy is None or qz is None or qy.scale is None or qz.scale is None:
+            return 0  # not quantized
         if not (y.is_quantized and z.is_quantized) or y.np_dtype is None:
             return 0
-        ratio = float(y.quantization.scale[0]) / float(z.quantization.scale[0])
+        ratio = float(qy.scale[0]) / float(qz.scale[0])
         if abs(ratio - 1.0) < 1e-6:
             # same scale: the RELU's requantization is exact, so fusing changes nothing unless
             # y saturates inside the activation's range (the check allows one step of that)
@@ -73,11 +76,11 @@ class FuseActivationIntoProducer(Rule):
     def __init__(self, target: Target = XNNPACK) -> None:
         self.target = target
 
-    def check(self, m: Match) -> Refusal | None:
-        return activation_fusion_refusal(m.y.op, m.y, m.root.type, m.root.output, self.target)
+    def check(self, m: Match, *, y: Tensor) -> Refusal | None:
+        return activation_fusion_refusal(y.op, y, m.root.type, m.root.output, self.target)
 
-    def rewrite(self, m: Match) -> None:
-        _adopt(m, m.builder(), m.root.type)
+    def rewrite(self, m: Match, *, y: Tensor) -> None:
+        _adopt(m, y, m.builder(), m.root.type)
 
 
 _CLAMP_RANGE = {"RELU": (0.0, np.inf), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
@@ -102,6 +105,7 @@ def activation_fusion_refusal(
         return refuse("activation changes the tensor type")
     if (
         producer.type in _SAME_SCALE_ONLY
+        and y.quantization is not None
         and y.is_quantized
         and not y.quantization.same_as(out.quantization)
     ):
@@ -113,9 +117,9 @@ def _saturation_refusal(producer: str, y: Tensor, activation: str, z: Tensor) ->
     """Quantized: unfused, y saturates at its own range before the activation clamps; fused, the
     kernel clamps in the activation's output range. Equal (to one step) only if y's range covers
     every value the activation can output."""
-    if not (y.is_quantized and z.is_quantized):
-        return None
     qy, qz = y.quantization, z.quantization
+    if qy is None or qz is None or qz.scale is None or not (y.is_quantized and z.is_quantized):
+        return None
     if qy.per_channel or qz.per_channel or y.np_dtype is None:
         return refuse("per-channel quantized activations: saturation cannot be compared")
     (y_lo, y_hi), (z_lo, z_hi) = y.real_range(), z.real_range()
@@ -129,28 +133,29 @@ def _saturation_refusal(producer: str, y: Tensor, activation: str, z: Tensor) ->
     return None
 
 
-def _affine_check(m: Match, kind: str) -> Refusal | None:
-    producer = m.y.op
+def _affine_check(m: Match, y: Tensor, c: Tensor, kind: str) -> Refusal | np.ndarray:
+    """A refusal, or c as one value per output channel of y's producer (the plan)."""
+    producer = y.op
     if producer.fused_activation != "NONE":
         return refuse(f"{producer.type} has fused {producer.fused_activation} before the {kind}")
-    if not common.single_reader(m.graph, m.y):  # the engine's check, in this rule's words
+    if not common.single_reader(m.graph, y):  # the engine's check, in this rule's words
         return refuse(f"{producer.type} output is also read elsewhere")
     if not common.has_float_params(producer) or not common.is_float(m.root.output):
         return refuse(f"{producer.type} weights or bias are not float constants")
     if m.root.fused_activation not in ("NONE", "RELU", "RELU6", "RELU_N1_TO_1"):
         return refuse(f"{m.root.type} has fused {m.root.fused_activation}")
-    rank = len(m.y.shape)
-    if common.channel_vector(m.c, common.out_channels(producer), rank) is None:
+    vector = common.channel_vector(c, common.out_channels(producer), len(y.shape))
+    if vector is None:
         return refuse(f"the {kind} constant is not one value per output channel")
-    if m.root.output.shape != m.y.shape:
+    if m.root.output.shape != y.shape:
         return refuse(f"the {kind} broadcasts to a larger shape")
-    return None
+    return vector
 
 
-def _adopt(m: Match, b: Builder, act: str | None = None) -> None:
-    """The producer takes over the root's output and `act` (default: the root's fused
+def _adopt(m: Match, y: Tensor, b: Builder, act: str | None = None) -> None:
+    """y's producer takes over the root's output and `act` (default: the root's fused
     activation); the root goes, with what `b` built committed."""
-    producer, root = m.y.op, m.root
+    producer, root = y.op, m.root
     act = root.fused_activation if act is None else act
     b.set_output(producer, 0, root.output)
     b.commit(remove=root)
@@ -170,16 +175,15 @@ class FoldBiasIntoProducer(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("ADD", "SUB")(p.any(*common.WEIGHTED)(..., out="y"), p.const("c"))
 
-    def check(self, m: Match) -> Refusal | None:
-        return _affine_check(m, "bias")
+    def check(self, m: Match, *, y: Tensor, c: Tensor) -> Refusal | np.ndarray:
+        return _affine_check(m, y, c, "bias")
 
-    def rewrite(self, m: Match) -> None:
-        producer = m.y.op
-        c = common.channel_vector(m.c, common.out_channels(producer), len(m.y.shape))
+    def rewrite(self, m: Match, *, y: Tensor, plan: np.ndarray) -> None:
+        producer, vector = y.op, plan
         sign = -1.0 if m.root.type == "SUB" else 1.0
         b = m.builder()
-        b.set_bias(producer, common.bias(producer) + sign * c)
-        _adopt(m, b)
+        b.set_bias(producer, common.bias(producer) + sign * vector)
+        _adopt(m, y, b)
 
 
 class FoldScaleIntoProducer(Rule):
@@ -194,12 +198,11 @@ class FoldScaleIntoProducer(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MUL(p.any(*common.WEIGHTED)(..., out="y"), p.const("c"))
 
-    def check(self, m: Match) -> Refusal | None:
-        return _affine_check(m, "scale")
+    def check(self, m: Match, *, y: Tensor, c: Tensor) -> Refusal | np.ndarray:
+        return _affine_check(m, y, c, "scale")
 
-    def rewrite(self, m: Match) -> None:
-        producer = m.y.op
-        s = common.channel_vector(m.c, common.out_channels(producer), len(m.y.shape))
+    def rewrite(self, m: Match, *, y: Tensor, plan: np.ndarray) -> None:
+        producer, s = y.op, plan
         w = common.weights(producer)
         if producer.type == "DEPTHWISE_CONV_2D":
             scaled = w * s.reshape(1, 1, 1, -1)
@@ -208,4 +211,4 @@ class FoldScaleIntoProducer(Rule):
         b = m.builder()
         b.set_weights(producer, scaled)
         b.set_bias(producer, common.bias(producer) * s)
-        _adopt(m, b)
+        _adopt(m, y, b)

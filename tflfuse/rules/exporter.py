@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TypeGuard
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def _only_inside(graph: Graph, tensors: list[Tensor], ops: set[Op]) -> bool:
 def _through_reshapes(t: Tensor) -> Tensor:
     """The tensor before any RESHAPE/SQUEEZE/EXPAND_DIMS (the value, whatever its shape)."""
     while t.producer is not None and t.producer.type in _RESHAPES:
-        t = t.producer.inputs[0]
+        t = t.producer.input(0)
     return t
 
 
@@ -58,16 +59,16 @@ def _reshape_ops(t: Tensor) -> list[Op]:
     ops = []
     while t.producer is not None and t.producer.type in _RESHAPES:
         ops.append(t.producer)
-        t = t.producer.inputs[0]
+        t = t.producer.input(0)
     return ops
 
 
-def _plain(op: Op | None, *types: str) -> bool:
+def _plain(op: Op | None, *types: str) -> TypeGuard[Op]:
     return op is not None and op.type in types and op.fused_activation == "NONE"
 
 
 def _other(op: Op, t: Tensor) -> Tensor | None:
-    a, b = op.inputs[0], op.inputs[1]
+    a, b = op.input(0), op.input(1)
     return b if a is t else a if b is t else None
 
 
@@ -75,7 +76,7 @@ def _axes(op: Op) -> set[int] | None:
     t = op.inputs[1] if len(op.inputs) > 1 else None
     if t is None or not t.is_constant:
         return None
-    rank = len(op.inputs[0].shape)
+    rank = len(op.input(0).shape)
     return {int(a) % rank for a in np.asarray(t.data).reshape(-1)}
 
 
@@ -100,14 +101,16 @@ def _match_layer_norm(root: Op) -> _LayerNorm | None:
     r = rsqrt(mean((x - mean)^2) + eps) and mean = MEAN(x, last axis), reshapes anywhere."""
     if root.type not in ("ADD", "SUB") or len(root.inputs) != 2:
         return None
-    orders = [(root.inputs[0], root.inputs[1])]
+    first, second = root.operands
+    orders = [(first, second)]
     if root.type == "ADD":
-        orders.append((root.inputs[1], root.inputs[0]))
+        orders.append((second, first))
     for scaled, offset in orders:
         mul = scaled.producer
         if not _plain(mul, "MUL"):
             continue
-        for x_cand, r_cand in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+        a, b = mul.operands
+        for x_cand, r_cand in ((a, b), (b, a)):
             if not (_per_row(r_cand, x_cand) and _per_row(offset, x_cand)):
                 continue
             found = _layer_norm_from(root, mul, x_cand, _through_reshapes(r_cand), offset)
@@ -128,17 +131,17 @@ def _layer_norm_from(root: Op, mul: Op, x: Tensor, r: Tensor, offset: Tensor) ->
     rsqrt = r.producer
     if rsqrt is None or rsqrt.type != "RSQRT":
         return None
-    add_eps = _through_reshapes(rsqrt.inputs[0]).producer
+    add_eps = _through_reshapes(rsqrt.input(0)).producer
     if not _plain(add_eps, "ADD"):
         return None
-    var = next((i for i in add_eps.inputs if not i.is_constant), None)
-    eps = common.scalar_value(next((i for i in add_eps.inputs if i.is_constant), None))
+    var = next((i for i in add_eps.operands if not i.is_constant), None)
+    eps = common.scalar_value(next((i for i in add_eps.operands if i.is_constant), None))
     if var is None or eps is None or eps < 0:
         return None
     var_mean = _through_reshapes(var).producer
     if var_mean is None or var_mean.type != "MEAN":
         return None
-    sq = var_mean.inputs[0].producer
+    sq = var_mean.input(0).producer
     if sq is None or sq.type != "SQUARED_DIFFERENCE" or not _last_axis_mean(var_mean, sq.output):
         return None
     mean_t = _other(sq, x)
@@ -151,23 +154,23 @@ def _layer_norm_from(root: Op, mul: Op, x: Tensor, r: Tensor, offset: Tensor) ->
     off = _through_reshapes(offset)
     neg = off.producer
     if root.type == "ADD":
-        if _plain(neg, "SUB") and common.scalar_value(neg.inputs[0]) == 0.0:
-            prod = neg.inputs[1]
+        if _plain(neg, "SUB") and common.scalar_value(neg.input(0)) == 0.0:
+            prod = neg.input(1)
         elif neg is not None and neg.type == "NEG":
-            prod = neg.inputs[0]
+            prod = neg.input(0)
         else:
             return None
         negation = [neg]
     else:
         prod, negation = off, []
     pm = _through_reshapes(prod).producer
-    if not _plain(pm, "MUL") or pm.inputs[0].shape != pm.inputs[1].shape:
+    if not _plain(pm, "MUL") or pm.input(0).shape != pm.input(1).shape:
         return None
-    operands = {id(_through_reshapes(i)) for i in pm.inputs}
+    operands = {id(_through_reshapes(i)) for i in pm.operands}
     if operands != {id(r), id(mean)}:
         return None
-    ops = [mean.producer, sq, var_mean, add_eps, rsqrt, mul, pm, *negation, root]
-    for t in (mean_t, var, rsqrt.inputs[0], *mul.inputs, offset, prod, *pm.inputs):
+    ops = [mean.op, sq, var_mean, add_eps, rsqrt, mul, pm, *negation, root]
+    for t in (mean_t, var, rsqrt.input(0), *mul.operands, offset, prod, *pm.operands):
         ops.extend(_reshape_ops(t))
     return _LayerNorm(x, float(eps), list(dict.fromkeys(ops)))
 
@@ -188,7 +191,7 @@ class ShortenLayerNorm(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("ADD", "SUB")(p.a, p.b)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | _LayerNorm:
         ln = _match_layer_norm(m.root)
         if ln is None:
             return NotApplicable("not a LayerNorm written out")
@@ -199,14 +202,14 @@ class ShortenLayerNorm(Rule):
             return refuse("a LayerNorm intermediate (mean or variance) is read elsewhere")
         return ln
 
-    def rewrite(self, m: Match) -> None:
-        x, b = m.plan.x, m.builder()
+    def rewrite(self, m: Match, *, plan: _LayerNorm) -> None:
+        x, b = plan.x, m.builder()
         axis = b.ints([len(x.shape) - 1], "axis")
         reduced = (*x.shape[:-1], 1)
         mu = b.MEAN(x, axis, name="mean", shape=reduced, like=x, keep_dims=True)
         sq = b.SQUARED_DIFFERENCE(x, mu, name="sq", like=x)
         var = b.MEAN(sq, axis, name="var", shape=reduced, like=x, keep_dims=True)
-        eps = b.const(np.array(m.plan.eps, np.float32), "eps")
+        eps = b.const(np.array(plan.eps, np.float32), "eps")
         r = b.RSQRT(b.ADD(var, eps, name="var_eps", like=x), name="rsqrt", like=x)
         centred = b.SUB(x, mu, name="centred", like=x)
         b.replace(m.root, b.MUL(centred, r, fused_activation_function=m.root.fused_activation))
@@ -401,11 +404,10 @@ def _same_layout_q(tensors: list[Tensor]) -> bool:
     return True
 
 
-def _emit(b: Builder, source: Tensor, plan: _Plan, out: Tensor) -> Value:
-    """The plan's ops from source; the last one's result is to replace `out`. (The builder
-    orders constants "after_reader": each op's result, then its begin/size/perm/shape.)"""
+def _emit(b: Builder, source: Tensor, plan: _Plan, out: Tensor) -> Tensor | Value:
+    """The plan's ops from source; the last one's result is to replace `out`."""
     steps = plan.ops(source.shape, out.shape) or ["RESHAPE"]  # a copy when nothing moves
-    current = source
+    current: Tensor | Value = source
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
         if step == "SLICE":
@@ -428,7 +430,7 @@ def _chain_up(root: Op, graph: Graph, types=(*_MOVEMENT, "SLICE")) -> list[Op]:
     """root and the single-reader movement ops above it, source first."""
     chain = [root]
     while True:
-        t = chain[0].inputs[0]
+        t = chain[0].input(0)
         op = t.producer
         if op is None or op.type not in types or not common.single_reader(graph, t):
             break
@@ -472,7 +474,7 @@ class CanonicalizeLayoutChain(Rule):
             return NotApplicable("a single layout op")
         if self.kept is not None and self.kept(chain):
             return NotApplicable("the target keeps the chain as written (every op shown mapped)")
-        source = chain[0].inputs[0]
+        source = chain[0].input(0)
         tensors = [source, *(op.output for op in chain)]
         if not _same_layout_q(tensors):
             return refuse("the chain changes type or quantization")
@@ -495,13 +497,13 @@ class CanonicalizeLayoutChain(Rule):
         """A refusal, or the chain and the plan that replaces it."""
         return self._plan(m)
 
-    def rewrite(self, m: Match) -> None:
-        chain, plan = m.plan
-        source, out = chain[0].inputs[0], m.root.output
-        if not plan.ops(source.shape, out.shape) and common.forward(m.graph, out, source):
+    def rewrite(self, m: Match, *, plan: tuple[list[Op], _Plan]) -> None:
+        chain, layout = plan
+        source, out = chain[0].input(0), m.root.output
+        if not layout.ops(source.shape, out.shape) and common.forward(m.graph, out, source):
             return  # the chain moves nothing: its readers read the source
-        b = m.builder(constants="after_reader")
-        b.replace(m.root, _emit(b, source, plan, out))
+        b = m.builder()
+        b.replace(m.root, _emit(b, source, layout, out))
 
 
 def _free_reshape_after(t: Tensor) -> bool:
@@ -519,7 +521,7 @@ def _free_reshape_after(t: Tensor) -> bool:
 
 
 def _scalar_operand(op: Op, t: Tensor) -> Tensor | None:
-    a, b = op.inputs[0], op.inputs[1]
+    a, b = op.input(0), op.input(1)
     other = b if a is t else a if b is t else None
     if other is None or not other.is_constant or other.size != 1:
         return None
@@ -548,7 +550,7 @@ class SliceBeforeLayout(Rule):
         if m.graph.is_graph_output(out) or not readers or any(r.type != "SLICE" for r in readers):
             return NotApplicable("not read by SLICEs only")
         chain = _chain_up(m.root, m.graph, _MOVEMENT)
-        source = chain[0].inputs[0]
+        source = chain[0].input(0)
         if not _same_layout_q([source, *(op.output for op in chain), *(r.output for r in readers)]):
             return refuse("the chain changes type or quantization")
         plans = []
@@ -562,7 +564,7 @@ class SliceBeforeLayout(Rule):
             plans.append((reader, plan))
         before = len(chain) + len(readers)
         after = sum(
-            len(plan.ops(source.shape, r.output.shape)) - _free_reshape_after(r.output)
+            len(plan.ops(source.shape, r.output.shape)) - int(_free_reshape_after(r.output))
             for r, plan in plans
         )
         if after >= before:
@@ -573,16 +575,16 @@ class SliceBeforeLayout(Rule):
         """A refusal, or the chain's source and each SLICE's plan."""
         return self._plans(m)
 
-    def rewrite(self, m: Match) -> None:
-        source, plans = m.plan
-        for reader, plan in plans:
-            b = m.builder(at=reader, constants="after_reader")
-            b.replace(reader, _emit(b, source, plan, reader.output))
+    def rewrite(self, m: Match, *, plan: tuple[Tensor, list[tuple[Op, _Plan]]]) -> None:
+        source, plans = plan
+        for reader, piece in plans:
+            b = m.builder(at=reader)
+            b.replace(reader, _emit(b, source, piece, reader.output))
 
 
 def _reshaped_input(op: Op) -> Tensor | None:
     return next(
-        (t for t in op.inputs if t.producer is not None and t.producer.type == "RESHAPE"), None
+        (t for t in op.operands if t.producer is not None and t.producer.type == "RESHAPE"), None
     )
 
 
@@ -615,9 +617,9 @@ class SinkReshapeBelowScalarOp(Rule):
             return refuse("not float")
         return r
 
-    def rewrite(self, m: Match) -> None:
-        root, r = m.root, m.plan
-        x, out = r.producer.inputs[0], root.output
+    def rewrite(self, m: Match, *, plan: Tensor) -> None:
+        root, r = m.root, plan
+        x, out = r.op.input(0), root.output
         b = m.builder(after=root)
         inner = b.tensor("unreshaped", x.shape, dtype=out.dtype)
         shape = b.ints(out.shape, "shape")
@@ -640,19 +642,19 @@ class SoftmaxThroughReshape(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.RESHAPE(p.SOFTMAX(p.RESHAPE(p.x, ..., out="inner"), out="soft"), ...)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match, *, x: Tensor, inner: Tensor, soft: Tensor) -> Refusal | None:
         out = m.root.output
-        if out.shape != m.x.shape or not m.x.shape:
+        if out.shape != x.shape or not x.shape:
             return refuse("the reshapes do not give the SOFTMAX input's shape back")
-        if m.inner.shape[-1] != m.x.shape[-1]:
+        if inner.shape[-1] != x.shape[-1]:
             return refuse("the reshape changes the softmax axis")
-        if not _same_layout_q([m.x, m.inner]) or not _same_layout_q([m.soft, out]):
+        if not _same_layout_q([x, inner]) or not _same_layout_q([soft, out]):
             return refuse("a reshape changes type or quantization")
         return None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, x: Tensor, soft: Tensor) -> None:
         b = m.builder()
-        b.replace(m.root, b.SOFTMAX(m.x, options=m.soft.producer.options))
+        b.replace(m.root, b.SOFTMAX(x, options=soft.op.options))
 
 
 # -- clamps, padded max pool, constant matmul ----------------------------------------------------
@@ -664,7 +666,8 @@ def _clamp(root: Op) -> tuple[Tensor, str] | None:
     MINIMUM(RELU(x), 6) or MAXIMUM(x, 0), for the RELU-family bounds."""
     if root.type not in ("MINIMUM", "MAXIMUM") or len(root.inputs) != 2:
         return None
-    for t, c in ((root.inputs[0], root.inputs[1]), (root.inputs[1], root.inputs[0])):
+    first, second = root.operands
+    for t, c in ((first, second), (second, first)):
         bound = common.scalar_value(c)
         if bound is None or t.is_constant:
             continue
@@ -672,14 +675,15 @@ def _clamp(root: Op) -> tuple[Tensor, str] | None:
         lo, hi = (-math.inf, bound) if root.type == "MINIMUM" else (bound, math.inf)
         x = t
         if inner is not None and inner.type in ("MINIMUM", "MAXIMUM") and inner.type != root.type:
-            for u, d in ((inner.inputs[0], inner.inputs[1]), (inner.inputs[1], inner.inputs[0])):
+            p, q = inner.operands
+            for u, d in ((p, q), (q, p)):
                 other = common.scalar_value(d)
                 if other is not None and not u.is_constant:
                     lo, hi = (other, bound) if root.type == "MINIMUM" else (bound, other)
                     x = u
                     break
         elif inner is not None and inner.type == "RELU" and root.type == "MINIMUM":
-            lo, x = 0.0, inner.inputs[0]
+            lo, x = 0.0, inner.input(0)
         act = _CLAMPS.get((lo, hi))
         if act is not None:
             return x, act
@@ -700,7 +704,7 @@ class RecognizeClamp(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MINIMUM", "MAXIMUM")(p.a, p.b)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match) -> Refusal | tuple[Tensor, str]:
         found = _clamp(m.root)
         if found is None:
             return NotApplicable("not a RELU-family clamp")
@@ -709,8 +713,8 @@ class RecognizeClamp(Rule):
             return refuse("the clamp input is not float or is broadcast")
         return found
 
-    def rewrite(self, m: Match) -> None:
-        x, activation = m.plan
+    def rewrite(self, m: Match, *, plan: tuple[Tensor, str]) -> None:
+        x, activation = plan
         b = m.builder()
         b.replace(m.root, b.op(activation, x))
 
@@ -731,20 +735,20 @@ class ReciprocalSqrtAsRsqrt(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.DIV(p.const("c"), p.SQRT(p.y, out="sqrt"))
 
-    def check(self, m: Match) -> Refusal | None:
-        if not common.is_float(m.y) or not common.is_float(m.root.output):
+    def check(self, m: Match, *, y: Tensor, c: Tensor, sqrt: Tensor) -> Refusal | None:
+        if not common.is_float(y) or not common.is_float(m.root.output):
             return NotApplicable("not float")
-        if m.c.size != 1 or m.c.is_raw:
+        if c.size != 1 or c.is_raw:
             return refuse("the numerator is not one number")
-        if m.root.output.shape != m.y.shape or not common.single_reader(m.graph, m.sqrt):
+        if m.root.output.shape != y.shape or not common.single_reader(m.graph, sqrt):
             return refuse("the quotient is broadcast, or the SQRT has other readers")
         return None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, c: Tensor, y: Tensor) -> None:
         b = m.builder()
-        c = float(np.asarray(m.c.data, np.float64).reshape(-1)[0])
-        r = b.RSQRT(m.y, name="rsqrt", like=m.y)
-        b.replace(m.root, r if c == 1.0 else b.MUL(r, b.scalar(c, "c", like=m.y)))
+        k = float(np.asarray(c.data, np.float64).reshape(-1)[0])
+        r = b.RSQRT(y, name="rsqrt", like=y)
+        b.replace(m.root, r if k == 1.0 else b.MUL(r, b.scalar(k, "c", like=y)))
 
 
 def _non_negative(t: Tensor) -> bool:
@@ -755,8 +759,9 @@ def _non_negative(t: Tensor) -> bool:
         op.type in ("RELU", "RELU6") or op.fused_activation in ("RELU", "RELU6")
     ):
         return True
-    if t.is_quantized and not t.quantization.per_channel and t.np_dtype is not None:
-        zp = int(np.asarray(t.quantization.zero_point).reshape(-1)[0])
+    q = t.quantization
+    if q is not None and t.is_quantized and not q.per_channel and t.np_dtype is not None:
+        zp = int(np.asarray(q.zero_point).reshape(-1)[0])
         return zp == int(np.iinfo(t.np_dtype).min)
     return False
 
@@ -769,7 +774,7 @@ def _pad_value(pad: Op) -> float | None:
         return None
     v = float(np.asarray(c.data).reshape(-1)[0])
     if c.dtype in ("INT8", "UINT8"):
-        q = c.quantization if c.is_quantized else pad.inputs[0].quantization
+        q = c.quantization if c.is_quantized else pad.input(0).quantization
         if q is None or q.scale is None or q.per_channel:
             return None
         v = float(q.scale.reshape(-1)[0]) * (v - int(np.asarray(q.zero_point).reshape(-1)[0]))
@@ -791,54 +796,54 @@ class LegalizePadV2BeforeMaxPool(Rule):
     int8_error_steps = 0
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.MAX_POOL_2D(p.PADV2(p.x, p.const("pads"), ..., out="padded"))
+        return p.MAX_POOL_2D(p.PADV2(p.x, p.const("paddings"), ..., out="padded"))
 
-    def _plan(self, m: Match) -> str | Refusal:
-        pool, pad = m.root, m.padded.op
+    def _plan(self, m: Match, x: Tensor, padded: Tensor, paddings: Tensor) -> str | Refusal:
+        pool, pad = m.root, padded.op
         if pool.options.get("padding") != "VALID":
             return refuse("the max pool already pads")
         value = _pad_value(pad)
         if value is None:
             return refuse("the PADV2 value is not a constant number")
-        if len(m.x.shape) != 4 or m.x.dtype != m.padded.dtype:
+        if len(x.shape) != 4 or x.dtype != padded.dtype:
             return refuse("the PADV2 input is not an NHWC tensor of the pool's type")
-        if not _same_layout_q([m.x, m.padded]):
+        if not _same_layout_q([x, padded]):
             return refuse("the PADV2 changes quantization")
-        pads = np.asarray(m.pads.data).reshape(-1, 2).tolist()
+        pads = np.asarray(paddings.data).reshape(-1, 2).tolist()
         if len(pads) != 4 or pads[0] != [0, 0] or pads[3] != [0, 0]:
             return refuse("the PADV2 pads the batch or channel axis")
         kh, kw = common.kernel_hw(pool)
         if max(pads[1]) >= kh or max(pads[2]) >= kw:
             return refuse("a window would hold only padding")
         sh, sw = pool.options.get("stride_h", 1), pool.options.get("stride_w", 1)
-        same = tuple(pads[1]) == common.pads_for_same(m.x.shape[1], kh, sh) and tuple(
+        same = tuple(pads[1]) == common.pads_for_same(x.shape[1], kh, sh) and tuple(
             pads[2]
-        ) == common.pads_for_same(m.x.shape[2], kw, sw)
-        lowest = value <= -3.0e38 or (m.x.is_quantized and _is_type_min(pad.inputs[2]))
-        nonneg = _non_negative(m.x)
+        ) == common.pads_for_same(x.shape[2], kw, sw)
+        lowest = value <= -3.0e38 or (x.is_quantized and _is_type_min(pad.input(2)))
+        nonneg = _non_negative(x)
         if same and (lowest or (nonneg and value <= 0.0)):
             return "same"
         if nonneg and value <= 0.0:
             # the engine's check, in this rule's words
-            if not common.single_reader(m.graph, m.padded):
+            if not common.single_reader(m.graph, padded):
                 return refuse("the PADV2 output is also read by an op that needs its value")
             return "pad"
         return refuse(
             f"the PADV2 pads with {value:g} and the input may be negative: zeros could win"
         )
 
-    def check(self, m: Match) -> Refusal | str:
+    def check(self, m: Match, *, x: Tensor, padded: Tensor, paddings: Tensor) -> Refusal | str:
         """A refusal, or "same" (the pool pads) or "pad" (a PAD with zeros)."""
-        return self._plan(m)
+        return self._plan(m, x, padded, paddings)
 
-    def rewrite(self, m: Match) -> None:
-        if m.plan == "same":
+    def rewrite(self, m: Match, *, x: Tensor, padded: Tensor, paddings: Tensor, plan: str) -> None:
+        if plan == "same":
             m.root.options["padding"] = "SAME"
-            m.root.set_input(0, m.x)
+            m.root.set_input(0, x)
             return
-        pad = m.padded.op
+        pad = padded.op
         b = m.builder(at=pad)
-        b.replace(pad, b.PAD(m.x, m.pads, shape=m.padded.shape, like=m.padded))
+        b.replace(pad, b.PAD(x, paddings, shape=padded.shape, like=padded))
 
 
 def _is_type_min(c: Tensor) -> bool:
@@ -861,31 +866,36 @@ class BatchMatmulToFullyConnected(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.BATCH_MATMUL(p.x, p.w)
 
-    def check(self, m: Match) -> Refusal | None:
-        if m.x.is_constant and not m.w.is_constant:
+    def check(self, m: Match, *, x: Tensor, w: Tensor) -> Refusal | np.ndarray:
+        """A refusal, or the constant operand (the plan)."""
+        if x.is_constant and not w.is_constant:
             return refuse("the constant is the left operand: FULLY_CONNECTED takes it on the right")
-        w = common.float_constant(m.w)
-        if w is None:
+        weights = common.float_constant(w)
+        if weights is None:
             return NotApplicable("no constant float operand")
-        if not common.is_float(m.x) or m.x.is_constant:
+        if not common.is_float(x) or x.is_constant:
             return refuse("the activation operand is not float")
         if m.root.options.get("adj_x"):
             return refuse("adj_x transposes the activation operand")
-        if w.ndim < 2 or any(d != 1 for d in w.shape[:-2]) or w.ndim > len(m.x.shape):
-            return refuse(f"the constant {list(w.shape)} is batched")
-        n = w.shape[-2] if m.root.options.get("adj_y") else w.shape[-1]
-        if tuple(m.root.output.shape) != (*m.x.shape[:-1], n):
+        if (
+            weights.ndim < 2
+            or any(d != 1 for d in weights.shape[:-2])
+            or weights.ndim > len(x.shape)
+        ):
+            return refuse(f"the constant {list(weights.shape)} is batched")
+        n = weights.shape[-2] if m.root.options.get("adj_y") else weights.shape[-1]
+        if tuple(m.root.output.shape) != (*x.shape[:-1], n):
             return refuse("the product broadcasts to another shape")
-        return None
+        return weights
 
-    def rewrite(self, m: Match) -> None:
-        w = common.float_constant(m.w)
-        w2 = w.reshape(w.shape[-2:])
+    def rewrite(self, m: Match, *, x: Tensor, plan: np.ndarray) -> None:
+        data = plan
+        w2 = data.reshape(data.shape[-2:])
         weights = w2 if m.root.options.get("adj_y") else w2.T
         b = m.builder()
         filt = b.const(np.ascontiguousarray(weights), "weights", "FLOAT32")
         fc = b.FULLY_CONNECTED(
-            m.x, filt, None, shape=m.root.output.shape, fused_activation_function="NONE",
+            x, filt, None, shape=m.root.output.shape, fused_activation_function="NONE",
             weights_format=0, keep_num_dims=True, asymmetric_quantize_inputs=False,
         )  # fmt: skip
         b.replace(m.root, fc)
@@ -929,18 +939,20 @@ class FoldPadByWidenedKernel(Rule):
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("CONV_2D", "DEPTHWISE_CONV_2D")(
-            p.any("PAD", "PADV2")(p.x, p.const("pads"), ..., out="padded"), ...
+            p.any("PAD", "PADV2")(p.x, p.const("paddings"), ..., out="padded"), ...
         )
 
-    def _plan(self, m: Match) -> tuple[tuple[int, int], tuple[int, int]] | Refusal:
-        op, pad = m.root, m.padded.op
-        if op.options.get("padding") != "VALID" or op.inputs[0] is not m.padded:
+    def _plan(
+        self, m: Match, x: Tensor, padded: Tensor, paddings: Tensor
+    ) -> tuple[tuple[int, int], tuple[int, int]] | Refusal:
+        op, pad = m.root, padded.op
+        if op.options.get("padding") != "VALID" or op.inputs[0] is not padded:
             return NotApplicable("the conv pads already or reads the PAD as weights")
-        if not common.is_float(m.x) or len(m.x.shape) != 4 or not common.has_float_params(op):
+        if not common.is_float(x) or len(x.shape) != 4 or not common.has_float_params(op):
             return NotApplicable("not a float NHWC conv with constant weights")
         if pad.type == "PADV2" and common.scalar_value(pad.inputs[2]) != 0.0:
             return NotApplicable("the PAD value is not zero")
-        pads = np.asarray(m.pads.data).reshape(-1, 2).tolist()
+        pads = np.asarray(paddings.data).reshape(-1, 2).tolist()
         if len(pads) != 4 or pads[0] != [0, 0] or pads[3] != [0, 0]:
             return NotApplicable("the PAD touches the batch or channel axis")
         kh, kw = common.kernel_hw(op)
@@ -950,8 +962,8 @@ class FoldPadByWidenedKernel(Rule):
         ):
             return NotApplicable("not a strided, undilated conv")
         same = (
-            common.pads_for_same(m.x.shape[1], kh, sh),
-            common.pads_for_same(m.x.shape[2], kw, sw),
+            common.pads_for_same(x.shape[1], kh, sh),
+            common.pads_for_same(x.shape[2], kw, sw),
         )
         if (tuple(pads[1]), tuple(pads[2])) == same:
             return NotApplicable("the PAD is SAME's own (FoldPadIntoConv folds it)")
@@ -959,25 +971,29 @@ class FoldPadByWidenedKernel(Rule):
             return refuse(
                 f"a {op.type} with a widened kernel does more multiply-adds than the PAD costs"
             )
-        h = _widened(m.x.shape[1], kh, sh, *pads[1])
-        w = _widened(m.x.shape[2], kw, sw, *pads[2])
+        h = _widened(x.shape[1], kh, sh, *pads[1])
+        w = _widened(x.shape[2], kw, sw, *pads[2])
         if h is None or w is None:
             return refuse("no SAME window of any size lines up with the PAD's windows")
         return h, w
 
-    def check(self, m: Match) -> Refusal | tuple[tuple[int, int], tuple[int, int]]:
+    def check(
+        self, m: Match, *, x: Tensor, padded: Tensor, paddings: Tensor
+    ) -> Refusal | tuple[tuple[int, int], tuple[int, int]]:
         """A refusal, or the widened kernel and its leading zero rows, per axis."""
-        return self._plan(m)
+        return self._plan(m, x, padded, paddings)
 
-    def rewrite(self, m: Match) -> None:
-        (wh, lh), (ww, lw) = m.plan
+    def rewrite(
+        self, m: Match, *, x: Tensor, plan: tuple[tuple[int, int], tuple[int, int]]
+    ) -> None:
+        (wh, lh), (ww, lw) = plan
         op = m.root
         w = common.weights(op)
         kh, kw = w.shape[1], w.shape[2]
         wide = np.pad(w, [(0, 0), (lh, wh - kh - lh), (lw, ww - kw - lw), (0, 0)])
         b = m.builder()
         b.set_weights(op, wide)
-        b.set_input(op, 0, m.x)
+        b.set_input(op, 0, x)
         op.options["padding"] = "SAME"
         b.commit()
 

@@ -41,7 +41,7 @@ _GEOMETRY = (
 
 
 def _geometry(op: Op) -> tuple:
-    return (*[op.options.get(k) for k in _GEOMETRY], tuple(op.inputs[1].shape[1:]))
+    return (*[op.options.get(k) for k in _GEOMETRY], tuple(op.input(1).shape[1:]))
 
 
 def _mergeable(op: Op, x: Tensor) -> bool:
@@ -93,18 +93,18 @@ class MergeSiblingOps(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any(*_SIBLINGS)(p.x, p.const("w"), ...)
 
-    def check(self, m: Match) -> Refusal | None:
-        if not _mergeable(m.root, m.x):
+    def check(self, m: Match, *, x: Tensor) -> Refusal | tuple[list[Op], Op | None]:
+        if not _mergeable(m.root, x):
             return NotApplicable("not a float op with constant weights")
-        group = _siblings(m.root, m.x)
+        group = _siblings(m.root, x)
         if len(group) < 2:
-            same_type = [op for op in m.x.consumers if op.type == m.root.type]
+            same_type = [op for op in x.consumers if op.type == m.root.type]
             if len(same_type) > 1:
                 return refuse(f"sibling {m.root.type} ops differ in kernel, stride or activation")
             return NotApplicable("no sibling reads the same input")
         concat = _absorbing_concat(m.graph, group)
         sizes = [op.output.shape[-1] for op in group]
-        weight_bytes = sum(op.inputs[1].nbytes for op in group)
+        weight_bytes = sum(op.input(1).nbytes for op in group)
         reason = cost.horizontal_pays(
             self.target,
             len(group),
@@ -114,9 +114,9 @@ class MergeSiblingOps(Rule):
         )
         return refuse(reason) if reason is not None else (group, concat)
 
-    def rewrite(self, m: Match) -> None:
-        g, x = m.graph, m.x
-        group, concat = m.plan
+    def rewrite(self, m: Match, *, x: Tensor, plan: tuple[list[Op], Op | None]) -> None:
+        g = m.graph
+        group, concat = plan
         if concat is not None:
             order = {t: i for i, t in enumerate(concat.inputs)}
             group.sort(key=lambda op: order[op.output])
@@ -126,6 +126,7 @@ class MergeSiblingOps(Rule):
         outs = [op.output for op in group]
         proto = group[0]
         bld = m.builder(at=first, prefix="")
+        merged_out: Tensor | Value
         if concat is not None:
             merged_out = concat.output
         else:
@@ -135,7 +136,7 @@ class MergeSiblingOps(Rule):
         merged = bld.op(
             proto.type,
             x,
-            bld.const(w, proto.inputs[1].name + "_merged"),
+            bld.const(w, proto.input(1).name + "_merged"),
             bld.const(b, proto.name + "_merged_bias"),
             out=merged_out,
             options=dict(proto.options),
@@ -177,25 +178,25 @@ class MergeSiblingSum(Rule):
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.ADD(
-            p.any(*_SIBLINGS)(p.x, p.const("wa"), ..., out="a"),
-            p.any(*_SIBLINGS)(p.x, p.const("wb"), ..., out="b"),
+            p.any(*_SIBLINGS)(p.x, p.const("wa"), ..., out="ya"),
+            p.any(*_SIBLINGS)(p.x, p.const("wb"), ..., out="yb"),
         )
 
-    def check(self, m: Match) -> Refusal | None:
-        a, b = m.a.op, m.b.op
+    def check(self, m: Match, *, ya: Tensor, yb: Tensor, x: Tensor) -> Refusal | None:
+        a, b = ya.op, yb.op
         if a is b or a.type != b.type:
             return refuse("the two addends are not the same kind of op")
         for op in (a, b):
             if op.fused_activation != "NONE":
                 return refuse(f"an addend has fused {op.fused_activation}")
-            if not _mergeable(op, m.x):
+            if not _mergeable(op, x):
                 return refuse("an addend's weights are not float constants")
-        if m.root.output.shape != m.a.shape:
+        if m.root.output.shape != ya.shape:
             return refuse("the ADD broadcasts")
         geometry = [k for k in _GEOMETRY if k != "fused_activation_function"]
         if any(a.options.get(k) != b.options.get(k) for k in geometry):
             return refuse("the addends differ in stride, padding or dilation")
-        if a.inputs[1].shape != b.inputs[1].shape:
+        if a.input(1).shape != b.input(1).shape:
             if a.type != "CONV_2D" or a.options.get("padding") != "SAME":
                 return refuse("different kernel sizes merge only with SAME padding")
             if (a.options.get("stride_h"), a.options.get("stride_w")) != (1, 1):
@@ -205,12 +206,12 @@ class MergeSiblingSum(Rule):
                 1,
             ):
                 return refuse("different kernel sizes merge only without dilation")
-            if any(d % 2 == 0 for d in (*a.inputs[1].shape[1:3], *b.inputs[1].shape[1:3])):
+            if any(d % 2 == 0 for d in (*a.input(1).shape[1:3], *b.input(1).shape[1:3])):
                 return refuse("an even kernel size has no centre")
         return None
 
-    def rewrite(self, m: Match) -> None:
-        g, a, b, add = m.graph, m.a.op, m.b.op, m.root
+    def rewrite(self, m: Match, *, ya: Tensor, yb: Tensor, x: Tensor) -> None:
+        g, a, b, add = m.graph, ya.op, yb.op, m.root
         wa, wb = common.weights(a), common.weights(b)
         if wa.shape != wb.shape:
             kh = max(wa.shape[1], wb.shape[1])
@@ -223,8 +224,8 @@ class MergeSiblingSum(Rule):
         bld = m.builder(at=min((a, b), key=g.ops.index), prefix="")
         bld.op(
             a.type,
-            m.x,
-            bld.const(wa + wb, a.inputs[1].name + "_sum"),
+            x,
+            bld.const(wa + wb, a.input(1).name + "_sum"),
             bld.const(bias, a.name + "_sum_bias"),
             out=out,
             options=options,
@@ -235,7 +236,8 @@ class MergeSiblingSum(Rule):
 
 def _perm(op: Op) -> list[int] | None:
     t = op.inputs[1] if len(op.inputs) > 1 else None
-    return None if t is None or not t.is_constant else [int(v) for v in t.data.reshape(-1)]
+    data = t.data if t is not None and t.is_constant else None
+    return None if data is None else [int(v) for v in data.reshape(-1)]
 
 
 def _swap_last(perm: list[int]) -> list[int]:
@@ -270,9 +272,9 @@ class HoistLayoutAboveSplit(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.SPLIT(p.const("axis"), p.x)
 
-    def check(self, m: Match) -> Refusal | Any:
+    def check(self, m: Match, *, x: Tensor, axis: Tensor) -> Refusal | Any:
         """A refusal, or the plan of `_hoist_plan`."""
-        plan = _hoist_plan(m)
+        plan = _hoist_plan(m, x, axis)
         if isinstance(plan, Refusal):
             return plan
         _, mid, split_c, chains = plan
@@ -284,9 +286,9 @@ class HoistLayoutAboveSplit(Rule):
             )
         return plan
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, x: Tensor, plan: Any) -> None:
         split = m.root
-        base, mid, split_c, chains = m.plan
+        base, mid, split_c, chains = plan
         n, rank = len(chains), len(chains[0][1].output.shape)
         m_len = len(mid)
         axis_map = {0: m_len, **{k: k - 1 for k in range(1, m_len + 1)}}
@@ -302,21 +304,21 @@ class HoistLayoutAboveSplit(Rule):
             outs.append(out)
         b = m.builder(prefix="")
         shape = (*mid, n, *split_c)
-        r = b.tensor(m.x.name + "_heads", shape, m.x)
-        t = b.tensor(m.x.name + "_heads_t", tuple(shape[a] for a in q), m.x)
-        b.RESHAPE(m.x, b.ints(shape, "shape"), out=r, new_shape=list(shape))
+        r = b.tensor(x.name + "_heads", shape, x)
+        t = b.tensor(x.name + "_heads_t", tuple(shape[a] for a in q), x)
+        b.RESHAPE(x, b.ints(shape, "shape"), out=r, new_shape=list(shape))
         b.TRANSPOSE(r, b.ints(q, "perm"), out=t)
         b.split("SPLIT", b.const(np.array(0, np.int32), "axis"), t, outs=outs, num_splits=n)
         b.commit(remove=[*(op for r_op, t_op, _ in chains for op in (t_op, r_op)), split])
 
 
-def _hoist_plan(m: Match) -> Any:
+def _hoist_plan(m: Match, x: Tensor, axis: Tensor) -> Any:
     """(base perm, mid dims, split channel dims, [(reshape, transpose, adj reader)]) or a
     Refusal."""
-    x, split = m.x, m.root
+    split = m.root
     rank = len(x.shape)
-    axis = int(np.asarray(m.axis.data).reshape(-1)[0])
-    if rank < 2 or x.shape[0] != 1 or axis % rank != rank - 1:
+    dim = int(np.asarray(axis.data).reshape(-1)[0])
+    if rank < 2 or x.shape[0] != 1 or dim % rank != rank - 1:
         return NotApplicable("not a split of the channel axis of a batch-1 tensor")
     chains = []
     for part in split.outputs:
@@ -335,8 +337,9 @@ def _hoist_plan(m: Match) -> Any:
     per_part = x.shape[-1] // len(chains)
     if shape[: len(mid) + 1] != (1, *mid) or int(np.prod(shape[len(mid) + 1 :])) != per_part:
         return refuse("the reshape does more than split the channel axis")
-    perms = [_perm(t) for _, t in chains]
-    if any(p is None or p[0] != 0 for p in perms):
+    found = [_perm(t) for _, t in chains]
+    perms = [p for p in found if p is not None and p[0] == 0]
+    if len(perms) != len(found):
         return refuse("a transpose moves the batch axis")
     base = max(perms, key=perms.count)
     planned = []

@@ -45,22 +45,22 @@ class MeanKeepDims(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MEAN(p.x, p.const("axes"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match, *, x: Tensor, axes: Tensor) -> Refusal | None:
         if m.root.options.get("keep_dims", False):
             return NotApplicable("the MEAN keeps its dimensions already")
-        rank = len(m.x.shape)
-        axes = {int(a) % rank for a in np.ravel(m.axes.data)} if rank else set()
-        if rank != 4 or axes != {1, 2}:
+        rank = len(x.shape)
+        reduced = {int(a) % rank for a in np.ravel(np.asarray(axes.data))} if rank else set()
+        if rank != 4 or reduced != {1, 2}:
             return NotApplicable("not a mean over H and W of an NHWC tensor")
-        if not cost.mean_keep_dims_pays(self.target, cost.op_dtype(m.root), m.x.shape):
+        if not cost.mean_keep_dims_pays(self.target, cost.op_dtype(m.root), x.shape):
             runtime = cost.runtime_label(self.target)
             return refuse(f"{runtime} run this MEAN as fast without keep_dims (cost table)")
         return None
 
-    def rewrite(self, m: Match) -> None:
-        mean, y = m.root, m.y
+    def rewrite(self, m: Match, *, y: Tensor, x: Tensor) -> None:
+        mean = m.root
         b = m.builder(prefix="", after=mean)
-        kept = b.tensor(y.name + "_kept", (m.x.shape[0], 1, 1, m.x.shape[3]), y)
+        kept = b.tensor(y.name + "_kept", (x.shape[0], 1, 1, x.shape[3]), y)
         b.set_output(mean, 0, kept)
         mean.options["keep_dims"] = True
         b.RESHAPE(kept, b.ints(y.shape, y.name + "_shape"), out=y, new_shape=list(y.shape))
@@ -86,10 +86,15 @@ class MeanLastAxisAsRows(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MEAN(p.x, p.const("axes"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
-        shape = tuple(m.x.shape)
-        axes = [int(a) % len(shape) for a in np.ravel(m.axes.data)] if shape else []
-        if len(shape) != 3 or shape[0] != 1 or axes != [2] or not m.root.options.get("keep_dims"):
+    def check(self, m: Match, *, x: Tensor, axes: Tensor) -> Refusal | None:
+        shape = tuple(x.shape)
+        reduced = [int(a) % len(shape) for a in np.ravel(np.asarray(axes.data))] if shape else []
+        if (
+            len(shape) != 3
+            or shape[0] != 1
+            or reduced != [2]
+            or not m.root.options.get("keep_dims")
+        ):
             return NotApplicable("not a mean over the last axis of a (1, R, C) tensor")
         if shape[1] == 1:
             return NotApplicable("a single row")
@@ -98,8 +103,8 @@ class MeanLastAxisAsRows(Rule):
             return refuse(f"{runtime} reduce the last axis as fast as a pool (cost table)")
         return None
 
-    def rewrite(self, m: Match) -> None:
-        mean, x, y = m.root, m.x, m.y
+    def rewrite(self, m: Match, *, x: Tensor, y: Tensor) -> None:
+        mean = m.root
         rows, cols = x.shape[1], x.shape[2]
 
         def reshape(b: Builder, src: Tensor | Value, dst: Tensor | Value) -> None:
@@ -115,7 +120,7 @@ class MeanLastAxisAsRows(Rule):
         before.set_output(mean, 0, pooled)
         before.commit()
         after = m.builder(prefix="", after=mean)
-        reshape(after, pooled.tensor, y)
+        reshape(after, pooled.made, y)
         after.commit()
 
 
@@ -141,21 +146,21 @@ class SpellOutInt8HardSwish(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.HARD_SWISH(p.x, out="y")
 
-    def check(self, m: Match) -> Refusal | None:
-        if m.x.dtype not in _INT_RANGE or m.y.dtype != m.x.dtype:
+    def check(self, m: Match, *, x: Tensor, y: Tensor) -> Refusal | None:
+        if x.dtype not in _INT_RANGE or y.dtype != x.dtype:
             return NotApplicable("not an int8 HARD_SWISH")
-        for t in (m.x, m.y):
+        for t in (x, y):
             q = t.quantization
             if q is None or q.scale is None or q.per_channel:
                 return refuse("the HARD_SWISH is not quantized per tensor")
-        if not cost.spelled_hard_swish_pays(self.target, int(np.prod(m.y.shape))):
+        if not cost.spelled_hard_swish_pays(self.target, int(np.prod(y.shape))):
             runtime = cost.runtime_label(self.target)
             return refuse(f"{runtime} run the int8 HARD_SWISH as fast (cost table)")
         return None
 
-    def int8_error(self, m: Match) -> int:
+    def int8_error(self, m: Match, *, x: Tensor, y: Tensor) -> int:
         """The spelled form's bound for this match's scales (hard_swish_int8_steps)."""
-        return hard_swish_int8_steps(m.x, m.y)
+        return hard_swish_int8_steps(x, y)
 
     def rewrite(self, m: Match) -> None:
         spell_out_hard_swish(m)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from tflfuse.ir import Op
+from tflfuse.ir import Op, Tensor
 from tflfuse.ir.op_versions import required
 from tflfuse.rewrite import (
     DeadCodeElimination,
@@ -90,10 +90,10 @@ class SpellOutGelu(_RuntimeRule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.GELU(p.x)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match, *, x: Tensor) -> Refusal | None:
         if self.runs_as_is(m.root):
             return NotApplicable(f"{self.runtime.label} has GELU v{written(m.root)}")
-        if not (is_float(m.x) and is_float(m.root.output)):
+        if not (is_float(x) and is_float(m.root.output)):
             return refuse(
                 f"{self.runtime.label} has no GELU v{written(m.root)} and an int8 GELU is spelled"
                 " out only before quantizing (convert --runtime does)"
@@ -108,11 +108,11 @@ class SpellOutGelu(_RuntimeRule):
             return 0.0
         return _GELU_TANH_VS_ERF if self.tanh_form else _GELU_ERF_BOUND
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
         if m.root.options.get("approximate") or self.tanh_form:
-            LegalizeGelu().rewrite(m)  # the tanh form (exactly this GELU when approximate)
+            LegalizeGelu().rewrite(m, x=x)  # the tanh form (exactly this GELU when approximate)
             return
-        x, b = m.x, m.builder()
+        b = m.builder()
 
         def c(name: str, value: float) -> Value:
             return b.scalar(value, name, like=x)
@@ -180,7 +180,7 @@ def _transpose_conv_version(op: Op) -> int:
     has_bias = len(op.inputs) > 3 and op.inputs[3] is not None
     if has_bias:
         return 3
-    return 2 if op.inputs[1] is not None and op.inputs[1].dtype == "INT8" else 1
+    return 2 if op.inputs[1] is not None and op.input(1).dtype == "INT8" else 1
 
 
 def runtime_legalization(runtime: Runtime, *, before_int8: bool = False) -> tuple[Rule | Pass, ...]:

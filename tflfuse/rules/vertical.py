@@ -41,9 +41,9 @@ def _absorbing_readers(
             return refuse(f"{op.type} reads the value as weights")
         if not common.has_float_params(op):
             return refuse(f"{op.type} weights or bias are not float constants")
-        if op.type == "FULLY_CONNECTED" and op.inputs[1].shape[-1] % t.shape[-1]:
+        if op.type == "FULLY_CONNECTED" and op.input(1).shape[-1] % t.shape[-1]:
             return refuse(
-                f"FULLY_CONNECTED rows of {op.inputs[1].shape[-1]} values do not line up with"
+                f"FULLY_CONNECTED rows of {op.input(1).shape[-1]} values do not line up with"
                 f" the {t.shape[-1]} channels"
             )
         if needs_no_padding and not common.same_padding_is_zero(op):
@@ -59,7 +59,7 @@ def _per_weight_column(op: Op, v: np.ndarray) -> np.ndarray:
     the row length is a multiple of C)."""
     if op.type != "FULLY_CONNECTED":
         return v
-    return np.tile(v, op.inputs[1].shape[-1] // v.size)
+    return np.tile(v, op.input(1).shape[-1] // v.size)
 
 
 def _scale_input_channels(op: Op, s: np.ndarray) -> np.ndarray:
@@ -96,26 +96,28 @@ class FoldAffineIntoFollowing(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("MUL", "ADD", "SUB")(p.x, p.const("c"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match, *, x: Tensor, y: Tensor, c: Tensor) -> Refusal | np.ndarray:
+        """A refusal, or the constant as one value per channel."""
         root = m.root
         if root.fused_activation != "NONE":
             return refuse(f"{root.type} has fused {root.fused_activation}")
-        if not common.is_float(m.x) or m.x.is_constant or m.x.shape != m.y.shape or not m.x.shape:
+        if not common.is_float(x) or x.is_constant or x.shape != y.shape or not x.shape:
             return refuse(f"{root.type} broadcasts or is not a float activation")
-        if common.channel_vector(m.c, m.y.shape[-1], len(m.y.shape)) is None:
+        vector = common.channel_vector(c, y.shape[-1], len(y.shape))
+        if vector is None:
             return refuse(f"the {root.type} constant is not one value per channel")
-        return _absorbing_readers(m, m.y, needs_no_padding=root.type != "MUL")
+        return _absorbing_readers(m, y, needs_no_padding=root.type != "MUL") or vector
 
-    def rewrite(self, m: Match) -> None:
-        c = common.channel_vector(m.c, m.y.shape[-1], len(m.y.shape))
+    def rewrite(self, m: Match, *, x: Tensor, y: Tensor, plan: np.ndarray) -> None:
+        vector = plan
         b = m.builder()
-        for op in m.y.consumers:
+        for op in y.consumers:
             if m.root.type == "MUL":
-                b.set_weights(op, _scale_input_channels(op, c))
+                b.set_weights(op, _scale_input_channels(op, vector))
             else:
                 sign = -1.0 if m.root.type == "SUB" else 1.0
-                b.set_bias(op, _bias_from_input_offset(op, sign * c))
-            b.set_input(op, 0, m.x)
+                b.set_bias(op, _bias_from_input_offset(op, sign * vector))
+            b.set_input(op, 0, x)
         b.commit()
 
 
@@ -130,45 +132,48 @@ class MoveScaleThroughRelu(Rule):
     int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.ADD(p.MUL(p.x, p.const("s"), out="scaled"), p.const("b"), out="y")
+        return p.ADD(p.MUL(p.x, p.const("scale"), out="scaled"), p.const("shift"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(
+        self, m: Match, *, x: Tensor, scale: Tensor, scaled: Tensor, shift: Tensor, y: Tensor
+    ) -> Refusal | tuple[np.ndarray, np.ndarray]:
+        """A refusal, or the scale and the offset as one value per channel."""
         if m.root.fused_activation == "NONE":
             return refuse("no RELU follows the affine, so there is nothing to move it past")
         if m.root.fused_activation != "RELU":
             act = m.root.fused_activation
             return refuse(f"only RELU commutes with a positive scale, not {act}")
         # the engine's check (read elsewhere) and an activation, in one sentence
-        if m.scaled.op.fused_activation != "NONE" or not common.single_reader(m.graph, m.scaled):
+        if scaled.op.fused_activation != "NONE" or not common.single_reader(m.graph, scaled):
             return refuse("the scale is read elsewhere or has an activation")
-        if not common.is_float(m.x) or m.x.shape != m.y.shape or not m.x.shape:
+        if not common.is_float(x) or x.shape != y.shape or not x.shape:
             return refuse("the affine broadcasts or is not float")
-        channels, rank = m.y.shape[-1], len(m.y.shape)
-        s = common.channel_vector(m.s, channels, rank)
-        b = common.channel_vector(m.b, channels, rank)
+        channels, rank = y.shape[-1], len(y.shape)
+        s = common.channel_vector(scale, channels, rank)
+        b = common.channel_vector(shift, channels, rank)
         if s is None or b is None:
             return refuse("scale or offset is not one value per channel")
         if not np.all(s > 0):
             return refuse("a scale is not positive, so it does not commute with RELU")
-        return _absorbing_readers(m, m.y, needs_no_padding=False, through_mean=True)
+        return _absorbing_readers(m, y, needs_no_padding=False, through_mean=True) or (s, b)
 
-    def rewrite(self, m: Match) -> None:
-        channels, rank = m.y.shape[-1], len(m.y.shape)
-        s = common.channel_vector(m.s, channels, rank)
-        b = common.channel_vector(m.b, channels, rank)
+    def rewrite(
+        self, m: Match, *, x: Tensor, y: Tensor, plan: tuple[np.ndarray, np.ndarray]
+    ) -> None:
+        s, b = plan
         add, bld = m.root, m.builder(prefix="")
-        shifted = bld.tensor(add.output.name + "_shifted", m.y.shape)
+        shifted = bld.tensor(add.output.name + "_shifted", y.shape)
         offset = bld.const(b / s, add.name + "_offset")
-        bld.ADD(m.x, offset, out=shifted, fused_activation_function="RELU", version=add.version)
+        bld.ADD(x, offset, out=shifted, fused_activation_function="RELU", version=add.version)
         bld.replace(add, bld.MUL(shifted, bld.const(s, add.output.name + "_scale")))
 
 
 def _spatial_mean(op: Op, t: Tensor) -> bool:
     """op is a MEAN of t over axes that leave the last (channel) axis in place."""
-    if op.type != "MEAN" or op.inputs[0] is not t or not t.shape or not op.inputs[1].is_constant:
+    if op.type != "MEAN" or op.inputs[0] is not t or not t.shape or not op.input(1).is_constant:
         return False
     rank = len(t.shape)
-    axes = {int(a) % rank for a in np.asarray(op.inputs[1].data).reshape(-1)}
+    axes = {int(a) % rank for a in np.asarray(op.input(1).data).reshape(-1)}
     out = op.output.shape
     return rank - 1 not in axes and bool(out) and out[-1] == t.shape[-1]
 
@@ -184,27 +189,27 @@ class MoveScaleThroughMean(Rule):
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         why = "the scale has an activation or is read elsewhere"
-        scale = p.MUL(p.x, p.const("s"), out="scaled").where(fused_activation="NONE", because=why)
-        return p.MEAN(scale, p.const("axes"), out="y")
+        scaled = p.MUL(p.x, p.const("s"), out="scaled").where(fused_activation="NONE", because=why)
+        return p.MEAN(scaled, p.const("axes"), out="y")
 
-    def check(self, m: Match) -> Refusal | None:
-        if not common.single_reader(m.graph, m.scaled):  # the engine's check, in this rule's words
+    def check(self, m: Match, *, x: Tensor, s: Tensor, scaled: Tensor, y: Tensor) -> Refusal | None:
+        if not common.single_reader(m.graph, scaled):  # the engine's check, in this rule's words
             return refuse("the scale has an activation or is read elsewhere")
-        if not common.is_float(m.x) or m.x.shape != m.scaled.shape or not m.x.shape:
+        if not common.is_float(x) or x.shape != scaled.shape or not x.shape:
             return refuse("the scale broadcasts or is not float")
-        if common.channel_vector(m.s, m.x.shape[-1], len(m.x.shape)) is None:
+        if common.channel_vector(s, x.shape[-1], len(x.shape)) is None:
             return refuse("the scale is not one value per channel")
-        if not _spatial_mean(m.root, m.scaled):
+        if not _spatial_mean(m.root, scaled):
             return refuse("the MEAN averages over the channel axis")
-        return _absorbing_readers(m, m.y, needs_no_padding=False)
+        return _absorbing_readers(m, y, needs_no_padding=False)
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, s: Tensor, x: Tensor, y: Tensor) -> None:
         mean, b = m.root, m.builder(prefix="", after=m.root)
-        s = common.channel_vector(m.s, m.x.shape[-1], len(m.x.shape))
-        averaged = b.tensor(m.y.name + "_unscaled", m.y.shape)
+        vector = common.channel_vector(s, x.shape[-1], len(x.shape))
+        averaged = b.tensor(y.name + "_unscaled", y.shape)
         b.set_output(mean, 0, averaged)
-        b.set_input(mean, 0, m.x)
-        b.MUL(averaged, b.const(s, m.y.name + "_scale"), out=m.y)
+        b.set_input(mean, 0, x)
+        b.MUL(averaged, b.const(vector, y.name + "_scale"), out=y)
         b.commit()
 
 
@@ -219,31 +224,31 @@ class FoldBiasThroughAdd(Rule):
     int8_error_steps = 0  # float-only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.ADD(p.ADD(p.a, p.any(*common.WEIGHTED)(..., out="w"), out="sum"), p.const("c"))
+        return p.ADD(p.ADD(p.a, p.any(*common.WEIGHTED)(..., out="w"), out="total"), p.const("c"))
 
-    def check(self, m: Match) -> Refusal | None:
-        inner, producer = m.sum.op, m.w.op
+    def check(self, m: Match, *, a: Tensor, w: Tensor, total: Tensor, c: Tensor) -> Refusal | None:
+        inner, producer = total.op, w.op
         if inner.fused_activation != "NONE":
             return refuse(f"the residual ADD has fused {inner.fused_activation}")
         # the engine's checks, in this rule's words (the sum: often the next shortcut's input)
-        if not common.single_reader(m.graph, m.sum):
+        if not common.single_reader(m.graph, total):
             return refuse("the residual sum is read elsewhere (e.g. the next shortcut)")
-        if not common.single_reader(m.graph, m.w) or producer.fused_activation != "NONE":
+        if not common.single_reader(m.graph, w) or producer.fused_activation != "NONE":
             return refuse(f"the {producer.type} output is read elsewhere or has an activation")
         if not common.has_float_params(producer):
             return refuse(f"{producer.type} weights or bias are not float constants")
         shape = m.root.output.shape
-        if not (m.sum.shape == m.w.shape == shape and m.a.shape == shape):
+        if not (total.shape == w.shape == shape and a.shape == shape):
             return refuse("the ADDs broadcast")
-        if common.channel_vector(m.c, common.out_channels(producer), len(shape)) is None:
+        if common.channel_vector(c, common.out_channels(producer), len(shape)) is None:
             return refuse("the offset is not one value per channel")
         return None
 
-    def rewrite(self, m: Match) -> None:
-        inner, producer, outer = m.sum.op, m.w.op, m.root
-        c = common.channel_vector(m.c, common.out_channels(producer), len(m.sum.shape))
+    def rewrite(self, m: Match, *, w: Tensor, total: Tensor, c: Tensor) -> None:
+        inner, producer, outer = total.op, w.op, m.root
+        vector = common.channel_vector(c, common.out_channels(producer), len(total.shape))
         b = m.builder()
-        b.set_bias(producer, common.bias(producer) + c)
+        b.set_bias(producer, common.bias(producer) + vector)
         b.set_output(inner, 0, outer.output)
         act = outer.fused_activation
         b.commit(remove=outer)
@@ -269,15 +274,15 @@ class MergeLinearChain(Rule):
             p.any("CONV_2D", "FULLY_CONNECTED")(p.x, ..., out="mid"), ...
         )
 
-    def check(self, m: Match) -> Refusal | None:
-        first, second = m.mid.op, m.root
+    def check(self, m: Match, *, x: Tensor, mid: Tensor) -> Refusal | None:
+        first, second = mid.op, m.root
         if first.type != second.type:
             return refuse("a conv and an FC do not merge")
         if first.fused_activation != "NONE":
             return refuse(f"{first.fused_activation} between the two ops is not linear")
-        if not common.single_reader(m.graph, m.mid):  # the engine's check, in this rule's words
+        if not common.single_reader(m.graph, mid):  # the engine's check, in this rule's words
             return refuse("the intermediate is read elsewhere")
-        if second.inputs[0] is not m.mid:
+        if second.inputs[0] is not mid:
             return refuse("the first op feeds the weights of the second")
         if not (common.has_float_params(first) and common.has_float_params(second)):
             return refuse("weights or bias are not float constants")
@@ -295,28 +300,28 @@ class MergeLinearChain(Rule):
         elif first.options.get("weights_format", 0) or second.options.get("weights_format", 0):
             return refuse("shuffled FC weights")
         w1, w2 = common.weights(first), common.weights(second)
-        i, mid, o = w1.shape[-1], w1.shape[0], w2.shape[0]
-        if not cost.chain_merge_pays(i, mid, o):
+        i, inner, o = w1.shape[-1], w1.shape[0], w2.shape[0]
+        if not cost.chain_merge_pays(i, inner, o):
             return refuse(
-                f"merging {i}->{mid}->{o} channels into {i}->{o} would need more multiply-adds"
+                f"merging {i}->{inner}->{o} channels into {i}->{o} would need more multiply-adds"
             )
-        if first.type == "FULLY_CONNECTED" and not self._fc_shape_ok(m):
+        if first.type == "FULLY_CONNECTED" and not self._fc_shape_ok(m, x, mid):
             return refuse("the merged FC would produce a different shape")
         return None
 
     @staticmethod
-    def _fc_shape_ok(m: Match) -> bool:
-        x, out = m.x, m.root.output
+    def _fc_shape_ok(m: Match, x: Tensor, mid: Tensor) -> bool:
+        out = m.root.output
         keep = bool(m.root.options.get("keep_num_dims", False)) and bool(
-            m.mid.op.options.get("keep_num_dims", False)
+            mid.op.options.get("keep_num_dims", False)
         )
         o = out.shape[-1]
         rows = int(np.prod(x.shape[:-1]))
         want = (*x.shape[:-1], o) if keep else (rows, o)
         return tuple(out.shape) == tuple(want)
 
-    def rewrite(self, m: Match) -> None:
-        first, second = m.mid.op, m.root
+    def rewrite(self, m: Match, *, mid: Tensor, x: Tensor) -> None:
+        first, second = mid.op, m.root
         w1 = common.weights(first).astype(np.float64)
         w2 = common.weights(second).astype(np.float64)
         b1 = common.bias(first).astype(np.float64)
@@ -336,7 +341,7 @@ class MergeLinearChain(Rule):
         bld = m.builder()
         bld.set_weights(second, w)
         bld.set_bias(second, b)
-        bld.set_input(second, 0, m.x)
+        bld.set_input(second, 0, x)
         bld.commit()
 
 
@@ -356,42 +361,42 @@ class FoldPadIntoConv(Rule):
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D")(
-            p.any("PAD", "PADV2")(p.x, p.const("pads"), ..., out="padded"), ...
+            p.any("PAD", "PADV2")(p.x, p.const("paddings"), ..., out="padded"), ...
         )
 
-    def check(self, m: Match) -> Refusal | None:
-        op, pad = m.root, m.padded.op
+    def check(self, m: Match, *, x: Tensor, paddings: Tensor, padded: Tensor) -> Refusal | None:
+        op, pad = m.root, padded.op
         if op.options.get("padding") != "VALID":
             return refuse(f"{op.type} already pads")
-        if len(m.x.shape) != 4:
+        if len(x.shape) != 4:
             return refuse("the PAD input is not an NHWC tensor")
-        if m.x.is_quantized or m.padded.is_quantized:
-            reason = _int8_pad_refusal(m.x, m.padded, pad)
+        if x.is_quantized or padded.is_quantized:
+            reason = _int8_pad_refusal(x, padded, pad)
             if reason is not None:
                 return reason
-        elif not common.is_float(m.x):
+        elif not common.is_float(x):
             return refuse("the PAD input is neither float nor int8")
         elif pad.type == "PADV2" and common.scalar_value(pad.inputs[2]) != 0.0:
             return refuse("the PAD value is not zero")
-        pads = np.asarray(m.pads.data).reshape(-1, 2).tolist()
+        pads = np.asarray(paddings.data).reshape(-1, 2).tolist()
         if len(pads) != 4 or pads[0] != [0, 0] or pads[3] != [0, 0]:
             return refuse("the PAD touches the batch or channel axis")
         kh, kw = common.kernel_hw(op)
         dil_h = op.options.get("dilation_h_factor", 1)
         dil_w = op.options.get("dilation_w_factor", 1)
-        want_h = common.pads_for_same(m.x.shape[1], kh, op.options.get("stride_h", 1), dil_h)
-        want_w = common.pads_for_same(m.x.shape[2], kw, op.options.get("stride_w", 1), dil_w)
+        want_h = common.pads_for_same(x.shape[1], kh, op.options.get("stride_h", 1), dil_h)
+        want_w = common.pads_for_same(x.shape[2], kw, op.options.get("stride_w", 1), dil_w)
         if tuple(pads[1]) != want_h or tuple(pads[2]) != want_w:
             return refuse(
                 f"the PAD adds {pads[1]}/{pads[2]} but SAME would add {list(want_h)}/{list(want_w)}"
             )
-        if op.type == "MAX_POOL_2D" and not _non_negative(m.x):
+        if op.type == "MAX_POOL_2D" and not _non_negative(x):
             return refuse("max pool over a zero border equals SAME only for inputs >= 0")
         return None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
         m.root.options["padding"] = "SAME"
-        m.root.set_input(0, m.x)
+        m.root.set_input(0, x)
 
 
 def _int8_pad_refusal(x: Tensor, padded: Tensor, pad: Op) -> Refusal | None:
@@ -402,9 +407,10 @@ def _int8_pad_refusal(x: Tensor, padded: Tensor, pad: Op) -> Refusal | None:
     if q is None or q.per_channel or q.scale is None or not _same_quantization(x, padded):
         return refuse("the PAD changes the quantization")
     if pad.type == "PADV2":
-        value = pad.inputs[2]
+        value = pad.input(2)
         zero = int(np.ravel(q.zero_point)[0]) if q.zero_point is not None else 0
-        if not value.is_constant or value.data.size != 1 or int(np.ravel(value.data)[0]) != zero:
+        data = value.data if value.is_constant else None
+        if data is None or data.size != 1 or int(np.ravel(data)[0]) != zero:
             return refuse("the PAD value is not the zero point (real zero)")
     return None
 
@@ -425,7 +431,7 @@ def _scalable_producer(m: Match, t: Tensor) -> Op | None:
     while t.producer is not None and t.producer.type in _LAYOUT:
         if not common.single_reader(m.graph, t):
             return None
-        t = t.producer.inputs[0]
+        t = t.producer.input(0)
     op = t.producer
     if op is None or op.type not in ("FULLY_CONNECTED", "CONV_2D"):
         return None
@@ -450,27 +456,29 @@ class FoldScaleIntoMatmulOperand(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MUL(p.BATCH_MATMUL(p.a, p.b, out="mm"), p.const("c"), out="y")
 
-    def check(self, m: Match) -> Refusal | Op:
+    def check(
+        self, m: Match, *, a: Tensor, b: Tensor, mm: Tensor, c: Tensor, y: Tensor
+    ) -> Refusal | Op:
         """A refusal, or the projection whose weights take the factor."""
         if m.root.fused_activation != "NONE":
             return refuse(f"the MUL has fused {m.root.fused_activation}")
-        if common.scalar_value(m.c) is None:
+        if common.scalar_value(c) is None:
             return NotApplicable("the factor is not one float number")
-        if not common.is_float(m.mm) or m.mm.shape != m.y.shape:
+        if not common.is_float(mm) or mm.shape != y.shape:
             return refuse("the product is not float or the MUL broadcasts")
-        if m.graph.is_graph_output(m.y):
+        if m.graph.is_graph_output(y):
             return refuse("the scaled result is a model output")
-        op = None if m.a is m.b else _scalable_producer(m, m.a) or _scalable_producer(m, m.b)
+        op = None if a is b else _scalable_producer(m, a) or _scalable_producer(m, b)
         if op is None:
             return refuse("no matmul operand comes from a projection through layout ops only")
         return op
 
-    def rewrite(self, m: Match) -> None:
-        c, op, b = common.scalar_value(m.c), m.plan, m.builder()
-        b.set_weights(op, common.weights(op) * np.float32(c))
-        b.set_bias(op, common.bias(op) * np.float32(c))
+    def rewrite(self, m: Match, *, mm: Tensor, c: Tensor, y: Tensor, plan: Op) -> None:
+        k, op, b = common.scalar_value(c), plan, m.builder()
+        b.set_weights(op, common.weights(op) * np.float32(k))
+        b.set_bias(op, common.bias(op) * np.float32(k))
         b.commit()
-        common.forward(m.graph, m.y, m.mm)
+        common.forward(m.graph, y, mm)
 
 
 class DropReshapeBeforeFullyConnected(Rule):
@@ -487,23 +495,23 @@ class DropReshapeBeforeFullyConnected(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.FULLY_CONNECTED(p.RESHAPE(p.x, ..., out="flat"), p.const("w"), ...)
 
-    def check(self, m: Match) -> Refusal | None:
+    def check(self, m: Match, *, w: Tensor, flat: Tensor, x: Tensor) -> Refusal | None:
         fc = m.root
         if fc.options.get("keep_num_dims", False):
             return refuse("the FC keeps its input's dimensions")
-        inputs = m.w.shape[-1] if m.w.shape else 0
-        if len(m.flat.shape) != 2 or m.flat.shape[-1] != inputs:
+        inputs = w.shape[-1] if w.shape else 0
+        if len(flat.shape) != 2 or flat.shape[-1] != inputs:
             return refuse("the RESHAPE does more than flatten to [rows, input size]")
-        if not m.x.shape or int(np.prod(m.x.shape)) % inputs or m.x.shape[-1] > inputs:
+        if not x.shape or int(np.prod(x.shape)) % inputs or x.shape[-1] > inputs:
             return refuse("the FC input would not flatten to the same rows")
-        if inputs % m.x.shape[-1]:
+        if inputs % x.shape[-1]:
             return refuse("the input's last axis does not divide the FC input size")
-        if m.x.dtype != m.flat.dtype or not _same_quantization(m.x, m.flat):
+        if x.dtype != flat.dtype or not _same_quantization(x, flat):
             return refuse("the RESHAPE changes the type or quantization")
         return None
 
-    def rewrite(self, m: Match) -> None:
-        m.root.set_input(0, m.x)
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
+        m.root.set_input(0, x)
 
 
 def _same_quantization(a: Tensor, b: Tensor) -> bool:

@@ -304,7 +304,7 @@ class MatmulPlan:
     block_sum: bool = False
     full: bool = False  # both operands repeated to [1, d, 1, n_c m_c]: shown forms only
     swapped: bool = False  # computes C^T = Y . X^T per head, then transposes it
-    merge: Op | None = (
+    merge: list[Op] | None = (
         None  # the heads' merge TRANSPOSE it writes directly ([H, N, E] -> [N, H, E])
     )
     into: Op | None = None  # the TRANSPOSE whose output is the plain product (`_columns_on_batch`)
@@ -556,7 +556,7 @@ class _Spell:
 
     def __init__(self, m: Match, plan: MatmulPlan) -> None:
         self.m, self.p = m, plan
-        self.b: Builder = m.builder(constants="after_reader")
+        self.b: Builder = m.builder()
         self.out = m.root.output
         self.int8 = plan.kind == "int"
         self._weights: dict[tuple[str, int], tuple[Value, Value]] = {}
@@ -919,23 +919,15 @@ class _MatmulRule(Rule):
     quantized_ok = True
     int8_error_steps = 2  # at least; `int8_error` gives the match's (matmul_int8_steps)
 
-    def int8_error(self, m: Match) -> int:
-        plan = m.plan if isinstance(m.plan, MatmulPlan) else None
-        if plan is None:
-            plan = self._plan(m)
-        if not isinstance(plan, MatmulPlan):
-            return 0
+    def int8_error(self, m: Match, *, plan: MatmulPlan) -> int:
         return matmul_int8_steps(plan, m.root.output)
 
-    def _plan(self, m: Match) -> MatmulPlan | Refusal:
-        raise NotImplementedError
-
-    def _bounded(self, m: Match) -> MatmulPlan | Refusal:
+    @staticmethod
+    def _bounded(m: Match, plan: MatmulPlan | Refusal) -> MatmulPlan | Refusal:
         """The plan, or a refusal where its int8 spelling may differ from the kernel by more
         than MAX_INT8_STEPS of the output (the product's step spans every representable
         product, so on wide operands the bound covers much of the output's range: such a
         rewrite would pass a check that says nothing). A float product is calibrated later."""
-        plan = self._plan(m)
         if not isinstance(plan, MatmulPlan):
             return plan
         steps = matmul_int8_steps(plan, m.root.output)
@@ -946,8 +938,8 @@ class _MatmulRule(Rule):
             )
         return plan
 
-    def rewrite(self, m: Match) -> None:
-        _Spell(m, m.plan).build()
+    def rewrite(self, m: Match, *, plan: MatmulPlan) -> None:
+        _Spell(m, plan).build()
 
 
 class LegalizeActivationMatmul(_MatmulRule):
@@ -963,12 +955,13 @@ class LegalizeActivationMatmul(_MatmulRule):
         return p.BATCH_MATMUL(p.a, p.b)
 
     @_gated
-    def check(self, m: Match) -> Refusal | MatmulPlan:
+    def check(self, m: Match, *, a: Tensor, b: Tensor) -> Refusal | MatmulPlan:
         """A refusal, or the plan (operands as rows, chunks)."""
-        return self._bounded(m)
+        return self._bounded(m, self._plan(m, a, b))
 
-    def _plan(self, m: Match) -> MatmulPlan | Refusal:
-        a, b, out = m.a, m.b, m.root.output
+    @staticmethod
+    def _plan(m: Match, a: Tensor, b: Tensor) -> MatmulPlan | Refusal:
+        out = m.root.output
         if a.is_constant or b.is_constant:
             return NotApplicable("an operand is constant (BatchMatmulToFullyConnected's case)")
         kind, refusal = _kinds_refusal(a, b, out)
@@ -1024,12 +1017,13 @@ class LegalizeComputedFullyConnected(_MatmulRule):
         return p.FULLY_CONNECTED(p.x, p.w, ...)
 
     @_gated
-    def check(self, m: Match) -> Refusal | MatmulPlan:
+    def check(self, m: Match, *, x: Tensor, w: Tensor) -> Refusal | MatmulPlan:
         """A refusal, or the plan (operands as rows, chunks)."""
-        return self._bounded(m)
+        return self._bounded(m, self._plan(m, x, w))
 
-    def _plan(self, m: Match) -> MatmulPlan | Refusal:
-        x, w, out = m.x, m.w, m.root.output
+    @staticmethod
+    def _plan(m: Match, x: Tensor, w: Tensor) -> MatmulPlan | Refusal:
+        out = m.root.output
         if w.is_constant:
             return NotApplicable("constant weights: the compiler maps it")
         if x.is_constant:
@@ -1080,9 +1074,9 @@ class LegalizeNeg(Rule):
         """The float test is the pattern's; what is left is where the cut falls."""
         return None
 
-    def rewrite(self, m: Match) -> None:
-        b = m.builder(constants="last")
-        b.replace(m.root, b.MUL(m.x, b.scalar(-1.0, "minus_one", like=m.x)))
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
+        b = m.builder()
+        b.replace(m.root, b.MUL(x, b.scalar(-1.0, "minus_one", like=x)))
 
 
 ATTENTION_LEGALIZATION: tuple[Rule, ...] = (

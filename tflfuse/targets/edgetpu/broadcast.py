@@ -68,10 +68,9 @@ class TileBroadcastOperand(Rule):
         return getattr(p, self.op_type)(p.a, p.b)
 
     @_gated
-    def check(self, m: Match) -> Refusal | tuple[int, list[int]]:
+    def check(self, m: Match, *, a: Tensor, b: Tensor) -> Refusal | tuple[int, list[int]]:
         """A refusal, or which operand to tile (0 or 1) and its multiples (the plan)."""
         op, out = m.root, m.root.output
-        a, b = m.a, m.b
         if a.is_constant or b.is_constant:
             return NotApplicable("an operand is a constant")
         if _kind(a) == "float" or _kind(out) == "float":
@@ -100,14 +99,14 @@ class TileBroadcastOperand(Rule):
             return refuse(f"the {op.type} of two same-shape tensors is not shown mapped ({why})")
         return which, multiples
 
-    def rewrite(self, m: Match) -> None:
-        which, multiples = m.plan
-        s = (m.a, m.b)[which]
-        b = m.builder(constants="after_reader")
-        tiled = b.TILE(s, b.ints(multiples, "multiples"), name="tiled",
-                       shape=m.root.output.shape, like=s)  # fmt: skip
-        operands = (tiled, m.b) if which == 0 else (m.a, tiled)
-        b.replace(m.root, b.op(m.root.type, *operands, options=dict(m.root.options)))
+    def rewrite(self, m: Match, *, a: Tensor, b: Tensor, plan: tuple[int, list[int]]) -> None:
+        which, multiples = plan
+        s = (a, b)[which]
+        bld = m.builder()
+        tiled = bld.TILE(s, bld.ints(multiples, "multiples"), name="tiled",
+                         shape=m.root.output.shape, like=s)  # fmt: skip
+        operands = (tiled, b) if which == 0 else (a, tiled)
+        bld.replace(m.root, bld.op(m.root.type, *operands, options=dict(m.root.options)))
 
 
 BROADCAST_LEGALIZATION: tuple[Rule, ...] = tuple(TileBroadcastOperand(t) for t in _OPS)

@@ -64,13 +64,13 @@ class LegalizeGeluInt8(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.GELU(p.x)
 
-    def int8_error(self, m: Match) -> int:
-        return m.plan if isinstance(m.plan, int) else MAX_STEPS
+    def int8_error(self, m: Match, *, plan: int | None) -> int:
+        return plan if isinstance(plan, int) else MAX_STEPS
 
     @_gated
-    def check(self, m: Match) -> Refusal | int:
+    def check(self, m: Match, *, x: Tensor) -> Refusal | int:
         """A refusal, or the declared int8 steps (the plan)."""
-        x, out = m.x, m.root.output
+        out = m.root.output
         if _kind(x) == "float":
             return NotApplicable("float GELU: LegalizeGelu spells it (when not quantized next)")
         if _kind(x) != "int" or _kind(out) != "int" or x.dtype != "INT8" or out.dtype != "INT8":
@@ -89,10 +89,9 @@ class LegalizeGeluInt8(Rule):
                 return refuse(f"its {op_type} is not shown mapped ({why})")
         return steps
 
-    def rewrite(self, m: Match) -> None:
-        x = m.x
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
         s_x, z_x = _scale_zp(x)
-        b = m.builder(constants="last")
+        b = m.builder()
         t = b.MUL(x, b.scalar(SLOPE, "slope", like=x), name="sloped",
                   quant=_quant(SLOPE * s_x, z_x))  # fmt: skip
         s = b.LOGISTIC(t, name="sigma", quant=_quant(1 / 256, -128))

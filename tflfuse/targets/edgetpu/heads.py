@@ -646,9 +646,9 @@ class ChunkHeadAlongAnchors(Rule):
             return NotApplicable("one piece: nothing to cut")
         return HeadPlan(region, *plan)
 
-    def rewrite(self, m: Match) -> None:
-        cutter = _Cutter(m.plan, Builder(m.graph, None, m.root.output.name, "after_reader"))
-        region = m.plan.region
+    def rewrite(self, m: Match, *, plan: HeadPlan) -> None:
+        cutter = _Cutter(plan, Builder(m.graph, None, m.root.output.name))
+        region = plan.region
         for n, op in enumerate(region.ordered_ops()):
             if id(op) not in region.joins:
                 for a, e in cutter.pieces_of(op.outputs[0]):
@@ -782,12 +782,17 @@ class PadChannelsForMean(Rule):
         return p.MEAN(p.x, p.const("axes"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | int:
+    def check(self, m: Match, *, x: Tensor, axes: Tensor) -> Refusal | int:
         """A refusal, or the number of zero channels to pad (the plan)."""
-        x, out, multiple = m.x, m.root.output, _channel_multiple()
+        out, multiple = m.root.output, _channel_multiple()
         last = len(x.shape) - 1
-        axes = sorted({int(a) % len(x.shape) for a in np.asarray(m.axes.data).reshape(-1)})
-        if len(x.shape) < 3 or last not in axes or multiple <= 1 or x.shape[last] % multiple == 0:
+        reduced = sorted({int(a) % len(x.shape) for a in np.asarray(axes.data).reshape(-1)})
+        if (
+            len(x.shape) < 3
+            or last not in reduced
+            or multiple <= 1
+            or x.shape[last] % multiple == 0
+        ):
             return NotApplicable("the MEAN does not reduce an innermost axis the compiler refuses")
         refusal = _kind_refusal("MEAN", x, out)
         if refusal is not None:
@@ -798,7 +803,7 @@ class PadChannelsForMean(Rule):
         pads[last, 1] = pad
         for op_type, ins, shape, options, consts in (
             ("PAD", [x], padded.shape, {}, [pads]),
-            ("MEAN", [padded], out.shape, m.root.options, [np.asarray(m.axes.data)]),
+            ("MEAN", [padded], out.shape, m.root.options, [np.asarray(axes.data)]),
             ("MUL", [out], out.shape, {}, [np.ones(1, np.float32)]),
         ):
             why = _refusal_of(op_type, ins, shape, options, consts) or _form_refusal(
@@ -808,11 +813,11 @@ class PadChannelsForMean(Rule):
                 return refuse(f"its {op_type} would stay on the CPU: {why}")
         return pad
 
-    def rewrite(self, m: Match) -> None:
-        x, out, pad = m.x, m.root.output, m.plan
+    def rewrite(self, m: Match, *, x: Tensor, axes: Tensor, plan: int) -> None:
+        out, pad = m.root.output, plan
         last = len(x.shape) - 1
         factor = (x.shape[last] + pad) / x.shape[last]
-        b = m.builder(constants="last")
+        b = m.builder()
         pads = np.zeros((len(x.shape), 2), np.int32)
         pads[last, 1] = pad
         padded = b.PAD(x, b.const(pads, "paddings", "INT32"), name="padded", like=x,
@@ -821,7 +826,7 @@ class PadChannelsForMean(Rule):
         if _kind(x) == "int":
             scale, zero = _scale_zp(out)
             quant = _quant(scale / factor, zero)
-        mean = b.MEAN(padded, m.axes, name="mean", shape=out.shape, like=out, quant=quant,
+        mean = b.MEAN(padded, axes, name="mean", shape=out.shape, like=out, quant=quant,
                       options=m.root.options)  # fmt: skip
         b.replace(m.root, b.MUL(mean, b.scalar(factor, "rescale", like=x)))
 

@@ -269,9 +269,9 @@ class SplitHeadsInWindows(Rule):
         return p.RESHAPE(p.x, p.const("shape"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | list[EndPlan]:
-        """A refusal, or how each end of the chain is written (the plan)."""
-        x, out = m.x, m.root.output
+    def check(self, m: Match, *, x: Tensor) -> Refusal | tuple[Chain, list[EndPlan]]:
+        """A refusal, or the chain and how each of its ends is written (the plan)."""
+        out = m.root.output
         if nontrivial(out.shape) <= MAX_DIMS or nontrivial(x.shape) > MAX_DIMS:
             return NotApplicable("not a reshape into more than 3 dimensions > 1")
         if _kind(x) is None:
@@ -296,12 +296,12 @@ class SplitHeadsInWindows(Rule):
                 if why:
                     return refuse(f"the {op_type} it would write is not shown mapped ({why})")
             plans.append(plan)
-        return plans
+        return chain, plans
 
-    def rewrite(self, m: Match) -> None:
-        chain = find_chain(m.graph, m.root)
-        for plan in m.plan:
-            _write_end(m, chain.x, plan)
+    def rewrite(self, m: Match, *, plan: tuple[Chain, list[EndPlan]]) -> None:
+        chain, ends = plan
+        for end in ends:
+            _write_end(m, chain.x, end)
         for op in reversed(chain.ops):  # what no end reads any more goes
             if not any(o is op for o in m.graph.ops):
                 continue
@@ -312,7 +312,7 @@ class SplitHeadsInWindows(Rule):
 
 def _write_end(m: Match, x: Tensor, plan: EndPlan) -> None:
     producer = plan.end.producer
-    b = m.builder(at=producer, constants="after_reader")
+    b = m.builder(at=producer)
     piece, pieces = _piece_shape(plan), []
     for i, w in enumerate(plan.windows):
         src = x

@@ -220,7 +220,7 @@ def best_plan(op_type: str, x: Tensor, out: Tensor, bases) -> CutPlan | str:
 def build_plan(m: Match, plan: CutPlan, make) -> None:
     """Write `plan` in place of `m.root`: `make(b, piece, name)` moves one piece."""
     x, out = m.root.inputs[0], m.root.output
-    b = m.builder(constants="after_reader")
+    b = m.builder()
     src = x
     if plan.base != tuple(x.shape):
         src = b.RESHAPE(x, b.ints(plan.base, "base/shape"), name="base", quant=x.quantization,
@@ -286,21 +286,20 @@ class CutTransposeIntoShownForms(Rule):
     int8_error_steps = 0  # data movement only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.TRANSPOSE(p.x, p.const("perm"))
+        return p.TRANSPOSE(p.x, p.const("permutation"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | CutPlan:
+    def check(self, m: Match, *, x: Tensor, permutation: Tensor) -> Refusal | CutPlan:
         """A refusal, or the pieces (the plan)."""
-        x, out = m.x, m.root.output
+        out = m.root.output
         refusal = _int8_refusal(x, out) or _undecided(m.root)
         if refusal is not None:
             return refusal
-        perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
+        perm = [int(v) % len(x.shape) for v in np.asarray(permutation.data).reshape(-1)]
         plan = best_plan("TRANSPOSE", x, out, transpose_bases(tuple(x.shape), perm))
         return refuse(plan) if isinstance(plan, str) else plan
 
-    def rewrite(self, m: Match) -> None:
-        plan: CutPlan = m.plan
+    def rewrite(self, m: Match, *, plan: CutPlan) -> None:
         q = m.root.output.quantization
 
         def make(b, part, name):
@@ -324,9 +323,9 @@ class CutSoftmaxIntoShownRows(Rule):
         return p.SOFTMAX(p.x)
 
     @_gated
-    def check(self, m: Match) -> Refusal | CutPlan:
+    def check(self, m: Match, *, x: Tensor) -> Refusal | CutPlan:
         """A refusal, or the pieces (the plan)."""
-        x, out = m.x, m.root.output
+        out = m.root.output
         refusal = _int8_refusal(x, out, same_q=False) or _undecided(m.root)
         if refusal is not None:
             return refusal
@@ -334,13 +333,13 @@ class CutSoftmaxIntoShownRows(Rule):
         plan = best_plan("SOFTMAX", x, out, [(tuple(x.shape), None, rows)])
         return refuse(plan) if isinstance(plan, str) else plan
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, plan: CutPlan) -> None:
         q, options = m.root.output.quantization, dict(m.root.options)
 
         def make(b, part, name):
             return b.SOFTMAX(part, name=name, quant=q, shape=tuple(part.shape), options=options)
 
-        build_plan(m, m.plan, make)
+        build_plan(m, plan, make)
 
 
 # -- a RESHAPE in blocks of whole rows -------------------------------------------------------------
@@ -397,18 +396,18 @@ class CutReshapeIntoShownBlocks(Rule):
         return p.RESHAPE(p.x, ...)
 
     @_gated
-    def check(self, m: Match) -> Refusal | ReshapePlan:
+    def check(self, m: Match, *, x: Tensor) -> Refusal | ReshapePlan:
         """A refusal, or the blocks (the plan)."""
-        x, out = m.x, m.root.output
+        out = m.root.output
         refusal = _int8_refusal(x, out) or _undecided(m.root)
         if refusal is not None:
             return refusal
         plan = reshape_plan(tuple(x.shape), tuple(out.shape), x.dtype)
         return refuse(plan) if isinstance(plan, str) else plan
 
-    def rewrite(self, m: Match) -> None:
-        x, out, plan = m.x, m.root.output, m.plan
-        b = m.builder(constants="after_reader")
+    def rewrite(self, m: Match, *, x: Tensor, plan: ReshapePlan) -> None:
+        out = m.root.output
+        b = m.builder()
         parts, start = [], 0
         for j, (rin, rout) in enumerate(zip(plan.rows_in, plan.rows_out)):
             begin = [start if k == plan.axis_in else 0 for k in range(len(x.shape))]
@@ -480,26 +479,26 @@ class CutMeanIntoShownPieces(Rule):
         return p.MEAN(p.x, p.const("axes"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | AxisPlan:
+    def check(self, m: Match, *, x: Tensor, axes: Tensor) -> Refusal | AxisPlan:
         """A refusal, or the pieces (the plan)."""
-        x, out = m.x, m.root.output
+        out = m.root.output
         refusal = _int8_refusal(x, out, same_q=False) or _undecided(m.root)
         if refusal is not None:
             return refusal
-        axes = {int(a) % len(x.shape) for a in np.asarray(m.axes.data).reshape(-1)}
-        plan = mean_plan(x, out, axes, bool(m.root.options.get("keep_dims")))
+        reduced = {int(a) % len(x.shape) for a in np.asarray(axes.data).reshape(-1)}
+        plan = mean_plan(x, out, reduced, bool(m.root.options.get("keep_dims")))
         return refuse(plan) if isinstance(plan, str) else plan
 
-    def rewrite(self, m: Match) -> None:
-        x, out, plan = m.x, m.root.output, m.plan
-        b = m.builder(constants="after_reader")
+    def rewrite(self, m: Match, *, x: Tensor, axes: Tensor, plan: AxisPlan) -> None:
+        out = m.root.output
+        b = m.builder()
         parts, start = [], 0
         for j, size in enumerate(plan.sizes):
             begin = [start if k == plan.axis_in else 0 for k in range(len(x.shape))]
             shape = [size if k == plan.axis_in else d for k, d in enumerate(x.shape)]
             part = _slice(b, x, begin, shape, f"piece{j}/in", x.quantization)
             piece_out = tuple(size if k == plan.axis_out else d for k, d in enumerate(out.shape))
-            parts.append(b.MEAN(part, m.axes, name=f"piece{j}", quant=out.quantization,
+            parts.append(b.MEAN(part, axes, name=f"piece{j}", quant=out.quantization,
                                 shape=piece_out, options=dict(m.root.options)))  # fmt: skip
             start += size
         b.replace(m.root, b.CONCATENATION(*parts, axis=plan.axis_out, shape=tuple(out.shape),
@@ -507,10 +506,10 @@ class CutMeanIntoShownPieces(Rule):
 
 
 # -- a broadcast op cut along an axis both operands span ----------------------------------------
-def _broadcast_operand(m: Match) -> int | Refusal:
-    """Which operand of an int8 op of two activations is broadcast against the other, or why
-    the rule does not apply."""
-    a, b, out = m.a, m.b, m.root.output
+def _broadcast_operand(m: Match, a: Tensor, b: Tensor) -> int | Refusal:
+    """Which operand of an int8 op of two activations (a, b) is broadcast against the other, or
+    why the rule does not apply."""
+    out = m.root.output
     if a.is_constant or b.is_constant:
         return NotApplicable("an operand is a constant")
     refusal = _int8_refusal(a, out, same_q=False) or _int8_refusal(b, out, same_q=False)
@@ -525,10 +524,10 @@ def _broadcast_operand(m: Match) -> int | Refusal:
     return small[0]
 
 
-def broadcast_plan(m: Match, which: int) -> AxisPlan | str:
+def broadcast_plan(m: Match, s: Tensor) -> AxisPlan | str:
     """The fewest pieces along one axis both operands span (the innermost first) whose SLICEs,
-    CONCATENATION, TILE of the broadcast piece and same-shape op are all shown mapped."""
-    out, s = m.root.output, (m.a, m.b)[which]
+    CONCATENATION, TILE of the broadcast piece `s` and same-shape op are all shown mapped."""
+    out = m.root.output
     shape, dt = tuple(out.shape), out.dtype
     spans = [k for k, d in enumerate(s.shape) if d == shape[k] and d > 1]
     last = "the broadcast operand spans no axis to cut"
@@ -582,35 +581,35 @@ class CutBroadcastIntoShownPieces(Rule):
         return getattr(p, self.op_type)(p.a, p.b)
 
     @_gated
-    def check(self, m: Match) -> Refusal | tuple[int, AxisPlan]:
+    def check(self, m: Match, *, a: Tensor, b: Tensor) -> Refusal | tuple[int, AxisPlan]:
         """A refusal, or the broadcast operand and the pieces (the plan)."""
-        which = _broadcast_operand(m)
+        which = _broadcast_operand(m, a, b)
         if isinstance(which, Refusal):
             return which
-        s, out = (m.a, m.b)[which], m.root.output
+        s, out = (a, b)[which], m.root.output
         multiples = tuple(o // d for d, o in zip(s.shape, out.shape))
         if _off("TILE", (tuple(s.shape),), out.dtype, tuple(out.shape), multiples) is None:
             return NotApplicable("the whole operand's TILE is shown (TileBroadcastOperand's)")
-        plan = broadcast_plan(m, which)
+        plan = broadcast_plan(m, s)
         return refuse(plan) if isinstance(plan, str) else (which, plan)
 
-    def rewrite(self, m: Match) -> None:
-        which, plan = m.plan
+    def rewrite(self, m: Match, *, a: Tensor, b: Tensor, plan: tuple[int, AxisPlan]) -> None:
+        _, cut = plan
         out = m.root.output
-        b = m.builder(constants="after_reader")
+        bld = m.builder()
         parts, start = [], 0
-        for j, size in enumerate(plan.sizes):
+        for j, size in enumerate(cut.sizes):
             pieces = []
-            for k, t in enumerate((m.a, m.b)):
-                begin = [start if i == plan.axis_in and t.shape[i] > 1 else 0
+            for k, t in enumerate((a, b)):
+                begin = [start if i == cut.axis_in and t.shape[i] > 1 else 0
                          for i in range(len(t.shape))]  # fmt: skip
-                shape = [size if i == plan.axis_in else d for i, d in enumerate(t.shape)]
-                pieces.append(_slice(b, t, begin, shape, f"piece{j}/in{k}", t.quantization))
-            parts.append(b.op(m.root.type, *pieces, name=f"piece{j}", quant=out.quantization,
-                              options=dict(m.root.options)))  # fmt: skip
+                shape = [size if i == cut.axis_in else d for i, d in enumerate(t.shape)]
+                pieces.append(_slice(bld, t, begin, shape, f"piece{j}/in{k}", t.quantization))
+            parts.append(bld.op(m.root.type, *pieces, name=f"piece{j}", quant=out.quantization,
+                                options=dict(m.root.options)))  # fmt: skip
             start += size
-        b.replace(m.root, b.CONCATENATION(*parts, axis=plan.axis_out, shape=tuple(out.shape),
-                                          quant=out.quantization))  # fmt: skip
+        bld.replace(m.root, bld.CONCATENATION(*parts, axis=cut.axis_out, shape=tuple(out.shape),
+                                              quant=out.quantization))  # fmt: skip
 
 
 LAYOUT_LEGALIZATION: tuple[Rule, ...] = (

@@ -139,12 +139,12 @@ class ComputeNchwIslandInNhwc(Rule):
     int8_error_steps = 1  # a MEAN over other axes: another kernel path's rounding
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.TRANSPOSE(p.x, p.const("perm"))
+        return p.TRANSPOSE(p.x, p.const("permutation"))
 
-    def check(self, m: Match) -> Refusal | Island:
+    def check(self, m: Match, *, x: Tensor, permutation: Tensor) -> Refusal | Island:
         """A refusal, or the island (the plan)."""
-        perm = [int(v) for v in np.asarray(m.perm.data).reshape(-1)]
-        if perm == sorted(perm) or len(perm) != len(m.x.shape):
+        perm = [int(v) for v in np.asarray(permutation.data).reshape(-1)]
+        if perm == sorted(perm) or len(perm) != len(x.shape):
             return NotApplicable("not a permutation of x's axes")
         if any(m.root.output is o for o in m.graph.outputs) or not m.root.output.consumers:
             return NotApplicable("the TRANSPOSE writes a model output: no island after it")
@@ -159,10 +159,10 @@ class ComputeNchwIslandInNhwc(Rule):
             return NotApplicable("a TRANSPOSE pair with nothing between (CancelTransposePair's)")
         return island
 
-    def rewrite(self, m: Match) -> None:
-        island: Island = m.plan
-        graph, x, entry = m.graph, m.x, m.root
-        perm = [int(v) for v in np.asarray(m.perm.data).reshape(-1)]
+    def rewrite(self, m: Match, *, x: Tensor, permutation: Tensor, plan: Island) -> None:
+        island = plan
+        graph, entry = m.graph, m.root
+        perm = [int(v) for v in np.asarray(permutation.data).reshape(-1)]
         inv = _inverse(perm)
         old_shapes = {id(t): t.shape for t in island.inside.values()}
 
@@ -172,7 +172,7 @@ class ComputeNchwIslandInNhwc(Rule):
         for op in island.ops:  # graph order: producers first
             self._operands(m, op, island, moved)
             if op.type == "MEAN":
-                axes = sorted(perm[a] for a in _const_axes(op))
+                axes = sorted(perm[a] for a in _const_axes(op) or ())  # the check read them
                 op.inputs = [op.inputs[0], graph.add_constant(
                     f"{op.output.name}/axes_nhwc", np.asarray(axes, np.int32))]  # fmt: skip
             op.output.shape = moved(op.output.shape)
@@ -190,7 +190,8 @@ class ComputeNchwIslandInNhwc(Rule):
                 graph.add_op("RESHAPE", [t, shape], [back], {"new_shape": list(back.shape)},
                              after=op)  # fmt: skip
         for op in island.exits:  # the island's last op writes the exit's tensor where it can
-            t, out, producer = op.inputs[0], op.output, op.inputs[0].producer
+            t, out = op.input(0), op.output
+            producer = t.producer
             graph.remove_op(op)
             if producer is not None and not t.consumers and t.shape == out.shape:
                 producer.outputs = [out if o is t else o for o in producer.outputs]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tflfuse.ir import Op, Quantization, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.common import NotApplicable, is_float
 from tflfuse.targets.edgetpu.forms import gate
 from tflfuse.targets.edgetpu.heads import form_verdict
@@ -133,9 +133,9 @@ class ReplicateRowMean(Rule):
         return p.MEAN(p.x, p.const("axes"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | RowRegion:
+    def check(self, m: Match, *, x: Tensor) -> Refusal | RowRegion:
         """A refusal, or the region (the plan)."""
-        x, mean = m.x, m.root
+        mean = m.root
         if not is_float(x) and not _per_tensor_int8(x, mean.output):
             return NotApplicable("neither float nor int8 with per-tensor quantization")
         if not _row_mean(x, mean):
@@ -159,12 +159,12 @@ class ReplicateRowMean(Rule):
                 return refuse(f"its {op_type} would not map: {why or verdict.reason}")
         return region
 
-    def rewrite(self, m: Match) -> None:
-        x, mean, region = m.x, m.root, m.plan
+    def rewrite(self, m: Match, *, x: Tensor, plan: RowRegion) -> None:
+        mean, region = m.root, plan
         c, full = x.shape[-1], tuple(x.shape)
         shape_in, shape_out = _conv_shapes(x)
         b = m.builder()
-        src = x
+        src: Tensor | Value = x
         if shape_in != full:
             src = b.RESHAPE(x, b.ints(shape_in, "rows_shape"), name="rows", like=x, shape=shape_in)
         w, bias = _weights(b, x, c)
@@ -177,7 +177,7 @@ class ReplicateRowMean(Rule):
                             like=x, quant=quant, shape=full)  # fmt: skip
         column = mean.output
         b.commit(remove=mean)
-        m.graph.replace_uses(column, rep.tensor)
+        m.graph.replace_uses(column, rep.made)
         for op in region.ops:
             op.output.shape = full
             op.output.shape_signature = None

@@ -32,7 +32,7 @@ from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, ref
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.capabilities import capability
 from tflfuse.targets.edgetpu.headsplit import unshown
-from tflfuse.targets.edgetpu.rules import _gated, _kind
+from tflfuse.targets.edgetpu.rules import _gated, _kind, _same_scale
 
 
 def _row_limit() -> int:
@@ -78,10 +78,10 @@ class SplitFullyConnectedRows(Rule):
         return p.RESHAPE(p.FULLY_CONNECTED(p.x, p.w, ..., out="y"), p.const("shape"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | int:
+    def check(self, m: Match, *, y: Tensor) -> Refusal | int:
         """A refusal, or k, the map rows per piece (the plan)."""
-        y, out = m.y, m.root.output
-        fc = y.producer
+        out = m.root.output
+        fc = y.op
         if len(y.consumers) != 1:
             return NotApplicable("not the one reader of a FULLY_CONNECTED")
         if m.graph.is_graph_output(y):
@@ -91,7 +91,7 @@ class SplitFullyConnectedRows(Rule):
             return NotApplicable("the rows tensor is within the row limit")
         rows, c = got
         width, height = int(out.shape[-2]), int(out.shape[-3])
-        x = fc.inputs[0]
+        x = fc.input(0)
         if (
             _rows_shape(x) is None
             or x.shape[-2] != rows
@@ -105,7 +105,7 @@ class SplitFullyConnectedRows(Rule):
         kind = _kind(x)
         if kind is None or _kind(y) != kind:
             return refuse(f"FULLY_CONNECTED on {x.dtype} with per-channel or no quantization")
-        if kind == "int" and not out.quantization.same_as(y.quantization):
+        if kind == "int" and not _same_scale(out, y):
             return refuse("the reshape requantizes")
         for k in range(height, 0, -1):
             last = height % k
@@ -113,10 +113,10 @@ class SplitFullyConnectedRows(Rule):
                 return k
         return refuse(f"no piece of map rows is shown mapped: {_piece_refusal(m, 1, width)}")
 
-    def rewrite(self, m: Match) -> None:
-        k, out, fc = m.plan, m.root.output, m.y.producer
-        x, width = fc.inputs[0], int(out.shape[-2])
-        b = m.builder(at=fc, constants="after_reader")
+    def rewrite(self, m: Match, *, y: Tensor, plan: int) -> None:
+        k, out, fc = plan, m.root.output, y.op
+        x, width = fc.input(0), int(out.shape[-2])
+        b = m.builder(at=fc)
         weights = list(fc.inputs[1:])
         pieces, start = [], 0
         for i in range(math.ceil(out.shape[-3] / k)):
@@ -125,15 +125,15 @@ class SplitFullyConnectedRows(Rule):
             size = _ones(len(x.shape), n * width, x.shape[-1])
             part = b.SLICE(x, b.ints(begin, f"rows{i}/begin"), b.ints(size, f"rows{i}/size"),
                            name=f"rows{i}", like=x)  # fmt: skip
-            shape = _ones(len(m.y.shape), n * width, m.y.shape[-1])
-            row = b.FULLY_CONNECTED(part, *weights, name=f"rows{i}/fc", shape=shape, like=m.y,
+            shape = _ones(len(y.shape), n * width, y.shape[-1])
+            row = b.FULLY_CONNECTED(part, *weights, name=f"rows{i}/fc", shape=shape, like=y,
                                     options=dict(fc.options))  # fmt: skip
             piece = _ones(len(out.shape), n, width, out.shape[-1])
             pieces.append(b.RESHAPE(row, b.ints(piece, f"rows{i}/shape"), name=f"rows{i}/map",
                                     like=out))  # fmt: skip
             start += n
         b.replace(m.root, b.CONCATENATION(*pieces, axis=len(out.shape) - 3, like=out))
-        if any(op is fc for op in m.graph.ops) and not m.y.consumers:
+        if any(op is fc for op in m.graph.ops) and not y.consumers:
             m.graph.remove_op(fc)
 
 

@@ -23,6 +23,7 @@ one requantization and the result stays within a step or two of the original. GE
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -94,19 +95,25 @@ def split_once_quantized(op: Op) -> bool:
 
 def _gated(check: Callable[..., Refusal | Any]) -> Callable[..., Refusal | Any]:
     """A legalization's `check`, then `after_the_cut` (last: it reads the whole graph); a plan
-    the check made goes to `rewrite` when the cut lets the rule fire."""
+    the check made goes to `rewrite` when the cut lets the rule fire. The wrapper keeps the
+    check's signature (`__wrapped__`), so the engine passes it the captures the check names."""
 
-    def gated(self: Rule, m: Match) -> Refusal | Any:
-        verdict = check(self, m)
+    @functools.wraps(check)
+    def gated(self: Rule, m: Match, **captures: Tensor) -> Refusal | Any:
+        verdict = check(self, m, **captures)
         if isinstance(verdict, Refusal):
             return verdict
         return after_the_cut(m) or verdict
 
-    gated.__doc__ = check.__doc__
     return gated
 
 
 # -- helpers -------------------------------------------------------------------------------------
+def _same_scale(a: Tensor, b: Tensor) -> bool:
+    """a is quantized as b is (a's quantization `same_as` b's)."""
+    return a.quantization is not None and a.quantization.same_as(b.quantization)
+
+
 def _kind(t: Tensor) -> str | None:
     """ "float", "int" (per-tensor int8/uint8) or None (something these rules do not handle)."""
     if is_float(t):
@@ -176,18 +183,18 @@ class LegalizeLeakyRelu(Rule):
         return p.LEAKY_RELU(p.x)
 
     @_gated
-    def check(self, m: Match) -> Refusal | None:
-        refusal = _kind_refusal("LEAKY_RELU", m.x, m.root.output)
+    def check(self, m: Match, *, x: Tensor) -> Refusal | None:
+        refusal = _kind_refusal("LEAKY_RELU", x, m.root.output)
         if refusal is not None:
             return refusal
         alpha = float(m.root.options.get("alpha", 0.2))
-        if _kind(m.x) == "int" and not 0.0 < alpha <= 1.0:
+        if _kind(x) == "int" and not 0.0 < alpha <= 1.0:
             return refuse(f"int8 LEAKY_RELU with alpha {alpha} outside (0, 1]")
         return None
 
-    def rewrite(self, m: Match) -> None:
-        x, alpha = m.x, float(m.root.options.get("alpha", 0.2))
-        b = m.builder(constants="last")
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
+        alpha = float(m.root.options.get("alpha", 0.2))
+        b = m.builder()
         if _kind(x) == "int":
             top = 127 if x.dtype == "INT8" else 255
             # alpha broadcasts to x exactly: (1, 1, C) for NHWC, (C,) for (N, C); the kernel
@@ -221,10 +228,10 @@ class LegalizeRelu0To1(Rule):
         return p.RELU_0_TO_1(p.x)
 
     @_gated
-    def check(self, m: Match) -> Refusal | None:
-        if _kind(m.x) == "float":
+    def check(self, m: Match, *, x: Tensor) -> Refusal | None:
+        if _kind(x) == "float":
             return NotApplicable("float: made int8 where it is quantized (int8_completion)")
-        refusal = _kind_refusal("RELU_0_TO_1", m.x, m.root.output)
+        refusal = _kind_refusal("RELU_0_TO_1", x, m.root.output)
         if refusal is not None:
             return refusal
         if self._one(m) is not None:
@@ -243,10 +250,10 @@ class LegalizeRelu0To1(Rule):
         one = zero + round(1.0 / scale)
         return one if one < top else None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
         out, b = m.root.output, m.builder()
         one = self._one(m)
-        relu = b.RELU(m.x, name="relu", quant=out.quantization)
+        relu = b.RELU(x, name="relu", quant=out.quantization)
         if one is None:
             b.replace(m.root, relu)
             return
@@ -272,14 +279,14 @@ class LegalizeHardSwish(Rule):
         return p.HARD_SWISH(p.x)
 
     @_gated
-    def check(self, m: Match) -> Refusal | None:
-        return _kind_refusal("HARD_SWISH", m.x, m.root.output)
+    def check(self, m: Match, *, x: Tensor) -> Refusal | None:
+        return _kind_refusal("HARD_SWISH", x, m.root.output)
 
-    def int8_error(self, m: Match) -> int:
+    def int8_error(self, m: Match, *, x: Tensor) -> int:
         """hard_swish_int8_steps for this match's scales; 0 on a float HARD_SWISH."""
-        if _kind(m.x) != "int":
+        if _kind(x) != "int":
             return 0
-        return hard_swish_int8_steps(m.x, m.root.output)
+        return hard_swish_int8_steps(x, m.root.output)
 
     def rewrite(self, m: Match) -> None:
         spell_out_hard_swish(m)
@@ -294,7 +301,7 @@ def spell_out_hard_swish(m: Match) -> None:
     if _kind(x) == "int":
         s_out, z_out = _scale_zp(out)
         q_gate, q_prod = _range_q(x, 0.0, _gate_top(x)), _quant(6 * s_out, z_out)
-    b = m.builder(constants="last")
+    b = m.builder()
     three = b.scalar(3.0, "three", like=x)
     gate = b.ADD(x, three, name="relu6_x_plus_3", quant=q_gate, fused_activation_function="RELU6")
     prod = b.MUL(x, gate, name="x_times_gate", quant=q_prod)
@@ -366,8 +373,8 @@ class LegalizeGelu(Rule):
         """0 for GELU(approximate=True); max |erf form - tanh form| = 4.74e-4 (at x = 2.70)."""
         return 0.0 if m.root.options.get("approximate") else _GELU_TANH_VS_ERF
 
-    def rewrite(self, m: Match) -> None:
-        x, b = m.x, m.builder(constants="last")
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
+        b = m.builder()
 
         def c(name: str, value: float) -> Value:
             return b.scalar(value, name, like=x)
@@ -446,28 +453,27 @@ class MeanToAveragePool(Rule):
     quantized_ok = True
     int8_error_steps = 2  # pool, then a requantizing QUANTIZE: two roundings
 
-    def int8_error(self, m: Match) -> int:
+    def int8_error(self, m: Match, *, x: Tensor, plan: list[tuple[int, int]]) -> int:
         """Each pool stage rounds at x's scale s_x (half a step), the QUANTIZE and the MEAN at
         the output's s_y: |error| <= stages * s_x / (2 s_y) + 1 output steps (found by the int8
         property test: 5 steps for a 3x3 mean whose output scale is 8x finer)."""
-        if _kind(m.x) != "int":
+        if _kind(x) != "int":
             return 0
-        stages = m.plan or [()]
-        ratio = _scale_zp(m.x)[0] / _scale_zp(m.root.output)[0]
-        return max(self.int8_error_steps, math.floor(len(stages) * ratio / 2 + 1))
+        stages = max(len(plan), 1)
+        ratio = _scale_zp(x)[0] / _scale_zp(m.root.output)[0]
+        return max(self.int8_error_steps, math.floor(stages * ratio / 2 + 1))
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MEAN(p.x, p.const("axes"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | list[tuple[int, int]]:
+    def check(self, m: Match, *, x: Tensor, axes: Tensor) -> Refusal | list[tuple[int, int]]:
         """A refusal, or the pool stages (the plan)."""
-        x = m.x
         if len(x.shape) != 4 or x.shape[0] != 1:
             return refuse(f"MEAN input {list(x.shape)} is not a batch-1 image tensor")
-        axes = sorted({int(a) % 4 for a in np.asarray(m.axes.data).reshape(-1)})
-        if axes != [1, 2]:
-            return refuse(f"MEAN reduces axes {axes}, not height and width")
+        reduced = sorted({int(a) % 4 for a in np.asarray(axes.data).reshape(-1)})
+        if reduced != [1, 2]:
+            return refuse(f"MEAN reduces axes {reduced}, not height and width")
         refusal = _kind_refusal("MEAN", x, m.root.output)
         if refusal is not None:
             return refusal
@@ -483,16 +489,16 @@ class MeanToAveragePool(Rule):
             return refuse(f"no exact tiling of the {x.shape[1]}x{x.shape[2]} plane fits the limit")
         return stages
 
-    def rewrite(self, m: Match) -> None:
-        x, out, b = m.x, m.root.output, m.builder()
+    def rewrite(self, m: Match, *, x: Tensor, plan: list[tuple[int, int]]) -> None:
+        out, b = m.root.output, m.builder()
         pooled_shape = (1, 1, 1, x.shape[3])
-        requant = _kind(x) == "int" and not out.quantization.same_as(x.quantization)
+        requant = _kind(x) == "int" and not _same_scale(out, x)
         if out.shape == pooled_shape and not requant:  # the pools write the MEAN's output
             _keep_input_quantization(out, x)
-            b.replace(m.root, _average_pool_chain(b, x, m.plan, None))
+            b.replace(m.root, _average_pool_chain(b, x, plan, None))
             return
         pooled = b.tensor("pooled", pooled_shape, like=x)
-        y = _average_pool_chain(b, x, m.plan, pooled, "pooled/")
+        y = _average_pool_chain(b, x, plan, pooled, "pooled/")
         if requant:
             y = b.QUANTIZE(y, name="requantized", quant=out.quantization)
         if y.shape != out.shape:
@@ -511,9 +517,9 @@ class SplitOversizedAveragePool(Rule):
         return p.AVERAGE_POOL_2D(p.x)
 
     @_gated
-    def check(self, m: Match) -> Refusal | list[tuple[int, int]]:
+    def check(self, m: Match, *, x: Tensor) -> Refusal | list[tuple[int, int]]:
         """A refusal, or the pool stages (the plan)."""
-        op, x = m.root, m.x
+        op = m.root
         fh, fw = int(op.options.get("filter_height", 1)), int(op.options.get("filter_width", 1))
         if fh * fw <= _pool_limit():
             return NotApplicable("the pool window already fits")
@@ -521,17 +527,17 @@ class SplitOversizedAveragePool(Rule):
             return refuse("only a global average pool (window = whole plane) is split")
         if op.fused_activation != "NONE":
             return refuse("the pool has a fused activation")
-        if _kind(x) == "int" and not op.output.quantization.same_as(x.quantization):
+        if _kind(x) == "int" and not _same_scale(op.output, x):
             return refuse("int8 pool changes the scale")
         stages = _pool_stages(fh, fw, _pool_limit())
         if stages is None:
             return refuse(f"no exact tiling of the {fh}x{fw} plane fits the limit")
         return stages
 
-    def rewrite(self, m: Match) -> None:
-        _keep_input_quantization(m.root.output, m.x)
+    def rewrite(self, m: Match, *, x: Tensor, plan: list[tuple[int, int]]) -> None:
+        _keep_input_quantization(m.root.output, x)
         b = m.builder()
-        b.replace(m.root, _average_pool_chain(b, m.x, m.plan, None))
+        b.replace(m.root, _average_pool_chain(b, x, plan, None))
 
 
 # -- resize ----------------------------------------------------------------------------------------
@@ -564,8 +570,8 @@ class SplitOversizedResize(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.any("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")(p.x, p.const("size"))
 
-    def _plan(self, m: Match) -> tuple[int, int, int, int] | Refusal:
-        op, x = m.root, m.x
+    def _plan(self, m: Match, x: Tensor) -> tuple[int, int, int, int] | Refusal:
+        op = m.root
         limit = _resize_limit(op.type)
         (n, h, w, _), (_, big_h, big_w, _) = x.shape, op.output.shape
         if n != 1 or big_h * big_w <= limit:
@@ -595,15 +601,15 @@ class SplitOversizedResize(Rule):
         return fh, rows, above, below
 
     @_gated
-    def check(self, m: Match) -> Refusal | tuple[int, int, int, int]:
-        return self._plan(m)
+    def check(self, m: Match, *, x: Tensor) -> Refusal | tuple[int, int, int, int]:
+        return self._plan(m, x)
 
-    def rewrite(self, m: Match) -> None:
-        op, x, (fh, rows, above, below) = m.root, m.x, m.plan
+    def rewrite(self, m: Match, *, x: Tensor, plan: tuple[int, int, int, int]) -> None:
+        op, (fh, rows, above, below) = m.root, plan
         out = op.output
         _, h, w, c = x.shape
         big_w = out.shape[2]
-        b = m.builder(constants="after_reader")
+        b = m.builder()
         tiles = []
         for i, a in enumerate(range(0, h, rows)):
             end = min(h, a + rows)
@@ -652,8 +658,8 @@ class DropHalfPixelCentersFromNearestResize(Rule):
         return p.RESIZE_NEAREST_NEIGHBOR(p.x, p.const("size"))
 
     @_gated
-    def check(self, m: Match) -> Refusal | None:
-        op, x = m.root, m.x
+    def check(self, m: Match, *, x: Tensor) -> Refusal | None:
+        op = m.root
         if not op.options.get("half_pixel_centers"):
             return NotApplicable("no half_pixel_centers")
         if op.options.get("align_corners"):
@@ -665,10 +671,10 @@ class DropHalfPixelCentersFromNearestResize(Rule):
             return refuse(f"{h}x{w} -> {big_h}x{big_w} is not an integer upscale")
         return None
 
-    def rewrite(self, m: Match) -> None:
+    def rewrite(self, m: Match, *, x: Tensor) -> None:
         op = m.root
         op.options = {**op.options, "half_pixel_centers": False}
-        op.version = _resize_version(m.x.dtype)
+        op.version = _resize_version(x.dtype)
 
 
 _NCHW_FROM_NHWC = [0, 3, 1, 2]
@@ -740,8 +746,9 @@ class ConcatFlattenedMapsInNHWC(Rule):
             return NotApplicable("not a join along the last axis of a 3-D tensor")
         if op.fused_activation != "NONE":
             return refuse("the join has a fused activation")
-        maps = [_flattened_nchw(m.graph, t) for t in op.inputs]
-        if any(x is None for x in maps):
+        found = [_flattened_nchw(m.graph, t) for t in op.inputs]
+        maps = [x for x in found if x is not None]
+        if len(maps) != len(found):
             return NotApplicable("not every input is an NHWC map flattened channels-first")
         if len({x.shape[3] for x, _ in maps}) != 1:
             return refuse("the maps have different channel counts")
@@ -772,10 +779,10 @@ class ConcatFlattenedMapsInNHWC(Rule):
         """A refusal, or each input's map and requantization (the plan)."""
         return self._maps(m)
 
-    def rewrite(self, m: Match) -> None:
-        out, b = m.root.output, m.builder(constants="after_reader")
+    def rewrite(self, m: Match, *, plan: list[tuple[Tensor, Quantization | None]]) -> None:
+        out, b = m.root.output, m.builder()
         rows = []
-        for i, (x, requant) in enumerate(m.plan):
+        for i, (x, requant) in enumerate(plan):
             shape = (1, x.shape[1] * x.shape[2], x.shape[3])
             row = b.RESHAPE(x, b.ints(shape, f"nhwc{i}/shape"), name=f"nhwc{i}", like=x)
             if requant is not None:  # the same requantization, on the NHWC rows
@@ -850,31 +857,33 @@ class SplitOversizedTranspose(Rule):
     int8_error_steps = 0  # data movement only
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        return p.TRANSPOSE(p.x, p.const("perm"))
+        return p.TRANSPOSE(p.x, p.const("permutation"))
 
-    def _plan(self, m: Match) -> tuple[int, list[int]] | Refusal:
-        x, out = m.x, m.root.output
+    def _plan(self, m: Match, x: Tensor, permutation: Tensor) -> tuple[int, list[int]] | Refusal:
+        out = m.root.output
         if x.size <= _transpose_limit():
             return NotApplicable("the transpose is within the limit")
-        perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
+        perm = [int(v) % len(x.shape) for v in np.asarray(permutation.data).reshape(-1)]
         kind = _kind(x)
         if kind == "float":  # quantizing the pieces separately could give each its own scale
             return NotApplicable("float graph: split after quantization, one scale for all pieces")
         if kind is None:
             return refuse(f"TRANSPOSE on {x.dtype} with per-channel or no quantization")
-        if not (out.is_quantized and out.quantization.same_as(x.quantization)):
+        if not (out.is_quantized and _same_scale(out, x)):
             return refuse("the transpose requantizes")
         return transpose_split(tuple(x.shape), perm, tuple(out.shape), x.dtype)
 
     @_gated
-    def check(self, m: Match) -> Refusal | tuple[int, list[int]]:
+    def check(self, m: Match, *, x: Tensor, permutation: Tensor) -> Refusal | tuple[int, list[int]]:
         """A refusal, or the axis to cut and the sizes of the pieces (the plan)."""
-        return self._plan(m)
+        return self._plan(m, x, permutation)
 
-    def rewrite(self, m: Match) -> None:
-        x, (axis, sizes) = m.x, m.plan
-        perm = [int(v) % len(x.shape) for v in np.asarray(m.perm.data).reshape(-1)]
-        b = m.builder(constants="after_reader")
+    def rewrite(
+        self, m: Match, *, x: Tensor, permutation: Tensor, plan: tuple[int, list[int]]
+    ) -> None:
+        axis, sizes = plan
+        perm = [int(v) % len(x.shape) for v in np.asarray(permutation.data).reshape(-1)]
+        b = m.builder()
         pieces, start = [], 0
         for i, size in enumerate(sizes):
             begin = [start if k == axis else 0 for k in range(len(x.shape))]
