@@ -17,7 +17,7 @@ import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -176,7 +176,7 @@ def _axes(op: Op) -> list[int] | None:
     axes = _const_ints(op.inputs[1] if len(op.inputs) > 1 else None)
     if axes is None:
         return None
-    rank = len(op.inputs[0].shape)
+    rank = len(cast(Tensor, op.inputs[0]).shape)  # a reduction's input
     return sorted({a % rank for a in axes}) if rank else axes
 
 
@@ -205,8 +205,8 @@ def xnnpack_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[bool
         return False, f"{len(op.outputs)} outputs, more than the {row['max_outputs']} XNNPACK takes"
     for name in row.get("constant_inputs", []):
         index = int(name)
-        t = op.inputs[index] if index < len(op.inputs) else None
-        if t is not None and not _static(t):
+        w = op.inputs[index] if index < len(op.inputs) else None
+        if w is not None and not _static(w):
             return False, f"input {index} must be a constant"
     return True, "XNNPACK has a kernel for this op, type and activation"
 
@@ -216,7 +216,9 @@ def _static(t: Tensor) -> bool:
     if t.is_constant:
         return True
     op = t.producer
-    return op is not None and op.type in ("DEQUANTIZE", "DENSIFY") and _static(op.inputs[0])
+    if op is None or op.type not in ("DEQUANTIZE", "DENSIFY"):
+        return False
+    return _static(cast(Tensor, op.inputs[0]))  # DEQUANTIZE(x), DENSIFY(x)
 
 
 def predict_xnnpack(model: Model) -> Prediction:

@@ -118,8 +118,7 @@ def pipeline_split(graph: Graph, n: int) -> PipelineSplit | None:
         names: list[str] = []
         for i in indices:
             for t in graph.ops[i].inputs:
-                producer = t.producer if t is not None else None
-                if producer is None or segment_of.get(id(producer), k) >= k:
+                if t is None or t.producer is None or segment_of.get(id(t.producer), k) >= k:
                     continue
                 if t.name not in names:
                     names.append(t.name)

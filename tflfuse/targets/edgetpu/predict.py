@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -47,7 +47,7 @@ def _check_pool_plane(op: Op, row: dict[str, Any]) -> str | None:
         plane = int(op.options.get("filter_height", 1)) * int(op.options.get("filter_width", 1))
     else:
         axes = _axes(op) or []
-        shape = op.inputs[0].shape
+        shape = cast(Tensor, op.inputs[0]).shape  # the reduction's input
         plane = int(np.prod([shape[a] for a in axes if a not in (0, len(shape) - 1)] or [1]))
     if plane > limit:
         return f"averages a {plane}-pixel plane, more than the {limit} the compiler maps"
@@ -60,7 +60,7 @@ def _check_reduction(op: Op, row: dict[str, Any]) -> str | None:
     axes = _axes(op)
     if axes is None:
         return "reduction axes are not a constant"
-    shape = op.inputs[0].shape
+    shape = cast(Tensor, op.inputs[0]).shape
     if row.get("no_batch_reduction") and 0 in axes and len(shape) == 4 and shape[0] > 1:
         return "reduces over the batch dimension"
     multiple = row.get("z_reduction_multiple")
@@ -80,8 +80,9 @@ def _check_concat(op: Op, row: dict[str, Any]) -> str | None:
         return "a constant input is allowed only when there are exactly 2 inputs"
     for t in consts:
         zero = 0
-        if t.is_quantized and t.quantization.zero_point is not None:
-            zero = int(np.asarray(t.quantization.zero_point).reshape(-1)[0])
+        q = t.quantization
+        if t.is_quantized and q is not None and q.zero_point is not None:
+            zero = int(np.asarray(q.zero_point).reshape(-1)[0])
         if t.is_raw or not np.all(np.asarray(t.data) == zero):
             return "its constant input is not all zeros"
     return None
@@ -114,7 +115,7 @@ def _check_moved_elements(op: Op, row: dict[str, Any]) -> str | None:
 def _check_resize(op: Op, row: dict[str, Any]) -> str | None:
     if not row.get("integer_scale"):
         return None
-    src, dst = op.inputs[0].shape, op.outputs[0].shape
+    src, dst = cast(Tensor, op.inputs[0]).shape, op.outputs[0].shape  # RESIZE_*(x, size)
     if len(src) != 4 or len(dst) != 4:
         return "input/output is not an image tensor"
     align = bool(op.options.get("align_corners", False))
@@ -229,9 +230,9 @@ def edgetpu_op_status(
     states = set(meta["state_types"])
     if op.type == "CUSTOM":
         return "unsupported", f"{op_label(op)} is a custom op, which the compiler does not map"
-    for t in op.outputs:
-        if t is not None and not t.is_constant and t.dtype not in acts:
-            return "data_type", f"writes {t.dtype} tensor {t.name!r} (the Edge TPU computes int8)"
+    for y in op.outputs:
+        if y is not None and not y.is_constant and y.dtype not in acts:
+            return "data_type", f"writes {y.dtype} tensor {y.name!r} (the Edge TPU computes int8)"
     row = table["ops"].get(op.type)
     if row is None:
         return "unsupported", f"{op_label(op)} is not in the Edge TPU op table"
