@@ -21,9 +21,10 @@ import numpy as np
 from tflfuse.convert.recipe import Recipe
 from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
-from tflfuse.quantize.quantize import quantize
+from tflfuse.quantize.quantize import Quantized, quantize
 from tflfuse.rewrite import TopologicalSort
 from tflfuse.rules import defuse as defuse_mod
+from tflfuse.sources.protocol import Source
 from tflfuse.sources.tflite import TfliteSource
 from tflfuse.verification import verified
 
@@ -55,7 +56,7 @@ def defused(
 
 
 def defused_input(
-    source: TfliteSource, rec: Recipe, verify: bool = True
+    source: Source, rec: Recipe, verify: bool = True
 ) -> tuple[bytes, str, dict[str, Any] | None]:
     """The unfused float baseline of a .tflite: its float model (in the interface convert gives
     the fused one) defused, with the route and the check (None: --no-verify)."""
@@ -75,7 +76,7 @@ def litert_stock(
         kind = "already quantized" if source.quantized else "float"
         return source.given, f"the input as given ({kind}, its own I/O types)"
 
-    def stock_of(data: bytes) -> Any:
+    def stock_of(data: bytes) -> Quantized:
         return quantize(
             data,
             rec.quant_mode,

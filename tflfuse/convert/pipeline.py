@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -285,11 +285,11 @@ def quantize(rec: Recipe, ctx: Context) -> None:
     fused, unfused = ctx.fused.data, ctx.unfused.data
     if ctx.source.quantized:
         route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
-        fused_q, ir = _with_io_types(fused, rec)
+        fused_io, ir = _with_io_types(fused, rec)
         ctx.quantized = QuantizedRecord(
-            Quantized(fused_q, route), Quantized(_with_io_types(unfused, rec)[0], route)
+            Quantized(fused_io, route), Quantized(_with_io_types(unfused, rec)[0], route)
         )
-        ctx.handed = (fused_q, ir)
+        ctx.handed = (fused_io, ir)
         return
     if rec.quant_mode == "none":
         ctx.quantized = QuantizedRecord(
@@ -455,7 +455,8 @@ def baselines(rec: Recipe, ctx: Context) -> None:
     loaded = ctx.loaded
     made = ctx.source.stock(rec, loaded.calib, ctx.options.progress)
     if made is None:  # a .tflite: litert-quantizer's default recipe on the input
-        made = baselines_mod.litert_stock(ctx.source, rec, loaded.calib, ctx.options.progress)
+        given = cast(tflite_frontend.TfliteSource, ctx.source)  # (the source with no stock route)
+        made = baselines_mod.litert_stock(given, rec, loaded.calib, ctx.options.progress)
     stock, stock_route = made
     unfused = ctx.quantized.unfused
     if unfused is None:
@@ -479,8 +480,8 @@ def baselines(rec: Recipe, ctx: Context) -> None:
         except TflfuseError as exc:  # the defused check runs stock: it may fail in the kernels
             if "failed to run the model" not in str(exc):
                 raise
-            made = {"fused": ctx.quantized.fused.data, "stock": stock}
-            _refuse_what_does_not_run(ctx.source.name, _agreements(ctx, made))
+            models = {"fused": ctx.quantized.fused.data, "stock": stock}
+            _refuse_what_does_not_run(ctx.source.name, _agreements(ctx, models))
             # fused runs: the unfused baseline is stock defused, unchecked (stock cannot run)
             defused_base = _defused(base, ctx.source.name, verify=False)
             unchecked = f"; not checked: stock fails in the interpreter ({exc})"

@@ -53,7 +53,8 @@ def _reachable(address: str) -> None:
 
 def _connect_problem(exc: BaseException) -> str:
     """Why ray.init could not join a cluster, in one line (a missing auth token named)."""
-    chain, cause = [], exc
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
     while cause is not None:
         chain.append(cause)
         cause = cause.__cause__
@@ -70,16 +71,27 @@ def connected(address: str | None, jobs: int) -> Iterator[str]:
     """Ray started here (`jobs` CPUs) or joined at `address`; yields how it is described."""
     import ray
 
-    quiet = {"log_to_driver": False, "logging_level": "ERROR"}
     temp = None
     if address is None:
         temp = tempfile.mkdtemp(prefix="tfs-ray-", dir="/tmp")  # short: Ray's socket paths
-        ray.init(address="local", num_cpus=jobs, include_dashboard=False, _temp_dir=temp, **quiet)
+        ray.init(
+            address="local",
+            num_cpus=jobs,
+            include_dashboard=False,
+            _temp_dir=temp,
+            log_to_driver=False,
+            # ray annotates an int but takes a level's name (its own default is "info")
+            logging_level="ERROR",  # type: ignore[arg-type]
+        )
         name = f"Ray started here ({jobs} CPU{'s' if jobs > 1 else ''})"
     else:
         _reachable(address)
         try:
-            ray.init(address=address, **quiet)
+            ray.init(
+                address=address,
+                log_to_driver=False,
+                logging_level="ERROR",  # type: ignore[arg-type]  # (a level's name, as above)
+            )
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise TflfuseError(f"--address {address}: {_connect_problem(exc)}") from None
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))

@@ -34,11 +34,11 @@ calibrated on its samples times 1e30 crashes litert-quantizer (one line, exit 2)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from tflfuse.ir import Model
+from tflfuse.ir import Model, Tensor
 
 COSINE_BOUND = 0.5
 STEPS = 4.0
@@ -53,7 +53,7 @@ def output_steps(model: Model) -> list[float | None]:
     for t in graph.outputs:
         op = producers.get(t)
         if t.dtype == "FLOAT32" and op is not None and op.type == "DEQUANTIZE" and op.inputs:
-            t = op.inputs[0]
+            t = cast(Tensor, op.inputs[0])  # DEQUANTIZE(x)
         q = t.quantization
         scale = None if q is None or q.scale is None or np.size(q.scale) != 1 else q.scale
         steps.append(float(np.ravel(scale)[0]) if scale is not None else None)
