@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -71,11 +71,12 @@ from tflfuse.verification import verified
 
 
 def _per_tensor_int8(t: Tensor) -> bool:
-    return t.dtype == "INT8" and t.is_quantized and not t.quantization.per_channel
+    q = t.quantization
+    return t.dtype == "INT8" and t.is_quantized and q is not None and not q.per_channel
 
 
 def _scale_zp(t: Tensor) -> tuple[float, int]:
-    q = t.quantization
+    q = cast(Quantization, t.quantization)  # quantized: the caller checked
     return float(np.asarray(q.scale).reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
 
 

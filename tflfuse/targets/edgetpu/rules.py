@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -111,7 +111,8 @@ def _kind(t: Tensor) -> str | None:
     """ "float", "int" (per-tensor int8/uint8) or None (something these rules do not handle)."""
     if is_float(t):
         return "float"
-    if t.dtype in _INT_TYPES and t.is_quantized and not t.quantization.per_channel:
+    q = t.quantization
+    if t.dtype in _INT_TYPES and t.is_quantized and q is not None and not q.per_channel:
         return "int"
     return None
 
@@ -125,8 +126,9 @@ def _kind_refusal(what: str, x: Tensor, out: Tensor) -> Refusal | None:
 
 
 def _scale_zp(t: Tensor) -> tuple[float, int]:
-    q = t.quantization
-    return float(q.scale.reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
+    q = cast(Quantization, t.quantization)  # quantized: the caller checked
+    scale = cast(np.ndarray, q.scale)
+    return float(scale.reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
 
 
 def _quant(scale: float, zero_point: int) -> Quantization:
