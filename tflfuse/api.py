@@ -150,8 +150,8 @@ def optimize(
     if runtime is not None:
         resolve(runtime)  # a bad name is refused before the model is read
     data, source = _model_bytes(model)
-    overwrites = output is not None and isinstance(model, (str, Path))
-    if overwrites and not in_place and same_file(Path(model), output):
+    reads_a_file = isinstance(model, (str, Path))
+    if output is not None and reads_a_file and not in_place and same_file(Path(model), output):
         raise UsageError(f"{output}: output would overwrite the input model")
     result = optimize_bytes(
         data,

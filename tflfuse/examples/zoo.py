@@ -80,7 +80,9 @@ def efficientnet_b0(input_size: int = 96, classes: int = 10) -> Any:
     )
 
 
-def _conv_bn(x: Any, filters: int, kernel: int, strides: int = 1, activation: Any = "relu") -> Any:
+def _conv_bn(
+    x: Any, filters: int, kernel: int | tuple[int, int], strides: int = 1, activation: Any = "relu"
+) -> Any:
     """Conv (no bias) -> BatchNorm -> activation (a callable, a Keras name, or None)."""
     layers = _keras().layers
     x = layers.Conv2D(filters, kernel, strides=strides, padding="same", use_bias=False)(x)

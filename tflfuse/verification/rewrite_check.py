@@ -138,7 +138,7 @@ class _Side:
         if id(t) not in self._agreed:
             o = self.other_by_name.get(t.name)
             ok = o is not None and self.by_name.get(t.name) is t and _same_tensor(t, o)
-            if ok:
+            if ok and o is not None:
                 if t.producer is None or o.producer is None:
                     ok = any(x is t for x in self.graph.inputs) and any(
                         x is o for x in self.other.inputs
