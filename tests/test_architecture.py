@@ -15,7 +15,9 @@ importer sits inside them. The checks:
     several jobs: split it into named helpers);
   - no rule (nor the engine) compares anything with a target's name: what differs per target
     is a trait of its `Target` (tflfuse/targets/registry.py), so a new target needs no edit
-    of the rules.
+    of the rules;
+  - at most MAX_ANY_SIGNATURES public functions and methods in tflfuse/ have `Any` in their
+    signature (an alias of a type that holds `Any` counts as `Any`).
 Each failure names the importing file and line and the import itself. The checker is tried on
 small synthetic trees with one planted violation each, so a check that cannot fail is caught.
 """
@@ -23,6 +25,7 @@ small synthetic trees with one planted violation each, so a check that cannot fa
 from __future__ import annotations
 
 import ast
+import contextlib
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -380,6 +383,71 @@ def target_name_branches(root: Path) -> list[str]:
     return [f"{where}:{line}: {text}" for where, line, text in sorted(found)]
 
 
+# Public functions and methods with `Any` in a parameter or the return annotation: what is left
+# to type (counted down, never up; the IR's own open dicts, op options and `extra`, stay).
+MAX_ANY_SIGNATURES = 150
+
+
+def _names(node: ast.AST | None) -> set[str]:
+    """The names an annotation mentions (`typing.Any` as "Any"; string annotations read too)."""
+    found: set[str] = set()
+    for n in ast.walk(node) if node is not None else ():
+        if isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.Attribute) and n.attr == "Any":
+            found.add("Any")
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) < 200:
+            with contextlib.suppress(SyntaxError):  # (a string that is no annotation)
+                found |= _names(ast.parse(n.value, mode="eval"))
+    return found
+
+
+def _any_aliases(trees: list[ast.Module]) -> set[str]:
+    """`Any`, and every module-level name bound to a type that mentions it (`X = dict[str, Any]`,
+    `X: TypeAlias = ...`, `type X = ...`), through aliases of aliases."""
+    bound: dict[str, set[str]] = {}
+    for tree in trees:
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                target, value = node.target, node.value
+            elif isinstance(node, getattr(ast, "TypeAlias", ())):  # `type X = ...` (3.12)
+                target, value = node.name, node.value
+            else:
+                continue
+            if isinstance(target, ast.Name):
+                bound.setdefault(target.id, set()).update(_names(value))
+    names = {"Any"}
+    while grown := {k for k, refs in bound.items() if k not in names and refs & names}:
+        names |= grown
+    return names
+
+
+def any_signatures(root: Path) -> list[str]:
+    """'path:line: Class.name' for each public function or method (its name, and its class's, not
+    starting with '_') under root/tflfuse whose parameters or return mention `Any`."""
+    paths = sorted((root / "tflfuse").rglob("*.py"))
+    trees = [ast.parse(p.read_text(), filename=str(p)) for p in paths]
+    names = _any_aliases(trees)
+    found = []
+
+    def visit(body: list[ast.stmt], where: str, prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                visit(node.body, where, f"{prefix}{node.name}.")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+                annotations = [p.annotation for p in params if p is not None] + [node.returns]
+                if not node.name.startswith("_") and any(_names(t) & names for t in annotations):
+                    found.append(f"{where}:{node.lineno}: {prefix}{node.name}")
+
+    for path, tree in zip(paths, trees):
+        visit(tree.body, str(path.relative_to(root)), "")
+    return found
+
+
 # -- the project ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def project() -> list[Import]:
@@ -402,6 +470,48 @@ def test_no_rule_branches_on_a_target_name() -> None:
     assert not findings, "ask the target's trait in tflfuse/targets/registry.py:\n" + "\n".join(
         findings
     )
+
+
+def test_few_public_signatures_have_any() -> None:
+    findings = any_signatures(REPO)
+    assert len(findings) <= MAX_ANY_SIGNATURES, (
+        f"{len(findings)} public signatures with Any, more than {MAX_ANY_SIGNATURES}: type the"
+        " new one (a dataclass, TypedDict, Protocol, NDArray...):\n" + "\n".join(findings)
+    )
+
+
+def test_the_any_count_finds_planted_signatures(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "tflfuse/ir/a.py": textwrap.dedent(
+                """\
+                import typing
+                from typing import Any
+
+                Row = dict[str, Any]
+                Rows = list[Row]  # an alias of an alias
+
+                def typed(x: int) -> dict[str, int]: ...
+                def _private(x: Any) -> Any: ...
+                def param(x: "list[Any]") -> None: ...
+                def returned(*, y: int) -> typing.Any: ...
+                def rows(**kw: int) -> Rows: ...
+                class C:
+                    def method(self, *args: Any) -> None: ...
+                    def _helper(self) -> Any: ...
+                class _Hidden:
+                    def method(self) -> Any: ...
+                """
+            )
+        },
+    )
+    assert any_signatures(tmp_path) == [
+        "tflfuse/ir/a.py:9: param",
+        "tflfuse/ir/a.py:10: returned",
+        "tflfuse/ir/a.py:11: rows",
+        "tflfuse/ir/a.py:13: C.method",
+    ]
 
 
 def test_the_target_name_check_finds_a_planted_branch(tmp_path: Path) -> None:
