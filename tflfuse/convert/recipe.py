@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tflfuse.errors import TflfuseError
+from tflfuse.json_types import JSONDict
 from tflfuse.resources import Traversable, data_dir, data_names
 from tflfuse.targets import TARGETS, XNNPACK, Target, find
 from tflfuse.targets.runtimes import resolve
@@ -267,7 +268,7 @@ class Recipe:
         if self.level not in (0, 1, 2):
             raise fail("level", f"must be 0, 1 or 2, not {self.level}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["target"] = self.target.name  # JSON carries the name
         out["grappler"] = list(self.grappler)

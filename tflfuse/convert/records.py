@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tflfuse.json_types import JSONDict
 from tflfuse.quantize.quantize import Quantized
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.protocol import Source
@@ -93,7 +94,7 @@ class LegalizeRecord:
         """Why a legalization that ran was not kept (None: it was, or it did not run)."""
         return self.reason if self.ran and not self.kept else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         """The report's `legalization` section."""
         if not self.ran:
             return {"ran": False, "reason": self.reason}

@@ -55,6 +55,7 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from tflfuse.ir import Op, Quantization, Tensor, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.rewrite import (
     DeadCodeElimination,
     Match,
@@ -284,7 +285,7 @@ class Completion:
     verification: dict[str, Any] = field(default_factory=dict)
     kept: bool = True  # False: the completed model failed verification; `data` is the input
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "completed": dict(self.completed),
             "kept": self.kept,

@@ -17,6 +17,7 @@ import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op, Tensor, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.verification.runs import run_float
 
@@ -55,7 +56,7 @@ class LayoutChange:
             for i, a in enumerate(arrays)
         ]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "interface_change": True,
             "inputs_now_nhwc": list(self.inputs),

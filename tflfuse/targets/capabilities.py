@@ -23,6 +23,7 @@ import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, Op, Tensor
+from tflfuse.json_types import JSONDict
 from tflfuse.resources import data_dir
 
 if sys.version_info >= (3, 11):
@@ -62,7 +63,7 @@ class OpPrediction:
     status: str
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "index": self.index,
             "op": self.op,
@@ -83,7 +84,7 @@ class OtherReading:
     mapped: int
     reading: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {"ops": list(self.ops), "mapped": self.mapped, "reading": self.reading}
 
     @property
@@ -130,7 +131,7 @@ class Prediction:
             counts[(o.op, o.status)] = counts.get((o.op, o.status), 0) + 1
         return [(op, n, status) for (op, status), n in counts.items()]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         out: dict[str, Any] = {
             "target": self.target,
             "ops": [o.to_dict() for o in self.ops],

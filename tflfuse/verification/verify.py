@@ -21,6 +21,7 @@ import numpy as np
 from tflfuse.device.bench import seeded_input_values
 from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
+from tflfuse.json_types import JSONDict
 from tflfuse.verification import run_memo
 from tflfuse.verification.roundoff import estimate
 from tflfuse.verification.runs import run, run_keeping
@@ -58,7 +59,7 @@ class Agreement:
     def failed_outputs(self) -> list[str]:
         return [name for name, o in self.outputs.items() if not o["ok"]]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return asdict(self)
 
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Op, Tensor
+from tflfuse.json_types import JSONDict
 from tflfuse.targets.capabilities import FLOAT_TYPES, _axes, _const_ints, capability, op_label
 
 BINARY = frozenset(
@@ -299,7 +300,7 @@ class FormEntry:
     refused_sizes: list[Size] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "key": self.form.key,
             "op": self.form.op,

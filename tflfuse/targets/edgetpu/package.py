@@ -29,6 +29,7 @@ from flatbuffers import number_types as fb_types
 from flatbuffers.table import Table
 
 from tflfuse.ir import Model
+from tflfuse.json_types import JSONDict
 
 CUSTOM_OP = "edgetpu-custom-op"
 EXECUTABLE_TYPES = ("STAND_ALONE", "PARAMETER_CACHING", "EXECUTION_ONLY")
@@ -110,7 +111,7 @@ class Layer:
     data_type: str
     executions: int = 1  # executed this many times per inference
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "name": self.name,
             "size_bytes": self.size_bytes,
@@ -137,7 +138,7 @@ class Executable:
     inputs: tuple[Layer, ...] = ()
     outputs: tuple[Layer, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "type": self.type,
             "parameter_bytes": self.parameter_bytes,
@@ -188,7 +189,7 @@ class Package:
     def outputs(self) -> tuple[Layer, ...]:
         return next((e.outputs for e in self.executables if e.type != "PARAMETER_CACHING"), ())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         counts = {kind: len(self.of_type(kind)) for kind in EXECUTABLE_TYPES}
         return {
             "runtime_version": self.runtime_version,
