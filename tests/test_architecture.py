@@ -292,6 +292,8 @@ def heavy_imports(imports: list[Import]) -> list[str]:
         rest = imp.importer.removeprefix("tflfuse.")
         if not imp.importer.startswith("tflfuse."):
             continue  # device scripts: device_script_loads
+        if imp.typing_only and any(rest.startswith(prefix) for prefix in TF_ALLOWED):
+            continue  # a Keras or TensorFlow type in an annotation: never imported at run time
         if not any(rest.startswith(prefix) for prefix in TF_ALLOWED):
             found.append(f"{imp}: {imp.target} only in {', '.join(TF_ALLOWED)}")
         elif not imp.lazy:
@@ -602,7 +604,8 @@ CLEAN = {
     "tflfuse/rewrite/engine.py": "from tflfuse.ir.graph import TflfuseError\n",
     "tflfuse/rules/fuse.py": "from tflfuse.rewrite import engine\nfrom tflfuse.targets import x\n",
     "tflfuse/targets/x.py": "from tflfuse.ir import graph\n",
-    "tflfuse/sources/keras.py": "def load():\n    import tensorflow as tf\n",
+    "tflfuse/sources/keras.py": "if TYPE_CHECKING:\n    import tensorflow as tf\n"  # (a type)
+    "def load():\n    import tensorflow as tf\n",
     "tflfuse/device/bench.py": "from tflfuse.device import interpreter\n",
     "tflfuse/device/interpreter.py": "from tflfuse.errors import TflfuseError\n"
     "if TYPE_CHECKING:\n    from tflfuse.json_types import JSON\n",  # (never run: not shipped)
@@ -679,6 +682,11 @@ PLANTED = [
         {"tflfuse/targets/x.py": "def f():\n    import tensorflow\n"},
         heavy_imports,
         "tflfuse/targets/x.py:2: import tensorflow  (in a function): tensorflow only in",
+    ),
+    (  # a TensorFlow type where TensorFlow is not allowed at all
+        {"tflfuse/targets/x.py": "if TYPE_CHECKING:\n    import tensorflow\n"},
+        heavy_imports,
+        "tflfuse/targets/x.py:2: import tensorflow: tensorflow only in",
     ),
     (  # the quantizer at module level, even where it is allowed
         {"tflfuse/quantize/quantize.py": "from litert_quantizer import quantizer\n"},
