@@ -28,19 +28,22 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from tflfuse.device.interpreter import check_delegate_name, interpreter_package, make_interpreter
 from tflfuse.errors import TflfuseError
 
+if TYPE_CHECKING:
+    from tflfuse.device.interpreter import Interpreter, TensorDetails
+
 PERCENTILES = (50, 90, 99)
 ALIGNMENT = 64
 
 
 # -- inputs --------------------------------------------------------------------------------------
-def seeded_input_values(details: Sequence[dict], seed: int = 0) -> list[np.ndarray]:
+def seeded_input_values(details: Sequence[TensorDetails], seed: int = 0) -> list[np.ndarray]:
     """One input set matching the interpreter's input details, reproducible from `seed`.
     Uses numpy's legacy `RandomState`, which old device images (numpy 1.16 on Coral's Mendel)
     still have, so host and device generate the same values."""
@@ -63,7 +66,7 @@ def seeded_input_values(details: Sequence[dict], seed: int = 0) -> list[np.ndarr
 
 
 # -- static facts from an undelegated interpreter ------------------------------------------------
-def _tensor_bytes(detail: dict) -> int:
+def _tensor_bytes(detail: TensorDetails) -> int:
     try:
         itemsize = np.dtype(detail["dtype"]).itemsize
     except TypeError:
@@ -279,7 +282,7 @@ def _model_files(models: Sequence[str | Path]) -> list[Path]:
 
 def _load(
     label: str, path: Path, *, delegate: str, threads: int | None, seed: int
-) -> tuple[dict[str, Any], Any, list[tuple[dict[str, Any], np.ndarray]]]:
+) -> tuple[dict[str, Any], Interpreter, list[tuple[TensorDetails, np.ndarray]]]:
     """(entry, interpreter, feed) of one model: its static facts, init time, first invoke time and
     resident memory growth, measured as it loads; the feed is its seeded inputs, set each round."""
     entry: dict[str, Any] = {"name": label, "path": str(path)}
@@ -311,8 +314,8 @@ def _load(
 
 
 def _interleaved_rounds(
-    interps: list[Any],
-    feeds: list[list[tuple[dict[str, Any], np.ndarray]]],
+    interps: list[Interpreter],
+    feeds: list[list[tuple[TensorDetails, np.ndarray]]],
     runs: int,
     warmup: int,
     progress: bool,
