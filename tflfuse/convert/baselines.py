@@ -14,13 +14,12 @@ converter's PTQ, so its baselines are conversions of the input itself, made here
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from tflfuse.convert.recipe import Recipe
 from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
+from tflfuse.json_types import JSONDict
 from tflfuse.quantize.quantize import Quantized, quantize
 from tflfuse.rewrite import TopologicalSort
 from tflfuse.rules import defuse as defuse_mod
@@ -33,7 +32,7 @@ DEFUSED_ROUTE = "the input defused (rules.defuse: fused activations and float bi
 
 def defused(
     data: bytes, name: str, what: str, verify: bool = True
-) -> tuple[bytes, str | None, dict[str, Any] | None]:
+) -> tuple[bytes, str | None, JSONDict | None]:
     """(`data` through rules.defuse, how it was checked against `data`: a clause for the route,
     the agreement), or a one-line TflfuseError naming the check (`what`) and what it measured.
     `verify=False` (--no-verify): not checked (None, None)."""
@@ -57,7 +56,7 @@ def defused(
 
 def defused_input(
     source: Source, rec: Recipe, verify: bool = True
-) -> tuple[bytes, str, dict[str, Any] | None]:
+) -> tuple[bytes, str, JSONDict | None]:
     """The unfused float baseline of a .tflite: its float model (in the interface convert gives
     the fused one) defused, with the route and the check (None: --no-verify)."""
     data, how, record = defused(source.float_tflite(rec), source.name, "defused baseline", verify)

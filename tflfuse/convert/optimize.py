@@ -103,7 +103,7 @@ def _stages(
     return stages
 
 
-def runtime_section(model: Model, runtime: Runtime, source: str) -> dict[str, Any]:
+def runtime_section(model: Model, runtime: Runtime, source: str) -> JSONDict:
     """The model's check against `runtime`; TflfuseError (one line, nothing written) when the
     runtime cannot run it: the op, the version it needs and the runtime, in the runtime's words."""
     result = runtimes.check(model, runtime)

@@ -442,8 +442,8 @@ def runtime(rec: Recipe, ctx: Context) -> None:
             )
         q.data = candidate.data
         ctx.handed = (q.data, flatbuffer.read_back(candidate.model))  # (after the check)
-    section["fired"] = {**ctx.fused.result.fired(), **result.fired()}
-    section["fired"] = {k: v for k, v in section["fired"].items() if k in _RUNTIME_RULES}
+    fired = {**ctx.fused.result.fired(), **result.fired()}
+    section["fired"] = {k: v for k, v in fired.items() if k in _RUNTIME_RULES}
     ctx.runtime = RuntimeRecord(section)
 
 
