@@ -3,7 +3,8 @@ bundle manifests, sweep rows.
 
 A value the standard `json` module writes: None, a bool, a number, a string, a sequence of values
 (a list or a tuple) or a mapping from strings to values. The containers are the read-only
-`Sequence` and `Mapping`, so that a `list[JSONDict]` is a JSON value as it is. The device floor
+`Sequence` and `Mapping`, so that a `list[JSONDict]` is a JSON value as it is, and a
+TypedDict of such values (e.g. `ir.summary`'s) too. The device floor
 reads it for the type checker only (`if TYPE_CHECKING:`): a bundle does not ship it.
 """
 
@@ -12,5 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeAlias
 
-JSON: TypeAlias = bool | int | float | str | Sequence["JSON"] | Mapping[str, "JSON"] | None
+# (a mapping's values are `object` to the checker: a TypedDict is a Mapping[str, object] only)
+JSON: TypeAlias = bool | int | float | str | Sequence["JSON"] | Mapping[str, object] | None
 JSONDict: TypeAlias = dict[str, JSON]  # a `to_dict()`: a fresh dict its caller may extend

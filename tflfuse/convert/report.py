@@ -33,6 +33,7 @@ from tflfuse.convert.records import (
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.summary import activation_bytes, parameter_bytes, quantization_summary
+from tflfuse.json_types import JSONDict
 from tflfuse.quantize.quantize import float_compute_ops
 from tflfuse.sources import layout
 from tflfuse.sources.layout import LayoutChange
@@ -58,7 +59,7 @@ class ParseOnce:
         return model
 
 
-def model_facts(data: bytes, model: Model | None = None) -> dict[str, Any]:
+def model_facts(data: bytes, model: Model | None = None) -> JSONDict:
     """Op count and table, activation and parameter bytes, quantization kind, file size (`model`:
     `data` already parsed)."""
     model = model if model is not None else flatbuffer.from_bytes(data)
@@ -93,7 +94,7 @@ def agreement(
     reference: list[np.ndarray],
     interface: Any = None,
     classifier: Sequence[bool] | None = None,
-) -> dict[str, Any]:
+) -> JSONDict:
     """Max and mean absolute error against the reference, in output units; top-1 agreement for
     the outputs `classifier` marks as class scores (`tflfuse.convert.caveats.class_scores`; when it
     is not given, every (batch, classes) output). `interface` (a layout.LayoutChange) lays the
@@ -179,7 +180,7 @@ def warnings(
     ]
 
 
-def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> dict[str, Any]:
+def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> JSONDict:
     """Where the fused model's ops run on the recipe's delegate (tflfuse.targets; `model`:
     `data` already parsed)."""
     try:
@@ -207,7 +208,7 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def edgetpu_cut(data: bytes, model: Model | None = None) -> dict[str, Any]:
+def edgetpu_cut(data: bytes, model: Model | None = None) -> JSONDict:
     """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why
     (`model`: `data` already parsed)."""
     prediction = targets.predict_edgetpu(

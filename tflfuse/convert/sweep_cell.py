@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 # The CLI, run as a child that dies with its parent (Linux; elsewhere just the CLI).
 _LAUNCH = (
@@ -116,6 +116,18 @@ class CellResult:
     files: dict[str, bytes] = field(default_factory=dict)
 
 
+class ProcessRun(TypedDict):
+    """What `run_process` measured of one finished process."""
+
+    exit: int  # negative: killed by that signal
+    timed_out: bool
+    seconds: float  # wall time
+    peak_rss_mib: float  # of it and its waited-for children
+    cpu_s: float  # user + system
+    stdout: str
+    stderr: str
+
+
 def empty_row(spec: CellSpec) -> dict[str, Any]:
     return {
         "model": spec.model,
@@ -153,14 +165,14 @@ def _tflfuse_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-def run_limited(argv: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
+def run_limited(argv: list[str], cwd: Path, timeout: float) -> ProcessRun:
     """`python -c LAUNCH *argv` (the tflfuse CLI): `run_process` with this tflfuse importable."""
     return run_process([sys.executable, "-c", _LAUNCH, *argv], cwd, timeout, _tflfuse_env())
 
 
 def run_process(
     cmd: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None
-) -> dict[str, Any]:
+) -> ProcessRun:
     """`cmd` in its own process group, killed with its children after `timeout` s: exit code
     (negative: the signal), stdout, stderr, wall time and the peak RSS of it and its waited-for
     children (wait4). Its output goes through cwd/.stdout and cwd/.stderr, removed after."""
@@ -193,7 +205,7 @@ def run_process(
             timer.cancel()
             with _lock:
                 _running.discard(proc.pid)
-    result = {
+    result: ProcessRun = {
         "exit": os.waitstatus_to_exitcode(status),
         "timed_out": timed_out.is_set(),
         "seconds": time.perf_counter() - t0,
@@ -226,7 +238,7 @@ def printed_lines(text: str) -> list[str]:
     return lines
 
 
-def judge(run: dict[str, Any], timeout: float) -> tuple[str, str]:
+def judge(run: ProcessRun, timeout: float) -> tuple[str, str]:
     """(status, the one line that says why) of a finished CLI process: converted, refused
     (tflfuse's own error line), crash (a signal or a traceback) or timeout."""
     if run["timed_out"]:
