@@ -56,6 +56,7 @@ from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.quantize import calibration as calib_mod
 from tflfuse.quantize import quantize as quantize_mod
+from tflfuse.quantize.calibration import CalibrationSource
 from tflfuse.quantize.quantize import Quantized, aeq_unsupported, set_io_types
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.sources import tflite as tflite_frontend
@@ -111,7 +112,7 @@ class Context:
     that would hide a stage run out of order."""
 
     model: Any  # what the user gave
-    calibration: Any  # the calibration source as given
+    calibration: CalibrationSource  # as given
     options: Options
     folder: Path  # the temporary output folder
     timings: dict[str, float] = field(default_factory=dict)
@@ -184,7 +185,9 @@ def _no_calibration(rec: Recipe) -> TflfuseError:
     )
 
 
-def _calibration(rec: Recipe, src: Source, calibration: Any, seed: int) -> list[np.ndarray] | None:
+def _calibration(
+    rec: Recipe, src: Source, calibration: CalibrationSource, seed: int
+) -> list[np.ndarray] | None:
     """Calibration arrays (from `calibration`, as given) in the source's own layout. With
     --channels-last, data already laid out NHWC is accepted too (and put back in the source's
     layout)."""
@@ -645,7 +648,7 @@ STAGES: tuple[Callable[[Recipe, Context], None], ...] = (
 def convert(
     model: Any,
     recipe: str | Path | Recipe = "xnnpack-int8",
-    calibration: Any = None,
+    calibration: CalibrationSource = None,
     output_dir: Path = Path("out"),
     seed: int = 0,
     *,
