@@ -17,7 +17,7 @@ import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
@@ -41,14 +41,28 @@ def _table_dirs() -> list[Path]:
     return [Path(str(data_dir("delegates")))]  # a Path for every file-system install
 
 
+class CapabilityTable(TypedDict, total=False):
+    """A parsed `delegates/NAME.toml`: the target's facts (`meta`: types, fused activations,
+    limits), one row of constraints per op type it maps (`ops`, keys as the table names them),
+    and the Edge TPU's compiler tables (`status`: its log's phrases, `legalization`,
+    `compiler_parse`; `edgetpu_forms.toml`'s `form` rows). The rows' values are TOML as read."""
+
+    meta: dict[str, Any]
+    ops: dict[str, dict[str, Any]]
+    status: dict[str, str]
+    legalization: dict[str, Any]
+    compiler_parse: dict[str, Any]
+    form: list[dict[str, Any]]
+
+
 @functools.cache
-def capability(name: str) -> dict[str, Any]:
+def capability(name: str) -> CapabilityTable:
     """The parsed `delegates/NAME.toml`."""
     for folder in _table_dirs():
         path = folder / f"{name}.toml"
         if path.is_file():
             with path.open("rb") as f:
-                return tomllib.load(f)
+                return cast(CapabilityTable, tomllib.load(f))  # (the tables' layout)
     raise TflfuseError(
         f"no capability table for target {name!r} (looked for delegates/{name}.toml)"
     )
@@ -182,7 +196,7 @@ def _axes(op: Op) -> list[int] | None:
 
 
 # -- XNNPACK -------------------------------------------------------------------------------------
-def xnnpack_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[bool, str]:
+def xnnpack_op_status(op: Op, table: CapabilityTable | None = None) -> tuple[bool, str]:
     """(taken, reason) for one op under XNNPACK, from `delegates/xnnpack.toml`."""
     table = table or capability("xnnpack")
     row = table["ops"].get(op.type) if op.type != "CUSTOM" else None

@@ -28,7 +28,7 @@ from tflfuse.errors import TflfuseError
 
 if TYPE_CHECKING:  # types only: importing them loads numpy and the model code
     from tflfuse.ir import Model
-    from tflfuse.targets.capabilities import Prediction
+    from tflfuse.targets.capabilities import CapabilityTable, Prediction
 
 MIB = 1 << 20
 
@@ -113,7 +113,7 @@ class Target:
             )
         return self.predictor(model, compiler_version, multiple_subgraphs)
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> CapabilityTable:
         """Its parsed capability table (`delegates/TABLE.toml`)."""
         from tflfuse.targets.capabilities import capability
 

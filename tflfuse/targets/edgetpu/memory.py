@@ -37,11 +37,12 @@ depends on the models compiled with them. No TensorFlow here.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 
 from tflfuse.ir import Op, Tensor
+from tflfuse.targets.capabilities import CapabilityTable
 from tflfuse.targets.edgetpu.memory_shown import pack_bytes, pack_streamed_bytes, transpose_bytes
 
 GROUP = 64  # output channels per group
@@ -321,7 +322,7 @@ def _undecided_reshape(op: Op) -> bool:
 
 
 def predicted_memory(
-    mapped_ops: list[Op], table: dict[str, Any], compiler_major: int = 16
+    mapped_ops: list[Op], table: CapabilityTable, compiler_major: int = 16
 ) -> dict[str, int]:
     """Parameter bytes of the mapped ops in the compiler's layout, and how they split between the
     on-chip cache and streaming: `streamed_layer`s stream, the rest is cached up to the cache's

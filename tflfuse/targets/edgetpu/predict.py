@@ -24,6 +24,7 @@ import numpy as np
 from tflfuse.ir import Graph, Model, Op, Tensor
 from tflfuse.targets.capabilities import (
     FLOAT_TYPES,
+    CapabilityTable,
     OpPrediction,
     OtherReading,
     Prediction,
@@ -36,7 +37,7 @@ from tflfuse.targets.capabilities import (
 from tflfuse.targets.edgetpu.forms import FormTable, form_of, gate, gated, load_table
 from tflfuse.targets.edgetpu.memory import predicted_memory
 
-Check = Callable[[Op, dict[str, Any]], str | None]
+_RowCheck = Callable[[Op, dict[str, Any]], str | None]  # a table row's constraint, checked
 
 
 def _check_pool_plane(op: Op, row: dict[str, Any]) -> str | None:
@@ -172,7 +173,7 @@ def _check_split(op: Op, row: dict[str, Any]) -> str | None:
     return None
 
 
-_EDGETPU_CHECKS: tuple[tuple[Check, str], ...] = (
+_EDGETPU_CHECKS: tuple[tuple[_RowCheck, str], ...] = (
     (_check_pool_plane, "limitation"),
     (_check_reduction, "limitation"),
     (_check_concat, "limitation"),
@@ -207,13 +208,13 @@ def compiler_version_key(text: str) -> tuple[int, int]:
     return major, minor
 
 
-def default_compiler_version(table: dict[str, Any] | None = None) -> str:
+def default_compiler_version(table: CapabilityTable | None = None) -> str:
     """The compiler the table describes unless told otherwise (its [meta] compiler_version)."""
     return str((table or capability("edgetpu"))["meta"]["compiler_version"])
 
 
 def edgetpu_op_status(
-    op: Op, table: dict[str, Any] | None = None, compiler_version: str | None = None
+    op: Op, table: CapabilityTable | None = None, compiler_version: str | None = None
 ) -> tuple[str, str]:
     """(status key, reason) for one op on its own: "mapped" or why not (keys of [status]).
 
@@ -301,7 +302,7 @@ def _row_limits(op: Op, row: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def edgetpu_shape_refusal(op: Op, table: dict[str, Any] | None = None) -> str | None:
+def edgetpu_shape_refusal(op: Op, table: CapabilityTable | None = None) -> str | None:
     """Why the compiler would refuse `op` for its type, shapes and constants alone, whatever its
     data types, or None: what a legalization can ask of an op it writes into a float graph that
     is quantized afterwards (quantization keeps every shape)."""
@@ -737,6 +738,6 @@ def predict_edgetpu(
     return prediction
 
 
-def _edgetpu_memory(mapped_ops: list[Op], table: dict[str, Any], version: str) -> dict[str, int]:
+def _edgetpu_memory(mapped_ops: list[Op], table: CapabilityTable, version: str) -> dict[str, int]:
     """Parameter bytes of the mapped ops in the compiler's layout (`edgetpu.memory`)."""
     return predicted_memory(mapped_ops, table, compiler_version_key(version)[0])
