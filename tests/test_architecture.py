@@ -306,7 +306,7 @@ def device_script_loads(imports: list[Import]) -> list[str]:
     module imports at module level (transitively). None of it rewriting, conversion or TF."""
     module_level: dict[str, list[Import]] = {}
     for imp in imports:
-        if not imp.lazy:
+        if not imp.lazy and not imp.typing_only:  # (a TYPE_CHECKING import loads nothing)
             module_level.setdefault(imp.importer, []).append(imp)
     found = []
     for script in sorted({i.importer for i in imports if i.importer.startswith("device_scripts")}):
@@ -396,7 +396,7 @@ def target_name_branches(root: Path) -> list[str]:
 
 # Public functions and methods with `Any` in a parameter or the return annotation: what is left
 # to type (counted down, never up; the IR's own open dicts, op options and `extra`, stay).
-MAX_ANY_SIGNATURES = 66
+MAX_ANY_SIGNATURES = 57
 
 
 def _names(node: ast.AST | None) -> set[str]:

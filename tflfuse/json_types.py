@@ -11,8 +11,11 @@ reads it for the type checker only (`if TYPE_CHECKING:`): a bundle does not ship
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
-# (a mapping's values are `object` to the checker: a TypedDict is a Mapping[str, object] only)
-JSON: TypeAlias = bool | int | float | str | Sequence["JSON"] | Mapping[str, object] | None
+if TYPE_CHECKING:
+    # (a mapping's values are `object` to the checker: a TypedDict is a Mapping[str, object] only)
+    JSON: TypeAlias = bool | int | float | str | Sequence["JSON"] | Mapping[str, object] | None
+else:  # at run time (typing.get_type_hints) without the self-reference, which it cannot resolve
+    JSON: TypeAlias = bool | int | float | str | Sequence[object] | Mapping[str, object] | None
 JSONDict: TypeAlias = dict[str, JSON]  # a `to_dict()`: a fresh dict its caller may extend

@@ -58,6 +58,7 @@ from tflfuse.quantize import calibration as calib_mod
 from tflfuse.quantize import quantize as quantize_mod
 from tflfuse.quantize.calibration import CalibrationSource
 from tflfuse.quantize.quantize import Quantized, aeq_unsupported, set_io_types
+from tflfuse.rewrite import Pass, Rule
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.sources import tflite as tflite_frontend
 from tflfuse.sources.keras import (
@@ -370,7 +371,7 @@ def _fused_ir(ctx: Context, name: str) -> Model:
     return flatbuffer.from_bytes(data, name)
 
 
-def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
+def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Rule | Pass, ...]:
     """The rules run on the quantized fused model. For a target with a legalization (the Edge
     TPU), that legalization (the rules' int8 forms and SplitOversizedTranspose, which acts only
     on int8 tensors); for the other targets, their whole pipeline again, where the int8-only

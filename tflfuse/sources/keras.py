@@ -250,7 +250,7 @@ def _function_frontend(fn: Any, source: str, batch: int) -> Frontend:
     return Frontend(frozen, names, shapes, out_names, batch_used, source, notices=notices)
 
 
-def source_kind(model: Any) -> str:
+def source_kind(model: object) -> str:
     """ "tflite" for a .tflite (path or bytes: it enters `convert` at the float stage, see
     `tflfuse.sources.tflite`), else "tensorflow" (everything `load_model` takes)."""
     return "tflite" if is_tflite(model) else "tensorflow"

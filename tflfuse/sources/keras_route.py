@@ -23,6 +23,7 @@ import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, Signature, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.sources.keras import Frontend, every_op_output
@@ -405,5 +406,5 @@ class KerasSource:
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         return _reference_outputs(self.front, inputs)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONDict:
         return {"kind": self.kind, "entered_at": "load (TensorFlow)", "quantized_input": False}
