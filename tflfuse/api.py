@@ -67,7 +67,7 @@ def _model_bytes(model: ModelSource, what: str = "model") -> tuple[bytes, str]:
 
 
 def convert(
-    model: Any,
+    model: object,
     output_dir: str | Path,
     *,
     recipe: str | Path | Recipe = "xnnpack-int8",

@@ -647,7 +647,7 @@ STAGES: tuple[Callable[[Recipe, Context], None], ...] = (
 
 # -- output folder ---------------------------------------------------------------------------------
 def convert(
-    model: Any,
+    model: object,
     recipe: str | Path | Recipe = "xnnpack-int8",
     calibration: CalibrationSource = None,
     output_dir: Path = Path("out"),
