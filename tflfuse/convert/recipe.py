@@ -183,12 +183,13 @@ class Recipe:
         if found is not None:
             object.__setattr__(self, "target", found)
 
-    def override(self, labels: Mapping[str, str] | None = None, **values: Any) -> Recipe:
+    def override(self, labels: Mapping[str, str] | None = None, **values: object) -> Recipe:
         """A copy with the given fields replaced (None means 'keep the recipe's value').
         `labels` names each field as the caller's user knows it (e.g. {"samples": "--samples"})
         for error messages; by default an override is named by its field."""
         known = {f.name for f in fields(self)} - {"source", "overridden"}
-        changes = {k: v for k, v in values.items() if v is not None}
+        # (as given: `validate` below refuses a value of the wrong kind, naming its key)
+        changes: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
         unknown = sorted(set(changes) - known)
         if unknown:
             raise RecipeError(
@@ -338,7 +339,7 @@ def _flatten(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
     return values
 
 
-def from_dict(raw: Mapping[str, Any], source: str = "<recipe>") -> Recipe:
+def from_dict(raw: Mapping[str, object], source: str = "<recipe>") -> Recipe:
     """Build a Recipe from the TOML layout (top level + [quantization] [calibration] ...)."""
     values = _flatten(raw, source)
     values.setdefault("name", Path(source).stem)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from struct import error as struct_error
-from typing import Any
+from typing import Any, TypedDict
 
 from flatbuffers import encode, flexbuffers
 from flatbuffers import number_types as fb_types
@@ -303,7 +303,21 @@ def model_packages(compiled: Model) -> list[Package | None]:
     return found
 
 
-def package_memory(compiled: Model) -> dict[str, Any] | None:
+class PackageMemory(TypedDict):
+    """`package_memory`: what a compiled model's packages say of its parameter memory."""
+
+    segments: int  # custom ops holding a package
+    readable_packages: int
+    compiler_major: int | None  # None when the packages disagree
+    on_chip_bytes: int
+    off_chip_bytes: int
+    executables: int
+    executables_by_type: dict[str, int]
+    caching_tokens: list[str]
+    packages: list[JSONDict | None]  # each package's `to_dict`, None where it does not read
+
+
+def package_memory(compiled: Model) -> PackageMemory | None:
     """What the compiler's console says of parameter memory, read from the compiled model:
     bytes cached on chip and streamed (summed over its segments), executables by type, their
     caching tokens. None when no custom op holds a readable package."""
