@@ -24,10 +24,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tflfuse.convert.sweep_cell import CellResult, CellSpec, Payload, lost, run_cell
 from tflfuse.errors import TflfuseError
+
+if TYPE_CHECKING:  # (the type only: the Ray workers need not read plans)
+    from tflfuse.convert.sweep_plan import Plan
 
 FIRST_GUESS_MIB = 1024  # a cell's memory request before its model's peak is measured
 MARGIN = 1.25  # on a measured peak
@@ -157,7 +160,7 @@ def _largest_node() -> float:
     return max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
 
 
-def run_cells(cells: list[CellSpec], plan: Any, done: Done, peaks: dict[str, float]) -> None:
+def run_cells(cells: list[CellSpec], plan: Plan, done: Done, peaks: dict[str, float]) -> None:
     """Submit the cells as tasks, no more at once than the cluster has CPUs (so later cells ask
     for the memory measured on earlier ones), and hand each result to `done` as it arrives."""
     import ray
@@ -176,7 +179,7 @@ def run_cells(cells: list[CellSpec], plan: Any, done: Done, peaks: dict[str, flo
 class _Scheduler:
     """The cells waiting (`queue`) and running (task ref -> cell, when submitted)."""
 
-    plan: Any
+    plan: Plan
     done: Done
     peaks: dict[str, float]
     queue: deque[CellSpec]
