@@ -208,9 +208,10 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def edgetpu_cut(data: bytes, model: Model | None = None) -> JSONDict:
+def edgetpu_cut(data: bytes, model: Model | None = None) -> dict[str, Any]:
     """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why
-    (`model`: `data` already parsed)."""
+    (`model`: `data` already parsed), with the Prediction itself under `_prediction` (for the
+    section's channels-last effect; popped before the report is written)."""
     prediction = targets.predict_edgetpu(
         model if model is not None else flatbuffer.from_bytes(data)
     )
