@@ -21,9 +21,12 @@ And the int8 models are only as good as the calibration data:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tflfuse.ir import Model
 
 # the share of values a range should hold, and how much wider than that share's span the whole
 # range may be before the int8 scale it gives leaves them too few levels (255 / 100: ~2.5)
@@ -56,7 +59,7 @@ def class_scores(
     return producer in PROBABILITY_OPS or (producer in LOGIT_OPS and only_output)
 
 
-def output_producers(model: Any) -> list[str | None]:
+def output_producers(model: Model) -> list[str | None]:
     """The op type behind each output of `model` (an ir.Model), through reshapes and
     (de)quantization."""
     out: list[str | None] = []

@@ -92,7 +92,7 @@ def agreement(
     data: bytes,
     inputs: list[np.ndarray],
     reference: list[np.ndarray],
-    interface: Any = None,
+    interface: LayoutChange | None = None,
     classifier: Sequence[bool] | None = None,
 ) -> JSONDict:
     """Max and mean absolute error against the reference, in output units; top-1 agreement for
