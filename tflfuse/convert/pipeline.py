@@ -27,7 +27,7 @@ import errno
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -46,6 +46,7 @@ from tflfuse.convert.records import (
     FloatRecord,
     LegalizeRecord,
     LoadRecord,
+    ModelAgreement,
     QuantizedRecord,
     RuntimeRecord,
     UnfusedRecord,
@@ -577,7 +578,7 @@ def report(rec: Recipe, ctx: Context) -> None:
         ctx.report["runtime"] = section
 
 
-def _agreements(ctx: Context, models: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+def _agreements(ctx: Context, models: dict[str, bytes]) -> dict[str, ModelAgreement]:
     """Each of the three models against the source on the report's inputs (whether it runs)."""
     src, loaded = ctx.source, ctx.loaded
     inputs = src.eval_inputs(loaded.calib, ctx.options.seed)
@@ -591,7 +592,7 @@ def _agreements(ctx: Context, models: dict[str, bytes]) -> dict[str, dict[str, A
 _STOCK = "stock (litert-quantizer's int8 of the same file)"
 
 
-def _refuse_what_does_not_run(source: str, agreement: dict[str, Any]) -> str | None:
+def _refuse_what_does_not_run(source: str, agreement: Mapping[str, ModelAgreement]) -> str | None:
     """One line when the model tflfuse made fails in the interpreter (nothing is written): the
     file, which of the three models fail and how, and whether stock, litert-quantizer's int8 of
     the same file, fails too (then the cause is the int8 quantization itself, e.g. an int8 DIV
@@ -764,7 +765,8 @@ def _written_fused(ctx: Context) -> Model:
 def _judge_usefulness(ctx: Context) -> None:
     """Refuse a fused model whose outputs carry nothing of the source's where the data shows they
     could (tflfuse.convert.usefulness), unless the user accepts it: then the report says so."""
-    fused = ctx.report.get("agreement", {}).get("fused") or {}
+    # (the report's section as `report.agreement` wrote it)
+    fused = cast(ModelAgreement, ctx.report.get("agreement", {}).get("fused") or {})
     steps = usefulness.output_steps(_written_fused(ctx))
     names = list(ctx.loaded.source.output_names)
     verdict = usefulness.useless(fused, steps, names, FUSED)

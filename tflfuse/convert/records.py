@@ -16,7 +16,7 @@ The pipeline (`tflfuse.convert.pipeline`) keeps them on its Context; the report
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -125,3 +125,32 @@ class BaselinesRecord:
     def models(self) -> dict[str, bytes]:
         """fused, unfused, stock: the models the report measures, in its order."""
         return {"fused": self.fused, "unfused": self.unfused.data, "stock": self.stock}
+
+
+class _OutputAgreement(TypedDict):
+    max_abs: float
+    mean_abs: float
+    reference_range: float
+    varies: bool  # the reference output differs between the check inputs
+
+
+class OutputAgreement(_OutputAgreement, total=False):
+    """One output of a model against the source (`agreement`)."""
+
+    cosine: float  # only where the output varies
+    spread: float
+    top1_agreement: float  # only for class scores
+    reference_classes: int
+
+
+class ModelAgreement(TypedDict, total=False):
+    """A model against the source on the check inputs (`agreement`): `verified`, and either
+    `samples`, `outputs` and the largest `max_abs`, or why not (`reason`; `runs` False when
+    it fails in the interpreter)."""
+
+    verified: bool  # (always there)
+    runs: bool
+    reason: str
+    samples: int
+    outputs: list[OutputAgreement]
+    max_abs: float

@@ -27,6 +27,8 @@ from tflfuse.convert.records import (
     FloatRecord,
     LegalizeRecord,
     LoadRecord,
+    ModelAgreement,
+    OutputAgreement,
     QuantizedRecord,
     UnfusedRecord,
 )
@@ -94,7 +96,7 @@ def agreement(
     reference: list[np.ndarray],
     interface: LayoutChange | None = None,
     classifier: Sequence[bool] | None = None,
-) -> JSONDict:
+) -> ModelAgreement:
     """Max and mean absolute error against the reference, in output units; top-1 agreement for
     the outputs `classifier` marks as class scores (`tflfuse.convert.caveats.class_scores`; when it
     is not given, every (batch, classes) output). `interface` (a layout.LayoutChange) lays the
@@ -110,11 +112,12 @@ def agreement(
         return {"verified": False, "reason": str(exc)}
     except RuntimeError as exc:  # a kernel that fails at run time (e.g. an int8 DIV by zero)
         return {"verified": False, "runs": False, "reason": invoke_failure(exc)}
-    out: dict[str, Any] = {"verified": True, "samples": len(inputs[0]), "outputs": []}
+    rows: list[OutputAgreement] = []
+    out: ModelAgreement = {"verified": True, "samples": len(inputs[0]), "outputs": rows}
     for k, (ref, cand) in enumerate(zip(reference, got)):
         ref = ref.astype(np.float64)
         diff = np.abs(ref - cand.reshape(ref.shape))
-        row: dict[str, Any] = {
+        row: OutputAgreement = {
             "max_abs": float(diff.max()) if diff.size else 0.0,
             "mean_abs": float(diff.mean()) if diff.size else 0.0,
             "reference_range": float(ref.max() - ref.min()) if ref.size else 0.0,
@@ -130,8 +133,8 @@ def agreement(
             ref_class = ref.argmax(1)
             row["top1_agreement"] = float(np.mean(ref_class == cand.reshape(ref.shape).argmax(1)))
             row["reference_classes"] = int(np.unique(ref_class).size)
-        out["outputs"].append(row)
-    out["max_abs"] = max((r["max_abs"] for r in out["outputs"]), default=0.0)
+        rows.append(row)
+    out["max_abs"] = max((r["max_abs"] for r in rows), default=0.0)
     return out
 
 
