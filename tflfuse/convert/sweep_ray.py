@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tflfuse.convert.sweep_cell import CellResult, CellSpec, Payload, lost, run_cell
+from tflfuse.convert.sweep_cell import CellResult, CellSpec, Payload, SweepRow, lost, run_cell
 from tflfuse.errors import TflfuseError
 
 if TYPE_CHECKING:  # (the type only: the Ray workers need not read plans)
@@ -108,7 +108,7 @@ def connected(address: str | None, jobs: int) -> Iterator[str]:
             shutil.rmtree(temp, ignore_errors=True)
 
 
-def measured_peaks(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
+def measured_peaks(rows: Iterable[SweepRow]) -> dict[str, float]:
     """model -> the largest peak RSS (MiB) its cells were measured at."""
     peaks: dict[str, float] = {}
     for row in rows:
