@@ -20,6 +20,7 @@ at vtable slot 4 + 2 i; a union takes two slots, its type then its value); no ge
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from struct import error as struct_error
 from typing import Any, TypedDict
@@ -340,7 +341,7 @@ def package_memory(compiled: Model) -> PackageMemory | None:
     }
 
 
-def cocompiled(memories: dict[str, dict[str, Any]]) -> set[str]:
+def cocompiled(memories: Mapping[str, PackageMemory]) -> set[str]:
     """The compiled models, of `memories` (`package_memory` of each, by any key), that were
     compiled together with another: `edgetpu_compiler` gives the models of one invocation one
     caching token, shared by their executables, and they share the on-chip cache, so how much of
