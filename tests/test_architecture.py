@@ -15,7 +15,9 @@ importer sits inside them. The checks:
     several jobs: split it into named helpers);
   - no rule (nor the engine) compares anything with a target's name: what differs per target
     is a trait of its `Target` (tflfuse/targets/registry.py), so a new target needs no edit
-    of the rules.
+    of the rules;
+  - at most MAX_ANY_SIGNATURES public functions and methods in tflfuse/ have `Any` in their
+    signature (an alias of a type that holds `Any` counts as `Any`).
 Each failure names the importing file and line and the import itself. The checker is tried on
 small synthetic trees with one planted violation each, so a check that cannot fail is caught.
 """
@@ -23,6 +25,7 @@ small synthetic trees with one planted violation each, so a check that cannot fa
 from __future__ import annotations
 
 import ast
+import contextlib
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +38,7 @@ from tflfuse.targets import TARGETS
 REPO = Path(__file__).resolve().parents[1]
 
 # -- the rules -------------------------------------------------------------------------------
-BASE = ("errors", "files", "quiet", "resources", "isolation", "version")  # below every part
+BASE = ("errors", "files", "quiet", "resources", "isolation", "version", "json_types")  # below all
 # The floors, lowest first: part -> the parts it may import (besides itself and BASE), each of
 # them listed before it (test_the_floors_are_in_order). A part is the first name under tflfuse
 # (`targets` for tflfuse.targets.edgetpu.rules): a folder, or a module of the doors at the top.
@@ -101,6 +104,7 @@ class Import:
     lazy: bool  # inside a function
     where: str  # path:line
     text: str  # the statement
+    typing_only: bool = False  # under `if TYPE_CHECKING:`: read by the type checker, never run
 
     def __str__(self) -> str:
         return f"{self.where}: {self.text}" + ("  (in a function)" if self.lazy else "")
@@ -129,6 +133,13 @@ def read_imports(
                 if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
                 for node in ast.walk(func)
             }
+            typing_only = {
+                id(node)
+                for block in ast.walk(tree)
+                if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+                for statement in block.body
+                for node in ast.walk(statement)
+            }
             for node in ast.walk(tree):
                 for target in _targets(node, importer, modules):
                     found.append(
@@ -138,6 +149,7 @@ def read_imports(
                             id(node) in lazy,
                             f"{path.relative_to(root)}:{node.lineno}",
                             ast.unparse(node),
+                            id(node) in typing_only,
                         )
                     )
     return list(dict.fromkeys(found))  # one line per import
@@ -261,7 +273,7 @@ def device_side_imports(imports: list[Import]) -> list[str]:
     for imp in imports:
         if imp.importer not in shipped or not imp.target.startswith("tflfuse"):
             continue
-        if imp.target in shipped:
+        if imp.target in shipped or imp.typing_only:  # (a type the checker reads: never run)
             continue
         host_only = imp.target.removeprefix("tflfuse.") in DEVICE_HOST_ONLY
         if imp.importer == "tflfuse" and imp.lazy:
@@ -280,6 +292,8 @@ def heavy_imports(imports: list[Import]) -> list[str]:
         rest = imp.importer.removeprefix("tflfuse.")
         if not imp.importer.startswith("tflfuse."):
             continue  # device scripts: device_script_loads
+        if imp.typing_only and any(rest.startswith(prefix) for prefix in TF_ALLOWED):
+            continue  # a Keras or TensorFlow type in an annotation: never imported at run time
         if not any(rest.startswith(prefix) for prefix in TF_ALLOWED):
             found.append(f"{imp}: {imp.target} only in {', '.join(TF_ALLOWED)}")
         elif not imp.lazy:
@@ -292,7 +306,7 @@ def device_script_loads(imports: list[Import]) -> list[str]:
     module imports at module level (transitively). None of it rewriting, conversion or TF."""
     module_level: dict[str, list[Import]] = {}
     for imp in imports:
-        if not imp.lazy:
+        if not imp.lazy and not imp.typing_only:  # (a TYPE_CHECKING import loads nothing)
             module_level.setdefault(imp.importer, []).append(imp)
     found = []
     for script in sorted({i.importer for i in imports if i.importer.startswith("device_scripts")}):
@@ -380,6 +394,71 @@ def target_name_branches(root: Path) -> list[str]:
     return [f"{where}:{line}: {text}" for where, line, text in sorted(found)]
 
 
+# Public functions and methods with `Any` in a parameter or the return annotation: what is left
+# to type (counted down, never up; the IR's own open dicts, op options and `extra`, stay).
+MAX_ANY_SIGNATURES = 28
+
+
+def _names(node: ast.AST | None) -> set[str]:
+    """The names an annotation mentions (`typing.Any` as "Any"; string annotations read too)."""
+    found: set[str] = set()
+    for n in ast.walk(node) if node is not None else ():
+        if isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.Attribute) and n.attr == "Any":
+            found.add("Any")
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) < 200:
+            with contextlib.suppress(SyntaxError):  # (a string that is no annotation)
+                found |= _names(ast.parse(n.value, mode="eval"))
+    return found
+
+
+def _any_aliases(trees: list[ast.Module]) -> set[str]:
+    """`Any`, and every module-level name bound to a type that mentions it (`X = dict[str, Any]`,
+    `X: TypeAlias = ...`, `type X = ...`), through aliases of aliases."""
+    bound: dict[str, set[str]] = {}
+    for tree in trees:
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                target, value = node.target, node.value
+            elif isinstance(node, getattr(ast, "TypeAlias", ())):  # `type X = ...` (3.12)
+                target, value = node.name, node.value
+            else:
+                continue
+            if isinstance(target, ast.Name):
+                bound.setdefault(target.id, set()).update(_names(value))
+    names = {"Any"}
+    while grown := {k for k, refs in bound.items() if k not in names and refs & names}:
+        names |= grown
+    return names
+
+
+def any_signatures(root: Path) -> list[str]:
+    """'path:line: Class.name' for each public function or method (its name, and its class's, not
+    starting with '_') under root/tflfuse whose parameters or return mention `Any`."""
+    paths = sorted((root / "tflfuse").rglob("*.py"))
+    trees = [ast.parse(p.read_text(), filename=str(p)) for p in paths]
+    names = _any_aliases(trees)
+    found = []
+
+    def visit(body: list[ast.stmt], where: str, prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                visit(node.body, where, f"{prefix}{node.name}.")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+                annotations = [p.annotation for p in params if p is not None] + [node.returns]
+                if not node.name.startswith("_") and any(_names(t) & names for t in annotations):
+                    found.append(f"{where}:{node.lineno}: {prefix}{node.name}")
+
+    for path, tree in zip(paths, trees):
+        visit(tree.body, str(path.relative_to(root)), "")
+    return found
+
+
 # -- the project ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def project() -> list[Import]:
@@ -402,6 +481,48 @@ def test_no_rule_branches_on_a_target_name() -> None:
     assert not findings, "ask the target's trait in tflfuse/targets/registry.py:\n" + "\n".join(
         findings
     )
+
+
+def test_few_public_signatures_have_any() -> None:
+    findings = any_signatures(REPO)
+    assert len(findings) <= MAX_ANY_SIGNATURES, (
+        f"{len(findings)} public signatures with Any, more than {MAX_ANY_SIGNATURES}: type the"
+        " new one (a dataclass, TypedDict, Protocol, NDArray...):\n" + "\n".join(findings)
+    )
+
+
+def test_the_any_count_finds_planted_signatures(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "tflfuse/ir/a.py": textwrap.dedent(
+                """\
+                import typing
+                from typing import Any
+
+                Row = dict[str, Any]
+                Rows = list[Row]  # an alias of an alias
+
+                def typed(x: int) -> dict[str, int]: ...
+                def _private(x: Any) -> Any: ...
+                def param(x: "list[Any]") -> None: ...
+                def returned(*, y: int) -> typing.Any: ...
+                def rows(**kw: int) -> Rows: ...
+                class C:
+                    def method(self, *args: Any) -> None: ...
+                    def _helper(self) -> Any: ...
+                class _Hidden:
+                    def method(self) -> Any: ...
+                """
+            )
+        },
+    )
+    assert any_signatures(tmp_path) == [
+        "tflfuse/ir/a.py:9: param",
+        "tflfuse/ir/a.py:10: returned",
+        "tflfuse/ir/a.py:11: rows",
+        "tflfuse/ir/a.py:13: C.method",
+    ]
 
 
 def test_the_target_name_check_finds_a_planted_branch(tmp_path: Path) -> None:
@@ -483,9 +604,12 @@ CLEAN = {
     "tflfuse/rewrite/engine.py": "from tflfuse.ir.graph import TflfuseError\n",
     "tflfuse/rules/fuse.py": "from tflfuse.rewrite import engine\nfrom tflfuse.targets import x\n",
     "tflfuse/targets/x.py": "from tflfuse.ir import graph\n",
-    "tflfuse/sources/keras.py": "def load():\n    import tensorflow as tf\n",
+    "tflfuse/sources/keras.py": "if TYPE_CHECKING:\n    import tensorflow as tf\n"  # (a type)
+    "def load():\n    import tensorflow as tf\n",
     "tflfuse/device/bench.py": "from tflfuse.device import interpreter\n",
-    "tflfuse/device/interpreter.py": "from tflfuse.errors import TflfuseError\n",
+    "tflfuse/device/interpreter.py": "from tflfuse.errors import TflfuseError\n"
+    "if TYPE_CHECKING:\n    from tflfuse.json_types import JSON\n",  # (never run: not shipped)
+    "tflfuse/json_types.py": "JSON = object\n",
     "device_scripts/run.py": "from tflfuse.device import bench\n",
 }
 PLANTED = [
@@ -558,6 +682,11 @@ PLANTED = [
         {"tflfuse/targets/x.py": "def f():\n    import tensorflow\n"},
         heavy_imports,
         "tflfuse/targets/x.py:2: import tensorflow  (in a function): tensorflow only in",
+    ),
+    (  # a TensorFlow type where TensorFlow is not allowed at all
+        {"tflfuse/targets/x.py": "if TYPE_CHECKING:\n    import tensorflow\n"},
+        heavy_imports,
+        "tflfuse/targets/x.py:2: import tensorflow: tensorflow only in",
     ),
     (  # the quantizer at module level, even where it is allowed
         {"tflfuse/quantize/quantize.py": "from litert_quantizer import quantizer\n"},

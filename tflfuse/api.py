@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tflfuse import targets
 from tflfuse.convert import recipe as recipe_mod
 from tflfuse.convert.optimize import OptimizeResult, check_options, optimize_bytes
-from tflfuse.convert.pipeline import ConversionResult
+from tflfuse.convert.pipeline import CalibrationSource, ConversionResult
 from tflfuse.convert.pipeline import convert as convert_any
 from tflfuse.convert.recipe import Recipe
 from tflfuse.device.bench import run_benchmark
@@ -25,7 +25,10 @@ from tflfuse.ir import Model, flatbuffer
 from tflfuse.targets import Prediction, Target
 from tflfuse.targets.runtimes import resolve
 
-ModelSource = Any  # a .tflite path (str or Path), its bytes, or a tflfuse.ir.Model
+if TYPE_CHECKING:
+    from tflfuse.device.bench import BenchResult
+
+ModelSource = str | Path | bytes | bytearray  # a .tflite path or its bytes (`check`: or a Model)
 COMPILER_VERSION = re.compile(r"\d+(\.\d+){0,2}")  # "16.0", "14.1", "16.0.384591198"
 
 
@@ -64,11 +67,11 @@ def _model_bytes(model: ModelSource, what: str = "model") -> tuple[bytes, str]:
 
 
 def convert(
-    model: Any,
+    model: object,
     output_dir: str | Path,
     *,
     recipe: str | Path | Recipe = "xnnpack-int8",
-    calibration: Any = None,
+    calibration: CalibrationSource = None,
     force: bool = False,
     seed: int = 0,
     batch: int = 1,
@@ -150,8 +153,12 @@ def optimize(
     if runtime is not None:
         resolve(runtime)  # a bad name is refused before the model is read
     data, source = _model_bytes(model)
-    overwrites = output is not None and isinstance(model, (str, Path))
-    if overwrites and not in_place and same_file(Path(model), output):
+    if (
+        output is not None
+        and isinstance(model, (str, Path))
+        and not in_place
+        and same_file(Path(model), output)
+    ):
         raise UsageError(f"{output}: output would overwrite the input model")
     result = optimize_bytes(
         data,
@@ -216,7 +223,7 @@ def bench(
     threads: int | None = None,
     seed: int = 0,
     progress: bool = False,
-) -> dict[str, Any]:
+) -> BenchResult:
     """Time .tflite files interleaved (A B A B ...) under one delegate (xnnpack, none, ref,
     edgetpu[:DEVICE], gpu, external:PATH); the first model is the baseline. Returns the
     JSON-ready result: `protocol`, `environment`, `peak_rss_bytes` and per model `latency_ms`

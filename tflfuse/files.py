@@ -59,7 +59,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def same_file(a: Path, b: Path) -> bool:
+def same_file(a: str | Path, b: str | Path) -> bool:
     """True when both paths name one existing file (so writing b would overwrite a)."""
     try:
         return Path(a).resolve() == Path(b).resolve() or os.path.samefile(a, b)

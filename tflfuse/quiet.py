@@ -24,7 +24,7 @@ import tempfile
 import warnings
 from collections.abc import Iterable, Iterator
 from types import FrameType
-from typing import Any, TextIO, cast
+from typing import Any, TextIO, TypeVar, cast
 
 from tqdm import tqdm
 
@@ -188,7 +188,10 @@ def captured() -> Iterator[Capture]:
         capture._close()
 
 
-def progress_bar(samples: Iterable[Any], total: int, desc: str, enabled: bool) -> Iterable[Any]:
+_T = TypeVar("_T")
+
+
+def progress_bar(samples: Iterable[_T], total: int, desc: str, enabled: bool) -> Iterable[_T]:
     """`samples` behind one of tflfuse's own progress bars (calibration: litert-quantizer's and
     the converter's), or as they are when progress is off."""
     if not enabled:

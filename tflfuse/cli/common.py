@@ -13,8 +13,9 @@ from typing import Any
 from tflfuse.files import atomic_write_text
 
 
-def emit_json(payload: Any, destination: str | None) -> None:
-    """Write JSON to stdout ('-') or atomically to a file."""
+def emit_json(payload: object, destination: str | None) -> None:
+    """Write JSON to stdout ('-') or atomically to a file (numpy values as lists, bytes as hex,
+    anything else json cannot write as its str)."""
     text = json.dumps(payload, indent=2, default=_json_default) + "\n"
     if destination in (None, "-"):
         sys.stdout.write(text)

@@ -7,10 +7,10 @@ import argparse
 from tflfuse.cli.common import emit_json, fmt_bytes
 from tflfuse.files import check_input
 from tflfuse.ir import flatbuffer
-from tflfuse.ir.summary import model_summary
+from tflfuse.ir.summary import TensorBrief, model_summary
 
 
-def _shape(t: dict | None) -> str:
+def _shape(t: TensorBrief | None) -> str:
     if t is None:
         return "-"
     mark = "c" if t.get("constant") else ""

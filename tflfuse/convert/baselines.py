@@ -14,16 +14,16 @@ converter's PTQ, so its baselines are conversions of the input itself, made here
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from tflfuse.convert.recipe import Recipe
 from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
-from tflfuse.quantize.quantize import quantize
+from tflfuse.json_types import JSONDict
+from tflfuse.quantize.quantize import Quantized, quantize
 from tflfuse.rewrite import TopologicalSort
 from tflfuse.rules import defuse as defuse_mod
+from tflfuse.sources.protocol import Source
 from tflfuse.sources.tflite import TfliteSource
 from tflfuse.verification import verified
 
@@ -32,7 +32,7 @@ DEFUSED_ROUTE = "the input defused (rules.defuse: fused activations and float bi
 
 def defused(
     data: bytes, name: str, what: str, verify: bool = True
-) -> tuple[bytes, str | None, dict[str, Any] | None]:
+) -> tuple[bytes, str | None, JSONDict | None]:
     """(`data` through rules.defuse, how it was checked against `data`: a clause for the route,
     the agreement), or a one-line TflfuseError naming the check (`what`) and what it measured.
     `verify=False` (--no-verify): not checked (None, None)."""
@@ -55,8 +55,8 @@ def defused(
 
 
 def defused_input(
-    source: TfliteSource, rec: Recipe, verify: bool = True
-) -> tuple[bytes, str, dict[str, Any] | None]:
+    source: Source, rec: Recipe, verify: bool = True
+) -> tuple[bytes, str, JSONDict | None]:
     """The unfused float baseline of a .tflite: its float model (in the interface convert gives
     the fused one) defused, with the route and the check (None: --no-verify)."""
     data, how, record = defused(source.float_tflite(rec), source.name, "defused baseline", verify)
@@ -75,7 +75,7 @@ def litert_stock(
         kind = "already quantized" if source.quantized else "float"
         return source.given, f"the input as given ({kind}, its own I/O types)"
 
-    def stock_of(data: bytes) -> Any:
+    def stock_of(data: bytes) -> Quantized:
         return quantize(
             data,
             rec.quant_mode,

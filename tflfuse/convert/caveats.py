@@ -20,10 +20,14 @@ And the int8 models are only as good as the calibration data:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tflfuse.convert.records import ModelAgreement
+    from tflfuse.ir import Model
 
 # the share of values a range should hold, and how much wider than that share's span the whole
 # range may be before the int8 scale it gives leaves them too few levels (255 / 100: ~2.5)
@@ -56,7 +60,7 @@ def class_scores(
     return producer in PROBABILITY_OPS or (producer in LOGIT_OPS and only_output)
 
 
-def output_producers(model: Any) -> list[str | None]:
+def output_producers(model: Model) -> list[str | None]:
     """The op type behind each output of `model` (an ir.Model), through reshapes and
     (de)quantization."""
     out: list[str | None] = []
@@ -126,7 +130,7 @@ def reference_warnings(
     return warnings
 
 
-def error_warnings(agreement: dict[str, dict[str, Any]], names: Sequence[str]) -> list[str]:
+def error_warnings(agreement: Mapping[str, ModelAgreement], names: Sequence[str]) -> list[str]:
     """Outputs on which a model's error exceeds the output's whole range over the check inputs
     (one line per output, naming the models)."""
     worst: dict[int, list[tuple[str, float]]] = {}

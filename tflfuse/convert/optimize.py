@@ -27,6 +27,7 @@ from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import activation_bytes
+from tflfuse.json_types import JSONDict
 from tflfuse.rewrite import PassResult
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.targets import TARGETS, XNNPACK, Target, find, runtimes
@@ -50,7 +51,7 @@ class OptimizeResult:
     verification: dict[str, Any] = field(default_factory=dict)
     runtime: dict[str, Any] | None = None  # --runtime: the release it was made for
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "before": self.before,
             "after": self.after,
@@ -102,7 +103,7 @@ def _stages(
     return stages
 
 
-def runtime_section(model: Model, runtime: Runtime, source: str) -> dict[str, Any]:
+def runtime_section(model: Model, runtime: Runtime, source: str) -> JSONDict:
     """The model's check against `runtime`; TflfuseError (one line, nothing written) when the
     runtime cannot run it: the op, the version it needs and the runtime, in the runtime's words."""
     result = runtimes.check(model, runtime)

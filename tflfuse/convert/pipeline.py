@@ -27,10 +27,10 @@ import errno
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from tflfuse.convert.records import (
     FloatRecord,
     LegalizeRecord,
     LoadRecord,
+    ModelAgreement,
     QuantizedRecord,
     RuntimeRecord,
     UnfusedRecord,
@@ -56,7 +57,9 @@ from tflfuse.files import check_input, discard, prepare_output, publish
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.quantize import calibration as calib_mod
 from tflfuse.quantize import quantize as quantize_mod
+from tflfuse.quantize.calibration import CalibrationSource
 from tflfuse.quantize.quantize import Quantized, aeq_unsupported, set_io_types
+from tflfuse.rewrite import Pass, Rule
 from tflfuse.rules.runtime import runtime_legalization
 from tflfuse.sources import tflite as tflite_frontend
 from tflfuse.sources.keras import (
@@ -111,7 +114,7 @@ class Context:
     that would hide a stage run out of order."""
 
     model: Any  # what the user gave
-    calibration: Any  # the calibration source as given
+    calibration: CalibrationSource  # as given
     options: Options
     folder: Path  # the temporary output folder
     timings: dict[str, float] = field(default_factory=dict)
@@ -184,7 +187,9 @@ def _no_calibration(rec: Recipe) -> TflfuseError:
     )
 
 
-def _calibration(rec: Recipe, src: Source, calibration: Any, seed: int) -> list[np.ndarray] | None:
+def _calibration(
+    rec: Recipe, src: Source, calibration: CalibrationSource, seed: int
+) -> list[np.ndarray] | None:
     """Calibration arrays (from `calibration`, as given) in the source's own layout. With
     --channels-last, data already laid out NHWC is accepted too (and put back in the source's
     layout)."""
@@ -285,11 +290,11 @@ def quantize(rec: Recipe, ctx: Context) -> None:
     fused, unfused = ctx.fused.data, ctx.unfused.data
     if ctx.source.quantized:
         route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
-        fused_q, ir = _with_io_types(fused, rec)
+        fused_io, ir = _with_io_types(fused, rec)
         ctx.quantized = QuantizedRecord(
-            Quantized(fused_q, route), Quantized(_with_io_types(unfused, rec)[0], route)
+            Quantized(fused_io, route), Quantized(_with_io_types(unfused, rec)[0], route)
         )
-        ctx.handed = (fused_q, ir)
+        ctx.handed = (fused_io, ir)
         return
     if rec.quant_mode == "none":
         ctx.quantized = QuantizedRecord(
@@ -367,7 +372,7 @@ def _fused_ir(ctx: Context, name: str) -> Model:
     return flatbuffer.from_bytes(data, name)
 
 
-def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Any, ...]:
+def int8_rules(rec: Recipe, rules_pending: bool) -> tuple[Rule | Pass, ...]:
     """The rules run on the quantized fused model. For a target with a legalization (the Edge
     TPU), that legalization (the rules' int8 forms and SplitOversizedTranspose, which acts only
     on int8 tensors); for the other targets, their whole pipeline again, where the int8-only
@@ -442,8 +447,8 @@ def runtime(rec: Recipe, ctx: Context) -> None:
             )
         q.data = candidate.data
         ctx.handed = (q.data, flatbuffer.read_back(candidate.model))  # (after the check)
-    section["fired"] = {**ctx.fused.result.fired(), **result.fired()}
-    section["fired"] = {k: v for k, v in section["fired"].items() if k in _RUNTIME_RULES}
+    fired = {**ctx.fused.result.fired(), **result.fired()}
+    section["fired"] = {k: v for k, v in fired.items() if k in _RUNTIME_RULES}
     ctx.runtime = RuntimeRecord(section)
 
 
@@ -455,7 +460,8 @@ def baselines(rec: Recipe, ctx: Context) -> None:
     loaded = ctx.loaded
     made = ctx.source.stock(rec, loaded.calib, ctx.options.progress)
     if made is None:  # a .tflite: litert-quantizer's default recipe on the input
-        made = baselines_mod.litert_stock(ctx.source, rec, loaded.calib, ctx.options.progress)
+        given = cast(tflite_frontend.TfliteSource, ctx.source)  # (the source with no stock route)
+        made = baselines_mod.litert_stock(given, rec, loaded.calib, ctx.options.progress)
     stock, stock_route = made
     unfused = ctx.quantized.unfused
     if unfused is None:
@@ -479,8 +485,8 @@ def baselines(rec: Recipe, ctx: Context) -> None:
         except TflfuseError as exc:  # the defused check runs stock: it may fail in the kernels
             if "failed to run the model" not in str(exc):
                 raise
-            made = {"fused": ctx.quantized.fused.data, "stock": stock}
-            _refuse_what_does_not_run(ctx.source.name, _agreements(ctx, made))
+            models = {"fused": ctx.quantized.fused.data, "stock": stock}
+            _refuse_what_does_not_run(ctx.source.name, _agreements(ctx, models))
             # fused runs: the unfused baseline is stock defused, unchecked (stock cannot run)
             defused_base = _defused(base, ctx.source.name, verify=False)
             unchecked = f"; not checked: stock fails in the interpreter ({exc})"
@@ -572,7 +578,7 @@ def report(rec: Recipe, ctx: Context) -> None:
         ctx.report["runtime"] = section
 
 
-def _agreements(ctx: Context, models: dict[str, bytes]) -> dict[str, dict[str, Any]]:
+def _agreements(ctx: Context, models: dict[str, bytes]) -> dict[str, ModelAgreement]:
     """Each of the three models against the source on the report's inputs (whether it runs)."""
     src, loaded = ctx.source, ctx.loaded
     inputs = src.eval_inputs(loaded.calib, ctx.options.seed)
@@ -586,7 +592,7 @@ def _agreements(ctx: Context, models: dict[str, bytes]) -> dict[str, dict[str, A
 _STOCK = "stock (litert-quantizer's int8 of the same file)"
 
 
-def _refuse_what_does_not_run(source: str, agreement: dict[str, Any]) -> str | None:
+def _refuse_what_does_not_run(source: str, agreement: Mapping[str, ModelAgreement]) -> str | None:
     """One line when the model tflfuse made fails in the interpreter (nothing is written): the
     file, which of the three models fail and how, and whether stock, litert-quantizer's int8 of
     the same file, fails too (then the cause is the int8 quantization itself, e.g. an int8 DIV
@@ -642,9 +648,9 @@ STAGES: tuple[Callable[[Recipe, Context], None], ...] = (
 
 # -- output folder ---------------------------------------------------------------------------------
 def convert(
-    model: Any,
+    model: object,
     recipe: str | Path | Recipe = "xnnpack-int8",
-    calibration: Any = None,
+    calibration: CalibrationSource = None,
     output_dir: Path = Path("out"),
     seed: int = 0,
     *,
@@ -759,7 +765,8 @@ def _written_fused(ctx: Context) -> Model:
 def _judge_usefulness(ctx: Context) -> None:
     """Refuse a fused model whose outputs carry nothing of the source's where the data shows they
     could (tflfuse.convert.usefulness), unless the user accepts it: then the report says so."""
-    fused = ctx.report.get("agreement", {}).get("fused") or {}
+    # (the report's section as `report.agreement` wrote it)
+    fused = cast(ModelAgreement, ctx.report.get("agreement", {}).get("fused") or {})
     steps = usefulness.output_steps(_written_fused(ctx))
     names = list(ctx.loaded.source.output_names)
     verdict = usefulness.useless(fused, steps, names, FUSED)

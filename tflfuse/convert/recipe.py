@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tflfuse.errors import TflfuseError
+from tflfuse.json_types import JSONDict
 from tflfuse.resources import Traversable, data_dir, data_names
 from tflfuse.targets import TARGETS, XNNPACK, Target, find
 from tflfuse.targets.runtimes import resolve
@@ -182,12 +183,13 @@ class Recipe:
         if found is not None:
             object.__setattr__(self, "target", found)
 
-    def override(self, labels: Mapping[str, str] | None = None, **values: Any) -> Recipe:
+    def override(self, labels: Mapping[str, str] | None = None, **values: object) -> Recipe:
         """A copy with the given fields replaced (None means 'keep the recipe's value').
         `labels` names each field as the caller's user knows it (e.g. {"samples": "--samples"})
         for error messages; by default an override is named by its field."""
         known = {f.name for f in fields(self)} - {"source", "overridden"}
-        changes = {k: v for k, v in values.items() if v is not None}
+        # (as given: `validate` below refuses a value of the wrong kind, naming its key)
+        changes: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
         unknown = sorted(set(changes) - known)
         if unknown:
             raise RecipeError(
@@ -267,7 +269,7 @@ class Recipe:
         if self.level not in (0, 1, 2):
             raise fail("level", f"must be 0, 1 or 2, not {self.level}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["target"] = self.target.name  # JSON carries the name
         out["grappler"] = list(self.grappler)
@@ -337,7 +339,7 @@ def _flatten(raw: Mapping[str, Any], source: str) -> dict[str, Any]:
     return values
 
 
-def from_dict(raw: Mapping[str, Any], source: str = "<recipe>") -> Recipe:
+def from_dict(raw: Mapping[str, object], source: str = "<recipe>") -> Recipe:
     """Build a Recipe from the TOML layout (top level + [quantization] [calibration] ...)."""
     values = _flatten(raw, source)
     values.setdefault("name", Path(source).stem)

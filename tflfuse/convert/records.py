@@ -16,10 +16,11 @@ The pipeline (`tflfuse.convert.pipeline`) keeps them on its Context; the report
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
+from tflfuse.json_types import JSONDict
 from tflfuse.quantize.quantize import Quantized
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.protocol import Source
@@ -93,7 +94,7 @@ class LegalizeRecord:
         """Why a legalization that ran was not kept (None: it was, or it did not run)."""
         return self.reason if self.ran and not self.kept else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         """The report's `legalization` section."""
         if not self.ran:
             return {"ran": False, "reason": self.reason}
@@ -124,3 +125,32 @@ class BaselinesRecord:
     def models(self) -> dict[str, bytes]:
         """fused, unfused, stock: the models the report measures, in its order."""
         return {"fused": self.fused, "unfused": self.unfused.data, "stock": self.stock}
+
+
+class _OutputAgreement(TypedDict):
+    max_abs: float
+    mean_abs: float
+    reference_range: float
+    varies: bool  # the reference output differs between the check inputs
+
+
+class OutputAgreement(_OutputAgreement, total=False):
+    """One output of a model against the source (`agreement`)."""
+
+    cosine: float  # only where the output varies
+    spread: float
+    top1_agreement: float  # only for class scores
+    reference_classes: int
+
+
+class ModelAgreement(TypedDict, total=False):
+    """A model against the source on the check inputs (`agreement`): `verified`, and either
+    `samples`, `outputs` and the largest `max_abs`, or why not (`reason`; `runs` False when
+    it fails in the interpreter)."""
+
+    verified: bool  # (always there)
+    runs: bool
+    reason: str
+    samples: int
+    outputs: list[OutputAgreement]
+    max_abs: float

@@ -27,12 +27,15 @@ from tflfuse.convert.records import (
     FloatRecord,
     LegalizeRecord,
     LoadRecord,
+    ModelAgreement,
+    OutputAgreement,
     QuantizedRecord,
     UnfusedRecord,
 )
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, flatbuffer
 from tflfuse.ir.summary import activation_bytes, parameter_bytes, quantization_summary
+from tflfuse.json_types import JSONDict
 from tflfuse.quantize.quantize import float_compute_ops
 from tflfuse.sources import layout
 from tflfuse.sources.layout import LayoutChange
@@ -58,7 +61,7 @@ class ParseOnce:
         return model
 
 
-def model_facts(data: bytes, model: Model | None = None) -> dict[str, Any]:
+def model_facts(data: bytes, model: Model | None = None) -> JSONDict:
     """Op count and table, activation and parameter bytes, quantization kind, file size (`model`:
     `data` already parsed)."""
     model = model if model is not None else flatbuffer.from_bytes(data)
@@ -91,9 +94,9 @@ def agreement(
     data: bytes,
     inputs: list[np.ndarray],
     reference: list[np.ndarray],
-    interface: Any = None,
+    interface: LayoutChange | None = None,
     classifier: Sequence[bool] | None = None,
-) -> dict[str, Any]:
+) -> ModelAgreement:
     """Max and mean absolute error against the reference, in output units; top-1 agreement for
     the outputs `classifier` marks as class scores (`tflfuse.convert.caveats.class_scores`; when it
     is not given, every (batch, classes) output). `interface` (a layout.LayoutChange) lays the
@@ -109,11 +112,12 @@ def agreement(
         return {"verified": False, "reason": str(exc)}
     except RuntimeError as exc:  # a kernel that fails at run time (e.g. an int8 DIV by zero)
         return {"verified": False, "runs": False, "reason": invoke_failure(exc)}
-    out: dict[str, Any] = {"verified": True, "samples": len(inputs[0]), "outputs": []}
+    rows: list[OutputAgreement] = []
+    out: ModelAgreement = {"verified": True, "samples": len(inputs[0]), "outputs": rows}
     for k, (ref, cand) in enumerate(zip(reference, got)):
         ref = ref.astype(np.float64)
         diff = np.abs(ref - cand.reshape(ref.shape))
-        row: dict[str, Any] = {
+        row: OutputAgreement = {
             "max_abs": float(diff.max()) if diff.size else 0.0,
             "mean_abs": float(diff.mean()) if diff.size else 0.0,
             "reference_range": float(ref.max() - ref.min()) if ref.size else 0.0,
@@ -129,8 +133,8 @@ def agreement(
             ref_class = ref.argmax(1)
             row["top1_agreement"] = float(np.mean(ref_class == cand.reshape(ref.shape).argmax(1)))
             row["reference_classes"] = int(np.unique(ref_class).size)
-        out["outputs"].append(row)
-    out["max_abs"] = max((r["max_abs"] for r in out["outputs"]), default=0.0)
+        rows.append(row)
+    out["max_abs"] = max((r["max_abs"] for r in rows), default=0.0)
     return out
 
 
@@ -179,7 +183,7 @@ def warnings(
     ]
 
 
-def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> dict[str, Any]:
+def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> JSONDict:
     """Where the fused model's ops run on the recipe's delegate (tflfuse.targets; `model`:
     `data` already parsed)."""
     try:
@@ -209,7 +213,8 @@ def _version(dist: str) -> str:
 
 def edgetpu_cut(data: bytes, model: Model | None = None) -> dict[str, Any]:
     """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why
-    (`model`: `data` already parsed)."""
+    (`model`: `data` already parsed), with the Prediction itself under `_prediction` (for the
+    section's channels-last effect; popped before the report is written)."""
     prediction = targets.predict_edgetpu(
         model if model is not None else flatbuffer.from_bytes(data)
     )

@@ -29,12 +29,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tqdm import tqdm
 
 from tflfuse.convert import sweep_plan, sweep_report
-from tflfuse.convert.sweep_cell import CellResult, CellSpec, lost, run_cell, stop_all
+from tflfuse.convert.sweep_cell import CellResult, CellSpec, SweepRow, lost, run_cell, stop_all
 from tflfuse.convert.sweep_plan import Plan
 from tflfuse.errors import TflfuseError, UsageError
 
@@ -47,7 +46,7 @@ class SweepResult:
     """The rows in plan order, where they were written and what ran them."""
 
     output_dir: Path
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[SweepRow] = field(default_factory=list)
     engine: str = ""
 
 
@@ -70,7 +69,7 @@ def check_output(out_dir: Path, resume: bool) -> None:
         raise UsageError(f"{out_dir}: holds a sweep already (--resume reuses its cells)")
 
 
-def reused_row(out_dir: Path, cell: CellSpec) -> dict[str, Any] | None:
+def reused_row(out_dir: Path, cell: CellSpec) -> SweepRow | None:
     """The row of DIR/cells/NAME when it was made from the same inputs, else None."""
     path = out_dir / "cells" / cell.name / "cell.json"
     with contextlib.suppress(OSError, ValueError):
@@ -157,7 +156,7 @@ def sweep(
     check_output(out_dir, resume)
     kind = _engine(engine, address)
     plan = sweep_plan.load(plan_path, out_dir)  # (a bad plan: nothing written)
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, SweepRow] = {}
     for cell in plan.cells:
         row = reused_row(out_dir, cell) if resume else None
         if row is not None:
@@ -201,7 +200,7 @@ def _run(
     *,
     address: str | None,
     jobs: int,
-    rows: dict[str, dict[str, Any]],
+    rows: dict[str, SweepRow],
 ) -> str:
     """Run `todo` on the engine (`start` is told its name first); returns the name."""
     if kind == "pool":

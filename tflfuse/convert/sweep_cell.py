@@ -30,7 +30,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from tflfuse.json_types import JSONDict
 
 # The CLI, run as a child that dies with its parent (Linux; elsewhere just the CLI).
 _LAUNCH = (
@@ -112,11 +114,61 @@ class CellSpec:
 class CellResult:
     """A cell's row (see tflfuse.convert.sweep.ROW_FIELDS) and the files its conversion wrote."""
 
-    row: dict[str, Any]
+    row: SweepRow
     files: dict[str, bytes] = field(default_factory=dict)
 
 
-def empty_row(spec: CellSpec) -> dict[str, Any]:
+class Measurements(TypedDict):
+    """A cell's numbers read from its report.json (`measurements`)."""
+
+    # (typed as the row's keys, which it updates)
+    ops: dict[str, int | None] | None  # unfused, stock, fused
+    edgetpu_mapped: dict[str, int | None] | None  # stock, fused (Edge TPU targets only)
+    edgetpu_ops: dict[str, int | None] | None
+    max_error: dict[str, float | None] | None  # stock, fused against the float source
+
+
+class SweepRow(TypedDict, total=False):
+    """A cell's row (`empty_row` has every key a row always has, in order): the cell, how its
+    `tflfuse convert` ended, its measurements, where and how long it ran."""
+
+    model: str
+    recipe: str
+    options: dict[str, Any]  # the plan's option values (TOML as read)
+    cell: str
+    status: str  # converted, refused, crash, timeout, lost
+    exit: int | None
+    line: str  # the one line that says why
+    ops: dict[str, int | None] | None
+    edgetpu_mapped: dict[str, int | None] | None
+    edgetpu_ops: dict[str, int | None] | None
+    max_error: dict[str, float | None] | None
+    p50_ratio: float | None
+    bench: JSONDict
+    seconds: float | None
+    peak_rss_mib: float | None
+    cpu_s: float
+    lines_printed: int
+    left_behind: list[str]
+    node: str | None
+    turnaround_s: float | None
+    reused: bool
+    key: str
+
+
+class ProcessRun(TypedDict):
+    """What `run_process` measured of one finished process."""
+
+    exit: int  # negative: killed by that signal
+    timed_out: bool
+    seconds: float  # wall time
+    peak_rss_mib: float  # of it and its waited-for children
+    cpu_s: float  # user + system
+    stdout: str
+    stderr: str
+
+
+def empty_row(spec: CellSpec) -> SweepRow:
     return {
         "model": spec.model,
         "recipe": spec.recipe,
@@ -142,7 +194,7 @@ def lost(spec: CellSpec, line: str) -> CellResult:
     """The row of a cell that did not come back (its worker or node died, the engine failed
     it): its one line; where it ran is not known."""
     row = empty_row(spec)
-    row.update(status="lost", line=line[:400], node=None)
+    row["status"], row["line"], row["node"] = "lost", line[:400], None
     return CellResult(row)
 
 
@@ -153,14 +205,14 @@ def _tflfuse_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-def run_limited(argv: list[str], cwd: Path, timeout: float) -> dict[str, Any]:
+def run_limited(argv: list[str], cwd: Path, timeout: float) -> ProcessRun:
     """`python -c LAUNCH *argv` (the tflfuse CLI): `run_process` with this tflfuse importable."""
     return run_process([sys.executable, "-c", _LAUNCH, *argv], cwd, timeout, _tflfuse_env())
 
 
 def run_process(
     cmd: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None
-) -> dict[str, Any]:
+) -> ProcessRun:
     """`cmd` in its own process group, killed with its children after `timeout` s: exit code
     (negative: the signal), stdout, stderr, wall time and the peak RSS of it and its waited-for
     children (wait4). Its output goes through cwd/.stdout and cwd/.stderr, removed after."""
@@ -193,7 +245,7 @@ def run_process(
             timer.cancel()
             with _lock:
                 _running.discard(proc.pid)
-    result = {
+    result: ProcessRun = {
         "exit": os.waitstatus_to_exitcode(status),
         "timed_out": timed_out.is_set(),
         "seconds": time.perf_counter() - t0,
@@ -226,7 +278,7 @@ def printed_lines(text: str) -> list[str]:
     return lines
 
 
-def judge(run: dict[str, Any], timeout: float) -> tuple[str, str]:
+def judge(run: ProcessRun, timeout: float) -> tuple[str, str]:
     """(status, the one line that says why) of a finished CLI process: converted, refused
     (tflfuse's own error line), crash (a signal or a traceback) or timeout."""
     if run["timed_out"]:
@@ -245,7 +297,7 @@ def judge(run: dict[str, Any], timeout: float) -> tuple[str, str]:
     return ("crash" if "crashed in native code" in line else "refused"), line
 
 
-def measurements(report: dict[str, Any]) -> dict[str, Any]:
+def measurements(report: dict[str, Any]) -> Measurements:
     """The row's numbers from a report.json: op counts, Edge TPU mapping (Edge TPU targets
     only), the max abs error of stock and fused against the float source."""
     models, agreement = report.get("models") or {}, report.get("agreement") or {}
@@ -292,9 +344,12 @@ def run_cell(
         run = run_limited([*argv, *spec.flags], folder, spec.timeout_s)
         status, line = judge(run, spec.timeout_s)
         line = line.replace(f"{inputs}{os.sep}", "")  # the node's temp folder says nothing
-        row.update(status=status, line=line, exit=None if run["timed_out"] else run["exit"])
-        row.update(seconds=round(run["seconds"], 2), peak_rss_mib=round(run["peak_rss_mib"], 1))
-        row.update(cpu_s=round(run["cpu_s"], 2), lines_printed=len(printed_lines(run["stderr"])))
+        row["status"], row["line"] = status, line
+        row["exit"] = None if run["timed_out"] else run["exit"]
+        row["seconds"] = round(run["seconds"], 2)
+        row["peak_rss_mib"] = round(run["peak_rss_mib"], 1)
+        row["cpu_s"] = round(run["cpu_s"], 2)
+        row["lines_printed"] = len(printed_lines(run["stderr"]))
         files: dict[str, bytes] = {}
         out = folder / "out"
         if status != "converted":  # a failed convert leaves nothing: what it did leave
@@ -305,7 +360,7 @@ def run_cell(
             try:
                 row.update(measurements(json.loads(run["stdout"])))
             except ValueError:
-                row.update(status="crash", line="exit 0 but no JSON report printed")
+                row["status"], row["line"] = "crash", "exit 0 but no JSON report printed"
             files = {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.is_file()}
             if spec.bench_runs and row["status"] == "converted":
                 row["p50_ratio"], row["bench"] = _bench(folder, spec)

@@ -29,6 +29,7 @@ import itertools
 import json
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,7 @@ def _flags(options: dict[str, Any]) -> tuple[str, ...]:
     return tuple(flags)
 
 
-def cell_name(model: str, recipe: str, options: dict[str, Any]) -> str:
+def cell_name(model: str, recipe: str, options: Mapping[str, object]) -> str:
     """MODEL.RECIPE[.OPTIONS]: the options that differ from convert's defaults."""
     parts = [model, Path(recipe).stem if recipe.endswith(".toml") else recipe]
     for key, value in options.items():
@@ -168,7 +169,7 @@ def cell_name(model: str, recipe: str, options: dict[str, Any]) -> str:
     return re.sub(r"[^\w.+-]", "_", ".".join(parts))
 
 
-def cell_key(parts: dict[str, Any]) -> str:
+def cell_key(parts: Mapping[str, object]) -> str:
     """The hash of a cell's inputs (see the module docstring)."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -24,10 +24,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tflfuse.convert.sweep_cell import CellResult, CellSpec, Payload, lost, run_cell
+from tflfuse.convert.sweep_cell import CellResult, CellSpec, Payload, SweepRow, lost, run_cell
 from tflfuse.errors import TflfuseError
+
+if TYPE_CHECKING:  # (the type only: the Ray workers need not read plans)
+    from tflfuse.convert.sweep_plan import Plan
 
 FIRST_GUESS_MIB = 1024  # a cell's memory request before its model's peak is measured
 MARGIN = 1.25  # on a measured peak
@@ -53,7 +56,8 @@ def _reachable(address: str) -> None:
 
 def _connect_problem(exc: BaseException) -> str:
     """Why ray.init could not join a cluster, in one line (a missing auth token named)."""
-    chain, cause = [], exc
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
     while cause is not None:
         chain.append(cause)
         cause = cause.__cause__
@@ -70,16 +74,27 @@ def connected(address: str | None, jobs: int) -> Iterator[str]:
     """Ray started here (`jobs` CPUs) or joined at `address`; yields how it is described."""
     import ray
 
-    quiet = {"log_to_driver": False, "logging_level": "ERROR"}
     temp = None
     if address is None:
         temp = tempfile.mkdtemp(prefix="tfs-ray-", dir="/tmp")  # short: Ray's socket paths
-        ray.init(address="local", num_cpus=jobs, include_dashboard=False, _temp_dir=temp, **quiet)
+        ray.init(
+            address="local",
+            num_cpus=jobs,
+            include_dashboard=False,
+            _temp_dir=temp,
+            log_to_driver=False,
+            # ray annotates an int but takes a level's name (its own default is "info")
+            logging_level="ERROR",  # type: ignore[arg-type]
+        )
         name = f"Ray started here ({jobs} CPU{'s' if jobs > 1 else ''})"
     else:
         _reachable(address)
         try:
-            ray.init(address=address, **quiet)
+            ray.init(
+                address=address,
+                log_to_driver=False,
+                logging_level="ERROR",  # type: ignore[arg-type]  # (a level's name, as above)
+            )
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise TflfuseError(f"--address {address}: {_connect_problem(exc)}") from None
         nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
@@ -93,7 +108,7 @@ def connected(address: str | None, jobs: int) -> Iterator[str]:
             shutil.rmtree(temp, ignore_errors=True)
 
 
-def measured_peaks(rows: Iterable[dict[str, Any]]) -> dict[str, float]:
+def measured_peaks(rows: Iterable[SweepRow]) -> dict[str, float]:
     """model -> the largest peak RSS (MiB) its cells were measured at."""
     peaks: dict[str, float] = {}
     for row in rows:
@@ -145,7 +160,7 @@ def _largest_node() -> float:
     return max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
 
 
-def run_cells(cells: list[CellSpec], plan: Any, done: Done, peaks: dict[str, float]) -> None:
+def run_cells(cells: list[CellSpec], plan: Plan, done: Done, peaks: dict[str, float]) -> None:
     """Submit the cells as tasks, no more at once than the cluster has CPUs (so later cells ask
     for the memory measured on earlier ones), and hand each result to `done` as it arrives."""
     import ray
@@ -164,7 +179,7 @@ def run_cells(cells: list[CellSpec], plan: Any, done: Done, peaks: dict[str, flo
 class _Scheduler:
     """The cells waiting (`queue`) and running (task ref -> cell, when submitted)."""
 
-    plan: Any
+    plan: Plan
     done: Done
     peaks: dict[str, float]
     queue: deque[CellSpec]

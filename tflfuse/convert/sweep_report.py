@@ -13,12 +13,17 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tflfuse.files import atomic_write_text
+from tflfuse.json_types import JSONDict
+
+if TYPE_CHECKING:
+    from tflfuse.convert.sweep_cell import SweepRow
 
 ROW_FIELDS = (
     "model",  # the plan's name of the model
@@ -40,7 +45,7 @@ ROW_FIELDS = (
 )
 
 
-def write_all(rows: list[dict[str, Any]], out_dir: Path, meta: dict[str, Any]) -> bool:
+def write_all(rows: list[SweepRow], out_dir: Path, meta: JSONDict) -> bool:
     """sweep.json, sweep.md and (with matplotlib) sweep.png; True when the picture was drawn."""
     atomic_write_text(out_dir / "sweep.json", json.dumps(rows, indent=1, default=str) + "\n")
     atomic_write_text(out_dir / "sweep.md", markdown(rows, meta))
@@ -59,11 +64,11 @@ def _pair(d: dict[str, Any] | None, keys: tuple[str, ...], fmt: str, sep: str = 
     return sep.join(_g(d.get(k), fmt) for k in keys)
 
 
-def _options(row: dict[str, Any]) -> str:
+def _options(row: SweepRow) -> str:
     return ", ".join(f"{k}={v}" for k, v in (row.get("options") or {}).items()) or "-"
 
 
-def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+def markdown(rows: list[SweepRow], meta: JSONDict) -> str:
     """The table of a sweep, failures first (see the module docstring)."""
     counts = Counter(r["status"] for r in rows)
     lines = [
@@ -105,22 +110,22 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _mapped_share(r: dict[str, Any]) -> dict[str, Any]:
+def _mapped_share(r: Mapping[str, Any]) -> dict[str, Any]:
     m, ops = r.get("edgetpu_mapped") or {}, r.get("edgetpu_ops") or r.get("ops") or {}
     return {k: m[k] / ops[k] if m.get(k) is not None and ops.get(k) else None for k in m}
 
 
-def _latency(r: dict[str, Any]) -> dict[str, Any]:
+def _latency(r: Mapping[str, Any]) -> dict[str, Any]:
     return {"stock": 1.0, "fused": r.get("p50_ratio")}
 
 
-def _op_share(r: dict[str, Any]) -> dict[str, Any]:
+def _op_share(r: Mapping[str, Any]) -> dict[str, Any]:
     o = r.get("ops") or {}
     base = o.get("unfused")
     return {k: o[k] / base if base and o.get(k) else None for k in ("stock", "fused")}
 
 
-def _panels(rows: list[dict[str, Any]]) -> list[tuple[str, Any, list[dict[str, Any]]]]:
+def _panels(rows: list[SweepRow]) -> list[tuple[str, Any, list[SweepRow]]]:
     """(x label, row -> {stock, fused} x values, rows): the Edge TPU cells against their mapping,
     the others against their latency ratio (timed sweeps) or op count."""
     tpu = [r for r in rows if r.get("edgetpu_mapped")]
@@ -135,7 +140,7 @@ def _panels(rows: list[dict[str, Any]]) -> list[tuple[str, Any, list[dict[str, A
     return panels
 
 
-def _draw(ax: Any, label: str, x_of: Any, rows: list[dict[str, Any]]) -> None:
+def _draw(ax: Any, label: str, x_of: Any, rows: Sequence[Mapping[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
     colors = plt.get_cmap("tab10")
@@ -155,7 +160,7 @@ def _draw(ax: Any, label: str, x_of: Any, rows: list[dict[str, Any]]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+def plot(rows: list[SweepRow], path: Path) -> bool:
     """sweep.png (see the module docstring); False when no cell converted."""
     import matplotlib
 

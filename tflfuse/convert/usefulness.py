@@ -34,11 +34,14 @@ calibrated on its samples times 1e30 crashes litert-quantizer (one line, exit 2)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from tflfuse.ir import Model
+from tflfuse.ir import Model, Tensor
+
+if TYPE_CHECKING:
+    from tflfuse.convert.records import ModelAgreement
 
 COSINE_BOUND = 0.5
 STEPS = 4.0
@@ -53,7 +56,7 @@ def output_steps(model: Model) -> list[float | None]:
     for t in graph.outputs:
         op = producers.get(t)
         if t.dtype == "FLOAT32" and op is not None and op.type == "DEQUANTIZE" and op.inputs:
-            t = op.inputs[0]
+            t = cast(Tensor, op.inputs[0])  # DEQUANTIZE(x)
         q = t.quantization
         scale = None if q is None or q.scale is None or np.size(q.scale) != 1 else q.scale
         steps.append(float(np.ravel(scale)[0]) if scale is not None else None)
@@ -61,7 +64,7 @@ def output_steps(model: Model) -> list[float | None]:
 
 
 def useless(
-    agreement: dict[str, Any], steps: Sequence[float | None], names: Sequence[str], file: str
+    agreement: ModelAgreement, steps: Sequence[float | None], names: Sequence[str], file: str
 ) -> str | None:
     """One line naming the first output of `file` that carries nothing of the source's, with the
     figure, or None (also when the model was not verified)."""

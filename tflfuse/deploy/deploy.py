@@ -17,11 +17,11 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tflfuse.deploy.packing import make_bundle
 from tflfuse.device.bundle import ENTRY_POINT, manifest_id
 from tflfuse.errors import TflfuseError
+from tflfuse.json_types import JSONDict
 
 
 @dataclass
@@ -99,7 +99,7 @@ def run_remote_bench(
     runs: int = 100,
     warmup: int = 10,
     threads: int | None = None,
-) -> dict[str, Any]:
+) -> JSONDict:
     """Run the bundle's bench on the device against `expected_id`; the result it wrote."""
     args = [remote_python, ENTRY_POINT, "--bundle", ".", "--expect", expected_id]
     args += ["--delegate", delegate, "--runs", str(runs), "--warmup", str(warmup)]
@@ -126,7 +126,7 @@ def deploy_and_bench(
     runs: int = 100,
     warmup: int = 10,
     threads: int | None = None,
-) -> dict[str, Any]:
+) -> JSONDict:
     """Bundle `models`, push them, run the protocol on the device, return its result."""
     with tempfile.TemporaryDirectory(prefix="tflfuse-bundle-") as tmp:
         folder = Path(tmp) / "bundle"

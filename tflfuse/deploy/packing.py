@@ -23,6 +23,7 @@ from tflfuse.device.bundle import (
 from tflfuse.device.interpreter import interpreter_package
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.resources import data_file
 from tflfuse.targets import runtimes
 from tflfuse.version import __version__
@@ -43,7 +44,7 @@ def make_bundle(
     out_dir: Path,
     *,
     recipe: str | None = None,
-    extra: dict[str, Any] | None = None,
+    extra: JSONDict | None = None,
 ) -> Path:
     """Write a bundle for `models` into the empty or absent folder `out_dir`; its manifest path."""
     out_dir = Path(out_dir)
@@ -69,7 +70,7 @@ def make_bundle(
         if path.is_file() and path.name != MANIFEST:
             rel = path.relative_to(out_dir).as_posix()
             files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-    manifest = {
+    manifest: JSONDict = {
         "format": FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "recipe": recipe,

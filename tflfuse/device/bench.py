@@ -28,19 +28,67 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from tflfuse.device.interpreter import check_delegate_name, interpreter_package, make_interpreter
 from tflfuse.errors import TflfuseError
 
+if TYPE_CHECKING:  # the result's shape, for the type checker (a device's Python may lack these)
+    from typing import TypedDict
+
+    from tflfuse.device.interpreter import Interpreter, TensorDetails
+
+    class StaticFacts(TypedDict, total=False):  # empty when the plain interpreter cannot build
+        op_count: int
+        op_counts: dict[str, int]
+        arena_bytes_estimate: int
+
+    class ModelBench(StaticFacts, total=False):
+        """One model of a result: as `_load` measured it, then its latencies and ratios."""
+
+        name: str
+        path: str
+        init_ms: float
+        first_invoke_ms: float
+        rss_delta_bytes: int | None
+        latency_ms: dict[str, float]  # latency_stats
+        samples_ms: list[float]
+        ratio_to_first: dict[str, float | None]
+
+    class BenchProtocol(TypedDict):
+        delegate: str
+        threads: int | None
+        runs: int
+        warmup: int
+        seed: int
+        order: str
+        timer: str
+
+    class Environment(TypedDict):
+        python: str
+        platform: str
+        machine: str
+        cpu_count: int | None
+        interpreter: str
+        numpy: str
+
+    class BenchResult(TypedDict):
+        """`run_benchmark`'s result (JSON as written)."""
+
+        protocol: BenchProtocol
+        environment: Environment
+        peak_rss_bytes: int | None
+        models: list[ModelBench]
+
+
 PERCENTILES = (50, 90, 99)
 ALIGNMENT = 64
 
 
 # -- inputs --------------------------------------------------------------------------------------
-def seeded_input_values(details: Sequence[dict], seed: int = 0) -> list[np.ndarray]:
+def seeded_input_values(details: Sequence[TensorDetails], seed: int = 0) -> list[np.ndarray]:
     """One input set matching the interpreter's input details, reproducible from `seed`.
     Uses numpy's legacy `RandomState`, which old device images (numpy 1.16 on Coral's Mendel)
     still have, so host and device generate the same values."""
@@ -63,7 +111,7 @@ def seeded_input_values(details: Sequence[dict], seed: int = 0) -> list[np.ndarr
 
 
 # -- static facts from an undelegated interpreter ------------------------------------------------
-def _tensor_bytes(detail: dict) -> int:
+def _tensor_bytes(detail: TensorDetails) -> int:
     try:
         itemsize = np.dtype(detail["dtype"]).itemsize
     except TypeError:
@@ -91,7 +139,7 @@ def plan_arena(sizes: dict[int, int], lifetimes: dict[int, tuple[int, int]]) -> 
     return high
 
 
-def static_facts(model: bytes | str | Path) -> dict[str, Any]:
+def static_facts(model: bytes | str | Path) -> StaticFacts:
     """Op count, op types and the arena estimate, from an interpreter with plain kernels (the
     graph as written, before any delegate replaces nodes). Empty when that cannot be built
     (e.g. an `_edgetpu` model, whose custom op only the Edge TPU delegate resolves)."""
@@ -156,7 +204,7 @@ def latency_stats(samples_ms: Sequence[float]) -> dict[str, float]:
     return stats
 
 
-def ratios(models: list[dict[str, Any]]) -> None:
+def ratios(models: list[ModelBench]) -> None:
     """Add `ratio_to_first` (this model's statistic / the first model's) to every model."""
     base = models[0]["latency_ms"]
     for m in models:
@@ -170,7 +218,7 @@ def ratios(models: list[dict[str, Any]]) -> None:
 
 
 # -- the protocol --------------------------------------------------------------------------------
-def environment() -> dict[str, Any]:
+def environment() -> Environment:
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -226,7 +274,7 @@ def run_benchmark(
     names: Sequence[str] | None = None,
     progress: bool = True,
     on_round: Callable[[int], None] | None = None,
-) -> dict[str, Any]:
+) -> BenchResult:
     """Benchmark `models` interleaved under one delegate; a JSON-ready result dict."""
     if not models:
         raise TflfuseError("no models to benchmark")
@@ -237,7 +285,7 @@ def run_benchmark(
     if len(set(labels)) != len(labels):
         labels = [str(p) for p in paths]
 
-    entries: list[dict[str, Any]] = []
+    entries: list[ModelBench] = []
     interps, feeds = [], []
     for label, path in zip(labels, paths):
         entry, interp, feed = _load(label, path, delegate=delegate, threads=threads, seed=seed)
@@ -279,10 +327,10 @@ def _model_files(models: Sequence[str | Path]) -> list[Path]:
 
 def _load(
     label: str, path: Path, *, delegate: str, threads: int | None, seed: int
-) -> tuple[dict[str, Any], Any, list[tuple[dict[str, Any], np.ndarray]]]:
+) -> tuple[ModelBench, Interpreter, list[tuple[TensorDetails, np.ndarray]]]:
     """(entry, interpreter, feed) of one model: its static facts, init time, first invoke time and
     resident memory growth, measured as it loads; the feed is its seeded inputs, set each round."""
-    entry: dict[str, Any] = {"name": label, "path": str(path)}
+    entry: ModelBench = {"name": label, "path": str(path)}
     entry.update(static_facts(path))
     rss0 = current_rss_bytes()
     t0 = time.perf_counter_ns()
@@ -311,8 +359,8 @@ def _load(
 
 
 def _interleaved_rounds(
-    interps: list[Any],
-    feeds: list[list[tuple[dict[str, Any], np.ndarray]]],
+    interps: list[Interpreter],
+    feeds: list[list[tuple[TensorDetails, np.ndarray]]],
     runs: int,
     warmup: int,
     progress: bool,
@@ -343,7 +391,7 @@ def _interleaved_rounds(
 
 
 # -- output --------------------------------------------------------------------------------------
-def format_table(result: dict[str, Any]) -> str:
+def format_table(result: BenchResult) -> str:
     """A plain-text table of one benchmark result (milliseconds, ratios to the first model)."""
     p = result["protocol"]
     lines = [
@@ -367,7 +415,7 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_latencies(result: dict[str, Any], path: str | Path) -> None:
+def plot_latencies(result: BenchResult, path: str | Path) -> None:
     """Violin + box plot of every model's latency samples, written atomically as PNG."""
     try:
         import matplotlib

@@ -28,10 +28,22 @@ import os
 import platform
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tflfuse.device.interpreter import interpreter_module
 from tflfuse.errors import TflfuseError
+
+if TYPE_CHECKING:  # for the type checker only (a device's Python may lack TypedDict)
+    from typing import TypedDict
+
+    from tflfuse.json_types import JSONDict
+
+    class DeviceInterpreter(TypedDict):
+        package: str  # ai_edge_litert, tflite_runtime or tensorflow
+        version: str | None
+        runtime: str | None  # the runtime table's name, e.g. tflite-runtime==2.11.0
+        libedgetpu: str | None  # with an edgetpu delegate
+
 
 MANIFEST = "manifest.json"
 FORMAT = "tflfuse-bundle/1"
@@ -67,7 +79,7 @@ def manifest_id(bundle_dir: Path) -> str:
     return sha256_file(path)
 
 
-def verify_bundle(bundle_dir: Path, expected_id: str | None = None) -> dict[str, Any]:
+def verify_bundle(bundle_dir: Path, expected_id: str | None = None) -> JSONDict:
     """The manifest, once every file is present with its recorded sha256 and nothing was
     added; BundleError (one line) otherwise. `expected_id` pins the manifest itself."""
     bundle_dir = Path(bundle_dir)
@@ -134,7 +146,7 @@ def libedgetpu_version() -> str | None:
     return raw.decode("utf-8", "replace") if raw else None
 
 
-def device_interpreter(delegate: str = "") -> dict[str, Any]:
+def device_interpreter(delegate: str = "") -> DeviceInterpreter:
     """{"package", "version", "runtime" (the table's name, e.g. tflite-runtime==2.11.0),
     "libedgetpu"} of the interpreter this device runs (the package the bench will use)."""
     module = interpreter_module()
@@ -145,7 +157,7 @@ def device_interpreter(delegate: str = "") -> dict[str, Any]:
         version = getattr(getattr(top, "version", None), "VERSION", None)
     version = str(version) if version else None
     family = _FAMILIES.get(package, package)
-    info = {
+    info: DeviceInterpreter = {
         "package": package,
         "version": version,
         "runtime": "{}=={}".format(family, ".".join(map(str, _version_key(version))))
@@ -156,7 +168,9 @@ def device_interpreter(delegate: str = "") -> dict[str, Any]:
     return info
 
 
-def check_runtime(manifest: dict[str, Any], interpreter: dict[str, Any], delegate: str) -> dict:
+def check_runtime(
+    manifest: dict[str, Any], interpreter: DeviceInterpreter, delegate: str
+) -> JSONDict:
     """Device side: BundleError (one line) when the manifest says a model cannot run on this
     interpreter release; else what was checked. Only the exact release (major.minor.patch) can
     refuse: for a release tflfuse has no data on, a known older one of the same package that

@@ -21,11 +21,60 @@ import math
 import platform
 import warnings
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tflfuse.errors import TflfuseError
+
+if TYPE_CHECKING:  # read by the type checker only: a device's Python may lack Protocol
+    from collections.abc import Callable, Sequence
+    from typing import Protocol, TypedDict
+
+    class QuantizationParameters(TypedDict):
+        scales: np.ndarray
+        zero_points: np.ndarray
+        quantized_dimension: int
+
+    class TensorDetails(TypedDict):
+        """One entry of `get_input_details()` / `get_output_details()` / `get_tensor_details()`."""
+
+        name: str
+        index: int
+        shape: np.ndarray
+        shape_signature: np.ndarray
+        dtype: type[np.generic]
+        quantization: tuple[float, int]
+        quantization_parameters: QuantizationParameters
+        sparsity_parameters: dict[str, object]
+
+    class OpDetails(TypedDict):
+        """One entry of `_get_ops_details()`: the op's index, name and tensor indices."""
+
+        index: int
+        op_name: str
+        inputs: np.ndarray
+        outputs: np.ndarray
+
+    class Interpreter(Protocol):
+        """What tflfuse asks of an interpreter (ai_edge_litert's, tflite_runtime's, tf.lite's)."""
+
+        def allocate_tensors(self) -> None: ...
+        def invoke(self) -> None: ...
+        def get_input_details(self) -> list[TensorDetails]: ...
+        def get_output_details(self) -> list[TensorDetails]: ...
+        def get_tensor_details(self) -> list[TensorDetails]: ...
+        def set_tensor(self, tensor_index: int, value: np.ndarray) -> None: ...
+        def get_tensor(self, tensor_index: int) -> np.ndarray: ...
+        def tensor(self, tensor_index: int) -> Callable[[], np.ndarray]: ...
+        def resize_tensor_input(
+            self, input_index: int, tensor_size: Sequence[int] | np.ndarray, strict: bool = False
+        ) -> None: ...
+        def _get_ops_details(self) -> list[OpDetails]: ...
+
+    # A loaded delegate (the interpreter package's `Delegate`, or pycoral's): opaque to tflfuse
+    Delegate = object
 
 _PACKAGES = (
     "ai_edge_litert.interpreter",
@@ -47,7 +96,7 @@ _GPU_LIBRARIES = (
 )
 
 
-def interpreter_module() -> Any:
+def interpreter_module() -> ModuleType:
     """The first interpreter package that imports (raises TflfuseError when none does)."""
     for name in _PACKAGES:
         try:
@@ -129,7 +178,7 @@ def _gpu_delegate(module: Any) -> Any:
     )
 
 
-def load_delegates(delegate: str) -> list[Any]:
+def load_delegates(delegate: str) -> list[Delegate]:
     """The delegate objects to hand the interpreter for `delegate` (empty for CPU paths)."""
     check_delegate_name(delegate)
     kind, _, rest = delegate.partition(":")
@@ -145,7 +194,7 @@ def load_delegates(delegate: str) -> list[Any]:
     return [_load(module, rest, None, "external")]
 
 
-def unusable_scale(interp: Any) -> str | None:
+def unusable_scale(interp: Interpreter) -> str | None:
     """The first integer tensor whose quantization scale is not finite and > 0, said in words
     (read from the tensor details, before allocate_tensors); None when every scale is usable."""
     for d in interp.get_tensor_details():
@@ -163,7 +212,7 @@ def make_interpreter(
     delegate: str = "xnnpack",
     threads: int | None = None,
     keep_all: bool = False,
-) -> Any:
+) -> Interpreter:
     """An allocated interpreter for a model given as bytes or a path; `keep_all`: every
     intermediate tensor stays readable after `invoke` (experimental_preserve_all_tensors)."""
     module = interpreter_module()

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tflfuse.errors import TflfuseError
+
+if TYPE_CHECKING:  # the models' type (Keras ships no annotations: the checker reads it as Any)
+    import keras
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -32,7 +35,7 @@ def sample_inputs(shape: tuple[int, ...], n: int = 8, seed: int = 0) -> np.ndarr
     return np.random.default_rng(seed).uniform(-1.0, 1.0, (n, *shape)).astype(np.float32)
 
 
-def calibrate_bn(model: Any, x: np.ndarray) -> Any:
+def calibrate_bn(model: keras.Model, x: np.ndarray) -> keras.Model:
     """Set every BatchNormalization's moving mean/variance to the batch statistics of `x`."""
     keras = _keras()
     layers = [layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization)]
@@ -53,7 +56,7 @@ def _input(shape: tuple[int, ...]) -> Any:
     return _keras().Input(shape, batch_size=1)
 
 
-def mobilenet_v2(input_size: int = 96, classes: int = 10, alpha: float = 1.0) -> Any:
+def mobilenet_v2(input_size: int = 96, classes: int = 10, alpha: float = 1.0) -> keras.Model:
     """MobileNetV2: inverted residuals, ReLU6, depthwise convs."""
     keras = _keras()
     return keras.applications.MobileNetV2(
@@ -61,7 +64,7 @@ def mobilenet_v2(input_size: int = 96, classes: int = 10, alpha: float = 1.0) ->
     )
 
 
-def mobilenet_v3_small(input_size: int = 96, classes: int = 10) -> Any:
+def mobilenet_v3_small(input_size: int = 96, classes: int = 10) -> keras.Model:
     """MobileNetV3Small: hard-swish and hard-sigmoid squeeze-excite (MEAN over H,W)."""
     keras = _keras()
     return keras.applications.MobileNetV3Small(
@@ -72,7 +75,7 @@ def mobilenet_v3_small(input_size: int = 96, classes: int = 10) -> Any:
     )
 
 
-def efficientnet_b0(input_size: int = 96, classes: int = 10) -> Any:
+def efficientnet_b0(input_size: int = 96, classes: int = 10) -> keras.Model:
     """EfficientNetB0: swish (x * sigmoid(x)) everywhere, squeeze-excite blocks."""
     keras = _keras()
     return keras.applications.EfficientNetB0(
@@ -80,7 +83,9 @@ def efficientnet_b0(input_size: int = 96, classes: int = 10) -> Any:
     )
 
 
-def _conv_bn(x: Any, filters: int, kernel: int, strides: int = 1, activation: Any = "relu") -> Any:
+def _conv_bn(
+    x: Any, filters: int, kernel: int | tuple[int, int], strides: int = 1, activation: Any = "relu"
+) -> Any:
     """Conv (no bias) -> BatchNorm -> activation (a callable, a Keras name, or None)."""
     layers = _keras().layers
     x = layers.Conv2D(filters, kernel, strides=strides, padding="same", use_bias=False)(x)
@@ -90,7 +95,7 @@ def _conv_bn(x: Any, filters: int, kernel: int, strides: int = 1, activation: An
     return layers.Activation(activation)(x) if activation else x
 
 
-def resnet_v2_style(input_size: int = 64, classes: int = 10, width: int = 16) -> Any:
+def resnet_v2_style(input_size: int = 64, classes: int = 10, width: int = 16) -> keras.Model:
     """Pre-activation ResNet: BN -> ReLU -> Conv blocks, so BatchNorm never directly follows a
     conv it could fold into (the stock converter leaves it as MUL + ADD)."""
     keras = _keras()
@@ -113,7 +118,7 @@ def resnet_v2_style(input_size: int = 64, classes: int = 10, width: int = 16) ->
     return keras.Model(inputs, outputs, name="resnet_v2_style")
 
 
-def inception_style(input_size: int = 64, classes: int = 10, width: int = 16) -> Any:
+def inception_style(input_size: int = 64, classes: int = 10, width: int = 16) -> keras.Model:
     """Inception modules: several 1x1 conv siblings read the same tensor (horizontal fusion
     candidates), their branches concatenated on channels."""
     keras = _keras()
@@ -134,7 +139,7 @@ def inception_style(input_size: int = 64, classes: int = 10, width: int = 16) ->
 
 def transformer_encoder(
     seq_len: int = 16, dim: int = 32, heads: int = 2, classes: int = 10, blocks: int = 2
-) -> Any:
+) -> keras.Model:
     """A small transformer encoder on float token embeddings: Q/K/V Dense projections read the
     same tensor, scaled dot-product attention, a GELU MLP, LayerNorm after each residual. Only
     built-in activations, so the model saves as .keras and loads again in safe mode."""
@@ -162,7 +167,7 @@ def transformer_encoder(
     return keras.Model(inputs, outputs, name="transformer_encoder")
 
 
-def ds_cnn(classes: int = 12, width: int = 32, frames: int = 49, features: int = 10) -> Any:
+def ds_cnn(classes: int = 12, width: int = 32, frames: int = 49, features: int = 10) -> keras.Model:
     """DS-CNN keyword spotter (Hello Edge): depthwise-separable convs on a 49x10 MFCC map."""
     keras = _keras()
     layers = keras.layers
@@ -177,7 +182,9 @@ def ds_cnn(classes: int = 12, width: int = 32, frames: int = 49, features: int =
     return keras.Model(inputs, outputs, name="ds_cnn")
 
 
-def yolo_style(input_size: int = 96, classes: int = 4, anchors: int = 3, width: int = 16) -> Any:
+def yolo_style(
+    input_size: int = 96, classes: int = 4, anchors: int = 3, width: int = 16
+) -> keras.Model:
     """A YOLO-style detector: Conv-BN-LeakyReLU(0.1) blocks, one hard-swish block, a 1x1
     detection head on the last grid and a class head through GlobalAveragePooling (MEAN),
     flattened and concatenated into one output."""
@@ -224,7 +231,7 @@ def seed(value: int) -> None:
     keras.utils.set_random_seed(value)
 
 
-def build(name: str, **kwargs: Any) -> Any:
+def build(name: str, **kwargs: float) -> keras.Model:
     """A Keras model of architecture `name` with calibrated BatchNorm statistics."""
     if name not in BUILDERS:
         raise TflfuseError(f"unknown zoo model {name!r} (choose from {', '.join(BUILDERS)})")
@@ -233,7 +240,7 @@ def build(name: str, **kwargs: Any) -> Any:
 
 
 def to_tflite(
-    model: Any,
+    model: keras.Model,
     *,
     int8: bool = False,
     calibration: np.ndarray | None = None,

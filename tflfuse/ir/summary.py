@@ -6,7 +6,7 @@ Everything here is machine-independent (counts and byte sizes), so tests can ass
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from tflfuse.ir.graph import Graph, Model, Op, Quantization, Tensor
 
@@ -14,17 +14,86 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-def tensor_brief(t: Tensor | None) -> dict[str, Any] | None:
+class _TensorBrief(TypedDict):
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+class TensorBrief(_TensorBrief, total=False):
+    constant: bool  # only on a constant, True
+
+
+class _OpRow(TypedDict):
+    index: int
+    op: str  # the builtin name, or a custom op's code
+    inputs: list[TensorBrief | None]  # None: an omitted optional input
+    outputs: list[TensorBrief | None]
+
+
+class OpRow(_OpRow, total=False):
+    fused_activation: str  # only on an op with the option
+
+
+class QuantizedTensors(TypedDict):
+    per_tensor: int
+    per_channel: int
+
+
+class IoTypes(TypedDict):
+    inputs: list[str]
+    outputs: list[str]
+
+
+class QuantizationSummary(TypedDict):
+    kind: str  # float, float16, dynamic-range, int8, uint8, int16
+    tensor_dtypes: dict[str, int]
+    quantized_tensors: QuantizedTensors
+    io: IoTypes
+
+
+class _GraphSummary(TypedDict):
+    index: int
+    name: str
+    op_count: int
+    tensor_count: int
+    op_counts: dict[str, int]
+    parameter_bytes: int
+    activation_bytes: int
+    inputs: list[TensorBrief | None]
+    outputs: list[TensorBrief | None]
+    quantization: QuantizationSummary
+
+
+class GraphSummary(_GraphSummary, total=False):
+    ops: list[OpRow]  # only when asked for
+
+
+class SignatureSummary(TypedDict):
+    key: str
+    subgraph: int
+    inputs: list[str]
+    outputs: list[str]
+
+
+class ModelSummary(TypedDict):
+    description: str
+    subgraphs: list[GraphSummary]
+    signatures: list[SignatureSummary]
+    metadata: dict[str, int]  # name -> bytes
+
+
+def tensor_brief(t: Tensor | None) -> TensorBrief | None:
     if t is None:
         return None
-    out: dict[str, Any] = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+    out: TensorBrief = {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
     if t.is_constant:
         out["constant"] = True
     return out
 
 
-def op_row(index: int, op: Op) -> dict[str, Any]:
-    row: dict[str, Any] = {
+def op_row(index: int, op: Op) -> OpRow:
+    row: OpRow = {
         "index": index,
         "op": op.custom_code if op.type == "CUSTOM" and op.custom_code else op.type,
         "inputs": [tensor_brief(t) for t in op.inputs],
@@ -53,7 +122,7 @@ def activation_bytes(graph: Graph) -> int:
     return sum(t.nbytes for t in graph.activations())
 
 
-def quantization_summary(graph: Graph) -> dict[str, Any]:
+def quantization_summary(graph: Graph) -> QuantizationSummary:
     dtypes: dict[str, int] = {}
     per_channel = per_tensor = 0
     for t in graph.tensors:
@@ -63,7 +132,7 @@ def quantization_summary(graph: Graph) -> dict[str, Any]:
                 per_channel += 1
             else:
                 per_tensor += 1
-    io = {
+    io: IoTypes = {
         "inputs": [t.dtype for t in graph.inputs],
         "outputs": [t.dtype for t in graph.outputs],
     }
@@ -83,8 +152,8 @@ def quantization_summary(graph: Graph) -> dict[str, Any]:
     }
 
 
-def graph_summary(index: int, graph: Graph, *, ops: bool = True) -> dict[str, Any]:
-    out: dict[str, Any] = {
+def graph_summary(index: int, graph: Graph, *, ops: bool = True) -> GraphSummary:
+    out: GraphSummary = {
         "index": index,
         "name": graph.name,
         "op_count": len(graph.ops),
@@ -101,7 +170,7 @@ def graph_summary(index: int, graph: Graph, *, ops: bool = True) -> dict[str, An
     return out
 
 
-def model_summary(model: Model, *, ops: bool = True) -> dict[str, Any]:
+def model_summary(model: Model, *, ops: bool = True) -> ModelSummary:
     return {
         "description": model.description,
         "subgraphs": [graph_summary(i, g, ops=ops) for i, g in model.graphs()],

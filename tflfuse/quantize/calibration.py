@@ -17,23 +17,26 @@ import re
 import stat
 import zipfile
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tflfuse.errors import TflfuseError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
-CalibrationSource = Any  # an ndarray, a .npy/.npz path, an image folder, a callable, or None
+# an ndarray (or a list of one per input), an iterable of samples, a .npy/.npz path, an image
+# folder, a callable that returns one of these, or None
+CalibrationSource = np.ndarray | str | Path | Iterable[object] | Callable[[], object] | None
 
 
 def _shape_text(shape: tuple[int, ...]) -> str:
     return "(N, " + ", ".join(str(s) for s in shape) + ")"
 
 
-def check_array(data: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+def check_array(data: npt.ArrayLike, shape: tuple[int, ...], what: str) -> np.ndarray:
     """`data` as float32 (N, *shape), or a one-line error saying what is wrong with it."""
     arr = np.asarray(data)
     if arr.dtype == object or arr.dtype.kind not in "fiub":

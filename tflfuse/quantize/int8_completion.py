@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
 from tflfuse.ir import Op, Quantization, Tensor, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.rewrite import (
     DeadCodeElimination,
     Match,
@@ -71,11 +72,12 @@ from tflfuse.verification import verified
 
 
 def _per_tensor_int8(t: Tensor) -> bool:
-    return t.dtype == "INT8" and t.is_quantized and not t.quantization.per_channel
+    q = t.quantization
+    return t.dtype == "INT8" and t.is_quantized and q is not None and not q.per_channel
 
 
 def _scale_zp(t: Tensor) -> tuple[float, int]:
-    q = t.quantization
+    q = cast(Quantization, t.quantization)  # quantized: the caller checked
     return float(np.asarray(q.scale).reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
 
 
@@ -290,7 +292,7 @@ class Completion:
     verification: dict[str, Any] = field(default_factory=dict)
     kept: bool = True  # False: the completed model failed verification; `data` is the input
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "completed": dict(self.completed),
             "kept": self.kept,

@@ -13,11 +13,14 @@ as it does, so the numbers are the validator's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tflfuse.ir import Model
+
+if TYPE_CHECKING:  # the quantizer's type (it ships no annotations: read as Any)
+    from litert_quantizer.utils import validation_utils
 
 # Bytes of float activations up to which the table is computed. Its two interpreters keep every
 # tensor of the float and the int8 model: measured on YOLO26n at 640 px, 1.2 GB peak for the
@@ -46,7 +49,7 @@ def compare(
     quantized: bytes,
     key: str | None,
     samples: list[dict[str, np.ndarray]],
-    metrics: list[Any],
+    metrics: list[validation_utils.ValidationErrorMetric],
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """(output tensors, intermediate tensors): name -> {metric: mean over the samples}, as the
     validator's `output_tensors` and `intermediate_tensors` (inputs and constants left out)."""

@@ -280,7 +280,7 @@ def _layer_error(
             outputs, intermediates = single.output_tensors, single.intermediate_tensors
     except (ValueError, RuntimeError, KeyError) as exc:
         return [{"error": f"validation failed: {exc}"}]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for kind, table in (("output", outputs), ("activation", intermediates)):
         for name, values in table.items():
             rows.append(

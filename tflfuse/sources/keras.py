@@ -16,11 +16,14 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tflfuse.errors import TflfuseError
 from tflfuse.sources.safety import check_keras_file, read_config
 from tflfuse.sources.tflite import is_tflite
+
+if TYPE_CHECKING:  # TensorFlow's types: it ships no annotations, so the checker reads them as Any
+    import tensorflow as tf
 
 _SKIP_NODES = frozenset({"Const", "Identity", "IdentityN", "Placeholder", "NoOp", "StopGradient"})
 
@@ -250,14 +253,14 @@ def _function_frontend(fn: Any, source: str, batch: int) -> Frontend:
     return Frontend(frozen, names, shapes, out_names, batch_used, source, notices=notices)
 
 
-def source_kind(model: Any) -> str:
+def source_kind(model: object) -> str:
     """ "tflite" for a .tflite (path or bytes: it enters `convert` at the float stage, see
     `tflfuse.sources.tflite`), else "tensorflow" (everything `load_model` takes)."""
     return "tflite" if is_tflite(model) else "tensorflow"
 
 
 def load_model(
-    model: Any, *, batch: int = 1, allow_lambda: bool = False, quiet: bool = True
+    model: object, *, batch: int = 1, allow_lambda: bool = False, quiet: bool = True
 ) -> Frontend:
     """A Frontend for a keras.Model, a .keras/.h5 path, a SavedModel folder or a tf.function."""
     if isinstance(model, (str, Path)):
@@ -326,7 +329,9 @@ def _layer_outputs(model: Any) -> Any | None:
     return None
 
 
-def every_op_output(frozen: Any) -> Any:
+def every_op_output(
+    frozen: tf.types.experimental.ConcreteFunction,
+) -> tf.types.experimental.ConcreteFunction:
     """The frozen function with every float TF op output added as an output (no Keras layers)."""
     tf = _tf()
     graph_def = frozen.graph.as_graph_def()

@@ -46,9 +46,12 @@ import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # the flatbuffer object API TensorFlow ships (no annotations: read as Any)
+    from tensorflow.lite.python import schema_py_generated as schema
 
 EIGEN_THREADS = 4  # TFLite's eigen_support default when the interpreter leaves threads unset
 _FLOAT32 = 0  # schema TensorType.FLOAT32
@@ -182,7 +185,7 @@ def _unsupported(model_t: Any) -> str:
     return ""
 
 
-def loggable_tensors(model_t: Any) -> list[int]:
+def loggable_tensors(model_t: schema.ModelT) -> list[int]:
     """Indices of the tensors the logging calibrator records: every op's float32 inputs and
     outputs with no constant data (sorted)."""
     graph, buffers = model_t.subgraphs[0], model_t.buffers or []
@@ -229,7 +232,9 @@ def _interpreter(model: bytes, preserve: bool, sample: Sequence[np.ndarray]) -> 
     return interp
 
 
-def in_place_pairs(model: bytes, model_t: Any, sample: Sequence[np.ndarray]) -> list[tuple]:
+def in_place_pairs(
+    model: bytes, model_t: schema.ModelT, sample: Sequence[np.ndarray]
+) -> list[tuple]:
     """(input, output) tensor pairs of one op that share a buffer in an interpreter planned as
     the logging one (no preserved tensors): the kernel writes its output over that input."""
     interp = _interpreter(model, False, sample)
@@ -298,7 +303,9 @@ def statistics_of(calibrated: bytes) -> dict[int, tuple[np.float32, np.float32]]
     return out
 
 
-def with_statistics(model_t: Any, logged: list[int], lo: np.ndarray, hi: np.ndarray) -> bytes:
+def with_statistics(
+    model_t: schema.ModelT, logged: list[int], lo: np.ndarray, hi: np.ndarray
+) -> bytes:
     """The model with {min: [lo], max: [hi]} as the quantization of each logged tensor (what
     the calibrator's AddCalibrationToModel writes), serialized."""
     from tensorflow.lite.python import schema_py_generated as schema

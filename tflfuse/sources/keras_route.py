@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, Signature, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.sources.keras import Frontend, every_op_output
@@ -30,6 +31,9 @@ from tflfuse.sources.keras_calibration import statistics_by_interpreter
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.recipe_fields import RecipeFields
 from tflfuse.targets import XNNPACK, Target
+
+if TYPE_CHECKING:  # TensorFlow's types: it ships no annotations, so the checker reads them as Any
+    import tensorflow as tf
 
 
 def _tf() -> Any:
@@ -39,7 +43,9 @@ def _tf() -> Any:
 
 
 # -- Grappler ------------------------------------------------------------------------------------
-def run_grappler(frozen: Any, optimizers: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+def run_grappler(
+    frozen: tf.types.experimental.ConcreteFunction, optimizers: tuple[str, ...]
+) -> tuple[tuple[tf.types.experimental.ConcreteFunction, object], JSONDict]:
     """The frozen graph optimized by Grappler with exactly `optimizers` (remapper off), as a
     pruned function with the same inputs and outputs, and node counts before and after."""
     tf = _tf()
@@ -78,7 +84,7 @@ def run_grappler(frozen: Any, optimizers: tuple[str, ...]) -> tuple[Any, dict[st
         for k in sorted(set(before) | set(after))
         if before.get(k, 0) != after.get(k, 0)
     }
-    info = {
+    info: JSONDict = {
         "optimizers": list(optimizers),
         "remapper": "off",
         "nodes_before": len(graph_def.node),
@@ -96,12 +102,12 @@ def _flex_ops(message: str) -> list[str]:
 
 
 def tflite_convert(
-    function: Any,
-    trackable: Any = None,
+    function: tf.types.experimental.ConcreteFunction,
+    trackable: object = None,
     *,
     select_tf_ops: bool = False,
     target: Target = XNNPACK,
-    configure: Callable[[Any], None] | None = None,
+    configure: Callable[[tf.lite.TFLiteConverter], None] | None = None,
 ) -> bytes:
     """Run the MLIR converter on one concrete function (raises a one-line TflfuseError)."""
     tf = _tf()
@@ -161,7 +167,7 @@ def set_signature(model: Model, front: Frontend, output_graph_names: list[str]) 
 # -- unfused baseline ----------------------------------------------------------------------------
 def unfused_function(
     front: Frontend, optimizers: tuple[str, ...]
-) -> tuple[Any, Any, list[str], int]:
+) -> tuple[tf.types.experimental.ConcreteFunction, object, list[str], int]:
     """The source function with every Keras layer output (else every TF op output) as an extra
     output, after Grappler: (function, keep-alive, names of the real outputs, extra count)."""
     n_out = len(front.function.outputs)
@@ -200,7 +206,7 @@ def ptq_configure(
     progress: bool,
     desc: str,
     batch: int = 1,
-) -> Callable[[Any], None]:
+) -> Callable[[tf.lite.TFLiteConverter], None]:
     """A converter set-up applying the recipe's quantization with the converter's own PTQ."""
     tf = _tf()
 
@@ -405,5 +411,5 @@ class KerasSource:
     def reference(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         return _reference_outputs(self.front, inputs)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONDict:
         return {"kind": self.kind, "entered_at": "load (TensorFlow)", "quantized_input": False}

@@ -11,14 +11,18 @@ to the new model and its outputs compared with the original's. No TensorFlow her
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op, Tensor, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.verification.runs import run_float
+
+if TYPE_CHECKING:
+    from tflfuse.targets.capabilities import Prediction
 
 TO_NHWC = (0, 2, 3, 1)  # NCHW -> NHWC, the TRANSPOSE an NCHW input is read through
 TO_NCHW = (0, 3, 1, 2)  # NHWC -> NCHW, the TRANSPOSE an NCHW output is written through
@@ -55,7 +59,7 @@ class LayoutChange:
             for i, a in enumerate(arrays)
         ]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "interface_change": True,
             "inputs_now_nhwc": list(self.inputs),
@@ -169,7 +173,9 @@ def _input_transposes(model: Model) -> list[int]:
     return found
 
 
-def edgetpu_effect(stock_model: Model, stock: Any, fused: Any, change: LayoutChange) -> str:
+def edgetpu_effect(
+    stock_model: Model, stock: Prediction, fused: Prediction, change: LayoutChange
+) -> str:
     """What dropping the input TRANSPOSEs means for the Edge TPU mapping, from the predictions
     of the stock model (NCHW interface, TRANSPOSE kept) and the fused one (channels-last)."""
     indices = _input_transposes(stock_model)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from tflfuse.json_types import JSONDict
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.recipe_fields import RecipeFields
 
@@ -78,6 +79,6 @@ class Source(Protocol):
         """The source's own outputs for `inputs`: what every written model is measured against."""
         ...
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONDict:
         """The report's `source_kind`: the kind, where it entered the pipeline, and more."""
         ...

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tflfuse.errors import TflfuseError
+from tflfuse.json_types import JSON
 
 CODE_LAYERS = frozenset({"Lambda", "TorchModuleWrapper", "JaxLayer", "FlaxLayer"})
 TF_OP_LAYERS = frozenset({"TFOpLambda", "SlicingOpLambda"})
@@ -131,7 +132,7 @@ def _judge(obj: dict) -> str | None:
     return None
 
 
-def find_code(config: Any) -> list[CodeFinding]:
+def find_code(config: JSON) -> list[CodeFinding]:
     """Every object in a parsed model config that would run code (see the module docstring),
     outermost first; what lies inside a finding is not listed again. Iterative: a hostile file
     could nest deeper than Python's recursion limit."""
@@ -154,7 +155,7 @@ def find_code(config: Any) -> list[CodeFinding]:
     return findings
 
 
-def read_config(path: Path) -> Any:
+def read_config(path: Path) -> JSON:
     """The parsed model config of a `.keras` (zip) or `.h5` file, by content, not by suffix;
     None for an `.h5` without a model (weights only). TflfuseError when it cannot be read."""
     path = Path(path)

@@ -35,6 +35,7 @@ from tflfuse.errors import ModelError, TflfuseError
 from tflfuse.ir import Graph, Model, Signature, Tensor, flatbuffer, qparams, summary
 from tflfuse.ir.names import check_names
 from tflfuse.ir.summary import quantization_summary
+from tflfuse.json_types import JSONDict
 from tflfuse.sources import float16_weights, layout
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.recipe_fields import RecipeFields
@@ -45,7 +46,7 @@ INT_KINDS = ("int8", "uint8")
 _IO_DTYPES = {"FLOAT32", "INT8", "UINT8"}
 
 
-def is_tflite(model: Any) -> bool:
+def is_tflite(model: object) -> bool:
     """True for .tflite bytes (the `TFL3` identifier), a path ending in .tflite, or a file that
     starts like one whatever its name."""
     if isinstance(model, (bytes, bytearray, memoryview)):
@@ -310,8 +311,8 @@ class TfliteSource:
         """The input model's outputs (dequantized when it is int8), in its own layout."""
         return run_float(self.given, inputs)
 
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def describe(self) -> JSONDict:
+        out: JSONDict = {
             "kind": self.kind,
             "entered_at": "int8 rules (already quantized)" if self.quantized else "float .tflite",
             "quantized_input": self.quantized,

@@ -17,12 +17,13 @@ import functools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Model, Op, Tensor
+from tflfuse.json_types import JSONDict
 from tflfuse.resources import data_dir
 
 if sys.version_info >= (3, 11):
@@ -40,14 +41,28 @@ def _table_dirs() -> list[Path]:
     return [Path(str(data_dir("delegates")))]  # a Path for every file-system install
 
 
+class CapabilityTable(TypedDict, total=False):
+    """A parsed `delegates/NAME.toml`: the target's facts (`meta`: types, fused activations,
+    limits), one row of constraints per op type it maps (`ops`, keys as the table names them),
+    and the Edge TPU's compiler tables (`status`: its log's phrases, `legalization`,
+    `compiler_parse`; `edgetpu_forms.toml`'s `form` rows). The rows' values are TOML as read."""
+
+    meta: dict[str, Any]
+    ops: dict[str, dict[str, Any]]
+    status: dict[str, str]
+    legalization: dict[str, Any]
+    compiler_parse: dict[str, Any]
+    form: list[dict[str, Any]]
+
+
 @functools.cache
-def capability(name: str) -> dict[str, Any]:
+def capability(name: str) -> CapabilityTable:
     """The parsed `delegates/NAME.toml`."""
     for folder in _table_dirs():
         path = folder / f"{name}.toml"
         if path.is_file():
             with path.open("rb") as f:
-                return tomllib.load(f)
+                return cast(CapabilityTable, tomllib.load(f))  # (the tables' layout)
     raise TflfuseError(
         f"no capability table for target {name!r} (looked for delegates/{name}.toml)"
     )
@@ -62,7 +77,7 @@ class OpPrediction:
     status: str
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "index": self.index,
             "op": self.op,
@@ -83,7 +98,7 @@ class OtherReading:
     mapped: int
     reading: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {"ops": list(self.ops), "mapped": self.mapped, "reading": self.reading}
 
     @property
@@ -130,7 +145,7 @@ class Prediction:
             counts[(o.op, o.status)] = counts.get((o.op, o.status), 0) + 1
         return [(op, n, status) for (op, status), n in counts.items()]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         out: dict[str, Any] = {
             "target": self.target,
             "ops": [o.to_dict() for o in self.ops],
@@ -176,12 +191,12 @@ def _axes(op: Op) -> list[int] | None:
     axes = _const_ints(op.inputs[1] if len(op.inputs) > 1 else None)
     if axes is None:
         return None
-    rank = len(op.inputs[0].shape)
+    rank = len(cast(Tensor, op.inputs[0]).shape)  # a reduction's input
     return sorted({a % rank for a in axes}) if rank else axes
 
 
 # -- XNNPACK -------------------------------------------------------------------------------------
-def xnnpack_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[bool, str]:
+def xnnpack_op_status(op: Op, table: CapabilityTable | None = None) -> tuple[bool, str]:
     """(taken, reason) for one op under XNNPACK, from `delegates/xnnpack.toml`."""
     table = table or capability("xnnpack")
     row = table["ops"].get(op.type) if op.type != "CUSTOM" else None
@@ -205,8 +220,8 @@ def xnnpack_op_status(op: Op, table: dict[str, Any] | None = None) -> tuple[bool
         return False, f"{len(op.outputs)} outputs, more than the {row['max_outputs']} XNNPACK takes"
     for name in row.get("constant_inputs", []):
         index = int(name)
-        t = op.inputs[index] if index < len(op.inputs) else None
-        if t is not None and not _static(t):
+        w = op.inputs[index] if index < len(op.inputs) else None
+        if w is not None and not _static(w):
             return False, f"input {index} must be a constant"
     return True, "XNNPACK has a kernel for this op, type and activation"
 
@@ -216,7 +231,9 @@ def _static(t: Tensor) -> bool:
     if t.is_constant:
         return True
     op = t.producer
-    return op is not None and op.type in ("DEQUANTIZE", "DENSIFY") and _static(op.inputs[0])
+    if op is None or op.type not in ("DEQUANTIZE", "DENSIFY"):
+        return False
+    return _static(cast(Tensor, op.inputs[0]))  # DEQUANTIZE(x), DENSIFY(x)
 
 
 def predict_xnnpack(model: Model) -> Prediction:

@@ -13,10 +13,11 @@ import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
-from tflfuse.ir import Graph, Model, Op
+from tflfuse.ir import Graph, Model, Op, Tensor
 from tflfuse.resources import data_file
 from tflfuse.targets.registry import MIB, Target
 
@@ -57,7 +58,7 @@ def macs(op: Op) -> int:
     if not op.outputs or len(op.inputs) < 2 or op.inputs[1] is None:
         return 0
     out = _elements(op.output.shape)
-    w = op.inputs[1].shape
+    w = op.inputs[1].shape  # tested above: present
     if op.type == "CONV_2D" and len(w) == 4:
         return out * w[1] * w[2] * w[3]
     if op.type == "DEPTHWISE_CONV_2D" and len(w) == 4:
@@ -68,7 +69,7 @@ def macs(op: Op) -> int:
         wt = op.inputs[1].shape
         return _elements(op.inputs[2].shape) * wt[0] * wt[1] * wt[2]
     if op.type == "BATCH_MATMUL":
-        a = op.inputs[0].shape
+        a = cast(Tensor, op.inputs[0]).shape  # a BATCH_MATMUL has both operands
         return out * (a[-1] if a else 1)
     return 0
 
@@ -162,12 +163,20 @@ _INT_TYPES = frozenset({"INT8", "UINT8", "INT16"})
 def runtime_label(target: Target) -> str:
     """Words for the runtime a target's models run on (for refusal sentences)."""
     runtime = target.cost.runtime
-    labels = {"xnnpack": "XNNPACK kernels", "none": "the plain built-in kernels"}
+    labels: dict[str | None, str] = {
+        "xnnpack": "XNNPACK kernels",
+        "none": "the plain built-in kernels",
+    }
     return labels.get(runtime, f"the {target.name} kernels")
 
 
+# (kind, dtype, runtime) -> (microseconds per call, microseconds per unit of work); a target
+# without a measured runtime (None) finds no entry.
+CostTable = dict[tuple[str, str, str | None], tuple[float, float]]
+
+
 @functools.cache
-def cost_table(path: str | None = None) -> dict[str, tuple[float, float]]:
+def cost_table(path: str | None = None) -> CostTable:
     """{(kind, dtype, runtime): (microseconds per call, microseconds per unit of work)},
     fitted to the measured shape classes; empty when no table ships."""
     file = Path(path) if path else data_file("delegates", "cost_table.json")
@@ -177,7 +186,7 @@ def cost_table(path: str | None = None) -> dict[str, tuple[float, float]]:
     points: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for e in entries:
         points.setdefault((e["kind"], e["dtype"], e["runtime"]), []).append((e["work"], e["us"]))
-    fitted = {}
+    fitted: CostTable = {}
     for key, pts in points.items():
         pts.sort()
         (w0, u0), (w1, u1) = pts[0], pts[-1]
@@ -194,16 +203,22 @@ def op_kind(op: Op) -> str:
     if op.type == "MEAN":
         if not op.options.get("keep_dims", False):
             return "MEAN@squeeze"
-        x, axes = op.inputs[0], op.inputs[1]
+        x, axes = cast(Tensor, op.inputs[0]), cast(Tensor, op.inputs[1])  # MEAN(x, axes)
         rank = len(x.shape)
-        reduced = {int(a) % rank for a in np.ravel(axes.data)} if axes.is_constant else set()
+        reduced = (
+            {int(a) % rank for a in np.ravel(cast(np.ndarray, axes.data))}
+            if axes.is_constant
+            else set()
+        )
         if reduced == {rank - 1}:
             return "MEAN@last"
         if rank == 4 and reduced == {1, 2} and x.shape[3] == 1 and x.shape[0] > 1:
             return "MEAN@rows"
         return "MEAN"
-    if op.type == "CONV_2D" and len(op.inputs[1].shape) == 4 and op.inputs[1].shape[1] > 1:
-        return "CONV_2D@3x3"
+    if op.type == "CONV_2D":
+        w = cast(Tensor, op.inputs[1]).shape  # CONV_2D(x, w, b)
+        if len(w) == 4 and w[1] > 1:
+            return "CONV_2D@3x3"
     return op.type
 
 
@@ -214,7 +229,7 @@ def work(op: Op) -> int:
     """What the op's time grows with: multiply-adds of a heavy kernel, elements read by a
     reduction, else elements written."""
     if op.type in _REDUCTIONS and op.inputs:
-        return _elements(op.inputs[0].shape)
+        return _elements(cast(Tensor, op.inputs[0]).shape)
     return macs(op) or sum(_elements(t.shape) for t in op.outputs)
 
 
@@ -223,7 +238,7 @@ def op_dtype(op: Op) -> str:
     return "int8" if out is not None and out.dtype in _INT_TYPES else "float32"
 
 
-def predict_op_us(op: Op, runtime: str, table: dict | None = None) -> float:
+def predict_op_us(op: Op, runtime: str | None, table: CostTable | None = None) -> float:
     """Predicted microseconds `op` adds on `runtime`; an unmeasured kind is priced as an
     element-wise ADD over its output (same dtype)."""
     table = cost_table() if table is None else table
@@ -235,7 +250,7 @@ def predict_op_us(op: Op, runtime: str, table: dict | None = None) -> float:
     return entry[0] + entry[1] * work(op)
 
 
-def predict_latency_us(model: Model, runtime: str, table: dict | None = None) -> float:
+def predict_latency_us(model: Model, runtime: str | None, table: CostTable | None = None) -> float:
     """Predicted invoke time of the main subgraph on `runtime` (sum of its ops)."""
     return sum(predict_op_us(op, runtime, table) for op in model.main.ops)
 
@@ -318,8 +333,9 @@ def spelled_hard_swish_pays(target: Target, elements: int) -> bool:
     that spell it out: XNNPACK takes the three but not the int8 HARD_SWISH (measured table)."""
     table = cost_table()
     runtime = target.cost.runtime
-    entries = [table.get((k, "int8", runtime)) for k in ("HARD_SWISH", "ADD", "MUL", "MUL@bcast")]
-    if any(e is None for e in entries):
+    found = [table.get((k, "int8", runtime)) for k in ("HARD_SWISH", "ADD", "MUL", "MUL@bcast")]
+    entries = [e for e in found if e is not None]
+    if len(entries) < len(found):
         return False
     hswish, add, mul, mul_c = (a + b * elements for a, b in entries)
     return add + mul + mul_c < 0.8 * hswish
@@ -342,13 +358,14 @@ def int8_completion_us(target: Target, float_op: str, elements: int) -> tuple[fl
     None when the table lacks one of them or the target has no measured runtime."""
     table = cost_table()
     runtime = target.cost.runtime
-    parts = [
+    found = [
         table.get(("DEQUANTIZE", "float32", runtime)),
         table.get((float_op, "float32", runtime)),
         table.get(("QUANTIZE", "int8", runtime)),
     ]
+    parts = [p for p in found if p is not None]
     int8 = table.get((INT8_COMPLETION_OP.get(float_op, float_op), "int8", runtime))
-    if runtime is None or int8 is None or any(p is None for p in parts):
+    if runtime is None or int8 is None or len(parts) < len(found):
         return None
     island = sum(a + b * elements for a, b in parts)
     return island, int8[0] + int8[1] * elements

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tflfuse.errors import TflfuseError
 
 if TYPE_CHECKING:  # types only: importing them loads numpy and the model code
-    from tflfuse.ir import Model
-    from tflfuse.targets.capabilities import Prediction
+    from tflfuse.ir import Model, Op
+    from tflfuse.rewrite import Pass, Refusal, Rule
+    from tflfuse.targets.capabilities import CapabilityTable, Prediction
 
 MIB = 1 << 20
 
@@ -76,7 +77,7 @@ class Target:
     # -- how its rule pipeline differs (tflfuse.convert.rule_sets.pipeline) --
     # Its legalization rules (Rule and Pass instances), run first at level 2 and alone on the
     # quantized model. A function: the rules load on first use (device scripts load none).
-    legalization: Callable[[], tuple[Any, ...]] | None = None
+    legalization: Callable[[], tuple[Rule | Pass, ...]] | None = None
     # Recognize spelled-out activations as builtins (HARD_SWISH, LEAKY_RELU, GELU): not for a
     # target whose compiler does not map them.
     recognizes_activations: bool = True
@@ -95,12 +96,12 @@ class Target:
     # maps only with NONE, so MAX_POOL_2D + RELU stays two mapped ops rather than one fused
     # pool the compiler leaves on the CPU. FuseActivationIntoProducer and the int8 completion
     # ask it (`fused_activation_refusal`).
-    fused_activation_limit: Callable[[str, str], Any] | None = None
+    fused_activation_limit: Callable[[str, str], Refusal | None] | None = None
     # Whether a chain of layout ops (RESHAPE, TRANSPOSE, SLICE...) stays as written rather than
     # shortened by CanonicalizeLayoutChain, loaded on first use: the Edge TPU keeps a chain whose
     # every op compiled models show mapped at its size, so the shortening cannot undo the layout
     # cuts (targets/edgetpu/layout.py), which would cut the shortened op again, and so on.
-    layout_chain_kept: Callable[[Sequence[Any]], bool] | None = None
+    layout_chain_kept: Callable[[Sequence[Op]], bool] | None = None
 
     def predict(
         self, model: Model, compiler_version: str | None = None, multiple_subgraphs: bool = False
@@ -113,7 +114,7 @@ class Target:
             )
         return self.predictor(model, compiler_version, multiple_subgraphs)
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> CapabilityTable:
         """Its parsed capability table (`delegates/TABLE.toml`)."""
         from tflfuse.targets.capabilities import capability
 
@@ -121,11 +122,11 @@ class Target:
             raise TflfuseError(f"no capability table for target {self.name!r}")
         return capability(self.table)
 
-    def legalization_rules(self) -> tuple[Any, ...]:
+    def legalization_rules(self) -> tuple[Rule | Pass, ...]:
         """Its legalization rules (empty for a target that needs none)."""
         return self.legalization() if self.legalization is not None else ()
 
-    def fused_activation_refusal(self, op_type: str, activation: str) -> Any:
+    def fused_activation_refusal(self, op_type: str, activation: str) -> Refusal | None:
         """Why an `op_type` op with fused `activation` would not map on it (a `Refusal`), or
         None."""
         limit = self.fused_activation_limit
@@ -155,19 +156,19 @@ def _predict_gpu(model: Model, compiler_version: str | None, multiple: bool) -> 
     return predict_gpu(model, flatbuffer.to_bytes(model))
 
 
-def _edgetpu_fused_activation_limit(op_type: str, activation: str) -> Any:
+def _edgetpu_fused_activation_limit(op_type: str, activation: str) -> Refusal | None:
     from tflfuse.targets.edgetpu.rules import fused_activation_refusal
 
     return fused_activation_refusal(op_type, activation)
 
 
-def _edgetpu_layout_chain_kept(chain: Sequence[Any]) -> bool:
+def _edgetpu_layout_chain_kept(chain: Sequence[Op]) -> bool:
     from tflfuse.targets.edgetpu.layout import every_op_shown_mapped
 
     return every_op_shown_mapped(chain)
 
 
-def _edgetpu_legalization() -> tuple[Any, ...]:
+def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     from tflfuse.targets.edgetpu.attention import ATTENTION_LEGALIZATION
     from tflfuse.targets.edgetpu.broadcast import BROADCAST_LEGALIZATION
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION

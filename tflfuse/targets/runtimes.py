@@ -28,6 +28,7 @@ from tflfuse.errors import TflfuseError, UsageError
 from tflfuse.ir import Model
 from tflfuse.ir.flatbuffer import OP_CODES
 from tflfuse.ir.op_versions import required
+from tflfuse.json_types import JSONDict
 from tflfuse.resources import data_file
 
 if sys.version_info >= (3, 11):
@@ -243,7 +244,7 @@ class Finding:
     highest: int = 0  # the highest version of the op the runtime has (0: none)
     delegate: str | None = None  # an op only a delegate resolves (edgetpu)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         n = self.need
         return {
             "op": n.custom if n.custom is not None else n.op,
@@ -285,7 +286,7 @@ class RuntimeCheck:
         more = f" (and {len(bad) - 1} more op code{'s' if len(bad) > 2 else ''})" if bad[1:] else ""
         return f"{first.need.label} cannot run on {self.runtime.label}: {first.reason}{more}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         r = self.runtime
         return {
             "runtime": r.name,

@@ -28,6 +28,7 @@ import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op, Tensor, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.rewrite.int8_error import output_bounds
 from tflfuse.rewrite.rule import RewriteEvent
 from tflfuse.verification import run_memo
@@ -138,7 +139,7 @@ class _Side:
         if id(t) not in self._agreed:
             o = self.other_by_name.get(t.name)
             ok = o is not None and self.by_name.get(t.name) is t and _same_tensor(t, o)
-            if ok:
+            if ok and o is not None:
                 if t.producer is None or o.producer is None:
                     ok = any(x is t for x in self.graph.inputs) and any(
                         x is o for x in self.other.inputs
@@ -293,7 +294,7 @@ def check(
     before: Graph | None = None,
     seed: int = 0,
     runs: int = 3,
-) -> tuple[str | None, dict[str, Any]]:
+) -> tuple[str | None, JSONDict]:
     """(why an int8 rewrite moved its site by more than it declares, or None; the record:
     `rewrites`, one entry per checked rewrite, and `rewrites_not_checked` with reasons)."""
     made = plan(reference, model, events, before=before)
@@ -305,7 +306,7 @@ def check(
     return judge(made, values)
 
 
-def judge(made: Plan, values: list[dict[str, np.ndarray]]) -> tuple[str | None, dict[str, Any]]:
+def judge(made: Plan, values: list[dict[str, np.ndarray]]) -> tuple[str | None, JSONDict]:
     """Each site of `made` run alone on `values` (the reference's tensors, per input set)."""
     kept = set(values[0]) if values else set()
     sites, skipped = [], list(made.skipped)

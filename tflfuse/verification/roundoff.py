@@ -63,6 +63,7 @@ import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Op, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.verification.runs import run
 
 U = 2.0**-24  # unit round-off of float32
@@ -92,7 +93,7 @@ class RoundOff:
     noise: dict[str, np.ndarray] = field(default_factory=dict)
     summary: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "model": "float32 round-off (tflfuse.verification.roundoff)",
             "outputs": self.summary,

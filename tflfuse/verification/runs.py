@@ -6,7 +6,7 @@ agreement in output units). Host side; the interpreter comes from
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,12 +14,15 @@ from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
 from tflfuse.verification import run_memo
 
+if TYPE_CHECKING:
+    from tflfuse.device.interpreter import Interpreter, TensorDetails
+
 
 def run(
     model: bytes,
     inputs: list[list[np.ndarray]],
     delegate: str = "none",
-    interp: Any = None,
+    interp: Interpreter | None = None,
     *,
     remember: bool = True,
 ) -> list[list[np.ndarray]]:
@@ -33,7 +36,9 @@ def run(
     return run_memo.remembered("verify.run", key, lambda: _invoke(model, inputs, delegate, interp))
 
 
-def _invoke(model: bytes, inputs: list[list[np.ndarray]], delegate: str, interp: Any) -> list:
+def _invoke(
+    model: bytes, inputs: list[list[np.ndarray]], delegate: str, interp: Interpreter | None
+) -> list[list[np.ndarray]]:
     interp = interp if interp is not None else make_interpreter(model, delegate=delegate)
     in_details = interp.get_input_details()
     out_details = interp.get_output_details()
@@ -44,7 +49,9 @@ def _invoke(model: bytes, inputs: list[list[np.ndarray]], delegate: str, interp:
     return results
 
 
-def _invoke_once(interp: Any, in_details: list[dict[str, Any]], values: list[np.ndarray]) -> None:
+def _invoke_once(
+    interp: Interpreter, in_details: list[TensorDetails], values: list[np.ndarray]
+) -> None:
     """Set the inputs and invoke once; a failing invoke is a TflfuseError in one line."""
     for d, value in zip(in_details, values):
         interp.set_tensor(d["index"], value)
@@ -82,7 +89,7 @@ def run_keeping(
     return kept
 
 
-def _to_model(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
+def _to_model(value: np.ndarray, detail: TensorDetails) -> np.ndarray:
     dtype = np.dtype(detail["dtype"])
     if dtype.kind == "f":
         return value.astype(dtype)
@@ -93,7 +100,7 @@ def _to_model(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
     return np.clip(np.round(value / scale + zero), info.min, info.max).astype(dtype)
 
 
-def _from_model(value: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
+def _from_model(value: np.ndarray, detail: TensorDetails) -> np.ndarray:
     if value.dtype.kind == "f":
         return value.astype(np.float64)
     scale, zero = detail["quantization"]

@@ -40,14 +40,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.rewrite import Pass, PassManager, PassResult, Rule, int8_error_bounds
 from tflfuse.verification import rewrite_check
 from tflfuse.verification import verify as verify_mod
-from tflfuse.verification.verify import CandidateFailedError, OutputTolerance, UnverifiableError
+from tflfuse.verification.verify import (
+    Agreement,
+    CandidateFailedError,
+    OutputTolerance,
+    UnverifiableError,
+)
 
 PROPAGATION = 10.0  # allowance for an approximation's error growing through later layers
 NOT_VERIFIED = "--no-verify: written without the numeric check"
@@ -74,7 +79,7 @@ class Candidate:
         return flatbuffer.to_bytes(self.model)
 
 
-Check = Callable[[Candidate], tuple[str | None, dict[str, Any]]]
+Check = Callable[[Candidate], tuple[str | None, JSONDict]]
 
 
 def apply(
@@ -106,7 +111,7 @@ def apply(
 
 def judge(
     candidate: Candidate, enabled: bool = True, check: Check | None = None
-) -> tuple[str | None, dict[str, Any]]:
+) -> tuple[str | None, JSONDict]:
     """(why `candidate` fails `check` or None, the verification record); with `enabled` off
     (--no-verify) nothing runs and the record says it was written unchecked."""
     if not enabled:
@@ -139,7 +144,7 @@ def culprit(candidate: Candidate, check: Check | None = None) -> str:
 
 
 # -- the checks ------------------------------------------------------------------------------------
-def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, Any]]:
+def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, OutputTolerance]]:
     """(float atol for every output, {output name: OutputTolerance}) for a pipeline's result, on
     top of the round-off bound `compare` measures.
 
@@ -150,7 +155,7 @@ def tolerances(model: Model, result: PassResult) -> tuple[float, dict[str, Any]]
     """
     atol = PROPAGATION * sum(e.error for e in result.events)
     bounds = int8_error_bounds(model, result)
-    per_output = {}
+    per_output: dict[str, OutputTolerance] = {}
     for t in model.main.outputs:
         bound = bounds.get(t.name, 0.0)
         if t.dtype in ("FLOAT32", "FLOAT16"):
@@ -172,7 +177,7 @@ _IDENTICAL = {
 }
 
 
-def within_declared_error(candidate: Candidate) -> tuple[str | None, dict[str, Any]]:
+def within_declared_error(candidate: Candidate) -> tuple[str | None, JSONDict]:
     """Each output of `candidate` against its reference within the error its rewrites declare,
     then each int8 rewrite where it stands (the module docstring). TflfuseError when the
     reference does not run on this host."""
@@ -192,9 +197,7 @@ def _unverifiable(exc: Exception) -> TflfuseError:
     )
 
 
-def end_to_end(
-    candidate: Candidate, keep: set[str] | None = None
-) -> tuple[str | None, dict[str, Any]]:
+def end_to_end(candidate: Candidate, keep: set[str] | None = None) -> tuple[str | None, JSONDict]:
     """Each output of `candidate` against its reference, on the same seeded inputs, within
     its round-off bound and the error the rewrites on its paths declare. `keep`: the tensors
     the per-rewrite check will read, kept by the same run of the reference."""
@@ -210,20 +213,20 @@ def end_to_end(
         raise _unverifiable(exc) from None
     except CandidateFailedError as exc:
         return f"verification failed: the optimized model does not run ({exc})", {}
-    tolerance = {
+    tolerance: JSONDict = {
         "atol": atol,
         "roundoff": "float32 round-off bound per element (tflfuse.verification.roundoff)",
         "int8_steps": {name: tol.int_steps for name, tol in per_output.items()},
     }
-    record = {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
+    record: JSONDict = {"verified": True, **agreement.to_dict(), "tolerance": tolerance}
     if not agreement.ok:
         return f"verification failed: {describe_failure(agreement)}", record
     return None, record
 
 
 def per_rewrite(
-    candidate: Candidate, record: dict[str, Any], plan: rewrite_check.Plan | None = None
-) -> tuple[str | None, dict[str, Any]]:
+    candidate: Candidate, record: JSONDict, plan: rewrite_check.Plan | None = None
+) -> tuple[str | None, JSONDict]:
     """`record` (the end-to-end check's) with each int8 rewrite checked where it stands
     (`verification.rewrite_check`, by `plan` when one was made): `rewrites`, and the failure of the
     first that moved its tensor by more than its rule declares."""
@@ -245,7 +248,7 @@ def per_rewrite(
     return f"verification failed: {failure}", record
 
 
-def on_reference_kernels(candidate: Candidate) -> tuple[str | None, dict[str, Any]]:
+def on_reference_kernels(candidate: Candidate) -> tuple[str | None, JSONDict]:
     """`candidate` against its reference on the reference kernels, expected bit-identical
     (float outputs held to the round-off bound, int8 ones to 0 steps); the failure is what was
     measured, the record says against what it was checked."""
@@ -264,7 +267,7 @@ def on_reference_kernels(candidate: Candidate) -> tuple[str | None, dict[str, An
     return (None if check.ok else describe_failure(check)), record
 
 
-def describe_failure(agreement: Any) -> str:
+def describe_failure(agreement: Agreement) -> str:
     """One clause saying which output failed and what was measured against what was allowed."""
     bad = agreement.failed_outputs() or list(agreement.outputs)[:1] or ["?"]
     detail = agreement.outputs.get(bad[0], {})

@@ -14,16 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tflfuse.device.bench import seeded_input_values
 from tflfuse.device.interpreter import make_interpreter
 from tflfuse.errors import TflfuseError
+from tflfuse.json_types import JSONDict
 from tflfuse.verification import run_memo
 from tflfuse.verification.roundoff import estimate
 from tflfuse.verification.runs import run, run_keeping
+
+if TYPE_CHECKING:
+    from tflfuse.device.interpreter import Interpreter, TensorDetails
 
 
 class UnverifiableError(TflfuseError):
@@ -58,23 +62,25 @@ class Agreement:
     def failed_outputs(self) -> list[str]:
         return [name for name, o in self.outputs.items() if not o["ok"]]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return asdict(self)
 
 
-def seeded_inputs(interp: Any, seed: int, runs: int) -> list[list[np.ndarray]]:
+def seeded_inputs(interp: Interpreter, seed: int, runs: int) -> list[list[np.ndarray]]:
     """`runs` sets of random inputs matching the interpreter's input details (the benchmark's
     generator, so a verified input set and a timed one come from the same rule)."""
     details = interp.get_input_details()
     return [seeded_input_values(details, seed + i) for i in range(runs)]
 
 
-def _details(model: bytes, delegate: str) -> tuple[list[dict], list[str], Any]:
+def _details(
+    model: bytes, delegate: str
+) -> tuple[list[TensorDetails], list[str], Interpreter | None]:
     """(input details, output names, a fresh interpreter or None) of `model`: the interpreter
     is made only when the model's details are not remembered (then it also runs the model)."""
-    made: list[Any] = []
+    made: list[Interpreter] = []
 
-    def read() -> tuple[list[dict], list[str]]:
+    def read() -> tuple[list[TensorDetails], list[str]]:
         made.append(make_interpreter(model, delegate=delegate))
         names = [d["name"] for d in made[0].get_output_details()]
         return made[0].get_input_details(), names

@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -253,7 +254,8 @@ def _columns_on_batch(
     perm = [int(v) % len(shape) for v in np.asarray(perm_t.data).reshape(-1)]
     if perm != [lead + 1, *range(1, lead), lead, 0] or tuple(reader.output.shape) != product:
         return None
-    if out.is_quantized and not reader.output.quantization.same_as(out.quantization):
+    q = cast(Quantization, reader.output.quantization)  # (read only when `out` is quantized)
+    if out.is_quantized and not q.same_as(out.quantization):
         return None
     rank = len(y.shape)
     own = y.perm if y.perm is not None else tuple(range(rank))
@@ -420,6 +422,10 @@ def _fewer_pieces(plan: MatmulPlan, swapped: MatmulPlan, out: Tensor) -> MatmulP
     return refusal or plan
 
 
+# An op the decomposition would write, asked of the table: (type, inputs, output shape, constants)
+_Ask = tuple[str, list[Tensor], tuple[int, ...], list[np.ndarray]]
+
+
 def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
     """Ask the table about each distinct piece the rewrite writes (a scratch graph): the rule
     never trades the refused BATCH_MATMUL for other refused ops."""
@@ -433,7 +439,7 @@ def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
         for m_c in {b - a for a, b in plan.cols}:
             if plan.full:
                 wide = (1, d, 1, n_c * m_c)
-                asks = [
+                asks: list[_Ask] = [
                     ("CONV_2D", [t(1, d, 1, n_c)], wide, [np.zeros((n_c * m_c, 1, 1, n_c))]),
                     ("MUL", [t(*wide), t(*wide)], wide, []),
                     ("DEPTHWISE_CONV_2D", [t(*wide)], (1, 1, 1, n_c * m_c),
@@ -457,10 +463,12 @@ def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
                 ones = np.ones((1, 1, 1, d), np.float32)
                 asks.append(("CONV_2D", [t(1, n_c, m_c, d)], (1, n_c, m_c, 1), [ones]))
             for op_type, ins, shape, consts in asks:
-                why = _refusal_of(op_type, ins, shape, {"fused_activation_function": "NONE"},
-                                  consts)  # fmt: skip
-                if why:
-                    return refuse(f"a {op_type} of the decomposition would stay on the CPU: {why}")
+                reason = _refusal_of(op_type, ins, shape, {"fused_activation_function": "NONE"},
+                                     consts)  # fmt: skip
+                if reason:
+                    return refuse(
+                        f"a {op_type} of the decomposition would stay on the CPU: {reason}"
+                    )
     return None
 
 
@@ -479,7 +487,7 @@ def _softmax_rows(op: Operand) -> bool:
     if op.view is not None and op.view[-1] != t.shape[-1]:
         return False
     while t.producer is not None and t.producer.type == "RESHAPE":
-        source = t.producer.inputs[0]
+        source = cast(Tensor, t.producer.inputs[0])  # RESHAPE(x, shape)
         if not source.shape or source.shape[-1] != t.shape[-1]:
             return False
         t = source
@@ -514,7 +522,7 @@ def split_tau(plan: MatmulPlan) -> tuple[str, float] | None:
     return side, tau
 
 
-def _first_refusal(asks) -> Refusal | None:
+def _first_refusal(asks: list[_Ask]) -> Refusal | None:
     for op_type, ins, shape, consts in asks:
         why = _refusal_of(op_type, ins, shape, {"fused_activation_function": "NONE"}, consts)
         if why:
@@ -533,9 +541,9 @@ def _lead_ok(operand: Operand, lead: tuple[int, ...]) -> bool:
 
 def _kinds_refusal(*tensors: Tensor) -> tuple[str, Refusal | None]:
     kinds = {_kind(t) for t in tensors}
-    if len(kinds) != 1 or None in kinds:
+    kind = kinds.pop() if len(kinds) == 1 else None
+    if kind is None:
         return "", refuse("its operands and result are not all float or all per-tensor int8")
-    kind = kinds.pop()
     if kind == "int" and any(t.dtype != "INT8" for t in tensors):
         return "", refuse("uint8 operands: only float and int8 products are spelled out")
     return kind, None
@@ -611,7 +619,7 @@ class _Spell:
         """Rows lo:hi of the operand at `batch` as they lie in memory (a SLICE when that is not
         the whole tensor): [rows, k] when `op.in_order`, else [k, rows]."""
         t = self._viewed(op)
-        index = list(np.unravel_index(batch % op.batch, op.lead)) if op.lead else []
+        index = [int(i) for i in np.unravel_index(batch % op.batch, op.lead)] if op.lead else []
         if op.rows_last:
             begin, size = [*index, lo, 0], [*([1] * len(index)), hi - lo, op.depth]
         else:
@@ -703,7 +711,7 @@ class _Spell:
         row_pieces = []
         for r, (r0, r1) in enumerate(p.rows):
             img, n_c = self._image(batch, r, r0, r1), r1 - r0
-            repeated: dict[int, Value] = {}
+            repeated: dict[int, list[tuple[Value, float]]] = {}
             col_pieces = []
             for c, (c0, c1) in enumerate(p.cols):
                 m_c, tag = c1 - c0, f"h{batch}/r{r}c{c}"
@@ -861,7 +869,8 @@ def _merge_transpose(graph: Graph, out: Tensor) -> list[Op] | None:
     op, gone = _sole_reader(graph, out), []
     if op is not None and op.type == "RESHAPE" and op.inputs[0] is out:
         same = [a for a in op.output.shape if a > 1] == [a for a in out.shape if a > 1]
-        if not same or (out.is_quantized and not op.output.quantization.same_as(out.quantization)):
+        q = cast(Quantization, op.output.quantization)  # (read only when `out` is quantized)
+        if not same or (out.is_quantized and not q.same_as(out.quantization)):
             return None
         gone.append(op)
         op = _sole_reader(graph, op.output)
@@ -871,7 +880,7 @@ def _merge_transpose(graph: Graph, out: Tensor) -> list[Op] | None:
     perm_t = op.inputs[1]
     if perm_t is None or not perm_t.is_constant or len(t.shape) < 3:
         return None
-    if t.is_quantized and not op.output.quantization.same_as(t.quantization):
+    if t.is_quantized and not cast(Quantization, op.output.quantization).same_as(t.quantization):
         return None
     rank = len(t.shape)
     perm = [int(v) % rank for v in np.asarray(perm_t.data).reshape(-1)]
@@ -904,7 +913,7 @@ def matmul_int8_steps(plan: MatmulPlan, out: Tensor) -> int:
     xl, xh = plan.x.tensor.real_range()
     yl, yh = plan.y.tensor.real_range()
     corners = [xl * yl, xl * yh, xh * yl, xh * yh]
-    s_t = float(_range_q(out, min(corners), max(corners)).scale[0])
+    s_t = float(cast(np.ndarray, _range_q(out, min(corners), max(corners)).scale)[0])
     s_out = _scale_zp(out)[0]
     return math.ceil(plan.d * s_t / (2.0 * s_out) - 1e-9) + 1
 

@@ -26,11 +26,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from tflfuse.errors import TflfuseError
 from tflfuse.files import atomic_write_text
 from tflfuse.ir import Model, Op, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.targets.capabilities import OpPrediction, Prediction, op_label
 from tflfuse.targets.edgetpu.compiler_log import CompilerLog, _status, parse_log
 from tflfuse.targets.edgetpu.modes import ModeChoice, compare_modes
@@ -150,7 +150,7 @@ class CompileResult:
             same = same and self.predicted_segments == self.actual_segments
         return same
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         actual = self.actual
         status = self.status_agreement()
         return {

@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tflfuse.json_types import JSONDict
 from tflfuse.targets.capabilities import capability
 
 CUSTOM_OP = "edgetpu-custom-op"
@@ -89,7 +90,7 @@ class CompilerLog:
     def cpu(self) -> int:
         return sum(n for _, n, status in self.rows if status != _status("mapped"))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "header": dict(self.header),
             "table": [{"op": op, "count": n, "status": s} for op, n, s in self.rows],

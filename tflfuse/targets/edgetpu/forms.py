@@ -36,13 +36,21 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import numpy as np
 
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Op, Tensor
-from tflfuse.targets.capabilities import FLOAT_TYPES, _axes, _const_ints, capability, op_label
+from tflfuse.json_types import JSONDict
+from tflfuse.targets.capabilities import (
+    FLOAT_TYPES,
+    CapabilityTable,
+    _axes,
+    _const_ints,
+    capability,
+    op_label,
+)
 
 BINARY = frozenset(
     {
@@ -285,6 +293,24 @@ def _frontier(sizes: Iterable[Size], *, largest: bool) -> list[Size]:
     return sorted(keep)
 
 
+class _FormRow(TypedDict):
+    op: str
+    operands: list[str]
+    output: str
+
+
+class FormRow(_FormRow, total=False):
+    """One `[[form]]` of delegates/edgetpu_forms.toml (`FormEntry.to_dict` writes it)."""
+
+    key: str  # Form.key (`from_dict` rebuilds it from the fields)
+    detail: str
+    mapped: int
+    refused: int
+    mapped_sizes: list[list[int]]  # [elements, inner] per compiled size
+    refused_sizes: list[list[int]]
+    sources: list[str]
+
+
 @dataclass
 class FormEntry:
     """What compiled models show of one form: `mapped` / `refused` count the compiled models
@@ -299,7 +325,7 @@ class FormEntry:
     refused_sizes: list[Size] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "key": self.form.key,
             "op": self.form.op,
@@ -314,7 +340,7 @@ class FormEntry:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FormEntry:
+    def from_dict(cls, d: FormRow) -> FormEntry:
         form = Form(d["op"], tuple(d["operands"]), d["output"], d.get("detail", ""))
         return cls(
             form,
@@ -338,8 +364,8 @@ class FormTable:
     )
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> FormTable:
-        entries = [FormEntry.from_dict(e) for e in d.get("form", [])]
+    def from_dict(cls, d: CapabilityTable) -> FormTable:
+        entries = [FormEntry.from_dict(cast(FormRow, e)) for e in d.get("form", [])]
         return cls({e.form.key: e for e in entries})
 
     def lookup(self, form: Form) -> list[FormEntry]:

@@ -24,12 +24,13 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
-from tflfuse.ir import Graph, Op, Tensor
+from tflfuse.ir import Graph, Op, Quantization, Tensor
 from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
-from tflfuse.rewrite.build import ELEMENTWISE_BINARY
+from tflfuse.rewrite.build import ELEMENTWISE_BINARY, Value
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.capabilities import capability
 from tflfuse.targets.edgetpu.forms import Verdict, gate
@@ -86,7 +87,7 @@ def _strided_slice_keeps(op: Op, k: int) -> bool:
     begin, end, strides = (_ints(op.inputs[i]) for i in (1, 2, 3))
     if begin is None or end is None or strides is None or strides[k] != 1:
         return False
-    size = op.inputs[0].shape[k]
+    size = _input(op, 0).shape[k]
     starts = int(o.get("begin_mask", 0)) >> k & 1 or begin[k] == 0
     ends = int(o.get("end_mask", 0)) >> k & 1 or end[k] >= size
     return bool(starts and ends)
@@ -111,8 +112,9 @@ def moved_axis(op: Op, index: int, k: int) -> int | None:
         return _reshaped_axis(x.shape, out.shape, k)
     if t == "SLICE":
         begin, size = _ints(op.inputs[1]), _ints(op.inputs[2])
-        whole = begin is not None and size is not None and size[k] in (-1, x.shape[k])
-        return k if whole and begin[k] == 0 else None
+        if begin is None or size is None:
+            return None
+        return k if size[k] in (-1, x.shape[k]) and begin[k] == 0 else None
     if t == "STRIDED_SLICE":
         return k if _strided_slice_keeps(op, k) else None
     if t == "CONCATENATION":
@@ -177,10 +179,20 @@ def _data_inputs(op: Op) -> list[int]:
     return [i for i, t in enumerate(op.inputs) if t is not None and not t.is_constant]
 
 
+def _input(op: Op, index: int) -> Tensor:
+    """Input `index` of an op of the head, present: a data input, or an operand its type has."""
+    return cast(Tensor, op.inputs[index])
+
+
+def _inputs(op: Op) -> tuple[Tensor, ...]:
+    """The inputs of a join or an element-wise op, none of them omitted."""
+    return cast(tuple[Tensor, ...], op.inputs)
+
+
 def _aligned_axis(op: Op, index: int, k_out: int) -> int | None:
     """The axis of input `index` (an operand of a binary op or a join along another axis) lined
     up with output axis k_out, or None when the operand is broadcast along it."""
-    t = op.inputs[index]
+    t = _input(op, index)
     if op.type == "CONCATENATION":
         return k_out
     j = k_out - (len(op.outputs[0].shape) - len(t.shape))
@@ -203,7 +215,7 @@ def _claim(region: HeadRegion, t: Tensor, place: Place) -> str | None:
         region.ops[id(producer)] = producer
         region.joins.add(id(producer))
         offset = place.offset
-        for u in producer.inputs:
+        for u in _inputs(producer):
             why = _claim(region, u, Place(place.axis, offset, place.unit))
             if why:
                 return why
@@ -217,7 +229,7 @@ def _refused_right_above(op: Op) -> bool:
     refuses that computes each index along some axis on its own: the RESHAPE of a flattened
     map fits where the TRANSPOSE before it does not, so the head starts above both."""
     ins = _data_inputs(op)
-    above = op.inputs[ins[0]].producer if len(ins) == 1 else None
+    above = _input(op, ins[0]).producer if len(ins) == 1 else None
     if above is None or edgetpu_shape_refusal(above) is None or not above.outputs:
         return False
     x = above.inputs[_data_inputs(above)[0]] if len(_data_inputs(above)) == 1 else None
@@ -245,7 +257,7 @@ def _claim_producer(region: HeadRegion, op: Op, place: Place) -> str | None:
     out = op.outputs[0]
     claims = []
     for i in _data_inputs(op):
-        x = op.inputs[i]
+        x = _input(op, i)
         if op.type in ELEMENTWISE_BINARY and _aligned_axis(op, i, place.axis) is None:
             continue  # broadcast along the anchors: read whole
         axes = [
@@ -277,7 +289,7 @@ def _take(region: HeadRegion, op: Op, tainted: set[int]) -> bool:
     # int8 or uint8 out (the edgetpu interface's uint8 output QUANTIZE maps), never float
     if not placed or len(op.outputs) != 1 or op.outputs[0].dtype not in ("INT8", "UINT8"):
         return False
-    first = op.inputs[placed[0]]
+    first = _input(op, placed[0])
     place = region.place(first)
     k = moved_axis(op, placed[0], place.axis)
     out = op.outputs[0]
@@ -293,7 +305,7 @@ def _take(region: HeadRegion, op: Op, tainted: set[int]) -> bool:
         if op.type not in ELEMENTWISE_BINARY and op.type != "CONCATENATION":
             region.places, region.ops, region.joins, region.sources = saved
             return False
-        u, j = op.inputs[i], _aligned_axis(op, i, k)
+        u, j = _input(op, i), _aligned_axis(op, i, k)
         if j is None:
             continue  # broadcast along the anchors
         expected = Place(j, here.offset, here.unit)
@@ -329,7 +341,7 @@ def find_head(graph: Graph, join: Op) -> HeadRegion | Refusal:
         return refuse(f"the head cannot be cut along its anchors: {why}")
     grew = True
     while grew:
-        grew, tainted = False, set()
+        grew, tainted = False, set[int]()
         for op in graph.ops:
             if id(op) in region.ops:
                 continue
@@ -366,12 +378,12 @@ def _constant_piece(region: HeadRegion, op: Op, index: int, a: int, b: int) -> n
     """The constant input `index` of `op` for the piece [a, b): sliced where it runs along the
     anchors, rewritten where it states the shape or the extent (RESHAPE, SLICE, STRIDED_SLICE);
     None when it stays as it is."""
-    t, out = op.inputs[index], op.outputs[0]
+    t, out = _input(op, index), op.outputs[0]
     data = np.asarray(t.data)
     if op.type in _SHAPES and index == 1:
         return np.array(_piece_shape(region, out, a, b), np.int32)
     if op.type in ("SLICE", "STRIDED_SLICE") and index in (1, 2):
-        x = op.inputs[0]
+        x = _input(op, 0)
         k = region.place(x).axis
         if op.type == "SLICE" and index == 2 and data.reshape(-1)[k] == -1:
             return None
@@ -548,7 +560,8 @@ def _quantization_refusal(region: HeadRegion) -> Refusal | None:
             return refuse(f"{t.name!r} is {t.dtype} with per-channel or no quantization")
     for op in region.ops.values():
         if id(op) in region.joins and not all(
-            t.quantization.same_as(op.outputs[0].quantization) for t in op.inputs
+            cast(Quantization, t.quantization).same_as(op.outputs[0].quantization)
+            for t in _inputs(op)  # (every tensor of the region is int8: tested above)
         ):
             return refuse(f"the join {op.outputs[0].name!r} requantizes its inputs")
     return None
@@ -692,7 +705,8 @@ class _Cutter:
         return _slice(self.b, t, begin, size, f"{t.name}/anchors{a}", t.quantization)
 
     def _join(self, t: Tensor, a: int, e: int):
-        parts = [self.value_of(u, pa, pe) for u in t.producer.inputs
+        join = cast(Op, t.producer)  # (a head tensor not read from a source is a join's)
+        parts = [self.value_of(u, pa, pe) for u in _inputs(join)
                  for pa, pe in self.pieces_of(u) if a <= pa and pe <= e]  # fmt: skip
         if len(parts) == 1:
             return parts[0]
@@ -704,7 +718,7 @@ class _Cutter:
 def _build_piece(cutter: _Cutter, op: Op, piece: tuple[int, int], n: int):
     a, e = piece
     b, region = cutter.b, cutter.region
-    ins = []
+    ins: list[Tensor | Value | None] = []
     for i, t in enumerate(op.inputs):
         if t is None:
             ins.append(None)

@@ -30,11 +30,12 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.edgetpu.forms import gated
 from tflfuse.targets.edgetpu.heads import form_verdict
@@ -102,7 +103,8 @@ def _squeeze_only(op: Op) -> bool:
     """A RESHAPE (SQUEEZE, EXPAND_DIMS) that only adds or drops dimensions of 1."""
     if op.type not in ("RESHAPE", "SQUEEZE", "EXPAND_DIMS"):
         return False
-    dims = [[d for d in t.shape if d > 1] for t in (op.inputs[0], op.outputs[0])]
+    x = cast(Tensor, op.inputs[0])  # (each of the three reads its data first)
+    dims = [[d for d in t.shape if d > 1] for t in (x, op.outputs[0])]
     return dims[0] == dims[1]
 
 
@@ -110,7 +112,7 @@ def find_chain(graph: Graph, root: Op) -> Chain | Refusal:
     """The movement ops reachable from `root` (its input is x) through tensors of more than 3
     dimensions > 1, and the RESHAPEs that only drop dimensions of 1 after them: a TRANSPOSE of a
     tensor that fits (an exporter's K^T) is left to the ops that read it."""
-    x = root.inputs[0]
+    x = cast(Tensor, root.inputs[0])  # (a movement op: its data input)
     ops, todo, seen = [], [root], set()
     while todo:
         op = todo.pop()
@@ -205,8 +207,9 @@ def plan_end(end: Tensor, g: np.ndarray, x_shape: tuple[int, ...]) -> EndPlan | 
     if len(big) < 2:
         return None
     axis = big[0]
-    slabs = [window(np.take(g, [i], axis=axis), x_shape) for i in range(g.shape[axis])]
-    return None if any(w is None for w in slabs) else EndPlan(end, axis, tuple(slabs))
+    found = [window(np.take(g, [i], axis=axis), x_shape) for i in range(g.shape[axis])]
+    slabs = tuple(w for w in found if w is not None)
+    return None if len(slabs) < len(found) else EndPlan(end, axis, slabs)
 
 
 def _piece_shape(plan: EndPlan) -> tuple[int, ...]:
@@ -311,11 +314,11 @@ class SplitHeadsInWindows(Rule):
 
 
 def _write_end(m: Match, x: Tensor, plan: EndPlan) -> None:
-    producer = plan.end.producer
+    producer = plan.end.op  # (an end is written by an op of the chain)
     b = m.builder(at=producer)
     piece, pieces = _piece_shape(plan), []
     for i, w in enumerate(plan.windows):
-        src = x
+        src: Tensor | Value = x
         if w.view is not None:
             src = b.RESHAPE(x, b.ints(w.view, f"view{i}/shape"), name=f"view{i}", like=x)
         part = b.SLICE(src, b.ints(w.begin, f"piece{i}/begin"), b.ints(w.size, f"piece{i}/size"),

@@ -31,11 +31,12 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
-from tflfuse.ir import Op, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
+from tflfuse.ir import Op, Quantization, Tensor
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.edgetpu.forms import form_of, gate, gated
 from tflfuse.targets.edgetpu.heads import form_verdict
@@ -90,7 +91,7 @@ def _int8_refusal(x: Tensor, out: Tensor, same_q: bool = True) -> Refusal | None
         return NotApplicable("float graph: cut after quantization, one scale for all pieces")
     if kind is None or _kind(out) != "int":
         return refuse(f"{x.dtype} with per-channel or no quantization")
-    if same_q and not out.quantization.same_as(x.quantization):
+    if same_q and not cast(Quantization, out.quantization).same_as(x.quantization):  # (int8)
         return refuse("the op requantizes")
     return None
 
@@ -159,6 +160,8 @@ def _join_shapes(plan: CutPlan) -> list[tuple[list[tuple[int, ...]], tuple[int, 
 def plan_refusal(plan: CutPlan, op_type: str, x: Tensor, out: Tensor) -> str | None:
     """Why some op `plan` writes would not be shown mapped, or None."""
     dt = x.dtype
+    # (op type, input shapes, output shape, the constant it needs: a shape, an axis; or None)
+    asks: list[tuple[str, tuple[tuple[int, ...], ...], tuple[int, ...], tuple[int, ...] | None]]
     asks = []
     if plan.base != tuple(x.shape):
         asks.append(("RESHAPE", (tuple(x.shape),), plan.base, plan.base))
@@ -219,9 +222,9 @@ def best_plan(op_type: str, x: Tensor, out: Tensor, bases) -> CutPlan | str:
 
 def build_plan(m: Match, plan: CutPlan, make) -> None:
     """Write `plan` in place of `m.root`: `make(b, piece, name)` moves one piece."""
-    x, out = m.root.inputs[0], m.root.output
+    x, out = m.root.input(0), m.root.output
     b = m.builder()
-    src = x
+    src: Tensor | Value = x
     if plan.base != tuple(x.shape):
         src = b.RESHAPE(x, b.ints(plan.base, "base/shape"), name="base", quant=x.quantization,
                         shape=plan.base)  # fmt: skip

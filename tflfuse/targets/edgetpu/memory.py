@@ -37,11 +37,12 @@ depends on the models compiled with them. No TensorFlow here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 import numpy as np
 
-from tflfuse.ir import Op
+from tflfuse.ir import Op, Tensor
+from tflfuse.targets.capabilities import CapabilityTable
 from tflfuse.targets.edgetpu.memory_shown import pack_bytes, pack_streamed_bytes, transpose_bytes
 
 GROUP = 64  # output channels per group
@@ -77,11 +78,11 @@ def header_words(op: Op, compiler_major: int = 16) -> int:
     Compilers before 15 store the bias word whether or not the bias is all zero (dev: stacks of
     100 dense layers of zero bias hold 4 bytes more per padded output, 51,776 in all, and
     MobileNetV2s of zero bias 69,568, in their 1.0 twins; `BIAS_ALWAYS_BEFORE`)."""
-    w = op.inputs[1]
+    w = cast(Tensor, op.inputs[1])  # a laid-out op's weights
     q = w.quantization
     scales = np.asarray(q.scale).reshape(-1) if q is not None and q.scale is not None else None
     per_channel = scales is not None and scales.size > 1
-    distinct = per_channel and np.unique(scales).size > 1
+    distinct = scales is not None and per_channel and np.unique(scales).size > 1
     bias = op.inputs[2] if len(op.inputs) > 2 else None
     nonzero_bias = bias is not None and (bias.is_raw or bool(np.any(np.asarray(bias.data))))
     bias_word = nonzero_bias or (bias is not None and compiler_major < BIAS_ALWAYS_BEFORE)
@@ -111,7 +112,7 @@ def _softmax_form(op: Op) -> tuple[str, int] | None:
         return "fc", int(x.shape[-1])
     if producer.type != "RESHAPE" or not producer.inputs:
         return None
-    source = producer.inputs[0]
+    source = cast(Tensor, producer.inputs[0])  # RESHAPE(x, shape)
     kept = [d for d in source.shape if d != 1]
     if kept == [d for d in x.shape if d != 1]:
         conv = source.producer is not None and source.producer.type == "CONV_2D"
@@ -192,7 +193,7 @@ def constant_input_bytes(op: Op) -> int:
     by row, each row padded to 16 bytes, the whole to 64 (read in the streams of the GEMM
     random-forest twins, dev: [1, 8], [2, 1] and [4, 2] each 64 bytes). The first such layer
     streams, later ones are cached (`streamed_bytes`)."""
-    shape = tuple(op.inputs[0].shape)
+    shape = tuple(cast(Tensor, op.inputs[0]).shape)  # FULLY_CONNECTED(x, w, b)
     rows, depth = shape[-2:] if len(shape) >= 2 else (1, shape[0] if shape else 1)
     return _pad(int(rows) * _pad(int(depth), SMALL_PAD), ALIGN)
 
@@ -236,7 +237,8 @@ def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
         taps, depth = fc_taps(op, inputs)
         return _convolution(outputs, taps, depth, words)
     _, kh, kw, channels = w.shape
-    if op.inputs[0].shape[-1] == 1 and channels > 1:  # a depth multiplier: a convolution
+    x = cast(Tensor, op.inputs[0])
+    if x.shape[-1] == 1 and channels > 1:  # a depth multiplier: a convolution
         return _convolution(channels, kh * kw, 1, words)
     return _pad(channels * (4 * kh * kw + 4 * words), ALIGN)
 
@@ -320,7 +322,7 @@ def _undecided_reshape(op: Op) -> bool:
 
 
 def predicted_memory(
-    mapped_ops: list[Op], table: dict[str, Any], compiler_major: int = 16
+    mapped_ops: list[Op], table: CapabilityTable, compiler_major: int = 16
 ) -> dict[str, int]:
     """Parameter bytes of the mapped ops in the compiler's layout, and how they split between the
     on-chip cache and streaming: `streamed_layer`s stream, the rest is cached up to the cache's
@@ -328,7 +330,7 @@ def predicted_memory(
     in `undecided_*` keys (`undecided_line` says it in words).
     `compiler_major`: the edgetpu_compiler predicted (a SOFTMAX is laid out by generation)."""
     total = streamed = raw = 0
-    keys = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width")
+    keys: tuple[str, ...] = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width")
     keys += ("undecided_small_conv", "undecided_flatten", "undecided_reshape")
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
@@ -353,7 +355,7 @@ def predicted_memory(
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
                 seen.add(id(t))
-                raw += int(t.data.nbytes) if not t.is_raw else 0
+                raw += int(cast(np.ndarray, t.data).nbytes) if not t.is_raw else 0
     cache = int(table["meta"]["parameter_cache_bytes"])
     on_chip = min(total - streamed, cache)
     memory = {

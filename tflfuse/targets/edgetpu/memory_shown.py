@@ -9,9 +9,11 @@ of the layers around the op, `tflfuse.targets.edgetpu.memory`); any other shape 
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
-from tflfuse.ir import Op
+from tflfuse.ir import Op, Tensor
 
 # TRANSPOSE by (input shape, perm) -> bytes.
 # - YOLOv8's detect head: [1, H, W, C] to [1, C, H, W], joined by a RESHAPE into [1, C, H x W]
@@ -54,7 +56,7 @@ def _joined(op: Op) -> bool:
     readers = op.outputs[0].consumers
     if len(readers) != 1 or readers[0].type != "RESHAPE":
         return False
-    _, h, w, c = (int(d) for d in op.inputs[0].shape)
+    _, h, w, c = (int(d) for d in cast(Tensor, op.inputs[0]).shape)  # TRANSPOSE(x, perm)
     return tuple(readers[0].outputs[0].shape) == (1, c, h * w)
 
 
@@ -73,12 +75,13 @@ def transpose_bytes(op: Op) -> int | None:
 
 
 def _constant_pack(op: Op) -> bool:
-    if op.type != "PACK" or len(op.inputs) != 2 or any(t is None for t in op.inputs):
+    present = [t for t in op.inputs if t is not None]
+    if op.type != "PACK" or len(op.inputs) != 2 or len(present) != 2:
         return False
     if int((op.options or {}).get("axis", 0)) != 0:
         return False
-    shapes = [tuple(t.shape) for t in op.inputs]
-    constants = sorted(t.is_constant for t in op.inputs)
+    shapes = [tuple(t.shape) for t in present]
+    constants = sorted(t.is_constant for t in present)
     return shapes == [(1, 1), (1, 1)] and constants == [False, True]
 
 

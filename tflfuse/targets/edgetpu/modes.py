@@ -20,9 +20,9 @@ crossings, then the fewest segments. No TensorFlow here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from tflfuse.ir import Graph, Model
+from tflfuse.json_types import JSONDict
 from tflfuse.targets.capabilities import OpPrediction, Prediction, capability
 from tflfuse.targets.edgetpu.failures import whole_model_failures
 from tflfuse.targets.edgetpu.limits import interface_limit_notes
@@ -78,12 +78,12 @@ class ModeOutcome:
     segments: int
     crossings: Crossings
     note: str = ""
-    pieces: list[dict[str, Any]] = field(default_factory=list)  # -n: each segment's ops and bytes
+    pieces: list[JSONDict] = field(default_factory=list)  # -n: each segment's ops and bytes
 
     def command(self, model_name: str = "MODEL.tflite") -> str:
         return " ".join([COMPILER, *self.flags, model_name])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "mode": self.mode,
             "flags": list(self.flags),
@@ -114,7 +114,7 @@ class ModeChoice:
     def of(self, mode: str) -> ModeOutcome | None:
         return next((o for o in self.outcomes if o.mode == mode), None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "modes": [o.to_dict() for o in self.outcomes],
             "best": self.chosen.mode,
@@ -206,7 +206,7 @@ def pipelined_outcome(
     split, prediction = found
     outcome = _outcome("pipelined", ["-n", str(pieces)], graph, prediction)
     outcome.segments = pieces
-    outcome.pieces = split.to_dict()["segments"]
+    outcome.pieces = split.segments()
     cache = single.memory.get("cache_bytes", 0)
     over = [k for k, b in enumerate(split.parameter_bytes) if cache and b > cache]
     outcome.note = (

@@ -22,6 +22,7 @@ from typing import Any
 
 from tflfuse.files import atomic_write_bytes
 from tflfuse.ir import Model
+from tflfuse.json_types import JSONDict
 from tflfuse.targets.capabilities import Prediction, capability
 from tflfuse.targets.registry import find
 
@@ -35,7 +36,7 @@ def _after_cut_status() -> str | None:
     return capability("edgetpu").get("status", {}).get("after_cut")
 
 
-def node_data(model: Model, prediction: Prediction) -> dict[str, Any]:
+def node_data(model: Model, prediction: Prediction) -> JSONDict:
     """The node-data JSON object for the main subgraph: {graph id: {"name", "results", ...}}."""
     graph = model.main
     if len(prediction.ops) != len(graph.ops):

@@ -20,15 +20,17 @@ at vtable slot 4 + 2 i; a union takes two slots, its type then its value); no ge
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from struct import error as struct_error
-from typing import Any
+from typing import Any, TypedDict
 
 from flatbuffers import encode, flexbuffers
 from flatbuffers import number_types as fb_types
 from flatbuffers.table import Table
 
 from tflfuse.ir import Model
+from tflfuse.json_types import JSONDict
 
 CUSTOM_OP = "edgetpu-custom-op"
 EXECUTABLE_TYPES = ("STAND_ALONE", "PARAMETER_CACHING", "EXECUTION_ONLY")
@@ -110,7 +112,7 @@ class Layer:
     data_type: str
     executions: int = 1  # executed this many times per inference
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "name": self.name,
             "size_bytes": self.size_bytes,
@@ -137,7 +139,7 @@ class Executable:
     inputs: tuple[Layer, ...] = ()
     outputs: tuple[Layer, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "type": self.type,
             "parameter_bytes": self.parameter_bytes,
@@ -188,7 +190,7 @@ class Package:
     def outputs(self) -> tuple[Layer, ...]:
         return next((e.outputs for e in self.executables if e.type != "PARAMETER_CACHING"), ())
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         counts = {kind: len(self.of_type(kind)) for kind in EXECUTABLE_TYPES}
         return {
             "runtime_version": self.runtime_version,
@@ -302,7 +304,21 @@ def model_packages(compiled: Model) -> list[Package | None]:
     return found
 
 
-def package_memory(compiled: Model) -> dict[str, Any] | None:
+class PackageMemory(TypedDict):
+    """`package_memory`: what a compiled model's packages say of its parameter memory."""
+
+    segments: int  # custom ops holding a package
+    readable_packages: int
+    compiler_major: int | None  # None when the packages disagree
+    on_chip_bytes: int
+    off_chip_bytes: int
+    executables: int
+    executables_by_type: dict[str, int]
+    caching_tokens: list[str]
+    packages: list[JSONDict | None]  # each package's `to_dict`, None where it does not read
+
+
+def package_memory(compiled: Model) -> PackageMemory | None:
     """What the compiler's console says of parameter memory, read from the compiled model:
     bytes cached on chip and streamed (summed over its segments), executables by type, their
     caching tokens. None when no custom op holds a readable package."""
@@ -325,7 +341,7 @@ def package_memory(compiled: Model) -> dict[str, Any] | None:
     }
 
 
-def cocompiled(memories: dict[str, dict[str, Any]]) -> set[str]:
+def cocompiled(memories: Mapping[str, PackageMemory]) -> set[str]:
     """The compiled models, of `memories` (`package_memory` of each, by any key), that were
     compiled together with another: `edgetpu_compiler` gives the models of one invocation one
     caching token, shared by their executables, and they share the on-chip cache, so how much of

@@ -23,9 +23,9 @@ Each segment is then compiled alone in the default (one Edge TPU subgraph) mode.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from tflfuse.ir import Graph, Op
+from tflfuse.json_types import JSONDict
 
 
 def parameter_bytes(op: Op) -> int:
@@ -53,19 +53,20 @@ class PipelineSplit:
     parameter_bytes: list[int] = field(default_factory=list)
     inputs: list[list[str]] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "num_segments": self.num_segments,
-            "segments": [
-                {
-                    "ops": [s[0], s[-1]] if s else [],
-                    "op_count": len(s),
-                    "parameter_bytes": b,
-                    "reads_from_earlier_segments": list(i),
-                }
-                for s, b, i in zip(self.ops, self.parameter_bytes, self.inputs)
-            ],
-        }
+    def segments(self) -> list[JSONDict]:
+        """Each segment: its first and last op, op count, parameter bytes, the cut tensors."""
+        return [
+            {
+                "ops": [s[0], s[-1]] if s else [],
+                "op_count": len(s),
+                "parameter_bytes": b,
+                "reads_from_earlier_segments": list(i),
+            }
+            for s, b, i in zip(self.ops, self.parameter_bytes, self.inputs)
+        ]
+
+    def to_dict(self) -> JSONDict:
+        return {"num_segments": self.num_segments, "segments": self.segments()}
 
 
 def _first_sink(graph: Graph) -> int:
@@ -118,8 +119,7 @@ def pipeline_split(graph: Graph, n: int) -> PipelineSplit | None:
         names: list[str] = []
         for i in indices:
             for t in graph.ops[i].inputs:
-                producer = t.producer if t is not None else None
-                if producer is None or segment_of.get(id(producer), k) >= k:
+                if t is None or t.producer is None or segment_of.get(id(t.producer), k) >= k:
                     continue
                 if t.name not in names:
                     names.append(t.name)

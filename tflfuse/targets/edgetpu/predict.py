@@ -17,13 +17,14 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from tflfuse.ir import Graph, Model, Op, Tensor
 from tflfuse.targets.capabilities import (
     FLOAT_TYPES,
+    CapabilityTable,
     OpPrediction,
     OtherReading,
     Prediction,
@@ -36,7 +37,7 @@ from tflfuse.targets.capabilities import (
 from tflfuse.targets.edgetpu.forms import FormTable, form_of, gate, gated, load_table
 from tflfuse.targets.edgetpu.memory import predicted_memory
 
-Check = Callable[[Op, dict[str, Any]], str | None]
+_RowCheck = Callable[[Op, dict[str, Any]], str | None]  # a table row's constraint, checked
 
 
 def _check_pool_plane(op: Op, row: dict[str, Any]) -> str | None:
@@ -47,7 +48,7 @@ def _check_pool_plane(op: Op, row: dict[str, Any]) -> str | None:
         plane = int(op.options.get("filter_height", 1)) * int(op.options.get("filter_width", 1))
     else:
         axes = _axes(op) or []
-        shape = op.inputs[0].shape
+        shape = cast(Tensor, op.inputs[0]).shape  # the reduction's input
         plane = int(np.prod([shape[a] for a in axes if a not in (0, len(shape) - 1)] or [1]))
     if plane > limit:
         return f"averages a {plane}-pixel plane, more than the {limit} the compiler maps"
@@ -60,7 +61,7 @@ def _check_reduction(op: Op, row: dict[str, Any]) -> str | None:
     axes = _axes(op)
     if axes is None:
         return "reduction axes are not a constant"
-    shape = op.inputs[0].shape
+    shape = cast(Tensor, op.inputs[0]).shape
     if row.get("no_batch_reduction") and 0 in axes and len(shape) == 4 and shape[0] > 1:
         return "reduces over the batch dimension"
     multiple = row.get("z_reduction_multiple")
@@ -80,8 +81,9 @@ def _check_concat(op: Op, row: dict[str, Any]) -> str | None:
         return "a constant input is allowed only when there are exactly 2 inputs"
     for t in consts:
         zero = 0
-        if t.is_quantized and t.quantization.zero_point is not None:
-            zero = int(np.asarray(t.quantization.zero_point).reshape(-1)[0])
+        q = t.quantization
+        if t.is_quantized and q is not None and q.zero_point is not None:
+            zero = int(np.asarray(q.zero_point).reshape(-1)[0])
         if t.is_raw or not np.all(np.asarray(t.data) == zero):
             return "its constant input is not all zeros"
     return None
@@ -114,7 +116,7 @@ def _check_moved_elements(op: Op, row: dict[str, Any]) -> str | None:
 def _check_resize(op: Op, row: dict[str, Any]) -> str | None:
     if not row.get("integer_scale"):
         return None
-    src, dst = op.inputs[0].shape, op.outputs[0].shape
+    src, dst = cast(Tensor, op.inputs[0]).shape, op.outputs[0].shape  # RESIZE_*(x, size)
     if len(src) != 4 or len(dst) != 4:
         return "input/output is not an image tensor"
     align = bool(op.options.get("align_corners", False))
@@ -171,7 +173,7 @@ def _check_split(op: Op, row: dict[str, Any]) -> str | None:
     return None
 
 
-_EDGETPU_CHECKS: tuple[tuple[Check, str], ...] = (
+_EDGETPU_CHECKS: tuple[tuple[_RowCheck, str], ...] = (
     (_check_pool_plane, "limitation"),
     (_check_reduction, "limitation"),
     (_check_concat, "limitation"),
@@ -206,13 +208,13 @@ def compiler_version_key(text: str) -> tuple[int, int]:
     return major, minor
 
 
-def default_compiler_version(table: dict[str, Any] | None = None) -> str:
+def default_compiler_version(table: CapabilityTable | None = None) -> str:
     """The compiler the table describes unless told otherwise (its [meta] compiler_version)."""
     return str((table or capability("edgetpu"))["meta"]["compiler_version"])
 
 
 def edgetpu_op_status(
-    op: Op, table: dict[str, Any] | None = None, compiler_version: str | None = None
+    op: Op, table: CapabilityTable | None = None, compiler_version: str | None = None
 ) -> tuple[str, str]:
     """(status key, reason) for one op on its own: "mapped" or why not (keys of [status]).
 
@@ -229,9 +231,9 @@ def edgetpu_op_status(
     states = set(meta["state_types"])
     if op.type == "CUSTOM":
         return "unsupported", f"{op_label(op)} is a custom op, which the compiler does not map"
-    for t in op.outputs:
-        if t is not None and not t.is_constant and t.dtype not in acts:
-            return "data_type", f"writes {t.dtype} tensor {t.name!r} (the Edge TPU computes int8)"
+    for y in op.outputs:
+        if y is not None and not y.is_constant and y.dtype not in acts:
+            return "data_type", f"writes {y.dtype} tensor {y.name!r} (the Edge TPU computes int8)"
     row = table["ops"].get(op.type)
     if row is None:
         return "unsupported", f"{op_label(op)} is not in the Edge TPU op table"
@@ -300,7 +302,7 @@ def _row_limits(op: Op, row: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def edgetpu_shape_refusal(op: Op, table: dict[str, Any] | None = None) -> str | None:
+def edgetpu_shape_refusal(op: Op, table: CapabilityTable | None = None) -> str | None:
     """Why the compiler would refuse `op` for its type, shapes and constants alone, whatever its
     data types, or None: what a legalization can ask of an op it writes into a float graph that
     is quantized afterwards (quantization keeps every shape)."""
@@ -736,6 +738,6 @@ def predict_edgetpu(
     return prediction
 
 
-def _edgetpu_memory(mapped_ops: list[Op], table: dict[str, Any], version: str) -> dict[str, int]:
+def _edgetpu_memory(mapped_ops: list[Op], table: CapabilityTable, version: str) -> dict[str, int]:
     """Parameter bytes of the mapped ops in the compiler's layout (`edgetpu.memory`)."""
     return predicted_memory(mapped_ops, table, compiler_version_key(version)[0])

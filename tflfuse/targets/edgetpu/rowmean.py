@@ -24,6 +24,7 @@ rounding, within one step of the MEAN kernel's. No TensorFlow here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def _conv_shapes(x: Tensor) -> tuple[tuple[int, ...], ...]:
 
 def _per_tensor_int8(*tensors: Tensor) -> bool:
     return all(
-        t.dtype == "INT8" and t.quantization is not None and np.size(t.quantization.scale) == 1
+        t.dtype == "INT8" and t.quantization is not None and np.size(t.quantization.scale) == 1  # type: ignore[arg-type]  # (None: size 1)
         for t in tensors
     )
 
@@ -113,7 +114,7 @@ def _weights(b, x: Tensor, c: int):
         w = b.const(np.full((c, 1, 1, c), 1.0 / c, np.float32), "mean_weights")
         return w, b.const(np.zeros(c, np.float32), "mean_bias")
     s_w = 1.0 / (127.0 * c)
-    s_x = float(np.asarray(x.quantization.scale).reshape(-1)[0])
+    s_x = float(np.asarray(cast(Quantization, x.quantization).scale).reshape(-1)[0])  # (int8)
     q_w = Quantization(np.array([s_w], np.float32), np.zeros(1, np.int64))
     q_b = Quantization(np.array([s_x * s_w], np.float32), np.zeros(1, np.int64))
     w = b.const(np.full((c, 1, 1, c), 127, np.int8), "mean_weights", "INT8", q_w)

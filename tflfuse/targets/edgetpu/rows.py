@@ -24,10 +24,11 @@ end-to-end check judges the int8 model.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 
-from tflfuse.ir import Tensor
+from tflfuse.ir import Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.capabilities import capability
@@ -52,8 +53,9 @@ def _ones(rank: int, *tail: int) -> tuple[int, ...]:
 
 def _piece_refusal(m: Match, k: int, width: int) -> str | None:
     """Why one piece of k map rows would not be shown mapped (None: every op of it is)."""
-    fc, reshape = m.root.inputs[0].producer, m.root
-    x, out = fc.inputs[0], reshape.output
+    reshape = m.root
+    fc = cast(Op, cast(Tensor, reshape.inputs[0]).producer)  # (the pattern's FULLY_CONNECTED)
+    x, out = cast(Tensor, fc.inputs[0]), reshape.output
     rows = k * width
     xp = Tensor("x", _ones(len(x.shape), rows, x.shape[-1]), x.dtype, quantization=x.quantization)
     yp_shape = _ones(len(fc.output.shape), rows, fc.output.shape[-1])

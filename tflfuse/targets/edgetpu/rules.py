@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -118,7 +118,8 @@ def _kind(t: Tensor) -> str | None:
     """ "float", "int" (per-tensor int8/uint8) or None (something these rules do not handle)."""
     if is_float(t):
         return "float"
-    if t.dtype in _INT_TYPES and t.is_quantized and not t.quantization.per_channel:
+    q = t.quantization
+    if t.dtype in _INT_TYPES and t.is_quantized and q is not None and not q.per_channel:
         return "int"
     return None
 
@@ -132,8 +133,9 @@ def _kind_refusal(what: str, x: Tensor, out: Tensor) -> Refusal | None:
 
 
 def _scale_zp(t: Tensor) -> tuple[float, int]:
-    q = t.quantization
-    return float(q.scale.reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
+    q = cast(Quantization, t.quantization)  # quantized: the caller checked
+    scale = cast(np.ndarray, q.scale)
+    return float(scale.reshape(-1)[0]), int(np.asarray(q.zero_point).reshape(-1)[0])
 
 
 def _quant(scale: float, zero_point: int) -> Quantization:
@@ -296,7 +298,7 @@ def spell_out_hard_swish(m: Match) -> None:
     """Replace the HARD_SWISH root of `m` (float, or int8/uint8 per tensor) by
     MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6); see LegalizeHardSwish for the quantization of
     the intermediates. Also XNNPACK's form for int8 (rules/kernels.py: SpellOutInt8HardSwish)."""
-    x, out = m.root.inputs[0], m.root.output
+    x, out = cast(Tensor, m.root.inputs[0]), m.root.output  # HARD_SWISH(x)
     q_gate = q_prod = None
     if _kind(x) == "int":
         s_out, z_out = _scale_zp(out)
@@ -330,7 +332,7 @@ def hard_swish_int8_steps(x: Tensor, out: Tensor) -> int:
     gate span 3, 4 steps (found by the int8 property test at 3, where 2 were declared).
     """
     lo, hi = x.real_range()
-    s_g = float(_range_q(x, 0.0, _gate_top(x)).scale[0])
+    s_g = float(cast(np.ndarray, _range_q(x, 0.0, _gate_top(x)).scale)[0])
     s_y = _scale_zp(out)[0]
     active = min(3.0, max(-lo, hi))
     return max(2, math.ceil(1.5 + active * s_g / (12.0 * s_y)))
@@ -414,12 +416,13 @@ def _pool_stages(h: int, w: int, limit: int) -> list[tuple[int, int]] | None:
 
 
 def _average_pool_chain(
-    b: Builder, x: Tensor, stages, final: Value | None, names: str = ""
-) -> Value:
+    b: Builder, x: Tensor, stages: list[tuple[int, int]], final: Value | None, names: str = ""
+) -> Tensor | Value:
     """x -> AVERAGE_POOL_2D per stage; the last writes `final` (a declared tensor) or is
     returned (to replace the root). Integer pools keep x's parameters (the int8 kernel wants
     equal input and output scales); the stages between are named `<names>pool<i>`."""
-    current, (n, h, w, ch) = x, x.shape
+    current: Tensor | Value = x  # (x itself only for no stage: `check` plans at least one)
+    n, h, w, ch = x.shape
     for i, (fh, fw) in enumerate(stages):
         h, w = h // fh, w // fw
         last = i == len(stages) - 1
@@ -684,23 +687,28 @@ def _flattened_nchw(graph: Graph, t: Tensor | None) -> tuple[Tensor, Quantizatio
     """(x, q) when `t` = [QUANTIZE to q](RESHAPE(TRANSPOSE(x [1, H, W, C], [0, 3, 1, 2]),
     [1, C, H*W])), each step read only there and the layout steps keeping x's quantization
     (litert-quantizer puts a requantizing QUANTIZE before a join); else None."""
+    if t is None:
+        return None
     requant = None
-    op = t.producer if t is not None else None
+    op = t.producer
     if op is not None and op.type == "QUANTIZE" and single_reader(graph, t):
-        if not (t.is_quantized and op.inputs[0] is not None and op.inputs[0].is_quantized):
+        src = op.inputs[0]
+        if not (t.is_quantized and src is not None and src.is_quantized):
             return None
-        requant, t = t.quantization, op.inputs[0]
+        requant, t = t.quantization, src
         op = t.producer
     if op is None or op.type != "RESHAPE" or not single_reader(graph, t):
         return None
     mid = op.inputs[0]
     transpose = mid.producer if mid is not None else None
-    if transpose is None or transpose.type != "TRANSPOSE" or not single_reader(graph, mid):
+    if mid is None or transpose is None or transpose.type != "TRANSPOSE":
+        return None
+    if not single_reader(graph, mid):
         return None
     perm = transpose.inputs[1]
     if perm is None or not perm.is_constant:
         return None
-    x = transpose.inputs[0]
+    x = cast(Tensor, transpose.inputs[0])  # TRANSPOSE(x, perm)
     if [int(v) for v in np.asarray(perm.data).reshape(-1)] != _NCHW_FROM_NHWC:
         return None
     if len(x.shape) != 4 or x.shape[0] != 1:

@@ -25,10 +25,11 @@ from flatbuffers import number_types as fb_types
 from flatbuffers.table import Table
 
 from tflfuse.ir import Model, Op, flatbuffer
+from tflfuse.json_types import JSONDict
 from tflfuse.targets.capabilities import OpPrediction, Prediction, capability, op_label
 from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP, CompilerLog, parse_log
 from tflfuse.targets.edgetpu.memory import predicted_memory, undecided_line
-from tflfuse.targets.edgetpu.package import package_memory
+from tflfuse.targets.edgetpu.package import PackageMemory, package_memory
 from tflfuse.targets.edgetpu.predict import compiler_version_key, predict_edgetpu
 
 COMPILED_SUFFIX = "_edgetpu"
@@ -124,7 +125,7 @@ class Truth:
     unmatched: int
     log: CompilerLog | None
     runtime_version: int | None = None  # min_runtime_version of the twin's custom op
-    memory: dict[str, Any] | None = None  # parameter memory read from the twin's packages
+    memory: PackageMemory | None = None  # parameter memory read from the twin's packages
 
     @property
     def total(self) -> int:
@@ -344,7 +345,7 @@ def twin_compiler_major(truth: Truth) -> int:
     return int(major) if major is not None else 2
 
 
-def memory_comparison(prediction: Prediction, truth: Truth) -> dict[str, Any] | None:
+def memory_comparison(prediction: Prediction, truth: Truth) -> JSONDict | None:
     """The predicted parameter memory against the twin's packages (None when they do not parse):
     the bytes on chip and streamed as predicted (the ops the prediction maps, laid out for the
     compiler the twin shows, `twin_compiler_major`), and the layout alone (`layout_bytes`: the

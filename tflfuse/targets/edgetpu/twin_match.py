@@ -42,9 +42,9 @@ def _kept(compiled: Model) -> list[Tensor]:
     for t in (*g.inputs, *g.outputs):
         seen.setdefault(id(t), t)
     for op in g.ops:
-        for t in (*op.inputs, *op.outputs):
-            if t is not None:
-                seen.setdefault(id(t), t)
+        for u in (*op.inputs, *op.outputs):
+            if u is not None:
+                seen.setdefault(id(u), u)
     return list(seen.values())
 
 
