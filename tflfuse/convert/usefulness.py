@@ -34,11 +34,11 @@ calibrated on its samples times 1e30 crashes litert-quantizer (one line, exit 2)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tflfuse.ir import Model, Tensor
+from tflfuse.ir import Model
 
 if TYPE_CHECKING:
     from tflfuse.convert.records import ModelAgreement
@@ -56,7 +56,7 @@ def output_steps(model: Model) -> list[float | None]:
     for t in graph.outputs:
         op = producers.get(t)
         if t.dtype == "FLOAT32" and op is not None and op.type == "DEQUANTIZE" and op.inputs:
-            t = cast(Tensor, op.inputs[0])  # DEQUANTIZE(x)
+            t = op.input(0)  # DEQUANTIZE(x)
         q = t.quantization
         scale = None if q is None or q.scale is None or np.size(q.scale) != 1 else q.scale
         steps.append(float(np.ravel(scale)[0]) if scale is not None else None)

@@ -166,7 +166,7 @@ def _propagated(op: Op, errors: Sequence[float]) -> float:
     if t == "LEAKY_RELU":
         return _times(max(1.0, abs(float(op.options.get("alpha", 0.2)))), data[0])
     if t == "PRELU" and len(data) == 2:
-        x, alpha_t = cast(Tensor, op.inputs[0]), cast(Tensor, op.inputs[1])
+        x, alpha_t = op.input(0), op.input(1)
         alpha = _magnitude(alpha_t)
         return _times(max(1.0, alpha), data[0]) + _times(_magnitude(x), data[1])
     return math.inf
@@ -175,7 +175,7 @@ def _propagated(op: Op, errors: Sequence[float]) -> float:
 def _matmul_error(op: Op, ea: float, eb: float) -> float:
     """A product of two operands summed over the contracted depth: each of its terms moves by
     ea |b| + eb |a| + ea eb."""
-    a, b = cast(Tensor, op.inputs[0]), cast(Tensor, op.inputs[1])
+    a, b = op.input(0), op.input(1)
     depth = a.shape[-2] if op.options.get("adj_x") else a.shape[-1]
     term = _times(_magnitude(b), ea) + _times(_magnitude(a), eb) + ea * eb
     return depth * term

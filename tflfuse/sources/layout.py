@@ -11,7 +11,7 @@ to the new model and its outputs compared with the original's. No TensorFlow her
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -167,7 +167,7 @@ def _input_transposes(model: Model) -> list[int]:
             continue
         src = op.inputs[0]
         if src.producer is not None and src.producer.type == "QUANTIZE":
-            src = cast(Tensor, src.producer.inputs[0])
+            src = src.producer.input(0)
         if src in graph.inputs:
             found.append(i)
     return found

@@ -191,7 +191,7 @@ def _axes(op: Op) -> list[int] | None:
     axes = _const_ints(op.inputs[1] if len(op.inputs) > 1 else None)
     if axes is None:
         return None
-    rank = len(cast(Tensor, op.inputs[0]).shape)  # a reduction's input
+    rank = len(op.input(0).shape)  # a reduction's input
     return sorted({a % rank for a in axes}) if rank else axes
 
 
@@ -233,7 +233,7 @@ def _static(t: Tensor) -> bool:
     op = t.producer
     if op is None or op.type not in ("DEQUANTIZE", "DENSIFY"):
         return False
-    return _static(cast(Tensor, op.inputs[0]))  # DEQUANTIZE(x), DENSIFY(x)
+    return _static(op.input(0))  # DEQUANTIZE(x), DENSIFY(x)
 
 
 def predict_xnnpack(model: Model) -> Prediction:

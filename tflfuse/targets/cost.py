@@ -17,7 +17,7 @@ from typing import cast
 
 import numpy as np
 
-from tflfuse.ir import Graph, Model, Op, Tensor
+from tflfuse.ir import Graph, Model, Op
 from tflfuse.resources import data_file
 from tflfuse.targets.registry import MIB, Target
 
@@ -69,7 +69,7 @@ def macs(op: Op) -> int:
         wt = op.inputs[1].shape
         return _elements(op.inputs[2].shape) * wt[0] * wt[1] * wt[2]
     if op.type == "BATCH_MATMUL":
-        a = cast(Tensor, op.inputs[0]).shape  # a BATCH_MATMUL has both operands
+        a = op.input(0).shape  # a BATCH_MATMUL has both operands
         return out * (a[-1] if a else 1)
     return 0
 
@@ -203,7 +203,7 @@ def op_kind(op: Op) -> str:
     if op.type == "MEAN":
         if not op.options.get("keep_dims", False):
             return "MEAN@squeeze"
-        x, axes = cast(Tensor, op.inputs[0]), cast(Tensor, op.inputs[1])  # MEAN(x, axes)
+        x, axes = op.input(0), op.input(1)  # MEAN(x, axes)
         rank = len(x.shape)
         reduced = (
             {int(a) % rank for a in np.ravel(cast(np.ndarray, axes.data))}
@@ -216,7 +216,7 @@ def op_kind(op: Op) -> str:
             return "MEAN@rows"
         return "MEAN"
     if op.type == "CONV_2D":
-        w = cast(Tensor, op.inputs[1]).shape  # CONV_2D(x, w, b)
+        w = op.input(1).shape  # CONV_2D(x, w, b)
         if len(w) == 4 and w[1] > 1:
             return "CONV_2D@3x3"
     return op.type
@@ -229,7 +229,7 @@ def work(op: Op) -> int:
     """What the op's time grows with: multiply-adds of a heavy kernel, elements read by a
     reduction, else elements written."""
     if op.type in _REDUCTIONS and op.inputs:
-        return _elements(cast(Tensor, op.inputs[0]).shape)
+        return _elements(op.input(0).shape)
     return macs(op) or sum(_elements(t.shape) for t in op.outputs)
 
 

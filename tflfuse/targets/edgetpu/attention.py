@@ -487,7 +487,7 @@ def _softmax_rows(op: Operand) -> bool:
     if op.view is not None and op.view[-1] != t.shape[-1]:
         return False
     while t.producer is not None and t.producer.type == "RESHAPE":
-        source = cast(Tensor, t.producer.inputs[0])  # RESHAPE(x, shape)
+        source = t.producer.input(0)  # RESHAPE(x, shape)
         if not source.shape or source.shape[-1] != t.shape[-1]:
             return False
         t = source

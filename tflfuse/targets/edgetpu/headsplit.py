@@ -30,7 +30,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import cast
 
 import numpy as np
 
@@ -103,7 +102,7 @@ def _squeeze_only(op: Op) -> bool:
     """A RESHAPE (SQUEEZE, EXPAND_DIMS) that only adds or drops dimensions of 1."""
     if op.type not in ("RESHAPE", "SQUEEZE", "EXPAND_DIMS"):
         return False
-    x = cast(Tensor, op.inputs[0])  # (each of the three reads its data first)
+    x = op.input(0)  # (each of the three reads its data first)
     dims = [[d for d in t.shape if d > 1] for t in (x, op.outputs[0])]
     return dims[0] == dims[1]
 
@@ -112,7 +111,7 @@ def find_chain(graph: Graph, root: Op) -> Chain | Refusal:
     """The movement ops reachable from `root` (its input is x) through tensors of more than 3
     dimensions > 1, and the RESHAPEs that only drop dimensions of 1 after them: a TRANSPOSE of a
     tensor that fits (an exporter's K^T) is left to the ops that read it."""
-    x = cast(Tensor, root.inputs[0])  # (a movement op: its data input)
+    x = root.input(0)  # (a movement op: its data input)
     ops, todo, seen = [], [root], set()
     while todo:
         op = todo.pop()

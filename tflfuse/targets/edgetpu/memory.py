@@ -41,7 +41,7 @@ from typing import cast
 
 import numpy as np
 
-from tflfuse.ir import Op, Tensor
+from tflfuse.ir import Op
 from tflfuse.targets.capabilities import CapabilityTable
 from tflfuse.targets.edgetpu.memory_shown import pack_bytes, pack_streamed_bytes, transpose_bytes
 
@@ -78,7 +78,7 @@ def header_words(op: Op, compiler_major: int = 16) -> int:
     Compilers before 15 store the bias word whether or not the bias is all zero (dev: stacks of
     100 dense layers of zero bias hold 4 bytes more per padded output, 51,776 in all, and
     MobileNetV2s of zero bias 69,568, in their 1.0 twins; `BIAS_ALWAYS_BEFORE`)."""
-    w = cast(Tensor, op.inputs[1])  # a laid-out op's weights
+    w = op.input(1)  # a laid-out op's weights
     q = w.quantization
     scales = np.asarray(q.scale).reshape(-1) if q is not None and q.scale is not None else None
     per_channel = scales is not None and scales.size > 1
@@ -112,7 +112,7 @@ def _softmax_form(op: Op) -> tuple[str, int] | None:
         return "fc", int(x.shape[-1])
     if producer.type != "RESHAPE" or not producer.inputs:
         return None
-    source = cast(Tensor, producer.inputs[0])  # RESHAPE(x, shape)
+    source = producer.input(0)  # RESHAPE(x, shape)
     kept = [d for d in source.shape if d != 1]
     if kept == [d for d in x.shape if d != 1]:
         conv = source.producer is not None and source.producer.type == "CONV_2D"
@@ -193,7 +193,7 @@ def constant_input_bytes(op: Op) -> int:
     by row, each row padded to 16 bytes, the whole to 64 (read in the streams of the GEMM
     random-forest twins, dev: [1, 8], [2, 1] and [4, 2] each 64 bytes). The first such layer
     streams, later ones are cached (`streamed_bytes`)."""
-    shape = tuple(cast(Tensor, op.inputs[0]).shape)  # FULLY_CONNECTED(x, w, b)
+    shape = tuple(op.input(0).shape)  # FULLY_CONNECTED(x, w, b)
     rows, depth = shape[-2:] if len(shape) >= 2 else (1, shape[0] if shape else 1)
     return _pad(int(rows) * _pad(int(depth), SMALL_PAD), ALIGN)
 
@@ -237,7 +237,7 @@ def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
         taps, depth = fc_taps(op, inputs)
         return _convolution(outputs, taps, depth, words)
     _, kh, kw, channels = w.shape
-    x = cast(Tensor, op.inputs[0])
+    x = op.input(0)
     if x.shape[-1] == 1 and channels > 1:  # a depth multiplier: a convolution
         return _convolution(channels, kh * kw, 1, words)
     return _pad(channels * (4 * kh * kw + 4 * words), ALIGN)

@@ -9,11 +9,9 @@ of the layers around the op, `tflfuse.targets.edgetpu.memory`); any other shape 
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 
-from tflfuse.ir import Op, Tensor
+from tflfuse.ir import Op
 
 # TRANSPOSE by (input shape, perm) -> bytes.
 # - YOLOv8's detect head: [1, H, W, C] to [1, C, H, W], joined by a RESHAPE into [1, C, H x W]
@@ -56,7 +54,7 @@ def _joined(op: Op) -> bool:
     readers = op.outputs[0].consumers
     if len(readers) != 1 or readers[0].type != "RESHAPE":
         return False
-    _, h, w, c = (int(d) for d in cast(Tensor, op.inputs[0]).shape)  # TRANSPOSE(x, perm)
+    _, h, w, c = (int(d) for d in op.input(0).shape)  # TRANSPOSE(x, perm)
     return tuple(readers[0].outputs[0].shape) == (1, c, h * w)
 
 

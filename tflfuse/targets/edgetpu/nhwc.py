@@ -16,7 +16,6 @@ back. No TensorFlow here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import cast
 
 import numpy as np
 
@@ -42,7 +41,7 @@ def _per_tensor(t: Tensor) -> bool:
 
 
 def _requantizes(op: Op) -> bool:
-    a, b = cast(Tensor, op.inputs[0]).quantization, op.output.quantization
+    a, b = op.input(0).quantization, op.output.quantization
     return a is not None and b is not None and not a.same_as(b)
 
 
@@ -50,7 +49,7 @@ def _const_axes(op: Op) -> list[int] | None:
     axes = op.inputs[1] if len(op.inputs) > 1 else None
     if axes is None or axes.data is None:
         return None
-    rank = len(cast(Tensor, op.inputs[0]).shape)  # a reduction's input
+    rank = len(op.input(0).shape)  # a reduction's input
     return sorted({int(a) % rank for a in np.asarray(axes.data).reshape(-1)})
 
 
@@ -96,7 +95,7 @@ def _admit(op: Op, island: Island, rank: int) -> str | None:
 
 def find_island(entry: Op, graph: Graph) -> Island | str:
     """The island TRANSPOSE `entry` opens, or why it cannot be computed in x's layout."""
-    perm = [int(v) for v in np.asarray(cast(Tensor, entry.inputs[1]).data).reshape(-1)]
+    perm = [int(v) for v in np.asarray(entry.input(1).data).reshape(-1)]
     inv, rank = _inverse(perm), len(perm)
     island = Island()
     island.inside[id(entry.output)] = entry.output
@@ -111,9 +110,9 @@ def find_island(entry: Op, graph: Graph) -> Island | str:
             if (
                 op.type == "TRANSPOSE"
                 and op.inputs[0] is t
-                and cast(Tensor, op.inputs[1]).data is not None  # TRANSPOSE(x, perm)
+                and op.input(1).data is not None  # TRANSPOSE(x, perm)
             ):
-                back = [int(v) for v in np.asarray(cast(Tensor, op.inputs[1]).data).reshape(-1)]
+                back = [int(v) for v in np.asarray(op.input(1).data).reshape(-1)]
                 if back == inv:
                     island.exits.append(op)
                     continue

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def _check_pool_plane(op: Op, row: dict[str, Any]) -> str | None:
         plane = int(op.options.get("filter_height", 1)) * int(op.options.get("filter_width", 1))
     else:
         axes = _axes(op) or []
-        shape = cast(Tensor, op.inputs[0]).shape  # the reduction's input
+        shape = op.input(0).shape  # the reduction's input
         plane = int(np.prod([shape[a] for a in axes if a not in (0, len(shape) - 1)] or [1]))
     if plane > limit:
         return f"averages a {plane}-pixel plane, more than the {limit} the compiler maps"
@@ -61,7 +61,7 @@ def _check_reduction(op: Op, row: dict[str, Any]) -> str | None:
     axes = _axes(op)
     if axes is None:
         return "reduction axes are not a constant"
-    shape = cast(Tensor, op.inputs[0]).shape
+    shape = op.input(0).shape
     if row.get("no_batch_reduction") and 0 in axes and len(shape) == 4 and shape[0] > 1:
         return "reduces over the batch dimension"
     multiple = row.get("z_reduction_multiple")
@@ -116,7 +116,7 @@ def _check_moved_elements(op: Op, row: dict[str, Any]) -> str | None:
 def _check_resize(op: Op, row: dict[str, Any]) -> str | None:
     if not row.get("integer_scale"):
         return None
-    src, dst = cast(Tensor, op.inputs[0]).shape, op.outputs[0].shape  # RESIZE_*(x, size)
+    src, dst = op.input(0).shape, op.outputs[0].shape  # RESIZE_*(x, size)
     if len(src) != 4 or len(dst) != 4:
         return "input/output is not an image tensor"
     align = bool(op.options.get("align_corners", False))

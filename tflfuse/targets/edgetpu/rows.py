@@ -54,8 +54,8 @@ def _ones(rank: int, *tail: int) -> tuple[int, ...]:
 def _piece_refusal(m: Match, k: int, width: int) -> str | None:
     """Why one piece of k map rows would not be shown mapped (None: every op of it is)."""
     reshape = m.root
-    fc = cast(Op, cast(Tensor, reshape.inputs[0]).producer)  # (the pattern's FULLY_CONNECTED)
-    x, out = cast(Tensor, fc.inputs[0]), reshape.output
+    fc = cast(Op, reshape.input(0).producer)  # (the pattern's FULLY_CONNECTED)
+    x, out = fc.input(0), reshape.output
     rows = k * width
     xp = Tensor("x", _ones(len(x.shape), rows, x.shape[-1]), x.dtype, quantization=x.quantization)
     yp_shape = _ones(len(fc.output.shape), rows, fc.output.shape[-1])

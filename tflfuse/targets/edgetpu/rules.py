@@ -298,7 +298,7 @@ def spell_out_hard_swish(m: Match) -> None:
     """Replace the HARD_SWISH root of `m` (float, or int8/uint8 per tensor) by
     MUL(MUL(x, ADD(x, 3, fused RELU6)), 1/6); see LegalizeHardSwish for the quantization of
     the intermediates. Also XNNPACK's form for int8 (rules/kernels.py: SpellOutInt8HardSwish)."""
-    x, out = cast(Tensor, m.root.inputs[0]), m.root.output  # HARD_SWISH(x)
+    x, out = m.root.input(0), m.root.output  # HARD_SWISH(x)
     q_gate = q_prod = None
     if _kind(x) == "int":
         s_out, z_out = _scale_zp(out)
@@ -708,7 +708,7 @@ def _flattened_nchw(graph: Graph, t: Tensor | None) -> tuple[Tensor, Quantizatio
     perm = transpose.inputs[1]
     if perm is None or not perm.is_constant:
         return None
-    x = cast(Tensor, transpose.inputs[0])  # TRANSPOSE(x, perm)
+    x = transpose.input(0)  # TRANSPOSE(x, perm)
     if [int(v) for v in np.asarray(perm.data).reshape(-1)] != _NCHW_FROM_NHWC:
         return None
     if len(x.shape) != 4 or x.shape[0] != 1:
