@@ -8,8 +8,11 @@ vary) and converted in the session; `.tflite` files shipped inside PyPI wheels a
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -18,6 +21,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("TFLFUSE_SHARED") or REPO.parent / "shared")  # override: worktrees
 ORACLE = SHARED / "oracle" / "edgetpu"
+
+
+def benchmark_module(name: str) -> ModuleType:
+    """benchmarks/NAME.py as a module (the benchmarks are scripts, not a package), with the
+    benchmarks folder on the path while it loads so its own sibling imports resolve: tests
+    assert on what a benchmark computes, never on a copy of it."""
+    folder = str(REPO / "benchmarks")
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    return module
 
 
 def oracle_models(compiled: bool | None = None) -> list[Path]:

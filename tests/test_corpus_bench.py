@@ -7,25 +7,20 @@ These tests run real child processes that abort, refuse, print tracebacks and ha
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def cb():
-    spec = importlib.util.spec_from_file_location(
-        "corpus_bench", ROOT / "benchmarks" / "corpus_bench.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("corpus_bench")
 
 
 def _run(cb, tmp_path: Path, code: str, timeout: float = 30) -> dict:

@@ -6,13 +6,11 @@ model converted end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SHARED
+from conftest import SHARED, benchmark_module
 from rulekit import G, apply, assert_same_function, ops, optimize, refusals
 
 from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
@@ -395,11 +393,7 @@ def test_litert_torch_encoder_maps_whole_once_its_products_are_spelled_out() -> 
 
 def _benchmark():
     """benchmarks/attention_edgetpu.py as a module (it is a script, not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "attention_edgetpu.py"
-    spec = importlib.util.spec_from_file_location("attention_edgetpu", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("attention_edgetpu")
 
 
 def test_keras_multi_head_attention_converts_and_maps_past_its_products(tmp_path) -> None:

@@ -4,12 +4,12 @@ first and reports the second."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import benchmark_module
 from irgraphs import conv, model_of, unary
 
 from tflfuse.ir import Graph, flatbuffer
@@ -19,12 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def fp():
-    spec = importlib.util.spec_from_file_location(
-        "fingerprint", ROOT / "benchmarks" / "fingerprint.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("fingerprint")
 
 
 def test_canonical_form_ignores_tensor_order_and_sees_the_function(fp, tmp_path, capsys) -> None:

@@ -6,12 +6,12 @@ MediaPipe models of the corpus that $TFLFUSE_CORPUS points at, when present)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import benchmark_module
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from irgraphs import conv, depthwise, fully_connected, model_of, to_bytes
@@ -32,11 +32,7 @@ CORPUS = Path(os.environ.get("TFLFUSE_CORPUS", "/nonexistent"))
 def _roundoff_bench():
     """benchmarks/roundoff_bench.py, which ROUNDOFF.md is written by: the tests assert on the
     perturbation it measures (`off_by`), not on a copy of it."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "roundoff_bench.py"
-    spec = importlib.util.spec_from_file_location("roundoff_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("roundoff_bench")
 
 
 off_by = _roundoff_bench().off_by  # one output channel wrong by 1e-3 (None: all zero)

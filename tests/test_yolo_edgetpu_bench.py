@@ -7,28 +7,18 @@ error must then be measured, never the pairing fail on arrays compared elementwi
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import benchmark_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "yolo_edgetpu", ROOT / "benchmarks" / "yolo_edgetpu.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
+    return benchmark_module("yolo_edgetpu")
 
 
 def test_outputs_in_another_order_are_paired_by_shape(bench):
