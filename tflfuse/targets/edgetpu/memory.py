@@ -43,6 +43,11 @@ import numpy as np
 
 from tflfuse.ir import Op
 from tflfuse.targets.capabilities import CapabilityTable
+from tflfuse.targets.edgetpu.memory_elementwise import (
+    elementwise_bytes,
+    holds_constant,
+    undecided_channel_slice,
+)
 from tflfuse.targets.edgetpu.memory_shown import pack_bytes, pack_streamed_bytes, transpose_bytes
 
 GROUP = 64  # output channels per group
@@ -221,6 +226,8 @@ def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
         return pack_bytes(op)
     if op.type == "FULLY_CONNECTED" and computed_weights(op):
         return constant_input_bytes(op)
+    if holds_constant(op):
+        return elementwise_bytes(op)
     if op.type not in _LAID_OUT:
         weights = [t for t in op.inputs if t is not None and t.is_constant and t.dtype != "INT32"]
         return None if weights else 0  # e.g. an LSTM's gates, an ADD of a constant
@@ -258,8 +265,9 @@ def streamed_bytes(op: Op, size: int, first_computed: bool) -> int:
     (`first_computed`) its constant (dev: the GEMM random forests of one subgraph stream exactly
     it, a one-hot row selecting a feature, and cache the later ones' rows; in every twin it is
     also the one whose weights are the model's input); a PACK of a constant its constant's block
-    (`memory_shown.pack_streamed_bytes`)."""
-    if streamed_layer(op):
+    (`memory_shown.pack_streamed_bytes`); an elementwise op's constant whole
+    (`memory_elementwise`: MoveNet Lightning's twin streams exactly its MUL's and SUB's)."""
+    if streamed_layer(op) or holds_constant(op):
         return size
     if first_computed and op.type == "FULLY_CONNECTED" and computed_weights(op):
         return size
@@ -332,6 +340,7 @@ def predicted_memory(
     total = streamed = raw = 0
     keys: tuple[str, ...] = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width")
     keys += ("undecided_small_conv", "undecided_flatten", "undecided_reshape")
+    keys += ("undecided_channel_slice",)
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
     first_computed = True
@@ -352,6 +361,7 @@ def predicted_memory(
         counts["undecided_small_conv"] += _undecided_small_conv(op)
         counts["undecided_flatten"] += _undecided_flatten(op)
         counts["undecided_reshape"] += _undecided_reshape(op)
+        counts["undecided_channel_slice"] += undecided_channel_slice(op)
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
                 seen.add(id(t))
@@ -393,6 +403,8 @@ def undecided_line(memory: dict[str, int]) -> str | None:
         reasons.append("what a RESHAPE turning a column into a row holds")
     if memory.get("undecided_flatten"):
         reasons.append("what flattening a map whose channels are not a multiple of 4 holds")
+    if memory.get("undecided_channel_slice"):
+        reasons.append("what a slice of channels starting off a multiple of 4 holds")
     if memory.get("undecided_split"):
         reasons.append(
             f"which layers a model of more than {SPLIT_SURE_BYTES:,} parameter bytes"

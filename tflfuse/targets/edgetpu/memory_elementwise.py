@@ -1,0 +1,142 @@
+"""Parameter bytes of elementwise ops of a constant, and channel slices the layout cannot decide.
+
+An elementwise SUB or MUL that the Edge TPU computes with a constant operand keeps that constant
+in the parameter streams (one byte per stored element, the int8 value offset by 128 as the
+compiler stores weights, each op's section padded to 64 bytes), and the compiler streams it on
+every inference although the model fits the cache. Each form below was located byte by byte in
+the parameter streams of dev twins (`tflfuse.targets.edgetpu.package`); any other form is not
+laid out (None), and `check` says the memory is undecided:
+
+- A MUL or a SUB of a one-element constant: none (MoveNet Lightning's input scaling, a MUL and a
+  SUB by one value; the GEMM random forests' MUL by one value).
+- A MUL of a constant as large as its output: the constant, streamed (MoveNet Lightning's
+  [48, 48, 1] centre weighting: 2,304 bytes in its twin's EXECUTION_ONLY executable, beside
+  2,862,656 cached).
+- A SUB of a per-channel constant [1, ..., 1, C]: 4 bytes per channel (MoveNet Lightning's
+  [1, 1, 1, 3] mean: 12 bytes, the section 64, streamed with the MUL's: 2,368 in all).
+- A SUB of a constant [..., N, 1] broadcast along the channel axis: the constant as it is, not
+  widened to the output (a GEMM random forest's [480, 1] threshold against [480, 64]: 480 bytes,
+  512 with the padding, right after the FULLY_CONNECTED's constant in its stream).
+
+Not shown, so left undecided: an ADD of a constant (no pair at hand maps one), a MUL of a
+broadcast constant, and a SUB of a one-element constant held in another form. (The previous
+round's notes, on local pairs no longer at hand, said an ADD's or a MUL's constant is stored
+widened to the output's size; the pairs here only show constants as large as the output.)
+
+A slice of the channel axis (SLICE, STRIDED_SLICE, SPLIT, SPLIT_V) starting at an offset that is
+not a multiple of 4 is undecided: the layout stores channels in 4-byte chunks
+(`memory.CHUNK`), the twins at hand slice channels only at multiples of 4 (YOLOv8n's C2f
+splits) or into one-channel pieces (Coral's split_concat: a SPLIT of 6 channels into ones, whose
+192 bytes are the CONCATENATION's lanes), and none shows what a slice across a chunk holds.
+No TensorFlow here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tflfuse.ir import Op, Tensor
+
+ELEMENTWISE = ("ADD", "SUB", "MUL")
+SECTION = 64  # each op's section is padded to this many bytes
+CHANNEL_WORD = 4  # bytes per channel of a per-channel constant
+CHUNK = 4  # channels per 4-byte chunk: a slice starting elsewhere is undecided
+_SLICES = ("SLICE", "STRIDED_SLICE", "SPLIT", "SPLIT_V")
+
+
+def _pad(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape)) if shape else 1
+
+
+def _constant_operand(op: Op) -> tuple[Tensor, Tensor] | None:
+    """(constant, activation) of an elementwise op of one constant int8/uint8 operand."""
+    if op.type not in ELEMENTWISE or len(op.inputs) != 2:
+        return None
+    a, b = op.inputs
+    if a is None or b is None or a.is_constant == b.is_constant:
+        return None
+    const, x = (a, b) if a.is_constant else (b, a)
+    if const.dtype not in ("INT8", "UINT8"):
+        return None
+    return const, x
+
+
+def holds_constant(op: Op) -> bool:
+    """Whether `op` is an elementwise ADD/SUB/MUL of a constant (laid out here or undecided)."""
+    return _constant_operand(op) is not None
+
+
+def elementwise_bytes(op: Op) -> int | None:
+    """The parameter bytes of an elementwise op of a constant in a form a dev twin shows (see
+    the module's docstring), None for a form none shows. 0 for an op without a constant."""
+    found = _constant_operand(op)
+    if found is None:
+        return 0
+    const, _ = found
+    shape = tuple(int(d) for d in const.shape)
+    out = tuple(int(d) for d in op.outputs[0].shape) if op.outputs else ()
+    n = _size(shape)
+    if n == 1:
+        return 0 if op.type in ("MUL", "SUB") else None
+    if op.type == "MUL" and n == _size(out):
+        return _pad(n, SECTION)
+    if op.type != "SUB" or not shape or not out:
+        return None
+    channels = out[-1]
+    if shape[-1] == channels > 1 and n == channels:  # one value per channel
+        return _pad(CHANNEL_WORD * channels, SECTION)
+    if shape[-1] == 1 < channels and n * channels == _size(out):  # one value per position
+        return _pad(n, SECTION)
+    return None
+
+
+def _starts(op: Op) -> tuple[list[int], list[int]] | None:
+    """(start offsets, widths) of the pieces a slice op takes along the last axis of its input,
+    None when it slices another axis or its offsets are not constant."""
+    values = [
+        np.asarray(t.data).reshape(-1) if t is not None and t.is_constant else None
+        for t in op.inputs
+    ]
+    if op.type == "SPLIT" and len(op.inputs) == 2 and values[0] is not None:
+        x, axis, n = op.input(1), int(values[0][0]), len(op.outputs)
+        if axis % max(len(x.shape), 1) != len(x.shape) - 1 or n == 0:
+            return None
+        width = int(x.shape[-1]) // n
+        return [k * width for k in range(n)], [width] * n
+    if op.type == "SPLIT_V" and len(op.inputs) == 3 and values[2] is not None:
+        x, axis = op.input(0), int(values[2][0])
+        if axis % max(len(x.shape), 1) != len(x.shape) - 1:
+            return None
+        widths = [int(o.shape[-1]) for o in op.outputs]
+        return [int(s) for s in np.cumsum([0, *widths[:-1]])], widths
+    if op.type in ("SLICE", "STRIDED_SLICE") and len(op.inputs) >= 2 and values[1] is not None:
+        x, begin = op.input(0), [int(v) for v in values[1]]
+        if len(begin) != len(x.shape) or not x.shape:
+            return None
+        last = len(begin) - 1
+        masked = (
+            op.type == "STRIDED_SLICE" and int((op.options or {}).get("begin_mask", 0)) >> last & 1
+        )
+        start = 0 if masked else begin[last] % int(x.shape[-1])
+        return [start], [int(op.outputs[0].shape[-1]) if op.outputs[0].shape else 1]
+    return None
+
+
+def undecided_channel_slice(op: Op) -> bool:
+    """A slice of the channel axis of a map of several channels taking a piece from an offset
+    not a multiple of `CHUNK` (no twin shows what it holds), but for a SPLIT into one-channel
+    pieces (split_concat's, dev: none)."""
+    if op.type not in _SLICES or not op.inputs or not op.outputs:
+        return False
+    x = op.inputs[1] if op.type == "SPLIT" and len(op.inputs) > 1 else op.inputs[0]
+    if x is None or not x.shape or int(x.shape[-1]) <= 1:
+        return False
+    found = _starts(op)
+    if found is None:
+        return False
+    one_channel_split = op.type == "SPLIT" and all(w == 1 for w in found[1])
+    return not one_channel_split and any(s % CHUNK != 0 for s in found[0])
