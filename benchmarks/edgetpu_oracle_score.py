@@ -17,7 +17,8 @@ pair has the compiler's `-s` log, the per-op status strings predicted are compar
 
 Parameter memory: each twin's Edge TPU package (`tflfuse.targets.edgetpu.package`) says how many
 bytes the compiler caches on chip and streams; the prediction (`check --json`'s `on_chip_bytes`,
-`off_chip_bytes`) is exact when both match, and the layout alone
+`off_chip_bytes`) is exact when both match, "streamed exact" when the bytes streamed on every
+inference do (what decides the speed of a model that fits), and the layout alone
 (`tflfuse.targets.edgetpu.memory`, applied to the ops the twin maps) when their sum does.
 Twins compiled together with another compiled model of the set (a shared caching token,
 `tflfuse.targets.edgetpu.package.cocompiled`) are counted apart: their split between the cache
@@ -100,14 +101,20 @@ def _status_misses(s: PairScore, show_path: bool) -> str:
     return f"    {where}: log has [{missing}]; predicted [{extra}]"
 
 
-def _print_memory(name: str, half: str, scores: list[PairScore], show_path: bool) -> None:
+def _print_memory(
+    name: str, half: str, scores: list[PairScore], show_path: bool
+) -> tuple[int, int, int, int]:
     """Parameter memory against the twins' packages: exact on chip and streamed as predicted,
-    the total exact, and the layout alone exact (on the ops the twin maps); each miss."""
+    the streamed bytes alone exact, the total exact, and the layout alone exact (on the ops the
+    twin maps); each miss."""
     parsed = [s for s in scores if s.memory is not None]
     if not parsed:
-        return
+        return 0, 0, 0, 0
     n = len(parsed)
     exact = sum(s.memory["exact"] for s in parsed)
+    streamed = sum(
+        s.memory["predicted_off_chip_bytes"] == s.memory["off_chip_bytes"] for s in parsed
+    )
     total = sum(s.memory["total_exact"] for s in parsed)
     layout = sum(s.memory["layout_exact"] for s in parsed)
     near = sum(
@@ -123,7 +130,8 @@ def _print_memory(name: str, half: str, scores: list[PairScore], show_path: bool
     )
     print(
         f"{name:<12} {half:<8} memory: on-chip and streamed exact {exact}/{n},"
-        f" total exact {total}/{n}, layout on the twin's ops exact {layout}/{n}"
+        f" streamed exact {streamed}/{n}, total exact {total}/{n},"
+        f" layout on the twin's ops exact {layout}/{n}"
         f" (within 1%: {near}/{n}; {len(scores) - n} packages unreadable;"
         f" co-compiled {len(together)}, their layout exact {together_layout};"
         f" inexact without `check` saying undecided, not co-compiled: {confident})"
@@ -140,6 +148,7 @@ def _print_memory(name: str, half: str, scores: list[PairScore], show_path: bool
             f" layout on the twin's ops {m['layout_bytes']}"
             f"{' (co-compiled)' if m.get('cocompiled') else ''}"
         )
+    return exact, streamed, layout, n
 
 
 def mark_cocompiled(root: Path, scores: list[PairScore]) -> None:
@@ -217,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no oracle sets found (../shared/oracle is absent)", file=sys.stderr)
         return 1
     total_status = [0, 0]
+    memory_totals: dict[str, list[int]] = {"dev": [0, 0, 0, 0], "holdout": [0, 0, 0, 0]}
     for name, root in found.items():
         licensed = name in LICENSED
         shown = licensed or args.misses
@@ -240,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
                         print(_miss_line(s, licensed or args.misses))
         for half in ("dev", "holdout"):
             if not args.half or half == args.half:
-                _print_memory(name, half, [s for s in scores if s.pair.half == half], shown)
+                counts = _print_memory(
+                    name, half, [s for s in scores if s.pair.half == half], shown
+                )
+                memory_totals[half] = [a + b for a, b in zip(memory_totals[half], counts)]
         for half in ("dev", "holdout"):
             logged = [s for s in scores if s.status and s.pair.half == half]
             if not logged or (args.half and half != args.half):
@@ -262,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
             b = sum(s.baseline_exact for s in scores)
             n = len(scores)
             print(f"{name:<12} all      both   tflfuse exact {k}/{n}   documented rule {b}/{n}")
+    for half, (exact, streamed, layout, n) in memory_totals.items():
+        if n:
+            print(
+                f"memory, every set, {half}: on-chip and streamed exact {exact}/{n},"
+                f" streamed exact {streamed}/{n}, layout total exact {layout}/{n}"
+            )
     if total_status[1]:
         print(
             f"status strings: {total_status[0]}/{total_status[1]} ops of the compiler logs"
