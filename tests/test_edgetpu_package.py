@@ -258,7 +258,8 @@ def test_compilers_before_15_store_a_zero_bias_and_a_map_is_read_by_taps() -> No
 
 def test_compilers_before_15_leave_the_split_undecided_sooner() -> None:
     """A stack of 101 dense layers of 1,322,112 bytes streams its end in its 1.0 twin: above
-    1,040,896 bytes the split of a compiler before 15 is undecided, for 16 only above 3 MB."""
+    1,040,896 bytes the split of a compiler before 15 is undecided, for 16 only above
+    `SPLIT_SURE_BYTES`."""
     table = capability("edgetpu")
     stack = [_zero_bias_dense(100, (1, 100)) for _ in range(90)]
     assert undecided_line(predicted_memory(stack, table)) is None

@@ -60,11 +60,15 @@ ALIGN = 64  # every layer's section starts on this boundary
 WIDE_FC_INPUTS = 8192
 WIDE_FC_CACHED = 6272
 WIDE_FC_STREAMED = 16384
-# Below this many parameter bytes every fully laid-out model compiled by 15 or 16 caches all it
-# does not stream by `streamed_layer`; above it, twins of the same size differ (Coral's
-# MobileNetV2 classifier of 3,094,912 bytes streams 598,080; iNat birds of 3,947,328 streams
-# 1,623,872 in one commit and none in two others; YAMNet's 4,042,752 all cached).
-SPLIT_SURE_BYTES = 3_000_000
+# Below this many parameter bytes every fully laid-out dev twin compiled by 15 or 16 caches all
+# it does not stream by `streamed_layer`: the largest such dev twins are Coral's MobileNetV2s
+# compiled by 15 (3,900,864 bytes, all cached, 4 dev twins); above it no dev twin is at hand
+# (the last round's local sets, no longer here, held iNat birds of 3,947,328 streaming 1,623,872
+# in one commit and none in two others), so the split is said undecided there. Derived from dev
+# pairs only. The holdout half disagrees below it: Coral's demo-manufacturing classifier
+# (compiler 15, 3,094,912 bytes) streams 598,080, a miss `check` does not flag. The previous
+# bound, 3,000,000, was read off that holdout pair; it is not used, so the holdout stays a test.
+SPLIT_SURE_BYTES = 3_900_864
 # Compilers older than this generation store a bias word even for an all-zero bias.
 BIAS_ALWAYS_BEFORE = 15
 # Compilers before 15 cache less: their dev twins cache all of MobileNetV2 (3,900,864 bytes) but
