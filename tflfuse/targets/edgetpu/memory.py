@@ -198,13 +198,14 @@ def computed_weights(op: Op) -> bool:
 
 
 def constant_input_bytes(op: Op) -> int:
-    """A FULLY_CONNECTED of a constant [M, K] input and computed weights stores the constant row
-    by row, each row padded to 16 bytes, the whole to 64 (read in the streams of the GEMM
-    random-forest twins, dev: [1, 8], [2, 1] and [4, 2] each 64 bytes). The first such layer
-    streams, later ones are cached (`streamed_bytes`)."""
+    """A FULLY_CONNECTED of a constant [M, K] input and computed weights stores the constant as
+    it is, M x K bytes, the whole padded to 64 (read in the streams of the GEMM random-forest
+    twins, dev: [480, 8] 3,840 bytes, [800, 2] and [8, 2] found whole; [1, 8], [2, 1], [4, 2]
+    64 bytes each, where a block of at most 4 rows is stored with each row padded to 16, the
+    same 64 bytes). The first such layer streams, later ones are cached (`streamed_bytes`)."""
     shape = tuple(op.input(0).shape)  # FULLY_CONNECTED(x, w, b)
     rows, depth = shape[-2:] if len(shape) >= 2 else (1, shape[0] if shape else 1)
-    return _pad(int(rows) * _pad(int(depth), SMALL_PAD), ALIGN)
+    return _pad(int(rows) * int(depth), ALIGN)
 
 
 def fc_taps(op: Op, inputs: int) -> tuple[int, int]:
