@@ -1,34 +1,31 @@
 """Parameter bytes of elementwise ops of a constant, and channel slices the layout cannot decide.
 
-An elementwise SUB or MUL that the Edge TPU computes with a constant operand keeps that constant
-in the parameter streams (one byte per stored element, the int8 value offset by 128 as the
-compiler stores weights, each op's section padded to 64 bytes), and the compiler streams it on
-every inference although the model fits the cache. Each form below was located byte by byte in
-the parameter streams of dev twins (`tflfuse.targets.edgetpu.package`); any other form is not
-laid out (None), and `check` says the memory is undecided:
+An elementwise op the Edge TPU computes with a constant operand keeps that constant in the
+parameter streams (one byte per stored element, the int8 value offset by 128 as the compiler
+stores weights, each op's section padded to 64 bytes), streamed on every inference. Each form
+below was located byte by byte in the parameter streams of dev twins
+(`tflfuse.targets.edgetpu.package`); any other form is not laid out (None), and `check` says
+the memory is undecided:
 
-- A MUL or a SUB of a one-element constant: none (MoveNet Lightning's input scaling, a MUL and a
-  SUB by one value; the GEMM random forests' MUL by one value).
-- A MUL of a constant as large as its output: the constant, streamed (MoveNet Lightning's
-  [48, 48, 1] centre weighting: 2,304 bytes in its twin's EXECUTION_ONLY executable, beside
-  2,862,656 cached).
-- A SUB of a per-channel constant [1, ..., 1, C]: 4 bytes per channel (MoveNet Lightning's
-  [1, 1, 1, 3] mean: 12 bytes, the section 64, streamed with the MUL's: 2,368 in all).
+- A MUL of a one-element constant: none (the GEMM random forests' MUL by one value).
 - A SUB of a constant [..., N, 1] broadcast along the channel axis: the constant as it is, not
-  widened to the output (a GEMM random forest's [480, 1] threshold against [480, 64]: 480 bytes,
-  512 with the padding, right after the FULLY_CONNECTED's constant in its stream).
+  widened to the output (a dev forest's threshold SUB(c [480, 1], x [480, 64]): 480 bytes, 512
+  with the padding, right after the FULLY_CONNECTED's constant in its stream, both streamed).
 
-Not shown, so left undecided: an ADD of a constant (no pair at hand maps one), a MUL of a
-broadcast constant, and a SUB of a one-element constant held in another form. (The previous
-round's notes, on local pairs no longer at hand, said an ADD's or a MUL's constant is stored
-widened to the output's size; the pairs here only show constants as large as the output.)
+Not shown by a dev twin, so left undecided: an ADD of a constant (no pair at hand maps one), a
+SUB of one value, a MUL of a constant of more than one value, a SUB of a per-channel constant.
+A holdout twin (Coral's MoveNet Lightning, checked, not derived from) streams 2,368 bytes beside
+2,862,656 cached: its [48, 48, 1] MUL constant as it is (2,304) and its [1, 1, 1, 3] SUB mean as
+4 bytes a channel (64), its MUL and SUB by one value none; the forms a dev twin must show before
+they are laid out. (The previous round's notes, on local pairs no longer at hand, said an ADD's
+or a MUL's constant is stored widened to the output's size.)
 
 A slice of the channel axis (SLICE, STRIDED_SLICE, SPLIT, SPLIT_V) starting at an offset that is
 not a multiple of 4 is undecided: the layout stores channels in 4-byte chunks
-(`memory.CHUNK`), the twins at hand slice channels only at multiples of 4 (YOLOv8n's C2f
-splits) or into one-channel pieces (Coral's split_concat: a SPLIT of 6 channels into ones, whose
-192 bytes are the CONCATENATION's lanes), and none shows what a slice across a chunk holds.
-No TensorFlow here.
+(`memory.CHUNK`), the dev twins slice channels only into one-channel pieces (Coral's
+split_concat: a SPLIT of 6 channels into ones, whose 192 bytes are the CONCATENATION's lanes),
+and none shows what a slice across a chunk holds (the holdout YOLOv8n slices at multiples of 16
+and holds none there, as the layout counts). No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -39,7 +36,6 @@ from tflfuse.ir import Op, Tensor
 
 ELEMENTWISE = ("ADD", "SUB", "MUL")
 SECTION = 64  # each op's section is padded to this many bytes
-CHANNEL_WORD = 4  # bytes per channel of a per-channel constant
 CHUNK = 4  # channels per 4-byte chunk: a slice starting elsewhere is undecided
 _SLICES = ("SLICE", "STRIDED_SLICE", "SPLIT", "SPLIT_V")
 
@@ -81,16 +77,10 @@ def elementwise_bytes(op: Op) -> int | None:
     out = tuple(int(d) for d in op.outputs[0].shape) if op.outputs else ()
     n = _size(shape)
     if n == 1:
-        return 0 if op.type in ("MUL", "SUB") else None
-    if op.type == "MUL" and n == _size(out):
-        return _pad(n, SECTION)
-    if op.type != "SUB" or not shape or not out:
-        return None
-    channels = out[-1]
-    if shape[-1] == channels > 1 and n == channels:  # one value per channel
-        return _pad(CHANNEL_WORD * channels, SECTION)
-    if shape[-1] == 1 < channels and n * channels == _size(out):  # one value per position
-        return _pad(n, SECTION)
+        return 0 if op.type == "MUL" else None
+    channels = out[-1] if out else 0
+    if op.type == "SUB" and shape[-1:] == (1,) and channels > 1 and n * channels == _size(out):
+        return _pad(n, SECTION)  # one value per position
     return None
 
 
