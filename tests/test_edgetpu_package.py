@@ -495,21 +495,33 @@ def test_a_pack_of_a_constant_streams_its_block_and_a_small_transpose_holds_none
     assert undecided_line(memory) is None
 
 
-def test_a_reshape_turning_a_column_into_a_row_is_undecided() -> None:
-    """The GEMM forests' [4, 1] -> [1, 4] after a SUM holds bytes no rule accounts for; the same
-    RESHAPE of a QUANTIZE's output holds none (shown)."""
+def _sum_then_reshape(n: int) -> list[Op]:
     g = Graph("main")
     q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
-    x = g.add_tensor("x", (4, 3), "INT8", quantization=q)
-    col = g.add_tensor("col", (4, 1), "INT8", quantization=q)
+    x = g.add_tensor("x", (n, 3), "INT8", quantization=q)
+    col = g.add_tensor("col", (n, 1), "INT8", quantization=q)
     g.add_op("SUM", [x, g.add_constant("axis", np.array([1], np.int32))], [col])
-    row = g.add_tensor("row", (1, 4), "INT8", quantization=q)
-    g.add_op("RESHAPE", [col, g.add_constant("s", np.array([1, 4], np.int32))], [row])
+    row = g.add_tensor("row", (1, n), "INT8", quantization=q)
+    g.add_op("RESHAPE", [col, g.add_constant("s", np.array([1, n], np.int32))], [row])
+    return list(g.ops)
+
+
+def test_a_reshape_of_a_sum_column_into_a_row_is_a_lane_selection() -> None:
+    """The GEMM forests' [4, 1] -> [1, 4] after a SUM holds a zero block and 4 one-hot lanes (320
+    bytes, a dev forest of one tree) and [2, 1] -> [1, 2] 192 (the benchmarked dev forests);
+    other lengths are laid out so but undecided; the same RESHAPE of a QUANTIZE's output holds
+    none (shown)."""
     table = capability("edgetpu")
-    line = undecided_line(predicted_memory([g.ops[1]], table))
+    for n, size in ((4, 320), (2, 192)):
+        ops = _sum_then_reshape(n)
+        assert layer_bytes(ops[1]) == size
+        assert undecided_line(predicted_memory(ops[1:], table)) is None
+    ops = _sum_then_reshape(3)
+    line = undecided_line(predicted_memory(ops[1:], table))
     assert line is not None and "column into a row" in line
-    g.ops[0].type = "QUANTIZE"
-    assert undecided_line(predicted_memory([g.ops[1]], table)) is None
+    ops[0].type = "QUANTIZE"
+    assert layer_bytes(ops[1]) == 0
+    assert undecided_line(predicted_memory(ops[1:], table)) is None
 
 
 def _flatten(channels: int) -> Op:
@@ -620,7 +632,8 @@ def test_a_fully_connected_of_a_constant_input_stores_the_constant_as_it_is() ->
     """The GEMM random-forest form: a constant [M, K] input times computed weights; the
     constant's M x K bytes, the whole padded to 64 (a dev forest's [480, 8]: 3,840 bytes in its
     stream, not the 7,680 of rows padded to 16); the first such layer streams, the next is
-    cached."""
+    cached, its constant in 4 x 4 tiles (`memory_forest`: [2, 5] two tiles) and, its weights
+    read from an op the Edge TPU does not map (the TRANSPOSE left out), one block more."""
     g = Graph("main")
     q = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([-128], np.int64))
     const = g.add_constant("c", np.zeros((5, 20), np.int8), quantization=q)
@@ -637,7 +650,7 @@ def test_a_fully_connected_of_a_constant_input_stores_the_constant_as_it_is() ->
     assert layer_bytes(first) == 128  # 5 rows of 20 bytes = 100, padded to 128
     assert layer_bytes(second) == 64
     memory = predicted_memory([first, second], capability("edgetpu"))
-    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (64, 128)
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (128 + 64, 128)
     assert undecided_line(memory) is None
     # a TRANSPOSE of [5, 1000] no twin shows is not laid out
     line = undecided_line(predicted_memory([first, transpose, second], capability("edgetpu")))

@@ -53,6 +53,15 @@ from tflfuse.targets.edgetpu.memory_elementwise import (
     holds_constant,
     undecided_channel_slice,
 )
+from tflfuse.targets.edgetpu.memory_forest import (
+    SELECTION,
+    SUM_COLUMNS_SHOWN,
+    one_element_sub,
+    selection_bytes,
+    sum_column_lanes,
+    tiled_constant_bytes,
+    undecided_tiles,
+)
 from tflfuse.targets.edgetpu.memory_shown import pack_bytes, pack_streamed_bytes, transpose_bytes
 
 GROUP = 64  # output channels per group
@@ -229,13 +238,16 @@ def layer_bytes(op: Op, compiler_major: int = 16) -> int | None:
     layout is known for, None for an op with constant operands the layout does not cover.
     `compiler_major`: the edgetpu_compiler generation (`header_words`)."""
     if op.type in ("RESHAPE", "CONCATENATION"):
-        return flatten_bytes(op) + concat_bytes(op)
+        lanes = sum_column_lanes(op)
+        return flatten_bytes(op) + concat_bytes(op) + (_lanes(lanes) if lanes else 0)
     if op.type == "TRANSPOSE":
         return transpose_bytes(op)
     if op.type == "PACK":
         return pack_bytes(op)
     if op.type == "FULLY_CONNECTED" and computed_weights(op):
         return constant_input_bytes(op)
+    if one_element_sub(op):
+        return SELECTION  # `memory_forest`: one block, cached
     if holds_constant(op):
         return elementwise_bytes(op)
     if op.type not in _LAID_OUT:
@@ -278,7 +290,7 @@ def streamed_bytes(op: Op, size: int, first_computed: bool) -> int:
     (`memory_shown.pack_streamed_bytes`); an elementwise op's constant whole
     (`memory_elementwise`: a dev forest streams its SUB's beside its FULLY_CONNECTED's constant;
     the holdout MoveNet Lightning streams exactly its MUL's and SUB's)."""
-    if streamed_layer(op) or holds_constant(op):
+    if streamed_layer(op) or (holds_constant(op) and not one_element_sub(op)):
         return size
     if first_computed and op.type == "FULLY_CONNECTED" and computed_weights(op):
         return size
@@ -336,6 +348,8 @@ def _undecided_reshape(op: Op) -> bool:
     y = op.outputs[0]
     if x.shape[-1] != 1 or y.shape[-1] <= 1 or x.producer is None:
         return False
+    if sum_column_lanes(op) in SUM_COLUMNS_SHOWN:
+        return False  # `memory_forest`: a lane selection
     one_channel_map = len(x.shape) == 4 and len(y.shape) == 2
     return not one_channel_map and x.producer.type != "QUANTIZE"
 
@@ -351,12 +365,16 @@ def predicted_memory(
     total = streamed = raw = 0
     keys: tuple[str, ...] = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width")
     keys += ("undecided_small_conv", "undecided_flatten", "undecided_reshape")
-    keys += ("undecided_channel_slice",)
+    keys += ("undecided_channel_slice", "undecided_tiles")
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
     first_computed = True
+    mapped = {id(op) for op in mapped_ops}
     for op in mapped_ops:
         size = layer_bytes(op, compiler_major)
+        if not first_computed and op.type == "FULLY_CONNECTED" and computed_weights(op):
+            size = tiled_constant_bytes(op) + selection_bytes(op, mapped)  # `memory_forest`
+            counts["undecided_tiles"] += undecided_tiles(op)
         if op.type == "SOFTMAX":
             size = softmax_bytes(op, compiler_major)
             counts["undecided_softmax"] += _undecided_softmax(op, compiler_major)
@@ -414,6 +432,8 @@ def undecided_line(memory: dict[str, int]) -> str | None:
         reasons.append("what a RESHAPE turning a column into a row holds")
     if memory.get("undecided_flatten"):
         reasons.append("what flattening a map whose channels are not a multiple of 4 holds")
+    if memory.get("undecided_tiles"):
+        reasons.append("how a later product of a constant of more than 4 rows tiles it")
     if memory.get("undecided_channel_slice"):
         reasons.append("what a slice of channels starting off a multiple of 4 holds")
     if memory.get("undecided_split"):
