@@ -1,0 +1,157 @@
+"""The Edge TPU parameter bytes of the GEMM random forests' later matrix products, one-element
+SUBs and SUM columns (`tflfuse.targets.edgetpu.memory_forest`), on inline graphs built to the
+shapes of dev twins (local pairs, not redistributable: their bytes are quoted, the graphs are
+rebuilt here) with the CPU ops between their Edge TPU subgraphs left out of the mapped list."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tflfuse.ir import Graph, Op, Quantization, Tensor
+from tflfuse.targets import capability
+from tflfuse.targets.edgetpu.memory import predicted_memory, undecided_line
+from tflfuse.targets.edgetpu.memory_forest import (
+    one_element_sub,
+    tiled_constant_bytes,
+    undecided_tiles,
+    weights_from_cpu,
+)
+
+Q = Quantization(scale=np.array([0.01], np.float32), zero_point=np.array([-128], np.int64))
+
+
+class _Forest:
+    """A graph grown op by op; `cpu` ops are the ones the Edge TPU does not map."""
+
+    def __init__(self) -> None:
+        self.g = Graph("main")
+        self.mapped: list[Op] = []
+        self.n = 0
+
+    def t(self, shape: tuple[int, ...], dtype: str = "INT8") -> Tensor:
+        self.n += 1
+        return self.g.add_tensor(f"t{self.n}", shape, dtype, quantization=Q)
+
+    def c(self, shape: tuple[int, ...], value: int = 3) -> Tensor:
+        self.n += 1
+        return self.g.add_constant(f"c{self.n}", np.full(shape, value, np.int8), quantization=Q)
+
+    def op(self, kind: str, inputs: list[Tensor | None], out: Tensor, *, cpu: bool = False) -> Op:
+        made = self.g.add_op(kind, inputs, [out])
+        if not cpu:
+            self.mapped.append(made)
+        return made
+
+    def reshape(self, x: Tensor, shape: tuple[int, ...]) -> Tensor:
+        y = self.t(shape)
+        spec = self.g.add_constant(f"s{self.n}", np.array(shape, np.int32))
+        self.op("RESHAPE", [x, spec], y)
+        return y
+
+    def cpu_value(self, shape: tuple[int, ...]) -> Tensor:
+        """A tensor a CPU op computes (the QUANTIZE between two Edge TPU subgraphs)."""
+        y = self.t(shape)
+        self.op("QUANTIZE", [self.t(shape, "FLOAT32")], y, cpu=True)
+        return y
+
+    def product(self, rows: tuple[int, int], w: Tensor) -> Tensor:
+        """FULLY_CONNECTED(constant [M, K], computed weights [N, K]) -> [M, N]."""
+        y = self.t((rows[0], int(w.shape[0])))
+        self.op("FULLY_CONNECTED", [self.c(rows), w, None], y)
+        return y
+
+    def sum_rows(self, x: Tensor) -> Tensor:
+        y = self.t(tuple(int(d) for d in x.shape[1:]))
+        self.op("SUM", [x, self.g.add_constant(f"a{self.n}", np.array(0, np.int32))], y)
+        return y
+
+    def memory(self) -> dict[str, int]:
+        return predicted_memory(self.mapped, capability("edgetpu"))
+
+
+def _first_subgraph(f: _Forest, rows: tuple[int, int], samples: int) -> None:
+    """FULLY_CONNECTED(constant, the model's input as weights), SUB of thresholds, LOGISTIC, MUL
+    by one value."""
+    x = f.product(rows, f.g.add_tensor("input", (samples, rows[1]), "INT8", quantization=Q))
+    d = f.t(tuple(int(v) for v in x.shape))
+    f.op("SUB", [f.c((rows[0], 1) if samples == 1 else (1, 1)), x], d)
+    e = f.t(tuple(int(v) for v in x.shape))
+    f.op("LOGISTIC", [d], e)
+    f.op("MUL", [e, f.c(())], f.t(tuple(int(v) for v in x.shape)))
+
+
+def test_a_forest_of_one_tree_in_three_subgraphs() -> None:
+    """A dev forest of one tree of depth 1 (one sample) compiled into three Edge TPU subgraphs:
+    its package caches 640 bytes and streams 64 - the first product's constant [1, 8] streamed;
+    the SUB of one value from a one-element activation one block, cached; each later product
+    one tile ([2, 1], [4, 2]) and one block more, its weights read from a CPU op; the RESHAPE of
+    the SUM's [4, 1] column into a row a zero block and 4 lanes (320)."""
+    f = _Forest()
+    _first_subgraph(f, (1, 8), 1)
+    w = f.reshape(f.cpu_value((1, 1, 1)), (1, 1))
+    f.product((2, 1), w)
+    w = f.reshape(f.cpu_value((1, 2, 1)), (1, 2))
+    y = f.product((4, 2), w)
+    column = f.sum_rows(f.reshape(y, (1, 4, 1)))
+    f.reshape(column, (1, 4))
+    memory = f.memory()
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (640, 64)
+    assert undecided_line(memory) is None
+    sub = f.mapped[1]
+    assert one_element_sub(sub) and not one_element_sub(_sub_of_64())
+
+
+def _sub_of_64() -> Op:
+    """The same SUB of one value from a [1, 64] activation (a dev forest of 64 samples: none)."""
+    f = _Forest()
+    out = f.t((1, 64))
+    return f.op("SUB", [f.c((1, 1)), f.t((1, 64))], out)
+
+
+def test_later_products_tile_their_constant_and_the_sum_column_is_two_lanes() -> None:
+    """A dev forest of 16 trees' last subgraph caches 14,528 bytes: 16 products of a [2, 51]
+    constant (13 tiles each) whose weights a CPU op computes (one block more each), their PACK
+    and SUM, the RESHAPE of the [2, 1] column into a row (a zero block and 2 lanes)."""
+    f = _Forest()
+    _first_subgraph(f, (8, 2), 1)  # an earlier product, so the ones below are later ones
+    scores = [f.product((2, 51), f.reshape(f.cpu_value((1, 51, 1)), (1, 51))) for _ in range(16)]
+    packed = f.t((16, 2, 1))
+    f.op("PACK", list(scores), packed)
+    f.reshape(f.sum_rows(packed), (1, 2))
+    first = 64 + 64  # [8, 2] as it is, the SUB's [8, 1] as it is
+    memory = f.memory()
+    assert memory["parameter_bytes"] - first == 14_528
+    assert undecided_line(memory) is None
+
+
+def test_constants_of_more_than_four_rows_pad_their_rows_to_16() -> None:
+    """A dev forest of 8 trees' middle subgraph caches 98,816 bytes: 8 products of a [49, 48]
+    constant, rows padded to 64 (16 x 12 tiles) and one block more; [51, 50] holds 16 x 13
+    tiles and [83, 82] 24 x 21 in two more dev twins. 5 to 15 rows are not shown: undecided."""
+    f = _Forest()
+    _first_subgraph(f, (384, 2), 1)
+    first = 768 + 384
+    for _ in range(8):
+        f.product((49, 48), f.reshape(f.cpu_value((1, 48, 1)), (1, 48)))
+    memory = f.memory()
+    assert memory["parameter_bytes"] - first == 98_816
+    assert undecided_line(memory) is None
+    later = [op for op in f.mapped if op.type == "FULLY_CONNECTED"][1:]
+    assert all(weights_from_cpu(op, {id(o) for o in f.mapped}) for op in later)
+    g = _Forest()
+    big = g.op("FULLY_CONNECTED", [g.c((83, 82)), g.t((1, 82)), None], g.t((83, 1)))
+    assert tiled_constant_bytes(big) == 24 * 21 * 64
+    eight = g.op("FULLY_CONNECTED", [g.c((8, 5)), g.t((1, 5)), None], g.t((8, 1)))
+    assert undecided_tiles(eight) and not undecided_tiles(big)
+    line = undecided_line(predicted_memory([big, eight], capability("edgetpu")))
+    assert line is not None and "more than 4 rows" in line
+
+
+def test_products_of_weights_an_edge_tpu_op_computes_hold_no_block_more() -> None:
+    """The single-subgraph dev forests (300 samples): a later product of a [2, 1] constant whose
+    weights a RESHAPE of the first product's output gives holds its one tile only."""
+    f = _Forest()
+    x = f.product((1, 8), f.g.add_tensor("input", (300, 8), "INT8", quantization=Q))
+    f.product((2, 1), f.reshape(x, (300, 1)))
+    memory = f.memory()
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (64, 64)
