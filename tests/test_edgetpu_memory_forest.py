@@ -155,3 +155,20 @@ def test_products_of_weights_an_edge_tpu_op_computes_hold_no_block_more() -> Non
     f.product((2, 1), f.reshape(x, (300, 1)))
     memory = f.memory()
     assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (64, 64)
+
+
+def test_a_row_read_from_a_cpu_op_turned_into_a_column_is_undecided() -> None:
+    """The dev forests of 64 and 300 samples: RESHAPE [1, 1, N] -> [N, 1] of a CPU op's output
+    holds lane bytes no rule accounts for (undecided); of one element (a forest of one sample)
+    none; of an Edge TPU op's output (the single-subgraph forests) none."""
+    table = capability("edgetpu")
+    for n, undecided in ((64, True), (300, True), (1, False)):
+        f = _Forest()
+        w = f.reshape(f.cpu_value((1, 1, n)), (n, 1))
+        f.product((2, 1), w)
+        line = undecided_line(f.memory())
+        assert (line is not None and "row read from a CPU op" in line) == undecided
+    f = _Forest()
+    x = f.product((1, 8), f.g.add_tensor("input", (300, 8), "INT8", quantization=Q))
+    f.reshape(x, (300, 1))
+    assert undecided_line(predicted_memory(f.mapped, table)) is None

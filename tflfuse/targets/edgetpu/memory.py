@@ -60,6 +60,7 @@ from tflfuse.targets.edgetpu.memory_forest import (
     selection_bytes,
     sum_column_lanes,
     tiled_constant_bytes,
+    undecided_row_to_column,
     undecided_tiles,
 )
 from tflfuse.targets.edgetpu.memory_shown import pack_bytes, pack_streamed_bytes, transpose_bytes
@@ -365,7 +366,7 @@ def predicted_memory(
     total = streamed = raw = 0
     keys: tuple[str, ...] = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width")
     keys += ("undecided_small_conv", "undecided_flatten", "undecided_reshape")
-    keys += ("undecided_channel_slice", "undecided_tiles")
+    keys += ("undecided_channel_slice", "undecided_tiles", "undecided_row_to_column")
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
     first_computed = True
@@ -391,6 +392,7 @@ def predicted_memory(
         counts["undecided_flatten"] += _undecided_flatten(op)
         counts["undecided_reshape"] += _undecided_reshape(op)
         counts["undecided_channel_slice"] += undecided_channel_slice(op)
+        counts["undecided_row_to_column"] += undecided_row_to_column(op, mapped)
         for t in op.inputs:
             if t is not None and t.is_constant and id(t) not in seen:
                 seen.add(id(t))
@@ -434,6 +436,8 @@ def undecided_line(memory: dict[str, int]) -> str | None:
         reasons.append("what flattening a map whose channels are not a multiple of 4 holds")
     if memory.get("undecided_tiles"):
         reasons.append("how a later product of a constant of more than 4 rows tiles it")
+    if memory.get("undecided_row_to_column"):
+        reasons.append("what a RESHAPE of a row read from a CPU op into a column holds")
     if memory.get("undecided_channel_slice"):
         reasons.append("what a slice of channels starting off a multiple of 4 holds")
     if memory.get("undecided_split"):

@@ -23,9 +23,13 @@ between the products. Read in the parameter streams of their dev twins
   one-hot block per lane (`memory._lanes`; dev: n = 4 in one twin, 320 bytes, and n = 2 in
   another, 192); other n are laid out so but said undecided.
 
-Not shown, so still undecided: a RESHAPE of a row into a column or a TRANSPOSE of a tensor of
-more than one column read from a CPU op (the forests of 64 and 300 samples hold thousands of
-lane bytes there whose pattern three dev twins do not pin down). No TensorFlow here.
+Not shown, so still undecided: a RESHAPE of a row into a column read from a CPU op
+(`undecided_row_to_column`) and a TRANSPOSE of a tensor read from one (`memory_shown`: not
+laid out); the forests of 64 and 300 samples hold thousands of lane bytes there whose pattern
+three dev twins do not pin down. A UNIDIRECTIONAL_SEQUENCE_LSTM (Coral's keras_lstm_mnist_ptq,
+the one twin that maps one: 34,944 bytes more than its dense layer and softmax as laid out, of
+selection blocks, gate weights in rows of 128 bytes and int32 words) stays not laid out. No
+TensorFlow here.
 """
 
 from __future__ import annotations
@@ -83,6 +87,20 @@ def weights_from_cpu(op: Op, mapped: set[int]) -> bool:
 def selection_bytes(op: Op, mapped: set[int]) -> int:
     """The block after a later product whose weights a CPU op computes, else 0."""
     return SELECTION if weights_from_cpu(op, mapped) else 0
+
+
+def undecided_row_to_column(op: Op, mapped: set[int]) -> bool:
+    """A RESHAPE of a row of several elements ([1, ..., 1, N]) into a column ([N, 1]) read from
+    a tensor no Edge TPU op computes: the dev forests of 64 and 300 samples hold 4,160 and
+    109,376 bytes there (beside their product's tile and block), of lanes whose pattern two
+    twins do not pin down; a RESHAPE of one element holds none (a forest of one sample)."""
+    x = op.inputs[0] if op.type == "RESHAPE" and op.inputs else None
+    if x is None or not x.shape or not op.outputs:
+        return False
+    n = int(x.shape[-1])
+    row = n > 1 and all(int(d) == 1 for d in x.shape[:-1])
+    column = tuple(int(d) for d in op.outputs[0].shape) == (n, 1)
+    return row and column and (x.producer is None or id(x.producer) not in mapped)
 
 
 def one_element_sub(op: Op) -> bool:
