@@ -172,3 +172,29 @@ def test_a_row_read_from_a_cpu_op_turned_into_a_column_is_undecided() -> None:
     x = f.product((1, 8), f.g.add_tensor("input", (300, 8), "INT8", quantization=Q))
     f.reshape(x, (300, 1))
     assert undecided_line(predicted_memory(f.mapped, table)) is None
+
+
+def test_a_forest_of_300_samples_last_subgraph() -> None:
+    """A dev forest of 300 samples in three subgraphs caches 192 bytes in its last: a TRANSPOSE
+    of [2, 300] read from a CPU op, a later product of a [4, 2] constant (one tile, its weights
+    an Edge TPU op's: no block more), the SUM over trees and a TRANSPOSE of [4, 300] (the two
+    transposes 128 bytes, `memory_shown`)."""
+    f = _Forest()
+    f.product((1, 8), f.g.add_tensor("input", (300, 8), "INT8", quantization=Q))
+    first = list(f.mapped)
+    x = f.reshape(f.cpu_value((1, 2, 300)), (2, 300))
+
+    def transpose(x: Tensor) -> Tensor:
+        y = f.t((int(x.shape[1]), int(x.shape[0])))
+        f.op("TRANSPOSE", [x, f.g.add_constant(f"p{f.n}", np.array([1, 0], np.int32))], y)
+        return y
+
+    y = f.product((4, 2), transpose(x))
+    transpose(f.sum_rows(f.reshape(y, (1, 4, 300))))
+    memory = f.memory()
+    assert (
+        memory["parameter_bytes"]
+        - predicted_memory(first, capability("edgetpu"))["parameter_bytes"]
+        == 192
+    )
+    assert undecided_line(memory) is None

@@ -21,7 +21,9 @@ from tflfuse.ir import Op
 #   (4 dev twins of one Edge TPU subgraph, their bytes all the FULLY_CONNECTEDs' and the
 #   PACK's); with 300 and 1,000 samples, [2, N] by (1, 0) and [1, 4, N] by (2, 1, 0) hold two
 #   64-byte blocks between them, cached (2 dev twins; one block a selection of 4 lanes): counted
-#   on the [1, 4, N] one.
+#   on the [1, 4, N] one. The forest of 300 samples in three subgraphs transposes [2, 300] and
+#   [4, 300] by (1, 0) after its SUM: the same two blocks (one a selection of 4 lanes), its
+#   last subgraph's 192 bytes exact with its product's tile (1 dev twin).
 TRANSPOSE_SHOWN: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {
     ((1, 20, 20, 68), (0, 3, 1, 2)): 12_864,
     ((1, 20, 20, 144), (0, 3, 1, 2)): 12_864,
@@ -33,6 +35,7 @@ TRANSPOSE_SHOWN: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {
     ((1, 4, 300), (2, 1, 0)): 128,
     ((2, 1000), (1, 0)): 0,
     ((1, 4, 1000), (2, 1, 0)): 128,
+    ((4, 300), (1, 0)): 128,
 }
 # A PACK along axis 0 of a [1, 1] activation and a [1, 1] constant: a 64-byte block holding the
 # constant, streamed although the model fits, and a 64-byte lane selection, cached (7 dev twins
