@@ -144,6 +144,41 @@ def _inferred_static(graph: Graph, data: bytes) -> dict[Tensor, tuple[int, ...]]
     return out
 
 
+def _every_read_written(graph: Graph, where: str) -> None:
+    """Refuse, in one line, a tensor an op reads that no op writes and that is neither a model
+    input, a constant nor a variable: the interpreter builds such a model and fails at its first
+    run ("Input tensor N lacks data", subgraph.cc), so nothing can calibrate, verify or convert
+    it (stock conversion neither); a model output no op writes, likewise ("Tensor data is
+    null"). onnx2tf 2.6 writes such a file for EdgeNeXt. As the interpreter does, an empty
+    tensor and the shape operand of a RESHAPE that is not a vector (read for its shape only)
+    are let pass."""
+    index = {id(t): i for i, t in enumerate(graph.tensors)}
+    inputs = {id(t) for t in graph.inputs}
+    for k, op in enumerate(graph.ops):
+        for slot, t in enumerate(op.inputs):
+            if t is None or t.producer is not None or id(t) in inputs:
+                continue
+            if t.is_constant or t.is_variable or t.size == 0:
+                continue
+            if op.type == "RESHAPE" and slot == 1 and len(t.shape) != 1:
+                continue
+            raise ModelError(
+                where,
+                f"tensor {index.get(id(t), '?')} {t.name!r} is read by op {k} ({op.type}) but"
+                " written by no op, and is neither a model input nor a constant: a broken"
+                ' export the interpreter cannot run ("lacks data"), so no conversion can'
+                " (re-export the model)",
+            )
+    for t in graph.outputs:
+        if t.producer is None and id(t) not in inputs and not t.is_constant and t.size:
+            raise ModelError(
+                where,
+                f"output tensor {index.get(id(t), '?')} {t.name!r} is written by no op, and is"
+                " neither a model input nor a constant: a broken export the interpreter cannot"
+                " run, so no conversion can (re-export the model)",
+            )
+
+
 def _signed(model: Model, notices: list[str]) -> None:
     """Give a model without a signature one (litert-quantizer needs it), and order a signature's
     inputs and outputs as the graph's: calibration arrays follow the signature (the quantizer)
@@ -358,6 +393,7 @@ def load(model: bytes | str | Path) -> TfliteSource:
     if kind in INT_KINDS:  # an unusable scale aborts some interpreters: refuse it first
         qparams.check(parsed, where)
     check_names(parsed, where)  # (litert-quantizer decodes every name strictly)
+    _every_read_written(parsed.main, where)
     _static(parsed, data, where, notices)
     _signed(parsed, notices)
     data = flatbuffer.to_bytes(parsed)
