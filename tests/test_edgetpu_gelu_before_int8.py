@@ -18,9 +18,14 @@ from test_edgetpu_heads import Head
 
 from tflfuse.convert.optimize import optimize_bytes
 from tflfuse.convert.rule_sets import pipeline
-from tflfuse.ir import Graph, Quantization
+from tflfuse.ir import Graph, Quantization, flatbuffer
 from tflfuse.targets import target as target_named
-from tflfuse.targets.edgetpu.gelu import MAX_STEPS, LegalizeGeluInt8, gelu_steps
+from tflfuse.targets.edgetpu.gelu import (
+    MAX_STEPS,
+    LegalizeGeluInt8,
+    gelu_steps,
+    lifted_once_quantized,
+)
 
 
 def _fc_gelu() -> bytes:
@@ -104,3 +109,40 @@ def test_the_int8_form_is_refused_where_its_measured_error_exceeds_its_bound() -
     ]
     _, model, result = apply(int8_gelu(0.02, -110), LegalizeGeluInt8())  # a coarser output
     assert result.fired() == {"LegalizeGeluInt8": 1} and ops(model) == ["MUL", "LOGISTIC", "MUL"]
+
+
+def _gelu_then_leaky(shape: tuple[int, ...]) -> bytes:
+    """x -> ADD -> GELU -> LEAKY_RELU (float): the legalization after GELU asks where the cut
+    falls (the ADD maps, so an op refused after it cuts)."""
+    g = Graph("main")
+    x = g.add_tensor("x", shape)
+    shifted = g.add_tensor("shifted", shape)
+    one = g.add_constant("one", np.ones((1,), np.float32))
+    g.add_op("ADD", [x, one], [shifted], {"fused_activation_function": "NONE"})
+    y = g.add_tensor("gelu", shape)
+    g.add_op("GELU", [shifted], [y], {"approximate": False})
+    z = g.add_tensor("leaky", shape)
+    g.add_op("LEAKY_RELU", [y], [z], {"alpha": 0.1})
+    return to_bytes(model_of(g, [x], [z]))
+
+
+def _float_stage(data: bytes) -> tuple[list[str], list[str]]:
+    stage = pipeline(2, target_named("edgetpu"), before_int8=True)
+    _, model, result = apply(data, *stage)
+    return ops(model), refusals(result, "LegalizeLeakyRelu")
+
+
+def test_a_float_gelu_left_to_its_int8_form_is_no_cut_for_the_float_legalizations() -> None:
+    """The float stage keeps GELU (its int8 form comes after quantizing) and legalizes what
+    follows it: GELU is not read as a cut where the quantized stage maps it."""
+    after, reasons = _float_stage(_gelu_then_leaky((1, 8, 32)))
+    assert "GELU" in after and "LEAKY_RELU" not in after
+    assert reasons == []
+
+
+def test_a_gelu_its_int8_form_cannot_map_stays_a_cut() -> None:
+    """Over the row limit the int8 form's MULs are refused too: such a GELU is not lifted (the
+    gate keeps reading it as a cut)."""
+    for shape, lifted in (((1, 8, 32), True), ((1, 2, 400000), False)):
+        gelu = flatbuffer.from_bytes(_gelu_then_leaky(shape)).main.ops[1]
+        assert gelu.type == "GELU" and lifted_once_quantized(gelu) is lifted

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from tflfuse.ir import Tensor
+from tflfuse.ir import Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.edgetpu.headsplit import unshown
@@ -55,6 +55,36 @@ def gelu_steps(s_x: float, z_x: int, s_y: float, z_y: int, approximate: bool) ->
     return int(np.abs(ours - ref).max()) + 1
 
 
+def pieces_unshown(x: Tensor) -> str | None:
+    """Why an op the rewrite writes on `x` (int8, or float judged as it will be quantized) is
+    not shown mapped by compiled evidence (`headsplit.unshown`), or None."""
+    q = x.quantization if x.dtype in ("INT8", "UINT8") else None
+    s_x, z_x = _scale_zp(x) if q is not None else (1.0, 0)
+    like = (lambda scale, zero: _quant(scale, zero)) if q is not None else (lambda *_: None)
+    t = Tensor("t", x.shape, x.dtype, quantization=like(SLOPE * s_x, z_x))
+    s = Tensor("s", x.shape, x.dtype, quantization=like(1 / 256, -128))
+    scalar = np.array([127], np.int8) if q is not None else np.array([SLOPE], np.float32)
+    for op_type, ins, consts in (("MUL", [x], [scalar]), ("LOGISTIC", [t], []),
+                                 ("MUL", [x, s], [])):  # fmt: skip
+        why = unshown(op_type, ins, x.shape, {"fused_activation_function": "NONE"}, consts)
+        if why:
+            return f"its {op_type} is not shown mapped ({why})"
+    return None
+
+
+def lifted_once_quantized(op: Op) -> bool:
+    """A float GELU the quantized stage spells in mapped ops (`LegalizeGeluInt8`): where the
+    recipe keeps GELU float until quantization (its tanh form loses the signal in int8), the
+    float stage must not read it as a cut, or every legalization after the first MLP of a ViT
+    (the attention products, calibrated in float) is held back by `after_the_cut` and the int8
+    model keeps them on the CPU. Lifted when the three ops it becomes are shown mapped at x's
+    shape; the int8 rule still checks its error over x's codes (`MAX_STEPS`)."""
+    if op.type != "GELU" or not op.inputs or op.inputs[0] is None:
+        return False
+    x = op.inputs[0]
+    return _kind(x) == "float" and pieces_unshown(x) is None
+
+
 class LegalizeGeluInt8(Rule):
     """int8: GELU(x)  =>  MUL(x, LOGISTIC(MUL(x, 1.702)))  (module docstring: the error)."""
 
@@ -79,15 +109,8 @@ class LegalizeGeluInt8(Rule):
         steps = gelu_steps(s_x, z_x, s_y, z_y, bool(m.root.options.get("approximate")))
         if steps > MAX_STEPS:
             return refuse(f"x sigma(1.702 x) is {steps} steps off GELU here (at most {MAX_STEPS})")
-        t = Tensor("t", x.shape, "INT8", quantization=_quant(SLOPE * s_x, z_x))
-        s = Tensor("s", x.shape, "INT8", quantization=_quant(1 / 256, -128))
-        scalar = np.array([127], np.int8)
-        for op_type, ins, consts in (("MUL", [x], [scalar]), ("LOGISTIC", [t], []),
-                                     ("MUL", [x, s], [])):  # fmt: skip
-            why = unshown(op_type, ins, x.shape, {"fused_activation_function": "NONE"}, consts)
-            if why:
-                return refuse(f"its {op_type} is not shown mapped ({why})")
-        return steps
+        why = pieces_unshown(x)
+        return refuse(why) if why else steps
 
     def rewrite(self, m: Match, *, x: Tensor) -> None:
         s_x, z_x = _scale_zp(x)

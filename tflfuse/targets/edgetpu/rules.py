@@ -13,7 +13,9 @@ never maps whatever it becomes, and spelling it out only adds CPU work (the enco
 attention's BATCH_MATMUL of two activations stays one op instead of nine: benchmarks/PYTORCH.md).
 A float TRANSPOSE over the element limit that the quantized stage splits into mapped pieces
 (`split_once_quantized`) is no cut there: at 640 px YOLO's [1, 20, 20, 256] layout TRANSPOSE held
-the attention product, which must be legalized in float to be calibrated, on the CPU.
+the attention product, which must be legalized in float to be calibrated, on the CPU. Nor is a
+float GELU the quantized stage spells in mapped ops (`gelu.lifted_once_quantized`): the recipe
+keeps it float until then, and read as a cut it held back every legalization after a ViT's MLP.
 
 Most rules work on float graphs (the `edgetpu` recipe fuses and legalizes in float, then
 quantizes) and on int8/uint8 graphs (a stock-converted `.tflite` given to `optimize`): there the
@@ -63,7 +65,7 @@ def after_the_cut(m: Match) -> Refusal | None:
     round after round, so once a rule lifts the refusal upstream, the legalization follows."""
     inside = {id(t) for op in m.ops for t in op.outputs}
     reads = [t for op in m.ops for t in op.inputs if t is not None and id(t) not in inside]
-    origins = cut_origins(m.graph, lifted=split_once_quantized)
+    origins = cut_origins(m.graph, lifted=lifted_once_quantized)
     cut = min((origins[id(t)] for t in reads if id(t) in origins), default=None)
     if cut is None:
         return None
@@ -73,6 +75,15 @@ def after_the_cut(m: Match) -> Refusal | None:
         f"its input is computed on the CPU after the Edge TPU segment (cut at op {cut}"
         f" {op.type}: {why}): legalized, it would still run on the CPU, in more ops"
     )
+
+
+def lifted_once_quantized(op: Op) -> bool:
+    """A refused float op the quantized stage's legalization makes mapped, which the gate does
+    not count as a cut: an oversized TRANSPOSE (`split_once_quantized`) and a float GELU left to
+    its int8 form (`tflfuse.targets.edgetpu.gelu.lifted_once_quantized`)."""
+    from tflfuse.targets.edgetpu import gelu  # gelu's rule is built on this module's gate
+
+    return split_once_quantized(op) or gelu.lifted_once_quantized(op)
 
 
 def split_once_quantized(op: Op) -> bool:
