@@ -65,7 +65,7 @@ def after_the_cut(m: Match) -> Refusal | None:
     round after round, so once a rule lifts the refusal upstream, the legalization follows."""
     inside = {id(t) for op in m.ops for t in op.outputs}
     reads = [t for op in m.ops for t in op.inputs if t is not None and id(t) not in inside]
-    origins = cut_origins(m.graph, lifted=lifted_once_quantized)
+    origins = cut_origins(m.graph, lifted=lambda op: lifted_once_quantized(op, m.graph))
     cut = min((origins[id(t)] for t in reads if id(t) in origins), default=None)
     if cut is None:
         return None
@@ -77,13 +77,18 @@ def after_the_cut(m: Match) -> Refusal | None:
     )
 
 
-def lifted_once_quantized(op: Op) -> bool:
+def lifted_once_quantized(op: Op, graph: Graph) -> bool:
     """A refused float op the quantized stage's legalization makes mapped, which the gate does
-    not count as a cut: an oversized TRANSPOSE (`split_once_quantized`) and a float GELU left to
-    its int8 form (`tflfuse.targets.edgetpu.gelu.lifted_once_quantized`)."""
-    from tflfuse.targets.edgetpu import gelu  # gelu's rule is built on this module's gate
+    not count as a cut: an oversized TRANSPOSE (`split_once_quantized`), a float GELU left to
+    its int8 form (`tflfuse.targets.edgetpu.gelu.lifted_once_quantized`) and a layout op of a
+    patch unfold or fold (`tflfuse.targets.edgetpu.patches.planned_once_quantized`)."""
+    from tflfuse.targets.edgetpu import gelu, patches  # their rules are built on this gate
 
-    return split_once_quantized(op) or gelu.lifted_once_quantized(op)
+    return (
+        split_once_quantized(op)
+        or gelu.lifted_once_quantized(op)
+        or patches.planned_once_quantized(graph, op)
+    )
 
 
 def split_once_quantized(op: Op) -> bool:
