@@ -174,6 +174,7 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
     from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION
     from tflfuse.targets.edgetpu.nhwc import NHWC_LEGALIZATION
+    from tflfuse.targets.edgetpu.patches import PATCH_LEGALIZATION
     from tflfuse.targets.edgetpu.rowmean import ROW_MEAN_LEGALIZATION
     from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
 
@@ -182,7 +183,14 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     # so that they also take the squeeze-excite-shaped MULs the attention products write; the
     # layout cuts after them all, on the reshapes and transposes they write too; before the heads,
     # an NCHW island back in its NHWC layout (PadChannelsForMean would pad its MEAN otherwise)
-    legalizations = (*EDGETPU_LEGALIZATION, *ATTENTION_LEGALIZATION, *BROADCAST_LEGALIZATION)
+    # the patch unfolds and folds before the attention's head splits and the layout cuts: the
+    # chain is taken whole, with the layout ops around it, before those cut its pieces
+    legalizations = (
+        *EDGETPU_LEGALIZATION,
+        *PATCH_LEGALIZATION,
+        *ATTENTION_LEGALIZATION,
+        *BROADCAST_LEGALIZATION,
+    )
     first = (*NHWC_LEGALIZATION, *ROW_MEAN_LEGALIZATION)
     return (*first, *HEAD_LEGALIZATION, *legalizations, *LAYOUT_LEGALIZATION)
 

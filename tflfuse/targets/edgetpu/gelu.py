@@ -28,11 +28,11 @@ import math
 
 import numpy as np
 
-from tflfuse.ir import Op, Tensor
+from tflfuse.ir import Graph, Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.edgetpu.headsplit import unshown
-from tflfuse.targets.edgetpu.rules import _gated, _kind, _quant, _scale_zp
+from tflfuse.targets.edgetpu.rules import _gated, _kind, _quant, _scale_zp, lifts_the_cut
 
 SLOPE = 1.702
 MAX_STEPS = 4
@@ -72,7 +72,8 @@ def pieces_unshown(x: Tensor) -> str | None:
     return None
 
 
-def lifted_once_quantized(op: Op) -> bool:
+@lifts_the_cut
+def lifted_once_quantized(op: Op, graph: Graph | None = None) -> bool:
     """A float GELU the quantized stage spells in mapped ops (`LegalizeGeluInt8`): where the
     recipe keeps GELU float until quantization (its tanh form loses the signal in int8), the
     float stage must not read it as a cut, or every legalization after the first MLP of a ViT

@@ -60,7 +60,7 @@ from tflfuse.targets.edgetpu.headsplit import (
     plan_end,
     window,
 )
-from tflfuse.targets.edgetpu.rules import _gated, _kind, _refusal_of
+from tflfuse.targets.edgetpu.rules import _gated, _kind, _refusal_of, lifts_the_cut
 
 LAYOUT = frozenset({"RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS"})
 MAX_PIECES = 16  # windows per end: beyond that the join costs more than the chain saves
@@ -214,11 +214,10 @@ def _emit(sink: _Sink, p: Piece, outer: int, views: dict) -> object:
     """Write piece `p`; a join lays its parts out as `_part_shape` says, `outer` the first dim
     its parent wants. RESHAPEs of x into one view are written once (`views`)."""
     if p.leaf is not None:
-        w = p.leaf
-        src = sink.view(()) if w.view is None else views.get(w.view)
-        if src is None:
-            src = views[w.view] = sink.view(w.view)
-        return sink.slice(src, w.begin, w.size)
+        w, view = p.leaf, p.leaf.view or ()
+        if view not in views:
+            views[view] = sink.view(view)
+        return sink.slice(views[view], w.begin, w.size)
     part = _part_shape(p.before, p.after, outer)
     parts = []
     for child in p.children:
@@ -490,7 +489,8 @@ def _root_of(op: Op) -> Op | None:
     return None
 
 
-def planned_once_quantized(graph: Graph, op: Op) -> bool:
+@lifts_the_cut
+def planned_once_quantized(op: Op, graph: Graph) -> bool:
     """A float movement op of a chain `MovePatchesInShownForms` writes once quantized (shapes
     only, as its plan reads them): the float legalizations' gate does not count it as a cut."""
     if not op.outputs or not op.inputs or op.inputs[0] is None or not is_float(op.inputs[0]):

@@ -79,16 +79,20 @@ def after_the_cut(m: Match) -> Refusal | None:
 
 def lifted_once_quantized(op: Op, graph: Graph) -> bool:
     """A refused float op the quantized stage's legalization makes mapped, which the gate does
-    not count as a cut: an oversized TRANSPOSE (`split_once_quantized`), a float GELU left to
-    its int8 form (`tflfuse.targets.edgetpu.gelu.lifted_once_quantized`) and a layout op of a
-    patch unfold or fold (`tflfuse.targets.edgetpu.patches.planned_once_quantized`)."""
-    from tflfuse.targets.edgetpu import gelu, patches  # their rules are built on this gate
+    not count as a cut: an oversized TRANSPOSE (`split_once_quantized`), and what the modules
+    whose int8 rules lift a cut register with `lifts_the_cut` (a float GELU left to its int8
+    form: gelu.py; a layout op of a patch unfold or fold: patches.py)."""
+    return split_once_quantized(op) or any(lift(op, graph) for lift in _LIFTS)
 
-    return (
-        split_once_quantized(op)
-        or gelu.lifted_once_quantized(op)
-        or patches.planned_once_quantized(graph, op)
-    )
+
+_LIFTS: list[Callable[[Op, Graph], bool]] = []
+
+
+def lifts_the_cut(lift: Callable[[Op, Graph], bool]) -> Callable[[Op, Graph], bool]:
+    """Register `lift(op, graph)`: True for a float op an int8 legalization makes mapped (those
+    modules are built on this one, so they register here rather than being imported by it)."""
+    _LIFTS.append(lift)
+    return lift
 
 
 def split_once_quantized(op: Op) -> bool:
