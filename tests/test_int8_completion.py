@@ -19,8 +19,10 @@ from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.quantize.int8_completion import (
     COMPLETED_OPS,
     QuantizeDepthToSpace,
+    QuantizeL2Normalization,
     QuantizePrelu,
     QuantizeRelu0To1,
+    l2_steps,
 )
 from tflfuse.targets import predict
 from tflfuse.targets import target as target_named
@@ -153,7 +155,7 @@ def test_the_quantizer_fallback_knows_what_tflfuse_completes() -> None:
         cur = out
     g.inputs, g.outputs = [x], [cur]
     assert aeq_unsupported(flatbuffer.to_bytes(Model([g]))) == ["RELU6"]
-    assert {"PRELU", "RELU_0_TO_1", "DEPTH_TO_SPACE"} == COMPLETED_OPS
+    assert {"PRELU", "RELU_0_TO_1", "DEPTH_TO_SPACE", "L2_NORMALIZATION"} == COMPLETED_OPS
 
 
 # -- the whole route ------------------------------------------------------------------------------
@@ -442,3 +444,50 @@ def test_a_clamp_whose_float_tensors_are_read_elsewhere_is_not_fused() -> None:
     (ref_y, ref_float), (got_y, got_float) = runs.run(data, [[x]])[0], runs.run(after, [[x]])[0]
     assert np.array_equal(ref_float, got_float) and np.ptp(ref_float) > 0.5
     assert np.abs(ref_y.astype(int) - got_y.astype(int)).max() <= result.events[0].int8_steps
+
+
+# -- L2_NORMALIZATION (EdgeNeXt's cross-covariance attention normalizes q and k) ----------------
+def _rows(channels: int) -> np.ndarray:
+    return np.random.default_rng(7).integers(-128, 128, (1, 256, channels)).astype(np.int8)
+
+
+def test_l2_normalization_island_becomes_int8_within_its_declared_steps() -> None:
+    """The int8 kernel writes 1/128 steps; a QUANTIZE takes them to the island's output."""
+    before = _island("L2_NORMALIZATION", 16, _q(2 / 255, 0))
+    after, model, result = apply(before, QuantizeL2Normalization())
+    assert ops(model) == ["L2_NORMALIZATION", "QUANTIZE"] and model.main.ops[0].version == 2
+    l2 = model.main.ops[0].output
+    assert float(l2.quantization.scale[0]) == 1 / 128 and int(l2.quantization.zero_point[0]) == 0
+    x = _rows(16)
+    ref = runs.run(before, [[x]])[0][0].astype(np.int32)
+    got = runs.run(after, [[x]])[0][0].astype(np.int32)
+    assert np.ptp(ref) > 100  # the rows' values span the output's range
+    declared = result.events[0].int8_steps
+    assert declared == l2_steps(2 / 255) == 3
+    assert int(np.abs(ref - got).max()) <= declared
+
+
+def test_l2_normalization_with_the_kernels_own_output_is_one_op() -> None:
+    before = _island("L2_NORMALIZATION", 16, _q(1 / 128, 0))
+    after, model, _ = apply(before, QuantizeL2Normalization())
+    assert ops(model) == ["L2_NORMALIZATION"]
+    x = _rows(16)
+    ref, got = (runs.run(d, [[x]])[0][0].astype(np.int32) for d in (before, after))
+    assert int(np.abs(ref - got).max()) <= l2_steps(1 / 128) == 3
+
+
+def test_l2_normalization_with_an_output_finer_than_the_kernels_stays_float() -> None:
+    _, model, result = apply(
+        _island("L2_NORMALIZATION", 16, _q(0.001, 0)), QuantizeL2Normalization()
+    )
+    assert ops(model) == ["DEQUANTIZE", "L2_NORMALIZATION", "QUANTIZE"]
+    [reason] = refusals(result, "QuantizeL2Normalization")
+    assert "finer than the int8 kernel's 1/128: 13 steps off the island (at most 4)" in reason
+
+
+def test_int8_l2_normalization_is_predicted_undecided_on_the_edgetpu() -> None:
+    """In Coral's op list, but no compiled model shows it mapped: not counted mapped."""
+    _, model, _ = apply(_island("L2_NORMALIZATION", 16, _q(1 / 128, 0)), QuantizeL2Normalization())
+    p = predict(model, target_named("edgetpu"))
+    assert p.mapped == 0 and p.ops[0].reason.startswith("undecided:")
+    assert "L2_NORMALIZATION" in COMPLETED_OPS

@@ -1,5 +1,6 @@
 """Ops litert-quantizer leaves in float, made int8 between the scales it chose: PRELU,
-RELU_0_TO_1, DEPTH_TO_SPACE.
+RELU_0_TO_1, DEPTH_TO_SPACE, L2_NORMALIZATION (EdgeNeXt's cross-covariance attention
+normalizes q and k: `QuantizeL2Normalization`).
 
 litert-quantizer has no int8 config for PRELU (MediaPipe's iris, face, hand and palm models),
 RELU_0_TO_1 (onnx2tf's HardSigmoid) or DEPTH_TO_SPACE (MediaPipe's pose detector). It leaves each
@@ -272,7 +273,71 @@ class QuantizeDepthToSpace(_Completion):
         _replace(m, float_out, "DEPTH_TO_SPACE", [x], version=2, options=options)  # int8: version 2
 
 
-RULES = (QuantizePrelu(), QuantizeRelu0To1(), QuantizeDepthToSpace())
+L2_SCALE = 1.0 / 128.0  # TFLite's int8 L2_NORMALIZATION writes scale 1/128, zero point 0
+L2_MAX_STEPS = 4  # beyond, the kernel's 1/128 grid is coarser than the island's output
+
+
+def l2_steps(s_out: float) -> int:
+    """The declared int8 error of `QuantizeL2Normalization` in the output's steps: the kernel's
+    result is within 1.5 of its 1/128 steps of x / ||x|| (half a step of rounding, one of its
+    fixed-point inverse square root), and its requantization to the output rounds once where
+    the island's QUANTIZE rounded once."""
+    return math.ceil(1.5 * L2_SCALE / s_out - 1e-9) + 1
+
+
+class QuantizeL2Normalization(_Completion):
+    """QUANTIZE(L2_NORMALIZATION(DEQUANTIZE(x)))  =>  QUANTIZE(L2_NORMALIZATION(x))   (int8).
+
+    x / ||x|| over the innermost axis does not depend on x's scale: the int8 kernel normalizes
+    the codes x_q - z_x and writes its fixed output parameters (scale 1/128, zero point 0); a
+    QUANTIZE requantizes that to the island's output (none when it already has them). Within
+    `l2_steps` of the island; refused where that exceeds L2_MAX_STEPS (an output calibrated
+    finer than 1/128 would lose what it resolves). No compiled model shows L2_NORMALIZATION
+    mapped: the Edge TPU prediction says undecided (forms.gated), the model is fully int8.
+    """
+
+    completes = "L2_NORMALIZATION"
+    int8_error_steps = L2_MAX_STEPS  # the most it fires with; `int8_error` gives each match's
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.QUANTIZE(p.L2_NORMALIZATION(p.DEQUANTIZE(p.x), out="float_out"))
+
+    def check(self, m: Match, *, x: Tensor, float_out: Tensor) -> Refusal | None:
+        refusal = _island_check(m, x)
+        if refusal is not None:
+            return refusal
+        if float_out.op.fused_activation not in ("NONE", ""):
+            return refuse(f"a fused {float_out.op.fused_activation} after the normalization")
+        steps = l2_steps(_scale_zp(m.root.output)[0])
+        if steps > L2_MAX_STEPS:
+            return refuse(
+                f"the output's step {_scale_zp(m.root.output)[0]:.3g} is finer than the int8"
+                f" kernel's 1/128: {steps} steps off the island (at most {L2_MAX_STEPS})"
+            )
+        return self.target_refusal(m)
+
+    def int8_error(self, m: Match) -> int:
+        return l2_steps(_scale_zp(m.root.output)[0])
+
+    def rewrite(self, m: Match, *, x: Tensor, float_out: Tensor) -> None:
+        out = m.root.output
+        fixed = Quantization(
+            scale=np.array([L2_SCALE], np.float32), zero_point=np.array([0], np.int64)
+        )
+        if _scale_zp(out) == (L2_SCALE, 0):
+            _replace(m, float_out, "L2_NORMALIZATION", [x], version=2)
+            return
+        g = m.graph
+        normed = g.add_tensor(
+            g.unique_name(f"{out.name}/l2_int8"), out.shape, "INT8", quantization=fixed
+        )
+        g.remove_op(m.root)
+        l2 = g.add_op("L2_NORMALIZATION", [x], [normed], {"fused_activation_function": "NONE"},
+                      after=float_out.producer, version=2)  # fmt: skip
+        g.add_op("QUANTIZE", [normed], [out], {}, after=l2)
+
+
+RULES = (QuantizePrelu(), QuantizeRelu0To1(), QuantizeDepthToSpace(), QuantizeL2Normalization())
 COMPLETED_OPS = frozenset(rule.completes for rule in RULES)  # float ops these rules make int8
 
 

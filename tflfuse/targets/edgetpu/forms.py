@@ -262,7 +262,8 @@ def gated(form: Form) -> bool:
     dimensions that moves them (head splits and merges; a flatten to one dimension is not
     gated); RESIZE_BILINEAR with half_pixel_centers (one compiled model maps it, at 64 channels
     and fewer; one refuses it at 1280, by a compiler whose version its twin does not tell: the
-    sky-detection UNet, see "Not decided" in delegates/edgetpu.toml)."""
+    sky-detection UNet, see "Not decided" in delegates/edgetpu.toml); L2_NORMALIZATION (listed
+    by Coral's documentation; no compiled model shows it, so it is undecided)."""
     if form.op in BINARY:
         acts = [o for o in form.operands if o.startswith("a:")]
         return len(acts) >= 2 and form.detail not in ("same", "")
@@ -274,6 +275,8 @@ def gated(form: Form) -> bool:
         return form.detail != "dm=1"
     if form.op == "RESIZE_BILINEAR":
         return form.detail.endswith(" half")
+    if form.op == "L2_NORMALIZATION":  # in Coral's op list; no compiled model shows it mapped
+        return True
     if form.op == "RESHAPE":  # a head split or merge: both sides keep 2+ non-trivial dims
         nt = form.detail.split()[0].removeprefix("nt=").split(">")
         return "squeeze" not in form.detail and min(int(n) for n in nt) >= 2
