@@ -130,3 +130,17 @@ def test_float_chains_wait_for_int8_and_are_no_cut_before() -> None:
     assert deep and all(planned_once_quantized(op, graph) for op in deep)
     add = next(op for op in graph.ops if op.type == "ADD")
     assert not planned_once_quantized(add, graph)
+
+
+def test_a_join_no_compiled_model_shows_at_its_size_is_not_written() -> None:
+    """MobileViT-xxs's first unfold (32 x 32 x 64, 2 x 2 patches) joins 4 rows of 16384: the
+    largest 4-way join compiled models show holds 10240 in its two innermost dims. The chain
+    stays whole, and says why (the predictor does not gate joins: none is written unshown); so
+    does the fold, whose view RESHAPE holds more than compiled models show."""
+    _, model, result = apply(_mobilevit_block(32, 64), MovePatchesInShownForms())
+    assert not result.fired() and "TRANSPOSE" in ops(model)
+    reasons = [r for r in refusals(result, "MovePatchesInShownForms") if "not a reshape" not in r]
+    assert len(reasons) == 2  # the unfold and the fold
+    assert all("it would write is not shown mapped (undecided" in r for r in reasons)
+    assert any("CONCATENATION(a:INT8) -> INT8 n=4 axis=inner: shown mapped only up to" in r
+               for r in reasons)  # fmt: skip

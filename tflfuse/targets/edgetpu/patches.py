@@ -29,12 +29,14 @@ need a requantizing join), and the gate of the float legalizations does not read
 float like any other.
 
 Evidence: every op written must be accepted by the compiler's table (at most 3 dims > 1, the
-row limit) and no compiled model may show its form refused at its size
-(`delegates/edgetpu_forms.toml`, `forms.gate`); a form no compiled model shows at that size is
-written, and the prediction says so where it gates the form (the forms gate asks about RESHAPEs
-that move 2+ dims; it does not ask about CONCATENATION or SLICE: see the module's notes in
-benchmarks/ATTENTION_EDGETPU.md). `undecided_pieces` lists the written joins no compiled model
-shows mapped at their size.
+row limit), and shown mapped at its size by compiled models (`delegates/edgetpu_forms.toml`,
+`forms.gate`) where the forms gate asks about its form (RESHAPEs that move 2+ dims) and for
+every CONCATENATION, which the predictor's gate does not ask about (a join no compiled model
+shows at its size would be counted mapped there: this rule never writes one). SLICE is
+trusted to the table, as the predictor does: no compiled model in the evidence shows a SLICE
+(only STRIDED_SLICE). Where a join is not shown (MobileViT-xxs's unfold at 32 x 32 x 64 joins
+4 rows of 16384 into 65536, where the largest 4-way join shown holds 10240 in its two
+innermost dims), the chain stays whole, with that reason.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import numpy as np
 from tflfuse.ir import Graph, Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.common import NotApplicable, is_float
+from tflfuse.targets.edgetpu.forms import gated
 from tflfuse.targets.edgetpu.heads import form_verdict
 from tflfuse.targets.edgetpu.headsplit import (
     MAX_DIMS,
@@ -269,8 +272,10 @@ def written(x_shape: tuple[int, ...], piece: Piece, out_shape: tuple[int, ...]) 
 
 
 def _first_refusal(x: Tensor, ops: list[Written]) -> str | None:
-    """Why an op the plan writes would not map: refused by the table, or by compiled evidence
-    at its size (an op no compiled model shows is written, undecided)."""
+    """Why an op the plan writes is not shown mapped: the table refuses it, or compiled
+    evidence does not show its form mapped at its size, for a form the forms gate asks about
+    and for every CONCATENATION (the gate does not ask about joins; this rule writes none that
+    no compiled model shows at its size)."""
     seen = set()
     for op_type, shapes, out, options, consts in ops:
         key = (op_type, tuple(shapes), out)
@@ -282,22 +287,11 @@ def _first_refusal(x: Tensor, ops: list[Written]) -> str | None:
         if why:
             return f"the {op_type} it would write is refused by the table ({why})"
         verdict = form_verdict(op_type, ins, out, options, consts)
-        if verdict.answer == "refused":
-            return f"the {op_type} it would write is refused by compiled evidence: {verdict.reason}"
+        asked = gated(verdict.form) or op_type == "CONCATENATION"
+        if asked and verdict.answer != "mapped":
+            shown = f"{verdict.answer}: {verdict.reason}"
+            return f"the {op_type} it would write is not shown mapped ({shown})"
     return None
-
-
-def undecided_pieces(x: Tensor, ops: list[Written]) -> list[str]:
-    """The forms of the ops written that no compiled model shows mapped at their size."""
-    out = []
-    for op_type, shapes, shape, options, consts in ops:
-        if op_type != "CONCATENATION":
-            continue
-        ins = [Tensor("t", s, x.dtype, quantization=x.quantization) for s in shapes]
-        verdict = form_verdict(op_type, ins, shape, options, consts)
-        if verdict.answer != "mapped":
-            out.append(verdict.reason)
-    return out
 
 
 # -- the chain, from the layout op above it to the one below it ----------------------------------
