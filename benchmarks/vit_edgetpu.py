@@ -57,7 +57,7 @@ def convert(tree: Path, path: Path, work: Path) -> dict[str, Any]:
         cmd += ["--calib", str(calib)]
     env = {**os.environ, "PYTHONPATH": str(tree), "TF_CPP_MIN_LOG_LEVEL": "3"}
     start = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=False)
     seconds = round(time.perf_counter() - start, 1)
     report_path = out / "report.json"
     if done.returncode != 0 or not report_path.is_file():
