@@ -144,3 +144,48 @@ def test_a_join_no_compiled_model_shows_at_its_size_is_not_written() -> None:
     assert all("it would write is not shown mapped (undecided" in r for r in reasons)
     assert any("CONCATENATION(a:INT8) -> INT8 n=4 axis=inner: shown mapped only up to" in r
                for r in reasons)  # fmt: skip
+
+
+def _xca_split(tokens: int = 64, heads: int = 2, d: int = 4) -> bytes:
+    """EdgeNeXt's cross-covariance attention: qkv [1, N, 3 h d] -> RESHAPE [1, N, 3, h, d] ->
+    TRANSPOSE (2, 0, 3, 4, 1) [3, 1, h, d, N] -> SLICE q, k -> [1, 1, h, d, N] -> RESHAPE
+    [1, h, d, N] -> ADD (q + k, each head's tokens innermost)."""
+    g = Graph("main")
+
+    def t(name: str, shape: tuple[int, ...]) -> Tensor:
+        return g.add_tensor(name, shape, "INT8", quantization=_q())
+
+    def const(name: str, values: list[int]) -> Tensor:
+        return g.add_constant(name, np.array(values, np.int32), "INT32")
+
+    x = t("qkv", (1, tokens, 3 * heads * d))
+    five = t("five", (1, tokens, 3, heads, d))
+    g.add_op("RESHAPE", [x, const("s5", list(five.shape))], [five])
+    moved = t("moved", (3, 1, heads, d, tokens))
+    g.add_op("TRANSPOSE", [five, const("perm", [2, 0, 3, 4, 1])], [moved])
+    parts = []
+    for i, name in enumerate(("q", "k")):
+        sliced = t(f"{name}5", (1, 1, heads, d, tokens))
+        g.add_op("SLICE", [moved, const(f"{name}/b", [i, 0, 0, 0, 0]),
+                           const(f"{name}/s", [1, 1, heads, d, tokens])], [sliced])  # fmt: skip
+        four = t(name, (1, heads, d, tokens))
+        g.add_op("RESHAPE", [sliced, const(f"{name}/shape", list(four.shape))], [four])
+        parts.append(four)
+    y = t("y", parts[0].shape)
+    g.add_op("ADD", parts, [y], {"fused_activation_function": "NONE"})
+    g.inputs, g.outputs = [x], [y]
+    model = Model([g])
+    model.validate()
+    return flatbuffer.to_bytes(model)
+
+
+def test_a_head_split_moving_tokens_innermost_is_a_window_and_a_transpose() -> None:
+    """No set of windows writes q (its tokens step by 3 h d in x, innermost in q): each end is
+    one window of x, [N, h d], and one 2-D TRANSPOSE, bit-identical."""
+    before = _xca_split()
+    after, model, result = apply(before, MovePatchesInShownForms())
+    assert result.fired() == {"MovePatchesInShownForms": 1}
+    assert ops(model).count("TRANSPOSE") == 2 and ops(model).count("SLICE") == 2
+    assert all(sum(d > 1 for d in t.shape) <= 3 for t in model.main.tensors)
+    x = np.random.default_rng(1).integers(-128, 128, (1, 64, 24)).astype(np.int8)
+    assert np.array_equal(_run(before, x), _run(after, x))

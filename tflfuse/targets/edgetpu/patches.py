@@ -28,15 +28,20 @@ need a requantizing join), and the gate of the float legalizations does not read
 (`planned_once_quantized`), so that the transformer between unfold and fold is legalized in
 float like any other.
 
+A leaf whose digits' strides do not fall and that has at most 3 of them is the window of its
+digits in falling order and one TRANSPOSE (EdgeNeXt's cross-covariance attention puts each
+head's tokens innermost: q is the window [N, h d] of qkv, transposed).
+
 Evidence: every op written must be accepted by the compiler's table (at most 3 dims > 1, the
-row limit), and shown mapped at its size by compiled models (`delegates/edgetpu_forms.toml`,
-`forms.gate`) where the forms gate asks about its form (RESHAPEs that move 2+ dims) and for
-every CONCATENATION, which the predictor's gate does not ask about (a join no compiled model
-shows at its size would be counted mapped there: this rule never writes one). SLICE is
-trusted to the table, as the predictor does: no compiled model in the evidence shows a SLICE
-(only STRIDED_SLICE). Where a join is not shown (MobileViT-xxs's unfold at 32 x 32 x 64 joins
-4 rows of 16384 into 65536, where the largest 4-way join shown holds 10240 in its two
-innermost dims), the chain stays whole, with that reason.
+row limit) and its form not refused at its size by a compiled model (`forms.gate`). A RESHAPE
+or TRANSPOSE of a form the predictor's gate asks about and no compiled model shows at that
+size is written: the prediction says undecided, and the layout cuts (layout.py) may cut it
+into shown pieces. Every CONCATENATION must be shown mapped at its size: the predictor's gate
+does not ask about joins, so an unshown one would be counted mapped. SLICE is trusted to the
+table, as the predictor does (no compiled model in the evidence shows a SLICE, only
+STRIDED_SLICE). Where a join is not shown (MobileViT-xxs's unfold at 32 x 32 x 64 joins 4 rows
+of 16384 into 65536, where the largest 4-way join shown holds 10240 in its two innermost
+dims), the chain stays whole, with that reason.
 """
 
 from __future__ import annotations
@@ -52,7 +57,6 @@ import numpy as np
 from tflfuse.ir import Graph, Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.common import NotApplicable, is_float
-from tflfuse.targets.edgetpu.forms import gated
 from tflfuse.targets.edgetpu.heads import form_verdict
 from tflfuse.targets.edgetpu.headsplit import (
     MAX_DIMS,
@@ -127,6 +131,10 @@ class Piece:
     children: tuple[Piece, ...] = ()
     before: int = 1
     after: int = 1
+    # a leaf whose digits' strides do not fall: the window holds them in falling order, shaped
+    # `moved`, and a TRANSPOSE by `perm` puts them in the piece's order
+    moved: tuple[int, ...] | None = None
+    perm: tuple[int, ...] | None = None
 
 
 def _piece(
@@ -138,7 +146,7 @@ def _piece(
     at = next((k for k, (i, _) in enumerate(digits) if i in cut), None)
     if at is None:
         w = window(_gather(base, [d for _, d in digits]), x_shape)
-        return None if w is None else Piece(shape, leaf=w)
+        return Piece(shape, leaf=w) if w is not None else _transposed(base, digits, x_shape)
     end = at
     while end + 1 < len(digits) and digits[end + 1][0] in cut:
         end += 1
@@ -154,6 +162,24 @@ def _piece(
     before = math.prod(d.radix for _, d in digits[:at])
     after = math.prod(d.radix for _, d in digits[end + 1 :])
     return Piece(shape, children=tuple(children), before=before, after=after)
+
+
+def _transposed(
+    base: int, digits: list[tuple[int, Digit]], x_shape: tuple[int, ...]
+) -> Piece | None:
+    """A leaf whose strides do not fall, as the window of its digits in falling order and one
+    TRANSPOSE of at most 3 dims (a head split that moves the tokens innermost: EdgeNeXt's
+    cross-covariance attention), or None."""
+    kept = [d for _, d in digits]
+    order = sorted(range(len(kept)), key=lambda k: -kept[k].stride)
+    if len(kept) > MAX_DIMS or order == list(range(len(kept))):
+        return None
+    moved = tuple(kept[k].radix for k in order)
+    w = window(_gather(base, [kept[k] for k in order]), x_shape)
+    if w is None:
+        return None
+    perm = tuple(order.index(k) for k in range(len(kept)))
+    return Piece(tuple(d.radix for d in kept), leaf=w, moved=moved, perm=perm)
 
 
 def _leaves(p: Piece) -> int:
@@ -203,6 +229,9 @@ class _Sink:
     def concat(self, parts: list[object], axis: int) -> object:
         raise NotImplementedError
 
+    def transpose(self, v: object, perm: tuple[int, ...]) -> object:
+        raise NotImplementedError
+
 
 def _part_shape(before: int, after: int, outer: int) -> tuple[int, ...]:
     """How a join's parts are laid out: [outer, before / outer, after] when the parent's own
@@ -220,7 +249,12 @@ def _emit(sink: _Sink, p: Piece, outer: int, views: dict) -> object:
         w, view = p.leaf, p.leaf.view or ()
         if view not in views:
             views[view] = sink.view(view)
-        return sink.slice(views[view], w.begin, w.size)
+        got = sink.slice(views[view], w.begin, w.size)
+        if p.moved is None or p.perm is None:
+            return got
+        if sink.shape_of(got) != p.moved:
+            got = sink.reshape(got, p.moved)
+        return sink.transpose(got, p.perm)
     part = _part_shape(p.before, p.after, outer)
     parts = []
     for child in p.children:
@@ -256,6 +290,11 @@ class _Shapes(_Sink):
         consts = [np.array(begin, np.int32), np.array(size, np.int32)]
         return self._add("SLICE", [v], size, {}, consts)
 
+    def transpose(self, v: object, perm: tuple[int, ...]) -> object:
+        shape = self.shape_of(v)
+        out = tuple(shape[k] for k in perm)
+        return self._add("TRANSPOSE", [v], out, {}, [np.array(perm, np.int32)])
+
     def concat(self, parts: list[object], axis: int) -> object:
         first = self.shape_of(parts[0])
         out = (*first[:axis], sum(self.shape_of(p)[axis] for p in parts), *first[axis + 1 :])
@@ -272,10 +311,12 @@ def written(x_shape: tuple[int, ...], piece: Piece, out_shape: tuple[int, ...]) 
 
 
 def _first_refusal(x: Tensor, ops: list[Written]) -> str | None:
-    """Why an op the plan writes is not shown mapped: the table refuses it, or compiled
-    evidence does not show its form mapped at its size, for a form the forms gate asks about
-    and for every CONCATENATION (the gate does not ask about joins; this rule writes none that
-    no compiled model shows at its size)."""
+    """Why an op the plan would write may not be written: the table refuses it, a compiled
+    model refuses its form at its size, or it is a CONCATENATION no compiled model shows
+    mapped at its size (the predictor's gate does not ask about joins, so this rule writes
+    none unshown). A RESHAPE or TRANSPOSE of a form the gate asks about and no compiled model
+    shows is written: the prediction says undecided, and the layout cuts (layout.py) may cut
+    it into shown pieces."""
     seen = set()
     for op_type, shapes, out, options, consts in ops:
         key = (op_type, tuple(shapes), out)
@@ -287,7 +328,7 @@ def _first_refusal(x: Tensor, ops: list[Written]) -> str | None:
         if why:
             return f"the {op_type} it would write is refused by the table ({why})"
         verdict = form_verdict(op_type, ins, out, options, consts)
-        asked = gated(verdict.form) or op_type == "CONCATENATION"
+        asked = verdict.answer == "refused" or op_type == "CONCATENATION"
         if asked and verdict.answer != "mapped":
             shown = f"{verdict.answer}: {verdict.reason}"
             return f"the {op_type} it would write is not shown mapped ({shown})"
@@ -452,6 +493,11 @@ class _Built(_Sink):
     def concat(self, parts: list[object], axis: int) -> object:
         i = next(self.n)
         return self.b.CONCATENATION(*parts, axis=axis, name=f"join{i}", like=self.x)
+
+    def transpose(self, v: object, perm: tuple[int, ...]) -> object:
+        i = next(self.n)
+        return self.b.TRANSPOSE(v, self.b.ints(perm, f"moved{i}/perm"), name=f"moved{i}",
+                                like=self.x)  # fmt: skip
 
 
 def _write_end(m: Match, x: Tensor, end: Tensor, piece: Piece) -> None:
