@@ -168,7 +168,7 @@ def write(rows: dict, notes: list[str]) -> None:
         rest = text.split(SECTION, 1)[1]
         nxt = rest.find("\n## ")
         tail = rest[nxt:].rstrip() if nxt >= 0 else ""
-    body = "\n".join([*section(rows), *(["", *notes] if notes else [])])
+    body = "\n".join([*section(rows), *(line for note in notes for line in ("", note))])
     DOC.write_text("\n\n".join(p for p in (head, body, tail.strip()) if p) + "\n")
     print(body)
 
