@@ -24,6 +24,7 @@ exceeds `MAX_STEPS` (then it is another function, not a legalization).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -83,7 +84,13 @@ def lifted_once_quantized(op: Op, graph: Graph | None = None) -> bool:
     if op.type != "GELU" or not op.inputs or op.inputs[0] is None:
         return False
     x = op.inputs[0]
-    return _kind(x) == "float" and pieces_unshown(x) is None
+    return _kind(x) == "float" and _float_pieces_shown(tuple(x.shape))
+
+
+@functools.lru_cache(maxsize=1024)
+def _float_pieces_shown(shape: tuple[int, ...]) -> bool:
+    """`pieces_unshown` of a float x of `shape` is None (asked at every gate: kept per shape)."""
+    return pieces_unshown(Tensor("x", shape, "FLOAT32")) is None
 
 
 class LegalizeGeluInt8(Rule):
