@@ -62,20 +62,19 @@ product is left whole: on attention's wide operands the bound reached 12 and 53 
 C2PSA, onnx2tf's int8) and DeiT's int8 output lost all likeness (cosine 0.006 against 0.835 for
 stock), a check that passes everything. Legalized before quantizing, the product is calibrated.
 
-The softmax operand, legalized before quantizing (`split_tau`). Calibrated, each product
+The softmax operand, legalized before quantizing (`split_of`). Calibrated, each product
 tensor rounds at a step set by its largest product (a row that peaks), so a diffuse softmax
 row's many small products round to nothing (LeViT-128S's first A.V, simulated: SNR 6.9
-against stock's 478; split ~400). Measured (benchmarks/yolo_edgetpu.py): LeViT-128S fused cos
--0.14 -> 0.26 (stock 0.41; its Q.K^T products, not split, are what is left), YOLO11n-pose-320
-max error 1.00 -> 0.88 (stock 0.86).
-A softmax output A (>= 0, rows summing to 1) is therefore split at tau = 8/n (n its row's
-length): its repeat conv is written twice, CONV_2D(weights 6/tau, fused RELU6) = 6 min(A/tau, 1)
-and CONV_2D(weights 1, bias -tau, fused RELU) = max(A - tau, 0), each with its MUL and sum (tau/6
-folded into the first sum's weights), and the two sums ADDed: exact in float, and each product
-gets its own scale. RELU6 rather than RELU_N1_TO_1: compiled models show CONV_2D with a fused
-RELU6 mapped (562 INT8 ops in 35 models) and RELU (266 in 101), never RELU_N1_TO_1; MINIMUM has
-no compiled evidence. An int8 product (a stock int8 model) is not split: the split's worst case
-is still ~ d s_small / 2 + (1/tau) s_large / 2, over MAX_INT8_STEPS wherever tau < 1/2.
+against stock's 478). A softmax output A (>= 0, rows summing to 1) is therefore split into
+ranges at 1/n and 8/n (n its row's length; no point under the int8 softmax's step 1/256 nor at
+1/2 or over): its repeat conv is written once per range (a fused RELU6 clips a bounded range, a
+fused RELU the last), each with its MUL and sum (the range's factor folded into the sum), the
+sums ADDed: exact in float, and each product gets its own calibrated scale. The ranges, their
+exactness and why RELU6: `softmax_split`. Measured (benchmarks/attention_accuracy.py,
+ATTENTION_ACCURACY.md): the fused models' error against the float model beside stock's, with
+one range, two (8/n) and three.
+An int8 product (a stock int8 model) is not split: its parts could not be recalibrated, and the
+split's worst case is still ~ d s_small / 2 + (1/r) s_large / 2, over MAX_INT8_STEPS.
 
 Not split here: a SOFTMAX whose own tensor is over the limits (more than 3 dimensions > 1, or
 the row limit). Cut into per-head pieces it would be exact, but its result keeps its shape: the
@@ -110,6 +109,7 @@ from tflfuse.rewrite import (
 )
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.capabilities import capability
+from tflfuse.targets.edgetpu import softmax_split
 from tflfuse.targets.edgetpu.gelu import GELU_LEGALIZATION
 from tflfuse.targets.edgetpu.headsplit import HEAD_SPLIT_LEGALIZATION
 from tflfuse.targets.edgetpu.rows import ROWS_LEGALIZATION
@@ -310,7 +310,8 @@ class MatmulPlan:
         None  # the heads' merge TRANSPOSE it writes directly ([H, N, E] -> [N, H, E])
     )
     into: Op | None = None  # the TRANSPOSE whose output is the plain product (`_columns_on_batch`)
-    split: tuple[str, float] | None = None  # ("x" | "y", tau): that softmax operand split at tau
+    # ("x" | "y", points): that softmax operand split into ranges at `points` (softmax_split)
+    split: tuple[str, tuple[float, ...]] | None = None
 
     @property
     def pieces(self) -> int:
@@ -472,12 +473,6 @@ def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
     return None
 
 
-# A softmax operand A is split at tau = SPLIT_SMALL / n (n: the contracted length, its row's):
-# a uniform row's weights are 1/n, so the small part holds every weight up to 8 times the
-# uniform one, and the large part (A > tau) fewer than n / 8 of each row's (they sum to 1).
-SPLIT_SMALL = 8.0
-
-
 def _softmax_rows(op: Operand) -> bool:
     """The operand is a SOFTMAX's output (through RESHAPEs that keep its last axis) read with
     the softmax's axis as the contracted depth: its rows are >= 0 and sum to 1."""
@@ -494,32 +489,25 @@ def _softmax_rows(op: Operand) -> bool:
     return t.producer is not None and t.producer.type == "SOFTMAX"
 
 
-def split_tau(plan: MatmulPlan) -> tuple[str, float] | None:
-    """("x" | "y", tau) when the float product reads a softmax A whose small weights matter
-    (tau = SPLIT_SMALL / n < 1/2) on an operand repeated by a conv (X; Y too when both are):
-    legalized before quantizing, one product tensor A V is calibrated to its largest product,
-    so a diffuse row's many small products round to nothing (LeViT-128S's attention: SNR 6.9
-    against stock's 478). Split, min(A, tau) and max(A - tau, 0) each get their own product
-    tensor and scale (simulated: SNR ~400). Only a softmax: its range [0, 1] and rows summing
-    to 1 are known before calibration (the parts are exact only for A >= 0). None otherwise,
-    or where the table refuses a part (CONV_2D with a fused RELU6 / RELU, the ADD)."""
+def split_of(plan: MatmulPlan) -> tuple[str, tuple[float, ...]] | None:
+    """("x" | "y", points) when the float product reads a softmax A whose small weights matter
+    on an operand repeated by a conv (X; Y too when both are): legalized before quantizing, one
+    product tensor A V is calibrated to its largest product, so a diffuse row's many small
+    products round to nothing. Split at `points` (softmax_split: 1/n and 8/n, none under the
+    int8 softmax's step 1/256 nor at 1/2 or over), each range gets its own product tensor and
+    scale. Only a softmax: its range [0, 1] and rows summing to 1 are known before calibration
+    (the parts are exact only for A >= 0). None otherwise, or where the table refuses a part
+    (CONV_2D with a fused RELU6 / RELU, the ADD)."""
     if plan.kind != "float" or plan.activation != "NONE":
         return None
-    tau = SPLIT_SMALL / plan.d
-    if tau >= 0.5:
+    points = softmax_split.split_points(plan.d)
+    if not points:
         return None
     sides = [("x", plan.x)] + ([("y", plan.y)] if plan.full else [])
     side = next((name for name, op in sides if _softmax_rows(op)), None)
-    if side is None:
+    if side is None or not softmax_split.table_allows_split(plan.d):
         return None
-    f = Tensor("t", (1,), "FLOAT32")
-    for act in ("RELU6", "RELU"):
-        if _refusal_of("CONV_2D", [Tensor("t", (1, plan.d, 1, 8), "FLOAT32")], (1, plan.d, 1, 8),
-                       {"fused_activation_function": act}, [np.zeros((8, 1, 1, 8))]):  # fmt: skip
-            return None
-    if _refusal_of("ADD", [f, f], (1,)):
-        return None
-    return side, tau
+    return side, points
 
 
 def _first_refusal(asks: list[_Ask]) -> Refusal | None:
@@ -683,24 +671,27 @@ class _Spell:
 
     def _parts(self, img: Value, w: np.ndarray, key: str, q, name: str, shape, side: str):
         """[(repeat, factor)]: the 1x1 repeat conv, or for the split softmax operand A (`side`)
-        its two parts: CONV_2D(w 6/tau, RELU6) = 6 min(A/tau, 1) (factor tau/6, folded into
-        its sum) and CONV_2D(w, bias -tau, RELU) = max(A - tau, 0); for A >= 0 they add up to
-        A exactly, and each product gets its own calibrated scale (see `split_tau`)."""
+        one conv per range (softmax_split.parts: weights w times a gain, a bias, a fused RELU6
+        or RELU; its factor folded into its sum): for A >= 0 the parts times their factors add
+        up to A exactly, and each product gets its own calibrated scale (see `split_of`)."""
         if self.p.split is None or self.p.split[0] != side:
             return [(self._conv(img, self._conv_weights(key, w, q), name, shape, q), 1.0)]
-        tau = self.p.split[1]
-        small_w = self._conv_weights(f"{key}_small", w * (6.0 / tau), q)
-        large_w = self._conv_weights(f"{key}_large", w, q, bias_value=-tau)
-        small = self._conv(img, small_w, f"{name}/small", shape, q, "RELU6")
-        large = self._conv(img, large_w, f"{name}/large", shape, q, "RELU")
-        return [(small, tau / 6.0), (large, 1.0)]
+        out = []
+        for i, part in enumerate(softmax_split.parts(self.p.split[1])):
+            weights = self._conv_weights(f"{key}_r{i}", w * part.gain, q, bias_value=part.bias)
+            conv = self._conv(img, weights, f"{name}/range{i}", shape, q, part.activation)
+            out.append((conv, part.factor))
+        return out
 
     def _added(self, sums: list[Value], name: str) -> Value:
-        """The parts' sums added (one: itself)."""
-        if len(sums) == 1:
-            return sums[0]
-        return self.b.ADD(sums[0], sums[1], name=name, quant=self.out.quantization,
-                          fused_activation_function=self.p.activation)  # fmt: skip
+        """The parts' sums added in turn (one: itself), the op's activation on the last ADD."""
+        total = sums[0]
+        for i, s in enumerate(sums[1:], 1):
+            act = self.p.activation if i == len(sums) - 1 else "NONE"
+            total = self.b.ADD(total, s, name=name if i == len(sums) - 1 else f"{name}{i}",
+                               quant=self.out.quantization,
+                               fused_activation_function=act)  # fmt: skip
+        return total
 
     def batch_result(self, batch: int) -> Value:
         """C[batch] as [1, n, m, 1] or, summed by blocks, [1, n, 1, m] (column chunks joined
@@ -1001,7 +992,7 @@ class LegalizeActivationMatmul(_MatmulRule):
             Tensor("product", shape, out.dtype),
         )
         if isinstance(plan, MatmulPlan):
-            plan.split = split_tau(plan)
+            plan.split = split_of(plan)
         if isinstance(plan, MatmulPlan) and into is not None:
             plan.into = into
             return plan
