@@ -58,6 +58,44 @@ def test_the_signs_of_a_useless_output(row: dict, refused: str | None) -> None:
     assert (no_step is not None) == (refused == "top-1 agreement 0.000")  # top-1 only
 
 
+@pytest.mark.parametrize(
+    ("fused", "stock", "said"),
+    [
+        # stock fails the same sign: the user learns the model fails for stock too
+        (
+            _row(top1_agreement=0.0, cosine=0.9, spread=10 * STEP),
+            _row(top1_agreement=0.0, cosine=0.9, spread=10 * STEP),
+            "(top-1 agreement 0.000; stock int8: top-1 agreement 0.000, fails the same way)",
+        ),
+        (
+            _row(top1_agreement=0.0, cosine=0.9, spread=10 * STEP),
+            _row(top1_agreement=0.625, cosine=0.9, spread=10 * STEP),
+            "(top-1 agreement 0.000; stock int8: top-1 agreement 0.625)",
+        ),
+        (
+            _row(cosine=0.1, spread=50 * STEP),
+            _row(cosine=0.3, spread=50 * STEP),
+            "50 int8 steps; stock int8: centered cosine 0.300, fails the same way)",
+        ),
+        (
+            _row(cosine=0.1, spread=50 * STEP),
+            _row(cosine=0.3, spread=2 * STEP),  # under 4 steps for stock: no verdict on it
+            "50 int8 steps; stock int8: centered cosine 0.300)",
+        ),
+    ],
+)
+def test_the_refusal_gives_stocks_own_figure(fused: dict, stock: dict, said: str) -> None:
+    """The line ends with stock's figure for the same output, and says when stock fails too;
+    nothing of stock where it was not verified."""
+    agreement = {"verified": True, "samples": 8, "outputs": [fused]}
+    stock_agreement = {"verified": True, "samples": 8, "outputs": [stock]}
+    verdict = usefulness.useless(agreement, [STEP], ["y"], "m", stock_agreement, [STEP])
+    assert verdict is not None and verdict.endswith(said), verdict
+    alone = usefulness.useless(agreement, [STEP], ["y"], "m", {"verified": False}, [STEP])
+    assert alone is not None and "stock" not in alone
+    assert alone == usefulness.useless(agreement, [STEP], ["y"], "m")
+
+
 def test_centered_cosine_tells_a_follower_from_noise() -> None:
     rng = np.random.default_rng(0)
     ref = rng.normal(0.5, 0.1, (16, 10))
@@ -94,7 +132,8 @@ def test_a_calibration_scaled_by_1e30_is_refused_unless_accepted(tmp_path: Path,
     assert main(argv) == 2
     err = capsys.readouterr().err.split("\r")[-1]  # (after the progress bars)
     assert err.count("\n") == 1 and err.startswith("tflfuse: error: model.tflite: output ")
-    assert "(top-1 agreement 0.000)" in err or "centered cosine 0.0" in err
+    assert "(top-1 agreement 0.000" in err or "centered cosine 0.0" in err
+    assert "; stock int8: " in err  # stock's own figure for that output
     assert "--accept-accuracy-loss keeps the model" in err and not out.exists()
     assert main([*argv, "--accept-accuracy-loss"]) == 0
     capsys.readouterr()

@@ -766,10 +766,16 @@ def _judge_usefulness(ctx: Context) -> None:
     """Refuse a fused model whose outputs carry nothing of the source's where the data shows they
     could (tflfuse.convert.usefulness), unless the user accepts it: then the report says so."""
     # (the report's section as `report.agreement` wrote it)
-    fused = cast(ModelAgreement, ctx.report.get("agreement", {}).get("fused") or {})
+    agreement = ctx.report.get("agreement", {})
+    fused = cast(ModelAgreement, agreement.get("fused") or {})
     steps = usefulness.output_steps(_written_fused(ctx))
     names = list(ctx.loaded.source.output_names)
-    verdict = usefulness.useless(fused, steps, names, FUSED)
+    if usefulness.useless(fused, steps, names, FUSED) is None:
+        return
+    stock = cast(ModelAgreement, agreement.get("stock") or {})  # its own figure, said too
+    stock_data = ctx.baselines.models.get("stock")
+    stock_steps = usefulness.output_steps(flatbuffer.from_bytes(stock_data)) if stock_data else None
+    verdict = usefulness.useless(fused, steps, names, FUSED, stock, stock_steps)
     if verdict is None:
         return
     if not ctx.options.accept_accuracy_loss:

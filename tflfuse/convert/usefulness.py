@@ -1,6 +1,11 @@
 """Whether a converted model is useless: its outputs carry nothing of the source's where the data
 shows they could.
 
+The refusal line also gives stock's figure for the same output (litert-quantizer's int8 of the
+same file: "stock int8: top-1 agreement 0.000, fails the same way"), so a user sees whether the
+model fails for stock as well (then the int8 quantization of that model is the cause, not a
+rewrite; `benchmarks/yolo_edgetpu.py` measures such models again with `--accept-accuracy-loss`).
+
 The report's warnings (`tflfuse.convert.caveats`) say when a check cannot tell; this module says
 when it can, and the answer is no. `convert` then refuses the result (one line naming the output
 and the figure) unless the user accepts the loss. Two signs, each on an output of the source that
@@ -34,14 +39,14 @@ calibrated on its samples times 1e30 crashes litert-quantizer (one line, exit 2)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from tflfuse.ir import Model
 
 if TYPE_CHECKING:
-    from tflfuse.convert.records import ModelAgreement
+    from tflfuse.convert.records import ModelAgreement, OutputAgreement
 
 COSINE_BOUND = 0.5
 STEPS = 4.0
@@ -63,11 +68,52 @@ def output_steps(model: Model) -> list[float | None]:
     return steps
 
 
+def _top1_fails(row: OutputAgreement) -> bool:
+    """Another class than the source's on every input, where the source's class moves."""
+    top1 = row.get("top1_agreement")
+    return top1 is not None and top1 == 0.0 and row.get("reference_classes") != 1
+
+
+def _cosine_fails(row: OutputAgreement, step: float | None) -> bool:
+    """A centered cosine under COSINE_BOUND on an output spread over STEPS int8 steps."""
+    cosine, spread = row.get("cosine"), row.get("spread")
+    if cosine is None or spread is None or step is None or spread < STEPS * step:
+        return False
+    return cosine < COSINE_BOUND
+
+
+def _stock_figure(stock: ModelAgreement | None, k: int, sign: str, step: float | None) -> str:
+    """ "; stock int8: <the same figure>[, fails the same way]" for output `k`, or "" when
+    stock was not verified (the user then learns whether the model fails for stock too)."""
+    if not stock or not stock.get("verified"):
+        return ""
+    rows = stock.get("outputs", [])
+    if k >= len(rows):
+        return ""
+    row = rows[k]
+    if sign == "top1":
+        value, fails = row.get("top1_agreement"), _top1_fails(row)
+        figure = "top-1 agreement"
+    else:
+        value, fails = row.get("cosine"), _cosine_fails(row, step)
+        figure = "centered cosine"
+    if value is None:
+        return ""
+    return f"; stock int8: {figure} {value:.3f}" + (", fails the same way" if fails else "")
+
+
 def useless(
-    agreement: ModelAgreement, steps: Sequence[float | None], names: Sequence[str], file: str
+    agreement: ModelAgreement,
+    steps: Sequence[float | None],
+    names: Sequence[str],
+    file: str,
+    stock: ModelAgreement | None = None,
+    stock_steps: Sequence[float | None] | None = None,
 ) -> str | None:
     """One line naming the first output of `file` that carries nothing of the source's, with the
-    figure, or None (also when the model was not verified)."""
+    figure and stock's own figure for that output (`stock`: litert-quantizer's int8 of the same
+    file, its output steps `stock_steps`; "fails the same way" when it fails that sign too), or
+    None (also when the model was not verified)."""
     if not agreement.get("verified"):
         return None
     samples = agreement.get("samples")
@@ -75,21 +121,21 @@ def useless(
         if not row.get("varies"):
             continue
         name = names[k] if k < len(names) else f"output {k}"
-        top1 = row.get("top1_agreement")
-        one_class = row.get("reference_classes") == 1  # the source's top-1 never moves
-        if top1 is not None and top1 == 0.0 and not one_class:
+        own = stock_steps if stock_steps is not None else steps
+        stock_step = own[k] if k < len(own) else None
+        if _top1_fails(row):
+            also = _stock_figure(stock, k, "top1", stock_step)
             return (
                 f"{file}: output {name!r} gives another class than the source model on all"
-                f" {samples} check inputs (top-1 agreement 0.000)"
+                f" {samples} check inputs (top-1 agreement 0.000{also})"
             )
         step = steps[k] if k < len(steps) else None
-        cosine, spread = row.get("cosine"), row.get("spread")
-        if cosine is None or spread is None or step is None or spread < STEPS * step:
-            continue
-        if cosine < COSINE_BOUND:
+        if _cosine_fails(row, step):
+            cosine, spread = cast(float, row.get("cosine")), cast(float, row.get("spread"))
+            also = _stock_figure(stock, k, "cosine", stock_step)
             return (
                 f"{file}: output {name!r} does not follow the source model (centered cosine"
                 f" {cosine:.3f} over {samples} check inputs, under {COSINE_BOUND}; its spread is"
-                f" {spread / step:.0f} int8 steps)"
+                f" {spread / cast(float, step):.0f} int8 steps{also})"
             )
     return None
