@@ -26,7 +26,9 @@ for every float export in it (model x size x route):
                `model_stock.tflite`), calibrated on the same data as tflfuse.
   tflfuse      `python -m tflfuse.cli convert X.tflite --recipe edgetpu --calib X.calib.npy`, run
                as a child process: wall seconds and peak RSS (wait4, the child and every process
-               it waited for) are measured on it.
+               it waited for) are measured on it. A convert refused as useless
+               (`tflfuse.convert.usefulness`) is run again with `--accept-accuracy-loss`; the
+               model it keeps is measured on its own row, `tflfuse, --accept-accuracy-loss`.
 
 For each of the three: the Edge TPU mapping predicted by tflfuse's predictor (compiler 16) in one
 Edge TPU subgraph and with `-a` (several subgraphs: segments, and the tensors and bytes that cross
@@ -194,12 +196,15 @@ def eval_inputs(info: dict[str, Any], n: int) -> np.ndarray:
 # ---------------------------------------------------------------- one float export
 
 
-def convert_child(src: Path, calib: Path, out: Path) -> tuple[float, int, int, str]:
-    """`tflfuse convert` in a child: (seconds, peak RSS bytes, exit code, last stderr line)."""
+def convert_child(
+    src: Path, calib: Path, out: Path, extra: tuple[str, ...] = ()
+) -> tuple[float, int, int, str]:
+    """`tflfuse convert` in a child (`extra`: more arguments): (seconds, peak RSS bytes, exit
+    code, last stderr line)."""
     if out.exists():
         shutil.rmtree(out)
     cmd = [sys.executable, "-m", "tflfuse.cli", "convert", str(src), "--recipe", "edgetpu"]
-    cmd += ["--calib", str(calib), "-o", str(out)]
+    cmd += ["--calib", str(calib), "-o", str(out), *extra]
     t0 = time.perf_counter()
     errf = out.parent / f"{out.name}.stderr"
     with errf.open("w") as err:
@@ -260,12 +265,24 @@ def measure(side: Path, out_root: Path, n_eval: int) -> dict[str, Any]:
     row.update(convert_s=round(seconds, 1), peak_rss_mib=round(rss / 2**20))
     if code != 0:
         row["convert_error"] = last
-        return row
+        if ACCEPT not in last:
+            return row
+        # refused as useless: converted again with the flag, measured on a row of its own
+        log(f"{src.name}: refused; convert {ACCEPT}")
+        out = out_root / f"{src.stem}.accepted"
+        seconds, rss, code, last = convert_child(
+            src, side.with_suffix(".calib.npy"), out, (ACCEPT,)
+        )
+        if code != 0:
+            row["accepted_error"] = last
+            return row
+        row.update(accepted_s=round(seconds, 1), accepted_rss_mib=round(rss / 2**20))
     report = json.loads((out / "report.json").read_text())
     rules = report.get("rules", {}).get("fired", {})
     leg = report.get("legalization", {}).get("fired", {})
     row["rules"] = dict(Counter(rules) + Counter(leg))
-    for who, name in (("stock", "model_stock.tflite"), ("fused", "model.tflite")):
+    fused = "accepted" if row.get("convert_error") else "fused"
+    for who, name in (("stock", "model_stock.tflite"), (fused, "model.tflite")):
         if (out / name).is_file():
             row[who] = column(who, out / name, ref, xs, keys)
     return row
@@ -314,6 +331,10 @@ def row_key(side: Path, n_eval: int) -> str:
 # ---------------------------------------------------------------- the markdown
 
 WHO = (("user", "user's int8"), ("stock", "stock"), ("fused", "tflfuse"))
+# A convert refused as useless (tflfuse.convert.usefulness) is run again with this flag; the
+# model it keeps is measured on a row of its own, labelled so (never as `tflfuse`).
+ACCEPT = "--accept-accuracy-loss"
+ACCEPTED = ("accepted", f"tflfuse, {ACCEPT}")
 
 
 def _mapped(p: dict[str, Any], many: bool) -> str:
@@ -366,6 +387,13 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
         if r.get("convert_error"):
             failed = r["convert_error"].removeprefix("tflfuse: error: ")
             lines.append(f"{head} tflfuse | refused: {failed[:120]} (below) | | | | | |")
+        p = r.get(ACCEPTED[0])
+        if p:
+            conv = f"{r.get('accepted_s', '-')} / {r.get('accepted_rss_mib', '-')}"
+            lines.append(
+                f"{head} {ACCEPTED[1]} | {_mapped(p, False)} | {_crossing(p.get('crossings'))} |"
+                f" {_mapped(p, True)} | {_crossing(p.get('crossings_a'))} | {_err(p)} | {conv} |"
+            )
     return lines
 
 
@@ -378,7 +406,9 @@ def cut_lines(rows: list[dict[str, Any]]) -> list[str]:
             lines.append(f"  - convert: {r['convert_error']}")
         if r.get("user_missing"):
             lines.append(f"  - user's int8: none ({r['user_missing']})")
-        for who, label in WHO:
+        if r.get("accepted_error"):
+            lines.append(f"  - convert {ACCEPT}: {r['accepted_error']}")
+        for who, label in (*WHO, ACCEPTED):
             p = r.get(who)
             if p:
                 cut = "; ".join(_short(x) for x in p["refused"][:3]) or "nothing refused"
@@ -409,7 +439,9 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         " the compiler's default; `-a`: several Edge TPU subgraphs, `in S` segments. Crossings:"
         " tensors x bytes moving between the CPU and the Edge TPU per inference (graph inputs"
         " and outputs included). Error: largest |output - float export| on image-like inputs"
-        " calibration never saw (over the float output's largest magnitude; worst cosine).",
+        " calibration never saw (over the float output's largest magnitude; worst cosine)."
+        " A convert refused as useless (`tflfuse.convert.usefulness`: its line gives stock's own"
+        f" figure) is run again with `{ACCEPT}` and measured on its own row, `{ACCEPTED[1]}`.",
         "",
         *table_lines(rows),
         "",
@@ -465,7 +497,9 @@ def one_row(side: Path, out: Path, n_eval: int) -> int:
 
 def summary(row: dict[str, Any]) -> str:
     parts = [
-        f"{label} {row[who]['mapped']}/{row[who]['total']}" for who, label in WHO if row.get(who)
+        f"{label} {row[who]['mapped']}/{row[who]['total']}"
+        for who, label in (*WHO, ACCEPTED)
+        if row.get(who)
     ]
     if row.get("convert_error"):
         parts.append("convert refused")

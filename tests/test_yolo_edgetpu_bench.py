@@ -33,3 +33,30 @@ def test_outputs_in_another_order_are_paired_by_shape(bench):
 def test_an_output_of_no_matching_shape_is_reported(bench):
     result = bench.errors([[np.zeros((1, 3))]], [[np.zeros((1, 4))]])
     assert result == {"error": "no output of shape [1, 3]"}
+
+
+def _placed(mapped: int) -> dict:
+    return {
+        "mapped": mapped, "total": 100, "other_readings": [], "mapped_a": mapped,
+        "segments_a": 1, "crossings": [2, 4096], "crossings_a": [2, 4096], "refused": [],
+        "error": {"max_abs": 1.5, "rel": 0.1, "cosine": 0.25},
+    }  # fmt: skip
+
+
+def test_a_refused_convert_is_measured_again_on_a_row_of_its_own(bench):
+    """A convert refused as useless keeps its refusal line (with stock's figure); the model
+    `--accept-accuracy-loss` keeps is a separate row, labelled so, never the `tflfuse` row."""
+    refusal = (
+        "tflfuse: error: model.tflite: output 'y' gives another class than the source model on"
+        " all 8 check inputs (top-1 agreement 0.000; stock int8: top-1 agreement 0.000, fails"
+        " the same way): nothing written (--accept-accuracy-loss keeps the model)"
+    )
+    row = {"model": "m", "route": "r", "file": "m.tflite", "input": "[1, 3, 8, 8]"}
+    row |= {"convert_error": refusal, "stock": _placed(90), "accepted": _placed(95)}
+    row |= {"accepted_s": 12.5, "accepted_rss_mib": 700}
+    lines = bench.table_lines([row])
+    labels = [line.split(" | ")[2] for line in lines[2:]]
+    assert labels == ["stock", "tflfuse", "tflfuse, --accept-accuracy-loss"]
+    assert "refused: model.tflite: output 'y' gives another class" in lines[3]
+    assert "95/100" in lines[4] and "cos 0.250" in lines[4] and "12.5 / 700" in lines[4]
+    assert "tflfuse, --accept-accuracy-loss 95/100" in bench.summary(row)
