@@ -148,7 +148,7 @@ def _line(head: str, label: str, p: dict[str, Any]) -> str:
         return f"{head} {label} | {p['mapped']}/{p['total']} | fails: {e['error'][:60]} | | |"
     return (
         f"{head} {label} | {p['mapped']}/{p['total']} | {e['max_abs']:.3g} | {e['rel']:.1%} |"
-        f" {e['cosine']:.3f} |"
+        f" {e['cosine']:.4f} |"
     )
 
 

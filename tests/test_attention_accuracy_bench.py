@@ -35,7 +35,7 @@ def test_the_table_gives_stock_once_then_each_variant(bench):
     assert labels == [
         "stock", "tflfuse, one range", "tflfuse, two (8/n)", "tflfuse, three (1/n, 8/n)"
     ]  # fmt: skip
-    assert "| 1/700 | 0.569 | 5.7% | 0.990 |" in lines[2]
+    assert "| 1/700 | 0.569 | 5.7% | 0.9900 |" in lines[2]
     assert "| 651/700 | 0.681 |" in lines[4] and "convert failed: tflfuse: error: boom" in lines[5]
     model["two"]["refused_as_useless"] = "output 'y' ..."
     assert bench.notes([model], ["one", "two"]) == [
