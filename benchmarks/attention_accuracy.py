@@ -12,12 +12,13 @@ range its own product and scale. This measures what that does on exported attent
 
   stock     litert-quantizer's static int8 of the float export (`convert`'s model_stock.tflite)
   one       `tflfuse convert --recipe edgetpu`, the softmax operand not split (POINTS = ())
-  two       split at 8/n (POINTS = (8,)): the split before the three ranges
-  three     split at 1/n and 8/n (POINTS = (1, 8)): today's
+  two       split at 8/n where 8/n < 1/2 (POINTS = (8,)): the split before the three ranges
+  three     split at 1/n and 8/n, each where it lies in [1/256, 1) (POINTS = (1, 8)): today's
 
 Each fused variant is a `tflfuse convert X.tflite --recipe edgetpu --calib X.calib.npy
---accept-accuracy-loss` in a child process whose `softmax_split.POINTS` is set first (the flag
-so that a model refused as useless is still measured; the row says it was). For each model: the
+--accept-accuracy-loss` in a child process whose `softmax_split.POINTS` (and LARGEST_POINT)
+is set first (the flag so that a model refused as useless is still measured; the row says it
+was). For each model: the
 Edge TPU mapping tflfuse's predictor gives in one segment (mapped/total ops) and, on `--eval`
 image-like inputs calibration never saw (seed 99, `yolo_edgetpu.eval_inputs`), the largest
 |output - float output| and the worst cosine (`yolo_edgetpu.errors`). Reads the corpus
@@ -48,7 +49,9 @@ sys.path.insert(0, str(HERE))
 import yolo_edgetpu  # noqa: E402  (placement, errors, eval inputs, hashes)
 
 CORPUS = Path(os.environ.get("TFLFUSE_CORPUS") or "/work/corpus")
-VARIANTS = {"one": (), "two": (8.0,), "three": (1.0, 8.0)}  # softmax_split.POINTS (x 1/n)
+# softmax_split's (POINTS in multiples of 1/n, LARGEST_POINT) per variant: `two` is the split
+# before the three ranges (tau = 8/n, only under 1/2), `three` today's
+VARIANTS = {"one": ((), 1.0), "two": ((8.0,), 0.5), "three": ((1.0, 8.0), 1.0)}
 LABELS = {"one": "one range", "two": "two (8/n)", "three": "three (1/n, 8/n)"}
 MODELS = ["levit_128s.litert", "levit_128s.onnx2tf26", "yolo11n-320.litert", "yolo26n-320.litert"]
 ACCEPT = "--accept-accuracy-loss"
@@ -63,7 +66,7 @@ def child(variant: str, src: str, calib: str, out: str) -> int:
     from tflfuse.cli import main
     from tflfuse.targets.edgetpu import softmax_split
 
-    softmax_split.POINTS = VARIANTS[variant]
+    softmax_split.POINTS, softmax_split.LARGEST_POINT = VARIANTS[variant]
     return main(["convert", src, "--recipe", "edgetpu", "--calib", calib, "-o", out, ACCEPT])
 
 

@@ -21,8 +21,8 @@ def _measured(mapped: int, max_abs: float, cosine: float) -> dict:
 
 def test_the_variants_are_the_splits_compared(bench):
     """`three` is the module's own points; `two` the split at 8/n before; `one` no split."""
-    assert bench.VARIANTS["three"] == softmax_split.POINTS
-    assert bench.VARIANTS["two"] == (8.0,) and bench.VARIANTS["one"] == ()
+    assert bench.VARIANTS["three"] == (softmax_split.POINTS, softmax_split.LARGEST_POINT)
+    assert bench.VARIANTS["two"] == ((8.0,), 0.5) and bench.VARIANTS["one"][0] == ()
 
 
 def test_the_table_gives_stock_once_then_each_variant(bench):

@@ -103,12 +103,13 @@ def test_split_parts_map_once_quantized(monkeypatch) -> None:
 
 
 def test_split_points_and_parts() -> None:
-    """Points at 1/n and 8/n, none under the int8 softmax's step 1/256 nor at 1/2 or over; the
+    """Points at 1/n and 8/n, none under the int8 softmax's step 1/256 nor at 1 or over; the
     parts' shares add up to A on [0, 1], each within its range."""
     assert softmax_split.split_points(64) == (1 / 64, 8 / 64)
-    assert softmax_split.split_points(16) == (1 / 16,)  # 8/16 = 1/2: no weight small against it
+    assert softmax_split.split_points(16) == (1 / 16, 1 / 2)
+    assert softmax_split.split_points(2) == (1 / 2,)  # 8/2 > 1: its upper range would be empty
     assert softmax_split.split_points(400) == (8 / 400,)  # 1/400 < 1/256
-    assert softmax_split.split_points(2) == () == softmax_split.split_points(4096)
+    assert softmax_split.split_points(1) == () == softmax_split.split_points(4096)
     points = softmax_split.split_points(100)
     a = np.concatenate([np.random.default_rng(0).uniform(0, 1, 1000), [0.0, 0.01, 0.08, 1.0]])
     shares = softmax_split.shares(a, points)
@@ -122,11 +123,13 @@ def test_split_points_and_parts() -> None:
 
 @pytest.mark.parametrize(
     ("n", "softmax", "why"),
-    [(N, False, "not a softmax: its range is unknown before calibration"), (2, True, "1/n = 1/2")],
+    [(N, False, "not a softmax: its range is unknown before calibration"), (N, True, "no point")],
 )
 def test_the_split_is_refused(n: int, softmax: bool, why: str, monkeypatch) -> None:
-    """No split where the operand is not a softmax's output, or where 1/n >= 1/2 (rows of 2
-    tokens or fewer: no weight is small against the uniform one); the plain spelling then."""
+    """No split where the operand is not a softmax's output, or where no point lies in
+    [1/256, 1) (rows over 2048 tokens; here no points at all); the plain spelling then."""
+    if softmax:
+        monkeypatch.setattr(softmax_split, "POINTS", ())
     data = _attention(n, softmax)
     _, counts = _legalized(data, True, monkeypatch)
     assert "ADD" not in counts and counts["MUL"] == 2, why

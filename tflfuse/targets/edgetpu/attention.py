@@ -67,7 +67,7 @@ tensor rounds at a step set by its largest product (a row that peaks), so a diff
 row's many small products round to nothing (LeViT-128S's first A.V, simulated: SNR 6.9
 against stock's 478). A softmax output A (>= 0, rows summing to 1) is therefore split into
 ranges at 1/n and 8/n (n its row's length; no point under the int8 softmax's step 1/256 nor at
-1/2 or over): its repeat conv is written once per range (a fused RELU6 clips a bounded range, a
+1 or over): its repeat conv is written once per range (a fused RELU6 clips a bounded range, a
 fused RELU the last), each with its MUL and sum (the range's factor folded into the sum), the
 sums ADDed: exact in float, and each product gets its own calibrated scale. The ranges, their
 exactness and why RELU6: `softmax_split`. Measured (benchmarks/attention_accuracy.py,
@@ -494,7 +494,7 @@ def split_of(plan: MatmulPlan) -> tuple[str, tuple[float, ...]] | None:
     on an operand repeated by a conv (X; Y too when both are): legalized before quantizing, one
     product tensor A V is calibrated to its largest product, so a diffuse row's many small
     products round to nothing. Split at `points` (softmax_split: 1/n and 8/n, none under the
-    int8 softmax's step 1/256 nor at 1/2 or over), each range gets its own product tensor and
+    int8 softmax's step 1/256 nor at 1 or over), each range gets its own product tensor and
     scale. Only a softmax: its range [0, 1] and rows summing to 1 are known before calibration
     (the parts are exact only for A >= 0). None otherwise, or where the table refuses a part
     (CONV_2D with a fused RELU6 / RELU, the ADD)."""

@@ -10,10 +10,10 @@ longer rounded at the peaked rows' step.
 The ranges. A softmax row (>= 0, summing to 1) of a uniform row holds weights of 1/n; fewer than
 n/8 of a row's weights exceed 8/n. So the split points are 1/n and 8/n (`POINTS`, in multiples
 of 1/n): [0, 1/n] (the diffuse rows' weights), [1/n, 8/n] (the weights that stand out a
-little), [8/n, 1] (the few that carry a peaked row). A point is kept only in [1/256, 1/2): the
+little), [8/n, 1] (the few that carry a peaked row). A point is kept only in [1/256, 1): the
 int8 SOFTMAX writes its output at the fixed scale 1/256, so a range under one of its steps holds
 at most one code and separates nothing (a 400-token row, YOLO at 640 px, keeps 8/n only), and a
-point at or over 1/2 leaves no weight small against it (rows of 2 tokens or fewer: no split).
+point at 1 or over leaves its upper range empty (A <= 1; a 16-token row keeps 1/16 and 1/2).
 
 The parts, each a 1x1 CONV_2D of the operand's repeat weights w (see attention.py), for a range
 [lo, hi] of width r = hi - lo:
@@ -46,9 +46,9 @@ from tflfuse.targets.edgetpu.rules import _refusal_of
 # The split points in multiples of 1/n (n: the softmax row's length, the product's contracted
 # depth): a uniform row's weight, and 8 times it (see the module docstring).
 POINTS = (1.0, 8.0)
-# No split point under the int8 SOFTMAX output's own step, nor at or over 1/2.
+# No split point under the int8 SOFTMAX output's own step, nor at 1 or over (A <= 1).
 SMALLEST_POINT = 1.0 / 256
-LARGEST_POINT = 0.5
+LARGEST_POINT = 1.0
 
 
 @dataclass(frozen=True)
