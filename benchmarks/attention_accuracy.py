@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         "eval": args.eval,
     }
     (args.out.parent / "attention_accuracy.json").write_text(json.dumps(models, indent=1) + "\n")
-    args.md.write_text(render(models, args.variants, meta))
+    shown = [v for v in VARIANTS if v in args.variants]  # in this order, however asked
+    args.md.write_text(render(models, shown, meta))
     print(f"{len(models)} models -> {args.md} in {meta['minutes']:.1f} min")
     return 0
 
