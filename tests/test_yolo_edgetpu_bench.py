@@ -60,3 +60,38 @@ def test_a_refused_convert_is_measured_again_on_a_row_of_its_own(bench):
     assert "refused: model.tflite: output 'y' gives another class" in lines[3]
     assert "95/100" in lines[4] and "cos 0.250" in lines[4] and "12.5 / 700" in lines[4]
     assert "tflfuse, --accept-accuracy-loss 95/100" in bench.summary(row)
+
+
+def test_measure_converts_a_refused_model_again_with_the_flag(bench, tmp_path, monkeypatch):
+    """The first convert is refused as useless: the second, with --accept-accuracy-loss, goes
+    to its own folder, and its models are measured as `stock` and `accepted` (never `fused`)."""
+    import json
+
+    side = tmp_path / "m.litert.json"
+    side.write_text(json.dumps({"model": "m", "route": "litert", "input_shape": [1, 3, 8, 8]}))
+    for suffix in (".tflite", ".calib.npy"):
+        side.with_suffix(suffix).write_bytes(b"x")
+    calls = []
+
+    def convert(src, calib, out, extra=()):
+        calls.append((out.name, tuple(extra)))
+        if not extra:
+            return 1.0, 2**20, 2, "tflfuse: error: ... (--accept-accuracy-loss keeps the model)"
+        out.mkdir(parents=True)
+        (out / "report.json").write_text("{}")
+        for name in ("model.tflite", "model_stock.tflite"):
+            (out / name).write_bytes(b"x")
+        return 3.0, 2**21, 0, ""
+
+    monkeypatch.setattr(bench, "convert_child", convert)
+    monkeypatch.setattr(bench, "eval_inputs", lambda info, n: None)
+    monkeypatch.setattr(bench, "run_model", lambda path, xs: [])
+    monkeypatch.setattr(bench, "row_key", lambda side, n: "k")
+    monkeypatch.setattr(
+        bench, "column", lambda who, path, *a: {"who": who, "dir": path.parent.name}
+    )
+    row = bench.measure(side, tmp_path / "out", 2)
+    assert calls == [("m.litert", ()), ("m.litert.accepted", ("--accept-accuracy-loss",))]
+    assert row["convert_error"].endswith("keeps the model)") and "fused" not in row
+    assert row["accepted"] == {"who": "accepted", "dir": "m.litert.accepted"}
+    assert row["stock"]["dir"] == "m.litert.accepted" and row["accepted_s"] == 3.0
