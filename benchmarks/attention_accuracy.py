@@ -176,6 +176,26 @@ def table_lines(models: list[dict[str, Any]], variants: list[str]) -> list[str]:
     return lines
 
 
+def against_stock(models: list[dict[str, Any]], variants: list[str]) -> list[str]:
+    """Per model, each fused variant's max error and cosine over stock's (ratio, difference)."""
+    out = []
+    for m in models:
+        stock = next((m[v]["stock"] for v in variants if m[v].get("stock")), None)
+        if stock is None or "error" in stock["error"]:
+            continue
+        s = stock["error"]
+        parts = []
+        for v in variants:
+            e = m[v].get("fused", {}).get("error", {})
+            if "max_abs" in e:
+                parts.append(
+                    f"{LABELS[v]}: max error x{e['max_abs'] / s['max_abs']:.2f},"
+                    f" cosine {e['cosine'] - s['cosine']:+.4f}"
+                )
+        out.append(f"- {m['stem']} (against stock's): " + "; ".join(parts))
+    return out
+
+
 def notes(models: list[dict[str, Any]], variants: list[str]) -> list[str]:
     """Which fused variants `convert` would have refused as useless (kept with the flag)."""
     out = []
@@ -199,11 +219,16 @@ def render(models: list[dict[str, Any]], variants: list[str], meta: dict[str, An
             " float output's largest magnitude), cosine: the worst over inputs and outputs."
             " Mapped: ops tflfuse's predictor puts on the Edge TPU in one segment (compiler 16;"
             " predicted, not compiled). Fused: `tflfuse convert --recipe edgetpu` with the softmax"
-            " operand of each attention A.V in one range (not split), two (split at 8/n) and"
-            " three (at 1/n and 8/n; n the softmax row's length, no point under 1/256): see this"
-            " script's docstring and `tflfuse/targets/edgetpu/softmax_split.py`.",
+            " operand of each attention A.V in one range (not split), two (split at 8/n where"
+            " under 1/2) and three (at 1/n and 8/n, each where it lies in [1/256, 1); n the"
+            " softmax row's length): see this script's docstring and"
+            " `tflfuse/targets/edgetpu/softmax_split.py`.",
             "",
             *table_lines(models, variants),
+            "",
+            "## Against stock",
+            "",
+            *against_stock(models, variants),
             "",
             "## Refused as useless (measured with `--accept-accuracy-loss`)",
             "",

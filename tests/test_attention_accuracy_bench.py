@@ -41,3 +41,11 @@ def test_the_table_gives_stock_once_then_each_variant(bench):
     assert bench.notes([model], ["one", "two"]) == [
         "- m.litert, two (8/n): refused without --accept-accuracy-loss: output 'y' ..."
     ]
+
+
+def test_against_stock_gives_ratios_and_differences(bench):
+    model = {"stem": "m.litert", "one": {"stock": _measured(1, 0.5, 0.99)}}
+    model["one"]["fused"] = _measured(600, 0.6, 0.98)
+    assert bench.against_stock([model], ["one"]) == [
+        "- m.litert (against stock's): one range: max error x1.20, cosine -0.0100"
+    ]
