@@ -89,13 +89,19 @@ def check_options(*, level: int, target: Target | str, disabled: Sequence[str] =
 
 
 def _stages(
-    level: int, target: Target, runtime: Runtime | None = None, before_int8: bool = False
+    level: int,
+    target: Target,
+    runtime: Runtime | None = None,
+    before_int8: bool = False,
+    int8_completes: bool = False,
 ) -> verified.Stages:
     """The target's pipeline, then (`runtime`) the runtime legalization as a stage of its own:
     it may undo a fusion the pipeline made."""
 
     def stages() -> list[Any]:
-        made: list[Any] = [pipeline(level, target, before_int8=before_int8)]
+        made: list[Any] = [
+            pipeline(level, target, before_int8=before_int8, int8_completes=int8_completes)
+        ]
         if runtime is not None:
             made.append(runtime_legalization(runtime, before_int8=before_int8))
         return made
@@ -122,19 +128,22 @@ def optimize_bytes(
     source: str = "<bytes>",
     runtime: str | Runtime | None = None,
     before_int8: bool = False,
+    int8_completes: bool = False,
 ) -> OptimizeResult:
     """Optimize a .tflite given as bytes; raises VerificationError if the function changed or
     the result does not run, TflfuseError if the input cannot be verified here and `verify`.
     `runtime` (e.g. "tflite-runtime==2.5.0"): lower the result to the op versions that release
     has (tflfuse.rules.runtime, at any level), or refuse in one line when it cannot run it;
-    `before_int8`: the result is quantized next (convert), so rewrites use quantizable ops."""
+    `before_int8`: the result is quantized next (convert), so rewrites use quantizable ops;
+    `int8_completes`: and the rules whose float form waits for an int8 rule write it
+    (`Rule.float_form_waits_for_int8`)."""
     target = check_options(level=level, target=target, disabled=disabled)
     if runtime is not None:
         runtime = resolve(runtime)
     parsed = flatbuffer.from_bytes(data, source)
     check_names(parsed, source)  # (the interpreter decodes the I/O names strictly)
     before = _totals(parsed)  # (read before the passes rewrite `parsed` in place)
-    stages = _stages(level, target, runtime, before_int8)
+    stages = _stages(level, target, runtime, before_int8, before_int8 and int8_completes)
     candidate = verified.apply(data, stages, disabled=disabled, name=source, model=parsed)
     model, result = candidate.model, candidate.result
     made_for = runtime_section(model, runtime, source) if runtime is not None else None

@@ -238,6 +238,7 @@ def fuse(rec: Recipe, ctx: Context) -> None:
         source=ctx.source.name,
         runtime=rec.runtime or None,  # GELU etc. spelled out in float, before quantizing
         before_int8=rec.quant_mode == "int8" and not ctx.source.quantized,
+        int8_completes=rec.attention_sum_after_int8,  # (sumconv: the sums' int8 form)
     )
 
 

@@ -81,6 +81,7 @@ SCHEMA: dict[str, Any] = {
     "calibration": {"scale": "scale", "offset": "offset"},
     "grappler": {"optimizers": "grappler"},
     "converter": {"select_tf_ops": "select_tf_ops"},
+    "legalization": {"attention_sum_after_int8": "attention_sum_after_int8"},
 }
 # Recipe field -> its TOML key, as error messages name it ("quantization.samples").
 TOML_KEYS: dict[str, str] = {}
@@ -113,6 +114,7 @@ KINDS: dict[str, str] = {
     "grappler": _STRINGS,
     "select_tf_ops": _BOOLEAN,
     "runtime": _STRING,
+    "attention_sum_after_int8": _BOOLEAN,
 }
 
 
@@ -175,6 +177,9 @@ class Recipe:
     grappler: tuple[str, ...] = DEFAULT_GRAPPLER
     select_tf_ops: bool = False
     runtime: str = ""  # "tflite-runtime==2.5.0": write only op versions that release has
+    # int8 follows: the attention's sums are float SUMs, DEPTHWISE_CONV_2D once quantized
+    # (`Rule.float_form_waits_for_int8`, tflfuse.targets.edgetpu.sumconv)
+    attention_sum_after_int8: bool = False
     source: str = ""
     overridden: tuple[str, ...] = field(default=())
 

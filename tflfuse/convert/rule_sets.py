@@ -68,7 +68,12 @@ from tflfuse.targets import EDGETPU, XNNPACK, Target, every
 
 
 def pipeline(
-    level: int, target: Target = XNNPACK, *, quantized: bool = False, before_int8: bool = False
+    level: int,
+    target: Target = XNNPACK,
+    *,
+    quantized: bool = False,
+    before_int8: bool = False,
+    int8_completes: bool = False,
 ) -> tuple[Rule | Pass, ...]:
     """The rules and passes for an optimization level (0: none) and target (where its pipeline
     differs, its `Target` says).
@@ -77,13 +82,20 @@ def pipeline(
     model (Edge TPU: the rules' int8 forms, e.g. `SplitOversizedTranspose`), nothing for other
     targets. `before_int8=True` is the float stage of a model quantized to int8 next: the
     legalizations whose float form loses the signal in int8 (`Rule.float_form_loses_int8`,
-    e.g. GELU's x^3) are left to their int8 forms, run after quantizing.
+    e.g. GELU's x^3) are left to their int8 forms, run after quantizing. `int8_completes`
+    (with `before_int8`; the recipe's [legalization] attention_sum_after_int8): the rules whose
+    float form waits for an int8 rule (`Rule.float_form_waits_for_int8`) write that form.
     """
     if level <= 0:
         return ()
     legalize = target.legalization_rules()
     if before_int8 and not quantized:
         legalize = tuple(r for r in legalize if not getattr(r, "float_form_loses_int8", False))
+        if int8_completes:
+            legalize = tuple(
+                r.waiting_for_int8() if isinstance(r, Rule) and r.float_form_waits_for_int8 else r
+                for r in legalize
+            )
     if quantized:
         return (*legalize, DeadCodeElimination(), TopologicalSort()) if legalize else ()
     cleanup = _cleanup()

@@ -124,6 +124,12 @@ class Rule:
     # a quantization (`pipeline(..., before_int8=True)`) the float form is not written, and the
     # quantized op is left to that int8 form.
     float_form_loses_int8: ClassVar[bool] = False
+    # A float form that, when an int8 quantization follows, writes an op an int8 rule completes
+    # later (the attention's sums: a float SUM before quantizing, whose int8 form
+    # `tflfuse.targets.edgetpu.sumconv` turns into the DEPTHWISE_CONV_2D the compiler maps, so no
+    # float interpreter packs the depthwise kernels). Before a quantization, where the recipe
+    # asks for it (`pipeline(..., int8_completes=True)`), `waiting_for_int8()` runs in its place.
+    float_form_waits_for_int8: ClassVar[bool] = False
     _pattern: OpPattern  # set by `compiled`
     _wants: dict[str, tuple[str, ...]]  # {hook: the captures it takes}, set by `compiled`
 
@@ -140,6 +146,11 @@ class Rule:
         a rule whose error depends on the match (a requantization between two scales) says
         more for this one; the pass manager records it with the event."""
         return _declared_steps(self)
+
+    def waiting_for_int8(self) -> Rule:
+        """The rule as it writes its float form when an int8 rule completes it after the
+        quantization (`float_form_waits_for_int8`); itself for every other rule."""
+        return self
 
     @property
     def name(self) -> str:
