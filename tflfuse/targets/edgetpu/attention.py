@@ -123,6 +123,7 @@ from tflfuse.targets.edgetpu.rules import (
     _refusal_of,
     _scale_zp,
 )
+from tflfuse.targets.edgetpu.sumconv import SUM_CONV_LEGALIZATION
 
 # Bytes of replication weights (m_c d^2, int8) one chunk may use: an eighth of the 8 MiB
 # parameter cache, so that the product leaves room for the model's own weights.
@@ -550,8 +551,8 @@ def _activation_refusal(op_activation: str) -> Refusal | None:
 class _Spell:
     """Builds the decomposition of one match (see the module docstring)."""
 
-    def __init__(self, m: Match, plan: MatmulPlan) -> None:
-        self.m, self.p = m, plan
+    def __init__(self, m: Match, plan: MatmulPlan, sums_wait: bool = False) -> None:
+        self.m, self.p, self.sums_wait = m, plan, sums_wait
         self.b: Builder = m.builder()
         self.out = m.root.output
         self.int8 = plan.kind == "int"
@@ -770,8 +771,18 @@ class _Spell:
 
     def _depthwise_sum(self, prod: Value, width: int, tag: str, qt, factor: float, parts: int):
         """The sum over d of a [1, d, 1, width] product: a d x 1 depthwise conv of `factor`s
-        (the op's activation on it when it is the only part)."""
+        (the op's activation on it when it is the only part). With int8 next (`sums_wait`) a
+        float SUM over axis 1 (then a MUL by `factor`), which sumconv's rules turn into that
+        conv once quantized: no float interpreter packs its d x width kernel."""
         d = self.p.d
+        act = self.p.activation if parts == 1 else "NONE"
+        if self.sums_wait and not self.int8 and act == "NONE":
+            summed = self.b.SUM(prod, self.b.ints([1], f"{tag}/sum/axis"), keep_dims=True,
+                                name=f"{tag}/sum", shape=(1, 1, 1, width))  # fmt: skip
+            if factor == 1.0:
+                return summed
+            return self.b.MUL(summed, self.b.scalar(factor, f"{tag}/sum/factor", like=summed),
+                              name=f"{tag}/sum/scaled")  # fmt: skip
         ones, bias = self._conv_weights(f"dsum{d}_{factor:.9g}_",
                                         np.full((1, d, 1, width), factor, np.float32), qt,
                                         depthwise=True)  # fmt: skip
@@ -779,7 +790,7 @@ class _Spell:
             prod, ones, bias, name=f"{tag}/sum", shape=(1, 1, 1, width),
             quant=self.out.quantization, padding="VALID", stride_w=1, stride_h=1,
             depth_multiplier=1, dilation_w_factor=1, dilation_h_factor=1,
-            fused_activation_function=self.p.activation if parts == 1 else "NONE",
+            fused_activation_function=act,
         )  # fmt: skip
 
     def _sum(self, prod: Value, n_c: int, m_c: int, tag: str, qt, factor: float = 1.0) -> Value:
@@ -918,6 +929,13 @@ class _MatmulRule(Rule):
 
     quantized_ok = True
     int8_error_steps = 2  # at least; `int8_error` gives the match's (matmul_int8_steps)
+    float_form_waits_for_int8 = True  # its depthwise sums: float SUMs, int8 ones in sumconv
+
+    def __init__(self, sums_wait: bool = False) -> None:
+        self.sums_wait = sums_wait
+
+    def waiting_for_int8(self) -> Rule:
+        return type(self)(sums_wait=True)
 
     def int8_error(self, m: Match, *, plan: MatmulPlan) -> int:
         return matmul_int8_steps(plan, m.root.output)
@@ -939,7 +957,7 @@ class _MatmulRule(Rule):
         return plan
 
     def rewrite(self, m: Match, *, plan: MatmulPlan) -> None:
-        _Spell(m, plan).build()
+        _Spell(m, plan, self.sums_wait).build()
 
 
 class LegalizeActivationMatmul(_MatmulRule):
@@ -1085,5 +1103,6 @@ ATTENTION_LEGALIZATION: tuple[Rule, ...] = (
     *GELU_LEGALIZATION,
     LegalizeActivationMatmul(),
     LegalizeComputedFullyConnected(),
+    *SUM_CONV_LEGALIZATION,  # (int8: the products' sums written as SUMs before quantizing)
     LegalizeNeg(),
 )
