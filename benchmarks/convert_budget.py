@@ -15,6 +15,13 @@ in a forked child) much less; peak RSS is the largest of the process tree.
 
     .venv/bin/python benchmarks/convert_budget.py --corpus /work/corpus --repeats 3 \
         --markdown benchmarks/CONVERT_BUDGET.md
+
+Run it from outside the source tree with PYTHONPATH set to the tree measured (the current
+directory comes first on `sys.path`, and the shared venv has main installed editable), e.g.
+`cd /tmp/x && PYTHONPATH=/work/h-budget python /work/h-budget/benchmarks/convert_budget.py
+--before /tmp/main-src --models yolo26n-640.litert yolo26n-640.edgetpu-float32`. Each row also
+carries the fused model's Edge TPU mapped count and its largest error against the source
+(report `agreement.fused.max_abs`): a change that saves time or memory must keep both.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ def _run(cmd: list[str], pythonpath: str | None) -> dict[str, Any]:
         "peak_rss_mib": usage.ru_maxrss / 1024,
         "stages": report.get("timings_s", {}),
         "mapped": (report.get("edgetpu") or {}).get("fused", {}).get("mapped"),
+        "max_abs": ((report.get("agreement") or {}).get("fused") or {}).get("max_abs"),
     }
 
 
@@ -74,14 +82,19 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", help="another tflfuse source tree, run interleaved")
     ap.add_argument("--markdown", help="write the table to this file")
+    ap.add_argument("--models", nargs="+", help="corpus stems to run (default: all of MODELS)")
     args = ap.parse_args()
     corpus = Path(args.corpus)
+    models = [(s, f) for s, f in MODELS if not args.models or s in args.models]
+    missing = sorted({s for s, _ in models if not (corpus / f"{s}.tflite").is_file()})
+    if missing or not models:
+        sys.exit(f"not in {corpus}: {', '.join(missing) or 'no model chosen'}")
     trees = [("tflfuse", None)] + ([("before", args.before)] if args.before else [])
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     loads = []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
-            for stem, flags in MODELS:
+            for stem, flags in models:
                 model = " ".join([stem, *flags])
                 for tree, path in trees:
                     out = Path(tmp) / f"{stem}{len(flags)}-{tree}-{rep}"
@@ -93,7 +106,8 @@ def main() -> int:
                     runs.setdefault((model, tree), []).append(row)
                     loads.append(os.getloadavg()[0])
                     print(f"{model} {tree} #{rep}: {row['wall_s']:.1f} s wall,"
-                          f" {row['cpu_s']:.1f} s CPU, {row['peak_rss_mib']:.0f} MiB",
+                          f" {row['cpu_s']:.1f} s CPU, {row['peak_rss_mib']:.0f} MiB,"
+                          f" mapped {row['mapped']}, max error {row['max_abs']}",
                           flush=True)  # fmt: skip
     table = markdown(runs, args.repeats, statistics.median(loads))
     print(table)
@@ -110,14 +124,18 @@ def markdown(runs: dict[tuple[str, str], list[dict[str, Any]]], repeats: int, lo
         f" {repeats} interleaved repeats, medians; median load average {load:.1f} on 2 shared"
         f" cores. Budget: {LIMIT_S:.0f} s wall, {LIMIT_MIB / 1024:.0f} GiB peak RSS.",
         "",
-        "| model | tree | wall s | CPU s | peak RSS MiB | within budget | mapped (one segment) |",
-        "|---|---|---:|---:|---:|---|---:|",
+        "| model | tree | wall s | CPU s | peak RSS MiB | within budget | mapped (one segment)"
+        " | fused max error |",
+        "|---|---|---:|---:|---:|---|---:|---:|",
     ]
     for (model, tree), rows in runs.items():
         wall, cpu, rss = (_median(rows, k) for k in ("wall_s", "cpu_s", "peak_rss_mib"))
         ok = "yes" if wall < LIMIT_S and rss < LIMIT_MIB else "no"
+        error = rows[-1].get("max_abs")
+        shown = "" if error is None else f"{error:.4g}"
         lines.append(f"| {model} | {tree} | {wall:.1f} | {cpu:.1f} | {rss:.0f} | {ok} |"
-                     f" {rows[-1]['mapped']} |")  # fmt: skip
+                     f" {rows[-1]['mapped']} | {shown} |")  # fmt: skip
+    lines += _ratios(runs)
     stages = sorted({s for rows in runs.values() for r in rows for s in r["stages"]})
     keys = list(runs)
     lines += ["", "Stage split (median seconds, the report's `timings_s`):", "",
@@ -127,6 +145,20 @@ def markdown(runs: dict[tuple[str, str], list[dict[str, Any]]], repeats: int, lo
         cells = [statistics.median(r["stages"].get(s, 0.0) for r in runs[k]) for k in keys]
         lines.append(f"| {s} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _ratios(runs: dict[tuple[str, str], list[dict[str, Any]]]) -> list[str]:
+    """Per model run on both trees: tflfuse / before of the median wall, CPU and peak RSS."""
+    pairs = [m for m, t in runs if t == "tflfuse" and (m, "before") in runs]
+    if not pairs:
+        return []
+    lines = ["", "Ratios, this tree / before (medians):", "",
+             "| model | wall | CPU | peak RSS |", "|---|---:|---:|---:|"]  # fmt: skip
+    for model in pairs:
+        new, old = runs[(model, "tflfuse")], runs[(model, "before")]
+        cells = [_median(new, k) / _median(old, k) for k in ("wall_s", "cpu_s", "peak_rss_mib")]
+        lines.append(f"| {model} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
+    return lines
 
 
 if __name__ == "__main__":
