@@ -69,6 +69,7 @@ def _run(cmd: list[str], pythonpath: str | None) -> dict[str, Any]:
         "stages": report.get("timings_s", {}),
         "mapped": (report.get("edgetpu") or {}).get("fused", {}).get("mapped"),
         "max_abs": ((report.get("agreement") or {}).get("fused") or {}).get("max_abs"),
+        "fused_mib": ((report.get("models") or {}).get("fused") or {}).get("file_bytes", 0) / 2**20,
     }
 
 
@@ -125,16 +126,17 @@ def markdown(runs: dict[tuple[str, str], list[dict[str, Any]]], repeats: int, lo
         f" cores. Budget: {LIMIT_S:.0f} s wall, {LIMIT_MIB / 1024:.0f} GiB peak RSS.",
         "",
         "| model | tree | wall s | CPU s | peak RSS MiB | within budget | mapped (one segment)"
-        " | fused max error |",
-        "|---|---|---:|---:|---:|---|---:|---:|",
+        " | fused max error | fused file MiB |",
+        "|---|---|---:|---:|---:|---|---:|---:|---:|",
     ]
     for (model, tree), rows in runs.items():
         wall, cpu, rss = (_median(rows, k) for k in ("wall_s", "cpu_s", "peak_rss_mib"))
         ok = "yes" if wall < LIMIT_S and rss < LIMIT_MIB else "no"
         error = rows[-1].get("max_abs")
         shown = "" if error is None else f"{error:.4g}"
+        size = rows[-1]["fused_mib"]
         lines.append(f"| {model} | {tree} | {wall:.1f} | {cpu:.1f} | {rss:.0f} | {ok} |"
-                     f" {rows[-1]['mapped']} | {shown} |")  # fmt: skip
+                     f" {rows[-1]['mapped']} | {shown} | {size:.1f} |")  # fmt: skip
     lines += _ratios(runs)
     stages = sorted({s for rows in runs.values() for r in rows for s in r["stages"]})
     keys = list(runs)

@@ -165,3 +165,23 @@ def test_other_sums_stay() -> None:
     assert ops(model) == ["SUM"]
     [reason] = refusals(result, "SumAsDepthwise")
     assert reason.startswith("the depthwise conv it would be is refused:")
+
+
+def test_equal_kernels_are_one_constant() -> None:
+    """Two sums of the same shape and input scale read one kernel and one bias (the quantized
+    stage merges no constants: unshared, a 640-px YOLO26n's file grew by 110 MB)."""
+    g = Graph("main")
+    q = _q(0.05, -4)
+    xs = [g.add_tensor(f"x{i}", (1, 12, 1, 40), "INT8", quantization=q) for i in range(2)]
+    g.inputs = xs
+    axes = g.add_constant("axis", np.array([1], np.int32), "INT32")
+    outs = [g.add_tensor(f"s{i}", (1, 1, 1, 40), "INT8", quantization=_q(0.21, 2)) for i in (0, 1)]
+    for x, s in zip(xs, outs):
+        g.add_op("SUM", [x, axes], [s], {"keep_dims": True})
+    g.outputs = outs
+    before = flatbuffer.to_bytes(Model([g]))
+    after, model, _ = apply(before, SumAsDepthwise())
+    first, second = model.main.ops
+    assert (first.type, second.type) == ("DEPTHWISE_CONV_2D", "DEPTHWISE_CONV_2D")
+    assert first.inputs[1] is second.inputs[1] and first.inputs[2] is second.inputs[2]
+    assert verify.compare(before, after, int_atol=1, runs=3).ok

@@ -29,11 +29,12 @@ TensorFlow here.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
-from tflfuse.ir import Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule
+from tflfuse.ir import Graph, Tensor
+from tflfuse.rewrite import Builder, Match, OpPattern, PatternBuilder, Refusal, Rule, Value
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.edgetpu.rules import _kind, _quant, _refusal_of, _scale_zp
 
@@ -70,21 +71,43 @@ def _constant_value(t: Tensor) -> float | None:
     return (raw - zero) * scale
 
 
+# The constants the conversions of one graph wrote, shared by every conv of the same kernel (the
+# quantized stage runs no constant merging): {graph: {(kind, shape, code, scale): tensor}}.
+# Unshared, a 640-px YOLO26n's 216 sums wrote 110 MB of identical kernels into its file.
+_SHARED: weakref.WeakKeyDictionary[Graph, dict[tuple, Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _shared_const(
+    m: Match, b: Builder, key: tuple, value: np.ndarray, dtype: str, scale: float
+) -> Tensor | Value:
+    """A constant of the graph equal to `value` at `scale` that an op still reads, else a new
+    one (remembered once the rewrite commits)."""
+    known = _SHARED.setdefault(m.graph, {}).get(key)
+    if known is not None and known.consumers:
+        return known
+    return b.const(value, f"sum/{key[0]}", dtype, _quant(scale, 0))
+
+
 def _depthwise(m: Match, x: Tensor, factor: float, out: Tensor) -> None:
     """Replace the match (its SUM, and its MUL) by DEPTHWISE_CONV_2D(x, h x 1 kernel of
-    `factor` in int8, zero bias) writing the root's output tensor (its quantization kept)."""
+    `factor` in int8, zero bias) writing the root's output tensor (its quantization kept);
+    equal kernels and biases are one constant."""
     b = m.builder()
     _, h, _, c = (int(a) for a in x.shape)
-    s_w = abs(factor) / 127.0
-    w = b.const(np.full((1, h, 1, c), 127 if factor > 0 else -127, np.int8), "sum/w", "INT8",
-                _quant(s_w, 0))  # fmt: skip
+    code, s_w = 127 if factor > 0 else -127, float(np.float32(abs(factor) / 127.0))
     s_b = float(np.float32(_scale_zp(x)[0]) * np.float32(s_w))
-    bias = b.const(np.zeros(c, np.int32), "sum/b", "INT32", _quant(s_b, 0))
+    keys = (("w", (1, h, 1, c), code, s_w), ("b", (c,), 0, s_b))
+    w = _shared_const(m, b, keys[0], np.full((1, h, 1, c), code, np.int8), "INT8", s_w)
+    bias = _shared_const(m, b, keys[1], np.zeros(c, np.int32), "INT32", s_b)
     b.DEPTHWISE_CONV_2D(
         x, w, bias, out=out, padding="VALID", stride_w=1, stride_h=1, depth_multiplier=1,
         dilation_w_factor=1, dilation_h_factor=1, fused_activation_function="NONE",
     )  # fmt: skip
     b.commit(remove=list(m.ops))
+    shared = _SHARED[m.graph]
+    for key, made in zip(keys, (w, bias)):
+        if isinstance(made, Value) and made.tensor is not None:
+            shared[key] = made.tensor
 
 
 class ScaledSumAsDepthwise(Rule):
