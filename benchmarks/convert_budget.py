@@ -83,10 +83,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", help="another tflfuse source tree, run interleaved")
     ap.add_argument("--markdown", help="write the table to this file")
-    ap.add_argument("--models", nargs="+", help="corpus stems to run (default: all of MODELS)")
+    ap.add_argument("--models", nargs="+",
+                    help="the MODELS rows to run, each as its stem and flags ('X.litert',"
+                    " 'X.litert --channels-last'; default all)")  # fmt: skip
     args = ap.parse_args()
     corpus = Path(args.corpus)
-    models = [(s, f) for s, f in MODELS if not args.models or s in args.models]
+    models = [(s, f) for s, f in MODELS if not args.models or " ".join([s, *f]) in args.models]
     missing = sorted({s for s, _ in models if not (corpus / f"{s}.tflite").is_file()})
     if missing or not models:
         sys.exit(f"not in {corpus}: {', '.join(missing) or 'no model chosen'}")
