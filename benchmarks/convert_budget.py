@@ -83,6 +83,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--before", help="another tflfuse source tree, run interleaved")
     ap.add_argument("--markdown", help="write the table to this file")
+    ap.add_argument("--note", default="", help="a paragraph under the title: what the trees are")
     ap.add_argument("--models", nargs="+",
                     help="the MODELS rows to run, each as its stem and flags ('X.litert',"
                     " 'X.litert --channels-last'; default all)")  # fmt: skip
@@ -112,17 +113,20 @@ def main() -> int:
                           f" {row['cpu_s']:.1f} s CPU, {row['peak_rss_mib']:.0f} MiB,"
                           f" mapped {row['mapped']}, max error {row['max_abs']}",
                           flush=True)  # fmt: skip
-    table = markdown(runs, args.repeats, statistics.median(loads))
+    table = markdown(runs, args.repeats, statistics.median(loads), args.note)
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table)
     return 0
 
 
-def markdown(runs: dict[tuple[str, str], list[dict[str, Any]]], repeats: int, load: float) -> str:
+def markdown(
+    runs: dict[tuple[str, str], list[dict[str, Any]]], repeats: int, load: float, note: str = ""
+) -> str:
     lines = [
         "# Converting a 640-px YOLO26n for the Edge TPU: time and memory (issue 25's budget)",
         "",
+        *([note, ""] if note else []),
         f"`benchmarks/convert_budget.py`: `tflfuse convert --recipe edgetpu` in a fresh process,"
         f" {repeats} interleaved repeats, medians; median load average {load:.1f} on 2 shared"
         f" cores. Budget: {LIMIT_S:.0f} s wall, {LIMIT_MIB / 1024:.0f} GiB peak RSS.",
