@@ -185,3 +185,33 @@ def test_equal_kernels_are_one_constant() -> None:
     assert (first.type, second.type) == ("DEPTHWISE_CONV_2D", "DEPTHWISE_CONV_2D")
     assert first.inputs[1] is second.inputs[1] and first.inputs[2] is second.inputs[2]
     assert verify.compare(before, after, int_atol=1, runs=3).ok
+
+
+# -- the whole conversion ------------------------------------------------------------------------
+def _converted(tmp_path, sums_after_int8: bool) -> tuple[dict, Model, dict]:
+    from tflfuse.convert.pipeline import convert
+
+    src = tmp_path / "product.tflite"
+    src.write_bytes(_product("SOFTMAX", 20))
+    rng = np.random.default_rng(1)
+    calib = [rng.uniform(-2, 2, (32, 1, 2, 8, 20)).astype(np.float32),
+             rng.uniform(-2, 2, (32, 1, 2, 20, 6)).astype(np.float32)]  # fmt: skip
+    out = tmp_path / f"o{int(sums_after_int8)}"
+    res = convert(src, "edgetpu", calibration=calib, output_dir=out, progress=False,
+                  attention_sum_after_int8=sums_after_int8)  # fmt: skip
+    return res.report, flatbuffer.load(res.fused), res.report["float_models"]["fused"]["op_counts"]
+
+
+def test_the_edgetpu_conversion_writes_the_same_int8_ops_either_way(tmp_path) -> None:
+    """`convert --recipe edgetpu` of a split softmax product: with the sums after int8, the
+    float model carries SUMs (and no depthwise kernel), the int8 legalization turns each into
+    the DEPTHWISE_CONV_2D the plain route quantizes, and the int8 model's ops are the same."""
+    report, fused, fused_float = _converted(tmp_path, True)
+    _, plain, plain_float = _converted(tmp_path, False)
+    assert "SUM" in fused_float and "DEPTHWISE_CONV_2D" not in fused_float
+    assert "DEPTHWISE_CONV_2D" in plain_float
+    assert report["legalization"]["kept"]
+    fired = report["legalization"]["fired"]
+    assert fired == {"SumAsDepthwise": 2, "ScaledSumAsDepthwise": 2}
+    assert sorted(ops(fused)) == sorted(ops(plain)) and "SUM" not in ops(fused)
+    assert report["agreement"]["fused"]["verified"]
