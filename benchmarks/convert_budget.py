@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -84,10 +85,18 @@ def main() -> int:
     ap.add_argument("--before", help="another tflfuse source tree, run interleaved")
     ap.add_argument("--markdown", help="write the table to this file")
     ap.add_argument("--note", default="", help="a paragraph under the title: what the trees are")
+    ap.add_argument("--from-log", help="no runs: the table of a run's printed lines (no stages)")
     ap.add_argument("--models", nargs="+",
                     help="the MODELS rows to run, each as its stem and flags ('X.litert',"
                     " 'X.litert --channels-last'; default all)")  # fmt: skip
     args = ap.parse_args()
+    if args.from_log:
+        runs, repeats = from_log(Path(args.from_log).read_text())
+        table = markdown(runs, repeats, float("nan"), args.note)
+        print(table)
+        if args.markdown:
+            Path(args.markdown).write_text(table)
+        return 0
     corpus = Path(args.corpus)
     models = [(s, f) for s, f in MODELS if not args.models or " ".join([s, *f]) in args.models]
     missing = sorted({s for s, _ in models if not (corpus / f"{s}.tflite").is_file()})
@@ -128,8 +137,8 @@ def markdown(
         "",
         *([note, ""] if note else []),
         f"`benchmarks/convert_budget.py`: `tflfuse convert --recipe edgetpu` in a fresh process,"
-        f" {repeats} interleaved repeats, medians; median load average {load:.1f} on 2 shared"
-        f" cores. Budget: {LIMIT_S:.0f} s wall, {LIMIT_MIB / 1024:.0f} GiB peak RSS.",
+        f" {repeats} interleaved repeats, medians; {_load(load)} on 2 shared cores."
+        f" Budget: {LIMIT_S:.0f} s wall, {LIMIT_MIB / 1024:.0f} GiB peak RSS.",
         "",
         "| model | tree | wall s | CPU s | peak RSS MiB | within budget | mapped (one segment)"
         " | fused max error | fused file MiB |",
@@ -140,9 +149,10 @@ def markdown(
         ok = "yes" if wall < LIMIT_S and rss < LIMIT_MIB else "no"
         error = rows[-1].get("max_abs")
         shown = "" if error is None else f"{error:.4g}"
-        size = rows[-1]["fused_mib"]
+        size = rows[-1].get("fused_mib")
+        size_shown = "" if size is None else f"{size:.1f}"
         lines.append(f"| {model} | {tree} | {wall:.1f} | {cpu:.1f} | {rss:.0f} | {ok} |"
-                     f" {rows[-1]['mapped']} | {shown} | {size:.1f} |")  # fmt: skip
+                     f" {rows[-1]['mapped']} | {shown} | {size_shown} |")  # fmt: skip
     lines += _ratios(runs)
     stages = sorted({s for rows in runs.values() for r in rows for s in r["stages"]})
     keys = list(runs)
@@ -153,6 +163,35 @@ def markdown(
         cells = [statistics.median(r["stages"].get(s, 0.0) for r in runs[k]) for k in keys]
         lines.append(f"| {s} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+_LINE = re.compile(
+    r"^(?P<model>.+) (?P<tree>\S+) #(?P<rep>\d+): (?P<wall>[\d.]+) s wall, (?P<cpu>[\d.]+) s CPU,"
+    r" (?P<rss>\d+) MiB, mapped (?P<mapped>\S+), max error (?P<err>\S+)$"
+)
+
+
+def from_log(text: str) -> tuple[dict[tuple[str, str], list[dict[str, Any]]], int]:
+    """The runs a benchmark printed (one line each, as `main` prints them) and the repeats
+    they make: for a run cut short, whose table was never written."""
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    repeats = 0
+    for line in text.splitlines():
+        found = _LINE.match(line.strip())
+        if found is None:
+            continue
+        g = found.groupdict()
+        row = {"wall_s": float(g["wall"]), "cpu_s": float(g["cpu"]),
+               "peak_rss_mib": float(g["rss"]), "mapped": g["mapped"],
+               "max_abs": None if g["err"] == "None" else float(g["err"]),
+               "fused_mib": None, "stages": {}}  # fmt: skip
+        runs.setdefault((g["model"], g["tree"]), []).append(row)
+        repeats = max(repeats, int(g["rep"]) + 1)
+    return runs, repeats
+
+
+def _load(load: float) -> str:
+    return "load average not recorded" if load != load else f"median load average {load:.1f}"
 
 
 def _ratios(runs: dict[tuple[str, str], list[dict[str, Any]]]) -> list[str]:

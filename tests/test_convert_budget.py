@@ -24,3 +24,18 @@ def test_the_table_says_the_verdict_and_the_ratios() -> None:
     # 90 / 110, 105 / 130, 1650 / 3750
     assert "| m | 0.82 | 0.81 | 0.44 |" in text
     assert "| report | 45.00 | 55.00 |" in text
+
+
+def test_a_cut_short_run_is_read_back_from_its_lines() -> None:
+    log = (
+        "yolo26n-640.litert tflfuse #0: 264.0 s wall, 125.7 s CPU, 1495 MiB, mapped 2423,"
+        " max error 0.987\n"
+        "yolo26n-640.litert --channels-last before #1: 416.5 s wall, 150.5 s CPU, 4005 MiB,"
+        " mapped 2297, max error None\n"
+        "noise\n"
+    )
+    runs, repeats = budget.from_log(log)
+    assert repeats == 2
+    assert runs[("yolo26n-640.litert", "tflfuse")][0]["peak_rss_mib"] == 1495
+    row = runs[("yolo26n-640.litert --channels-last", "before")][0]
+    assert (row["wall_s"], row["mapped"], row["max_abs"]) == (416.5, "2297", None)
