@@ -85,13 +85,15 @@ def main() -> int:
     ap.add_argument("--before", help="another tflfuse source tree, run interleaved")
     ap.add_argument("--markdown", help="write the table to this file")
     ap.add_argument("--note", default="", help="a paragraph under the title: what the trees are")
-    ap.add_argument("--from-log", help="no runs: the table of a run's printed lines (no stages)")
+    ap.add_argument("--from-log", nargs="+",
+                    help="no runs: the table of runs' printed lines, from one or more logs"
+                    " (no stage split)")  # fmt: skip
     ap.add_argument("--models", nargs="+",
                     help="the MODELS rows to run, each as its stem and flags ('X.litert',"
                     " 'X.litert --channels-last'; default all)")  # fmt: skip
     args = ap.parse_args()
     if args.from_log:
-        runs, repeats = from_log(Path(args.from_log).read_text())
+        runs, repeats = from_log("\n".join(Path(f).read_text() for f in args.from_log))
         table = markdown(runs, repeats, float("nan"), args.note)
         print(table)
         if args.markdown:
@@ -172,8 +174,8 @@ _LINE = re.compile(
 
 
 def from_log(text: str) -> tuple[dict[tuple[str, str], list[dict[str, Any]]], int]:
-    """The runs a benchmark printed (one line each, as `main` prints them) and the repeats
-    they make: for a run cut short, whose table was never written."""
+    """The runs a benchmark printed (one line each, as `main` prints them) and the most runs of
+    one model and tree: for runs cut short, whose table was never written."""
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     repeats = 0
     for line in text.splitlines():
@@ -186,7 +188,7 @@ def from_log(text: str) -> tuple[dict[tuple[str, str], list[dict[str, Any]]], in
                "max_abs": None if g["err"] == "None" else float(g["err"]),
                "fused_mib": None, "stages": {}}  # fmt: skip
         runs.setdefault((g["model"], g["tree"]), []).append(row)
-        repeats = max(repeats, int(g["rep"]) + 1)
+    repeats = max((len(rows) for rows in runs.values()), default=0)
     return runs, repeats
 
 

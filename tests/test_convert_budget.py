@@ -34,8 +34,8 @@ def test_a_cut_short_run_is_read_back_from_its_lines() -> None:
         " mapped 2297, max error None\n"
         "noise\n"
     )
-    runs, repeats = budget.from_log(log)
-    assert repeats == 2
+    runs, repeats = budget.from_log(log + log)  # (two logs)
+    assert repeats == 2 and len(runs[("yolo26n-640.litert", "tflfuse")]) == 2
     assert runs[("yolo26n-640.litert", "tflfuse")][0]["peak_rss_mib"] == 1495
     row = runs[("yolo26n-640.litert --channels-last", "before")][0]
     assert (row["wall_s"], row["mapped"], row["max_abs"]) == (416.5, "2297", None)
