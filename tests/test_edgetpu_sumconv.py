@@ -50,18 +50,19 @@ def test_float_sums_are_written_as_sums_when_int8_follows() -> None:
 
 
 def test_a_split_softmax_sum_is_a_sum_and_a_mul_by_its_factor() -> None:
-    """A softmax operand split at tau = 8/20 (its small part's sum scaled by tau/6): that sum
-    is a SUM then a MUL by tau/6, the large part's a plain SUM; the same function."""
+    """A softmax operand split at 1/20 and 8/20 (softmax_split: three ranges; each small
+    range's sum scaled by its width / 6): those sums are a SUM then a MUL by width / 6, the
+    large range's a plain SUM; the same function."""
     before = _product("SOFTMAX", 20)
     after, model, _ = apply(before, LegalizeActivationMatmul().waiting_for_int8())
     names = ops(model)
-    assert names.count("SUM") == 4 and "DEPTHWISE_CONV_2D" not in names
+    assert names.count("SUM") == 6 and "DEPTHWISE_CONV_2D" not in names  # 2 products x 3
     factors = [
         float(op.inputs[1].data.reshape(-1)[0])
         for op in model.main.ops
         if op.type == "MUL" and op.inputs[1].is_constant
     ]
-    assert factors == pytest.approx([0.4 / 6] * 2)
+    assert factors == pytest.approx([(1 / 20) / 6, (8 / 20 - 1 / 20) / 6] * 2)
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
 
 
@@ -212,6 +213,6 @@ def test_the_edgetpu_conversion_writes_the_same_int8_ops_either_way(tmp_path) ->
     assert "DEPTHWISE_CONV_2D" in plain_float
     assert report["legalization"]["kept"]
     fired = report["legalization"]["fired"]
-    assert fired == {"SumAsDepthwise": 2, "ScaledSumAsDepthwise": 2}
+    assert fired == {"SumAsDepthwise": 2, "ScaledSumAsDepthwise": 4}  # 2 products x 3 ranges
     assert sorted(ops(fused)) == sorted(ops(plain)) and "SUM" not in ops(fused)
     assert report["agreement"]["fused"]["verified"]
