@@ -171,6 +171,7 @@ def _edgetpu_layout_chain_kept(chain: Sequence[Op]) -> bool:
 def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     from tflfuse.targets.edgetpu.attention import ATTENTION_LEGALIZATION
     from tflfuse.targets.edgetpu.broadcast import BROADCAST_LEGALIZATION
+    from tflfuse.targets.edgetpu.clstoken import CLASS_TOKEN_LEGALIZATION
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
     from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION
     from tflfuse.targets.edgetpu.nhwc import NHWC_LEGALIZATION
@@ -187,6 +188,7 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     # chain is taken whole, with the layout ops around it, before those cut its pieces
     legalizations = (
         *EDGETPU_LEGALIZATION,
+        *CLASS_TOKEN_LEGALIZATION,
         *PATCH_LEGALIZATION,
         *ATTENTION_LEGALIZATION,
         *BROADCAST_LEGALIZATION,
