@@ -304,12 +304,18 @@ class SplitHeadsInWindows(Rule):
         chain, ends = plan
         for end in ends:
             _write_end(m, chain.x, end)
-        for op in reversed(chain.ops):  # what no end reads any more goes
-            if not any(o is op for o in m.graph.ops):
-                continue
-            out = op.outputs[0]
-            if not out.consumers and not m.graph.is_graph_output(out):
-                m.graph.remove_op(op)
+        drop_unread(m.graph, chain.ops)
+
+
+def drop_unread(graph: Graph, chain: list[Op]) -> None:
+    """Remove the ops of a rewritten movement chain that nothing reads any more, last first
+    (an op the chain's other ends still read stays)."""
+    for op in reversed(chain):
+        if not any(o is op for o in graph.ops):
+            continue
+        out = op.outputs[0]
+        if not out.consumers and not graph.is_graph_output(out):
+            graph.remove_op(op)
 
 
 def _write_end(m: Match, x: Tensor, plan: EndPlan) -> None:

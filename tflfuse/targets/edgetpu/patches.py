@@ -61,6 +61,7 @@ from tflfuse.targets.edgetpu.heads import form_verdict
 from tflfuse.targets.edgetpu.headsplit import (
     MAX_DIMS,
     Window,
+    drop_unread,
     find_chain,
     move,
     nontrivial,
@@ -456,12 +457,7 @@ class MovePatchesInShownForms(Rule):
     def rewrite(self, m: Match, *, plan: Patches) -> None:
         for end, piece, _ in plan.ends:
             _write_end(m, plan.x, end, piece)
-        for op in reversed(plan.ops):  # what no end reads any more goes
-            if not any(o is op for o in m.graph.ops):
-                continue
-            out = op.outputs[0]
-            if not out.consumers and not m.graph.is_graph_output(out):
-                m.graph.remove_op(op)
+        drop_unread(m.graph, plan.ops)
 
 
 class _Built(_Sink):
