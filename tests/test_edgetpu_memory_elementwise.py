@@ -5,8 +5,8 @@ twins show, and on the shared oracle pairs (skipped without ../shared)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from conftest import ORACLE, needs_oracle
+from test_edgetpu_package import yolov8n_twin
 
 from tflfuse.ir import Graph, Op, Quantization, flatbuffer
 from tflfuse.targets import capability
@@ -142,14 +142,8 @@ def test_split_concats_one_channel_split_is_decided_and_exact() -> None:
 def test_yolov8ns_aligned_channel_slices_hold_nothing() -> None:
     """MaxwellHogan's YOLOv8n twin (shared, holdout: checked, not derived from): 12 mapped
     STRIDED_SLICEs of channels at multiples of 16, none undecided, and its 3,492,544 bytes."""
-    folder = MORE / "MaxwellHogan__coral_wifi_webserver"
-    cpu_path = next(folder.rglob("yolov8n_full_integer_quant.tflite"), None)
-    if cpu_path is None:
-        pytest.skip("the YOLOv8n pair is not in ../shared/oracle/edgetpu-more")
-    cpu = flatbuffer.load(cpu_path)
-    truth = truth_of(cpu, flatbuffer.load(cpu_path.with_name(f"{cpu_path.stem}_edgetpu.tflite")))
+    truth, mapped = yolov8n_twin()
     assert truth.memory is not None
-    mapped = [op for i, op in enumerate(cpu.main.ops) if i not in set(truth.cpu_ops)]
     slices = [op for op in mapped if op.type == "STRIDED_SLICE"]
     assert len(slices) >= 12 and not any(undecided_channel_slice(op) for op in slices)
     memory = predicted_memory(mapped, capability("edgetpu"), twin_compiler_major(truth))

@@ -38,7 +38,7 @@ from tflfuse.targets.edgetpu.package import (
     package_memory,
     read_package,
 )
-from tflfuse.targets.edgetpu.truth import read_truth, truth_of, twin_compiler_major
+from tflfuse.targets.edgetpu.truth import Truth, read_truth, truth_of, twin_compiler_major
 
 MORE = ORACLE.parent / "edgetpu-more"
 
@@ -543,9 +543,9 @@ def test_a_flatten_of_channels_not_a_multiple_of_4_is_undecided() -> None:
     assert line is not None and "multiple of 4" in line
 
 
-def test_yolov8n_twin_holds_the_layout_with_its_head_transpose() -> None:
-    """MaxwellHogan's YOLOv8n twin (compiler 16; 80 classes, its head transpose of
-    [1, 20, 20, 144] mapped): the layout with `TRANSPOSE_SHOWN` gives its 3,492,544 bytes."""
+def yolov8n_twin() -> tuple[Truth, list[Op]]:
+    """MaxwellHogan's YOLOv8n pair (shared, edgetpu-more): the twin's truth (its package read)
+    and the ops it maps; the test skips when the pair is absent."""
     folder = MORE / "MaxwellHogan__coral_wifi_webserver"
     cpu_path = next(folder.rglob("yolov8n_full_integer_quant.tflite"), None)
     if cpu_path is None:
@@ -553,7 +553,14 @@ def test_yolov8n_twin_holds_the_layout_with_its_head_transpose() -> None:
     cpu = flatbuffer.load(cpu_path)
     truth = truth_of(cpu, flatbuffer.load(cpu_path.with_name(f"{cpu_path.stem}_edgetpu.tflite")))
     assert truth.memory is not None
-    mapped = [op for i, op in enumerate(cpu.main.ops) if i not in set(truth.cpu_ops)]
+    return truth, [op for i, op in enumerate(cpu.main.ops) if i not in set(truth.cpu_ops)]
+
+
+def test_yolov8n_twin_holds_the_layout_with_its_head_transpose() -> None:
+    """MaxwellHogan's YOLOv8n twin (compiler 16; 80 classes, its head transpose of
+    [1, 20, 20, 144] mapped): the layout with `TRANSPOSE_SHOWN` gives its 3,492,544 bytes."""
+    truth, mapped = yolov8n_twin()
+    assert truth.memory is not None
     assert any(op.type == "TRANSPOSE" for op in mapped)
     memory = predicted_memory(mapped, capability("edgetpu"), twin_compiler_major(truth))
     on, off = truth.memory["on_chip_bytes"], truth.memory["off_chip_bytes"]
