@@ -31,10 +31,11 @@ place in `graph.tensors`, so that order decides the file's bytes, not what the m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from tflfuse.ir import Graph, IRError, Op, Quantization, Tensor
 from tflfuse.ir.graph import NUMPY_DTYPES, dtype_name
@@ -177,7 +178,7 @@ class Builder:
     # -- values ----------------------------------------------------------------------------------
     def const(
         self,
-        value: Any,
+        value: npt.ArrayLike,
         name: str,
         dtype: str | None = None,
         quant: Quantization | None = None,
@@ -272,8 +273,8 @@ class Builder:
         quant: Quantization | None = None,
         out: Value | Tensor | None = None,
         version: int = 1,
-        options: dict[str, Any] | None = None,
-        **more_options: Any,
+        options: Mapping[str, object] | None = None,
+        **more_options: object,
     ) -> Value:
         """Record `type(*inputs)` and return its result (see the module docstring). Its
         options are `options` (a dict, e.g. copied from another op) and the keywords left."""
@@ -319,14 +320,14 @@ class Builder:
         raise AttributeError(name)
 
     def split(
-        self, type: str, *inputs: Input, outs: Sequence[Tensor | Value], **options: Any
+        self, type: str, *inputs: Input, outs: Sequence[Tensor | Value], **options: object
     ) -> list[Value]:
         """An op of several outputs (SPLIT, SPLIT_V, UNPACK) writing `outs`, tensors of the
         graph or declared values (`tensor`)."""
         if not outs:
             raise BuildError(f"{type} needs outputs")
         first, *rest = outs
-        values = [self.op(type, *inputs, out=first, **options)]
+        values = [self.op(type, *inputs, out=first, options=options)]
         pending = cast(_PendingOp, values[0].producer)
         for out in rest:
             if isinstance(out, Tensor):

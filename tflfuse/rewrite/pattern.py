@@ -66,7 +66,7 @@ class OpPattern:
     options: tuple[tuple[str, Any], ...] = ()
     because: str | None = None
 
-    def where(self, because: str | None = None, **options: Any) -> OpPattern:
+    def where(self, because: str | None = None, **options: object) -> OpPattern:
         """This pattern, matching only ops whose options have these values."""
         pairs = tuple((_OPTION_ALIASES.get(k, k), v) for k, v in options.items())
         return OpPattern(

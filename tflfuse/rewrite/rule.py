@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from tflfuse.ir import Graph
+from tflfuse.json_types import JSONDict
 from tflfuse.rewrite.pattern import Match, OpPattern, PatternBuilder, captured_names
 
 
@@ -93,12 +94,30 @@ def bind_captures(rule: Rule, pattern: OpPattern) -> dict[str, tuple[str, ...]]:
     return wants
 
 
-def call_hook(rule: Rule, hook: str, m: Match, plan: Any = None) -> Any:
+def call_hook(rule: Rule, hook: str, m: Match, plan: object = None) -> object:
     """rule.<hook>(m, **the captures and plan it takes)."""
     rule.compiled()
-    captures: Mapping[str, Any] = m.captures
+    captures: Mapping[str, object] = m.captures
     kwargs = {n: plan if n == "plan" else captures[n] for n in rule._wants[hook]}
-    return getattr(rule, hook)(m, **kwargs)
+    result: object = getattr(rule, hook)(m, **kwargs)
+    return result
+
+
+# -- the hooks' defaults (a rule's own method replaces them) -----------------------------------
+def _exact(rule: Rule, m: Match, *_: object, **captures: object) -> float:
+    return 0.0
+
+
+def _declared(rule: Rule, m: Match, *_: object, **captures: object) -> int:
+    return _declared_steps(rule)
+
+
+def _go_ahead(rule: Rule, m: Match, *_: object, **captures: object) -> None:
+    return None
+
+
+def _unwritten(rule: Rule, m: Match, *_: object, **captures: object) -> None:
+    raise NotImplementedError
 
 
 # -- rules and passes --------------------------------------------------------------------------
@@ -133,19 +152,21 @@ class Rule:
     _pattern: OpPattern  # set by `compiled`
     _wants: dict[str, tuple[str, ...]]  # {hook: the captures it takes}, set by `compiled`
 
-    # The hooks below take `*_: Any, **captures: Any` so that a rule's own signature (the
-    # captures it reads, keyword-only and typed) is a valid override for mypy.
-    def error_bound(self, m: Match, *_: Any, **captures: Any) -> float:
-        """The absolute error one application may add to its output: 0 for an exact rewrite.
-        An approximation (e.g. erf GELU in the tanh form, for a target with no GELU) overrides
-        it; the pass manager records it with the event and verification allows for it."""
-        return 0.0
-
-    def int8_error(self, m: Match, *_: Any, **captures: Any) -> int:
-        """Steps one application may move the int8 tensor it writes: `int8_error_steps`, unless
-        a rule whose error depends on the match (a requantization between two scales) says
-        more for this one; the pass manager records it with the event."""
-        return _declared_steps(self)
+    # The hooks: attributes of type `Callable[..., result]` (the defaults are the functions
+    # below), so that a rule's own method (the captures it reads, keyword-only and typed) is a
+    # valid override for mypy, whose result must still be the hook's.
+    # error_bound: the absolute error one application may add to its output: 0 for an exact
+    # rewrite. An approximation (e.g. erf GELU in the tanh form, for a target with no GELU)
+    # overrides it; the pass manager records it with the event and verification allows for it.
+    error_bound: Callable[..., float] = _exact
+    # int8_error: steps one application may move the int8 tensor it writes: `int8_error_steps`,
+    # unless a rule whose error depends on the match (a requantization between two scales) says
+    # more for this one; the pass manager records it with the event.
+    int8_error: Callable[..., int] = _declared
+    # check: None to go ahead, a `Refusal` to decline, or a plan (anything else: `object`): what
+    # the check worked out and `rewrite` needs, which the engine hands over as its `plan`.
+    check: Callable[..., object] = _go_ahead
+    rewrite: Callable[..., None] = _unwritten
 
     def waiting_for_int8(self) -> Rule:
         """The rule as it writes its float form when an int8 rule completes it after the
@@ -157,14 +178,6 @@ class Rule:
         return type(self).__name__
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
-        raise NotImplementedError
-
-    def check(self, m: Match, *_: Any, **captures: Any) -> Refusal | Any | None:
-        """None to go ahead, a `Refusal` to decline, or a plan (anything else): what the check
-        worked out and `rewrite` needs, which the engine hands over as its `plan` argument."""
-        return None
-
-    def rewrite(self, m: Match, *_: Any, **captures: Any) -> None:
         raise NotImplementedError
 
     def compiled(self) -> OpPattern:
@@ -263,7 +276,7 @@ class PassResult:
                 entry["steps"] += e.int8_steps
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONDict:
         return {
             "rounds": self.rounds,
             "approximations": self.approximations(),

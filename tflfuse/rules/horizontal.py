@@ -8,8 +8,6 @@ on-chip budget, and a split after the merged op must leave fewer kernels than be
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from tflfuse.ir import Graph, Op, Tensor
@@ -254,6 +252,13 @@ def _adjoint_reader(t: Tensor) -> tuple[Op, str] | None:
     return op, "adj_x" if op.inputs[0] is t else "adj_y"
 
 
+# HoistLayoutAboveSplit's plan: (base perm, mid dims, split channel dims,
+# [(reshape, transpose, adjoint BATCH_MATMUL reader and its flag)])
+_HoistPlan = tuple[
+    list[int], tuple[int, ...], tuple[int, ...], list[tuple[Op, Op, tuple[Op, str] | None]]
+]
+
+
 class HoistLayoutAboveSplit(Rule):
     """SPLIT(x) -> n x (RESHAPE -> TRANSPOSE(p))  =>  RESHAPE(x) -> TRANSPOSE -> SPLIT(axis 0).
 
@@ -272,7 +277,7 @@ class HoistLayoutAboveSplit(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.SPLIT(p.const("axis"), p.x)
 
-    def check(self, m: Match, *, x: Tensor, axis: Tensor) -> Refusal | Any:
+    def check(self, m: Match, *, x: Tensor, axis: Tensor) -> Refusal | _HoistPlan:
         """A refusal, or the plan of `_hoist_plan`."""
         plan = _hoist_plan(m, x, axis)
         if isinstance(plan, Refusal):
@@ -286,7 +291,7 @@ class HoistLayoutAboveSplit(Rule):
             )
         return plan
 
-    def rewrite(self, m: Match, *, x: Tensor, plan: Any) -> None:
+    def rewrite(self, m: Match, *, x: Tensor, plan: _HoistPlan) -> None:
         split = m.root
         base, mid, split_c, chains = plan
         n, rank = len(chains), len(chains[0][1].output.shape)
@@ -312,7 +317,7 @@ class HoistLayoutAboveSplit(Rule):
         b.commit(remove=[*(op for r_op, t_op, _ in chains for op in (t_op, r_op)), split])
 
 
-def _hoist_plan(m: Match, x: Tensor, axis: Tensor) -> Any:
+def _hoist_plan(m: Match, x: Tensor, axis: Tensor) -> Refusal | _HoistPlan:
     """(base perm, mid dims, split channel dims, [(reshape, transpose, adj reader)]) or a
     Refusal."""
     split = m.root

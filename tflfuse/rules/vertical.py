@@ -206,6 +206,7 @@ class MoveScaleThroughMean(Rule):
     def rewrite(self, m: Match, *, s: Tensor, x: Tensor, y: Tensor) -> None:
         mean, b = m.root, m.builder(prefix="", after=m.root)
         vector = common.channel_vector(s, x.shape[-1], len(x.shape))
+        assert vector is not None  # (check said so)
         averaged = b.tensor(y.name + "_unscaled", y.shape)
         b.set_output(mean, 0, averaged)
         b.set_input(mean, 0, x)
