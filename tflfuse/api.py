@@ -82,7 +82,7 @@ def convert(
     verify: bool = True,
     disabled: Sequence[str] = (),
     accept_accuracy_loss: bool = False,
-    **overrides: Any,
+    **overrides: object,
 ) -> ConversionResult:
     """Convert a Keras model (object, .keras/.h5 file), a SavedModel folder, a tf.function or a
     float or int8 .tflite (a path or its bytes: a PyTorch export by litert-torch, an onnx2tf
@@ -110,7 +110,7 @@ def convert(
     _integer("batch", batch, 1)
     rec = recipe_mod.load(recipe)
     if overrides:
-        rec = rec.override(**overrides)
+        rec = rec.override(None, **overrides)  # (only fields: `labels` is no override)
     return convert_any(
         model,
         recipe=rec,

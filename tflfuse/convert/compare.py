@@ -14,13 +14,18 @@ the conversion is measured as it is now.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from tflfuse import files, targets
+from tflfuse.convert.records import Report
 from tflfuse.device.bench import check_arguments, run_benchmark
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import flatbuffer
+
+if TYPE_CHECKING:
+    from tflfuse.device.bench import BenchResult
 
 VARIANTS = ("unfused", "stock", "fused")
 DEFAULT_FILES = {
@@ -30,7 +35,20 @@ DEFAULT_FILES = {
 }
 
 
-def read_conversion(folder: str | Path) -> tuple[dict[str, Any], dict[str, Path]]:
+class Comparison(TypedDict):
+    """What `compare` found (JSON-ready): the conversion's source, recipe, quantization mode and
+    I/O types as its report says, a row per model (facts, latency, error) and the benchmark."""
+
+    source: str | None
+    recipe: str | None
+    quantization: str | None
+    io: list[str | None]
+    rows: list[dict[str, Any]]
+    benchmark: BenchResult
+    files_checked: bool
+
+
+def read_conversion(folder: str | Path) -> tuple[Report, dict[str, Path]]:
     """The report of a `tflfuse convert` output folder and the paths of its three models."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
@@ -54,7 +72,7 @@ def read_conversion(folder: str | Path) -> tuple[dict[str, Any], dict[str, Path]
         if not p.is_file():
             raise TflfuseError(f"{p}: the {k} model is missing")
     _check_manifest(folder, [report_path, *paths.values()])
-    return report, paths
+    return cast(Report, report), paths
 
 
 def _check_manifest(folder: Path, used: list[Path]) -> bool:
@@ -78,7 +96,7 @@ def _check_manifest(folder: Path, used: list[Path]) -> bool:
     return True
 
 
-def _error(report: dict[str, Any], variant: str) -> dict[str, Any]:
+def _error(report: Mapping[str, Any], variant: str) -> dict[str, Any]:
     agreement = (report.get("agreement") or {}).get(variant) or {}
     outputs = agreement.get("outputs") or [{}]
     return {
@@ -98,7 +116,7 @@ def compare(
     warmup: int = 10,
     threads: int | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> Comparison:
     """Facts and one interleaved benchmark of a conversion's three models (JSON-ready)."""
     check_arguments(runs=runs, warmup=warmup, threads=threads)
     report, paths = read_conversion(folder)
@@ -153,7 +171,7 @@ def _err(value: float | None) -> str:
     return f"{value:.4f}" if value >= 1e-3 or value == 0 else f"{value:.1e}"
 
 
-def format_table(result: dict[str, Any]) -> str:
+def format_table(result: Comparison) -> str:
     """The comparison as a plain-text table with a header line and a legend."""
     bench = result["benchmark"]
     protocol, env = bench["protocol"], bench["environment"]

@@ -48,6 +48,7 @@ from tflfuse.convert.records import (
     LoadRecord,
     ModelAgreement,
     QuantizedRecord,
+    Report,
     RuntimeRecord,
     UnfusedRecord,
 )
@@ -87,7 +88,7 @@ class ConversionResult:
     fused: Path
     unfused: Path
     stock: Path
-    report: dict[str, Any] = field(default_factory=dict)
+    report: Report = field(default_factory=Report)
     kept: list[str] = field(default_factory=list)  # entries of output_dir tflfuse did not write
 
 
@@ -127,7 +128,7 @@ class Context:
     legalization: LegalizeRecord = field(init=False, repr=False)  # the int8 rules
     runtime: RuntimeRecord | None = None  # --runtime only
     baselines: BaselinesRecord = field(init=False, repr=False)  # the three models as written
-    report: dict[str, Any] = field(default_factory=dict)
+    report: Report = field(default_factory=Report)
     # the quantized fused model's IR as the stage before left it, with the bytes it is the parse
     # of (flatbuffer.read_back): the next stage takes it instead of parsing them again
     handed: tuple[bytes, Model] | None = field(default=None, repr=False)
@@ -664,7 +665,7 @@ def convert(
     verify: bool = True,
     disabled: tuple[str, ...] = (),
     accept_accuracy_loss: bool = False,
-    **overrides: Any,
+    **overrides: object,
 ) -> ConversionResult:
     """Convert `model` (a keras.Model, .keras/.h5 file, SavedModel folder, tf.function, or a
     .tflite given as a path or bytes) with `recipe` (name, .toml or Recipe; `overrides` replace
@@ -677,7 +678,7 @@ def convert(
     is refused unless `accept_accuracy_loss`."""
     started = time.perf_counter()
     rec = recipe if isinstance(recipe, Recipe) else recipe_mod.load(recipe)
-    rec = rec.override(**overrides) if overrides else rec
+    rec = rec.override(None, **overrides) if overrides else rec
     if batch < 1:
         raise TflfuseError(f"batch size must be at least 1, not {batch}")
     if isinstance(model, (str, Path)):
@@ -739,7 +740,7 @@ def _check_path(model: str | Path) -> None:
     check_input(model, folder_ok=True)
 
 
-def _run_stages(rec: Recipe, ctx: Context, started: float) -> dict[str, Any]:
+def _run_stages(rec: Recipe, ctx: Context, started: float) -> Report:
     """Every stage in turn, then the report written into the temp folder; returns the report."""
     for stage in STAGES:
         work = _NATIVE_WORK.get(stage.__name__)
@@ -768,12 +769,12 @@ def _judge_usefulness(ctx: Context) -> None:
     could (tflfuse.convert.usefulness), unless the user accepts it: then the report says so."""
     # (the report's section as `report.agreement` wrote it)
     agreement = ctx.report.get("agreement", {})
-    fused = cast(ModelAgreement, agreement.get("fused") or {})
+    fused: ModelAgreement = agreement.get("fused") or {}
     steps = usefulness.output_steps(_written_fused(ctx))
     names = list(ctx.loaded.source.output_names)
     if usefulness.useless(fused, steps, names, FUSED) is None:
         return
-    stock = cast(ModelAgreement, agreement.get("stock") or {})  # its own figure, said too
+    stock: ModelAgreement = agreement.get("stock") or {}  # its own figure, said too
     stock_data = ctx.baselines.models.get("stock")
     stock_steps = usefulness.output_steps(flatbuffer.from_bytes(stock_data)) if stock_data else None
     verdict = usefulness.useless(fused, steps, names, FUSED, stock, stock_steps)

@@ -154,3 +154,38 @@ class ModelAgreement(TypedDict, total=False):
     samples: int
     outputs: list[OutputAgreement]
     max_abs: float
+
+
+class Report(TypedDict, total=False):
+    """The report of one conversion (`tflfuse.convert.report.assemble`; report.json as written,
+    and as `tflfuse.convert.compare` reads it back). The sections a reader looks into key by key
+    stay open dicts; `runtime`, `edgetpu`, `timings_s` and `accuracy_loss_accepted` are there
+    only for a conversion they apply to (--runtime, an Edge TPU recipe, a written report, a
+    model kept with --accept-accuracy-loss)."""
+
+    source: str
+    source_kind: JSONDict
+    recipe: dict[str, Any]
+    versions: dict[str, str]
+    inputs: list[JSONDict]
+    outputs: list[str]
+    interface: dict[str, Any]
+    grappler: dict[str, Any]
+    rules: dict[str, Any]
+    unfused_route: str
+    quantization: dict[str, Any]
+    legalization: JSONDict
+    models: dict[str, dict[str, Any]]
+    float_models: dict[str, dict[str, Any]]
+    agreement: dict[str, ModelAgreement]
+    float_agreement: dict[str, ModelAgreement]
+    baseline_check: dict[str, Any]
+    class_score_outputs: list[str]
+    warnings: list[str]
+    delegate_check: JSONDict
+    files: dict[str, str]
+    notices: list[str]
+    runtime: dict[str, Any]  # --runtime: the release it was made for, each model's check
+    edgetpu: dict[str, Any]  # the Edge TPU's predicted mapping, stock against fused
+    timings_s: dict[str, float]
+    accuracy_loss_accepted: str

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from tflfuse.convert.records import (
     ModelAgreement,
     OutputAgreement,
     QuantizedRecord,
+    Report,
     UnfusedRecord,
 )
 from tflfuse.errors import TflfuseError
@@ -42,6 +43,9 @@ from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.protocol import Source
 from tflfuse.targets.edgetpu.modes import compare_modes
 from tflfuse.verification.runs import run_float
+
+if TYPE_CHECKING:
+    from tflfuse.targets.capabilities import Prediction
 
 
 class ParseOnce:
@@ -204,6 +208,19 @@ def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> JS
     }
 
 
+class EdgeTPUCut(TypedDict, total=False):
+    """One model's part of the report's `edgetpu` section (`edgetpu_cut`)."""
+
+    mapped: int
+    ops: int
+    notes: list[str]
+    cut: JSONDict  # index, op, status, reason of the op the compiler is predicted to cut at
+    cpu_ops: list[str]
+    other_readings: list[JSONDict]
+    compile_modes: JSONDict
+    _prediction: Prediction  # (popped before the report is written)
+
+
 def _version(dist: str) -> str:
     try:
         return metadata.version(dist)
@@ -211,14 +228,14 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def edgetpu_cut(data: bytes, model: Model | None = None) -> dict[str, Any]:
+def edgetpu_cut(data: bytes, model: Model | None = None) -> EdgeTPUCut:
     """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why
     (`model`: `data` already parsed), with the Prediction itself under `_prediction` (for the
     section's channels-last effect; popped before the report is written)."""
     prediction = targets.predict_edgetpu(
         model if model is not None else flatbuffer.from_bytes(data)
     )
-    out: dict[str, Any] = {
+    out: EdgeTPUCut = {
         "mapped": prediction.mapped,
         "ops": len(prediction.ops),
         "notes": list(prediction.notes),
@@ -273,7 +290,7 @@ def assemble(
     *,
     seed: int,
     parse: ParseOnce | None = None,
-) -> dict[str, Any]:
+) -> Report:
     """The report of one conversion from the recipe and the records its stages left
     (tflfuse.convert.records): sources and routes, each model's facts, agreement with the
     source, rules, quantization, the int8 legalization and the delegate check. `seed`: the
@@ -294,7 +311,7 @@ def assemble(
         for k, v in floats.items()
     }
     change = src.layout
-    out: dict[str, Any] = {
+    out: Report = {
         "source": src.name,
         "source_kind": src.describe(),
         "recipe": rec.to_dict(),
@@ -328,9 +345,8 @@ def assemble(
         },
         "notices": list(src.notices),
     }
-    compiled = compiled_target(rec)
-    if compiled is not None:
-        out[compiled.name] = _edgetpu_section(models, change, parse)
+    if compiled_target(rec) is not None:  # (the Edge TPU: the one compiled target)
+        out["edgetpu"] = _edgetpu_section(models, change, parse)
     return out
 
 
@@ -371,7 +387,7 @@ def compiled_target(rec: Recipe) -> targets.Target | None:
     return None
 
 
-def write(report: dict[str, Any], folder: Path) -> None:
+def write(report: Report, folder: Path) -> None:
     folder = Path(folder)
     # (a name that is not UTF-8, a model path for one, is written with backslash escapes)
     text = json.dumps(report, indent=2, default=str) + "\n"
@@ -379,7 +395,7 @@ def write(report: dict[str, Any], folder: Path) -> None:
     (folder / "report.md").write_text(markdown(report), encoding="utf-8", errors="backslashreplace")
 
 
-def stock_on_runtime(r: dict[str, Any]) -> str:
+def stock_on_runtime(r: Report) -> str:
     """Whether the stock model (as its route writes it: not lowered) runs on `--runtime`."""
     section = r.get("runtime") or {}
     stock = section.get("stock") or {}
@@ -395,7 +411,7 @@ def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
-def markdown(r: dict[str, Any]) -> str:
+def markdown(r: Report) -> str:
     """report.md: the report's sections, in the order a reader checks a conversion."""
     lines = _summary_lines(r)
     lines += _models_lines(r["models"])
@@ -411,7 +427,7 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _summary_lines(r: dict[str, Any]) -> list[str]:
+def _summary_lines(r: Report) -> list[str]:
     """The title, the recipe in one sentence, then notices, warnings and an interface change."""
     rec = r["recipe"]
     q = r["quantization"]
@@ -459,7 +475,7 @@ def _models_lines(models: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _agreement_lines(r: dict[str, Any]) -> list[str]:
+def _agreement_lines(r: Report) -> list[str]:
     """Each model's error against the source, and which outputs top-1 was computed for."""
     lines = [
         "",
@@ -501,10 +517,11 @@ def _rules_lines(rules: dict[str, Any]) -> list[str]:
     return lines
 
 
-def rewrites_checked(verification: dict[str, Any]) -> str:
+def rewrites_checked(verification: Mapping[str, object]) -> str:
     """One sentence on the per-rewrite int8 check (verification.rewrite_check), '' when none ran."""
-    checked = verification.get("rewrites") or []
-    skipped = verification.get("rewrites_not_checked") or []
+    # (the entries as verification.rewrite_check writes them: JSON objects)
+    checked = cast("list[dict[str, Any]]", verification.get("rewrites") or [])
+    skipped = cast("list[dict[str, Any]]", verification.get("rewrites_not_checked") or [])
     if not checked and not skipped:
         return ""
     text = f"int8 rewrites checked where they stand: {len(checked)}"
@@ -562,7 +579,7 @@ def _delegate_lines(d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _top1(row: dict[str, Any]) -> str:
+def _top1(row: OutputAgreement) -> str:
     if "top1_agreement" not in row:
         return "-"
     if row.get("reference_classes") == 1:

@@ -30,9 +30,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from tflfuse.json_types import JSONDict
+
+if TYPE_CHECKING:
+    from tflfuse.convert.records import Report
 
 # The CLI, run as a child that dies with its parent (Linux; elsewhere just the CLI).
 _LAUNCH = (
@@ -297,7 +300,7 @@ def judge(run: ProcessRun, timeout: float) -> tuple[str, str]:
     return ("crash" if "crashed in native code" in line else "refused"), line
 
 
-def measurements(report: dict[str, Any]) -> Measurements:
+def measurements(report: Report) -> Measurements:
     """The row's numbers from a report.json: op counts, Edge TPU mapping (Edge TPU targets
     only), the max abs error of stock and fused against the float source."""
     models, agreement = report.get("models") or {}, report.get("agreement") or {}

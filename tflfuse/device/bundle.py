@@ -28,12 +28,13 @@ import os
 import platform
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tflfuse.device.interpreter import interpreter_module
 from tflfuse.errors import TflfuseError
 
 if TYPE_CHECKING:  # for the type checker only (a device's Python may lack TypedDict)
+    from collections.abc import Mapping
     from typing import TypedDict
 
     from tflfuse.json_types import JSONDict
@@ -169,7 +170,7 @@ def device_interpreter(delegate: str = "") -> DeviceInterpreter:
 
 
 def check_runtime(
-    manifest: dict[str, Any], interpreter: DeviceInterpreter, delegate: str
+    manifest: Mapping[str, object], interpreter: DeviceInterpreter, delegate: str
 ) -> JSONDict:
     """Device side: BundleError (one line) when the manifest says a model cannot run on this
     interpreter release; else what was checked. Only the exact release (major.minor.patch) can
