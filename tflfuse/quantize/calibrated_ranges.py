@@ -71,7 +71,10 @@ PLACING = frozenset(
     }
 )
 
-Stats = Mapping[str, Mapping[str, Any]]  # tensor name -> {"min": array, "max": array, ...}
+# One tensor's calibration statistics as litert-quantizer keeps them ({"min": array, "max": array,
+# ...}), and a model's: tensor name -> its statistics (read only).
+TensorStats = dict[str, np.ndarray]
+Stats = Mapping[str, Mapping[str, np.ndarray]]
 
 
 class RangeError(TflfuseError):
@@ -107,7 +110,7 @@ class _Ranges:
     """The rules of the module docstring, applied op by op in dependency order."""
 
     def __init__(self, stats: Stats) -> None:
-        self.out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in stats.items()}
+        self.out: dict[str, TensorStats] = {k: dict(v) for k, v in stats.items()}
         self.holds_sentinels: set[int] = set()  # ids of tensors that hold placed sentinels
         self.changed: dict[str, str] = {}
 
@@ -197,7 +200,7 @@ class _Ranges:
         )
 
 
-def usable_ranges(graph: Graph, stats: Stats) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def usable_ranges(graph: Graph, stats: Stats) -> tuple[dict[str, TensorStats], dict[str, str]]:
     """(corrected statistics, {tensor: what changed}) for `graph`'s calibration `stats`
     (litert-quantizer's per-tensor {"min", "max"}), by the rules of the module docstring.
     Raises RangeError (one line naming the tensor) for a range no scale can represent. The

@@ -35,7 +35,7 @@ from tflfuse import isolation
 from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer, qparams
 from tflfuse.quantize import layer_error as layer_error_mod
-from tflfuse.quantize.calibrated_ranges import usable_ranges
+from tflfuse.quantize.calibrated_ranges import Stats, TensorStats, usable_ranges
 from tflfuse.quantize.int8_completion import COMPLETED_OPS, complete
 from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
@@ -212,7 +212,7 @@ def _calibrate(q: Any, float_model: bytes, dataset: dict[str, list[dict[str, np.
     raise TflfuseError("litert-quantizer could not calibrate this model")
 
 
-def in_tensor_ranks(graph: Graph, stats: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def in_tensor_ranks(graph: Graph, stats: Stats) -> dict[str, TensorStats]:
     """Per-tensor statistics shaped as litert-quantizer's own calibrator keeps them: min and max
     with one dimension of size 1 per dimension of the tensor (keepdims).
 
