@@ -420,11 +420,11 @@ def test_complete_reports_what_it_kept_float_per_target() -> None:
     from tflfuse.quantize.int8_completion import complete
 
     before = _island("PRELU", 4, _q(0.03, -60), np.array([[[0.25, -0.1, 0.02, 0.7]]]))
-    kept = complete(before, target=target_named("xnnpack"))
+    kept = complete(before, model=flatbuffer.from_bytes(before), target=target_named("xnnpack"))
     assert kept.data == before and kept.completed == {}
     assert list(kept.kept_float) == ["PRELU"] and kept.kept_float["PRELU"][0] == 1
     assert kept.to_dict()["kept_float"]["PRELU"]["reason"].startswith("XNNPACK takes no int8")
-    done = complete(before, target=target_named("edgetpu"))
+    done = complete(before, model=flatbuffer.from_bytes(before), target=target_named("edgetpu"))
     assert done.completed == {"PRELU": 1} and done.kept_float == {}
     assert done.verification["verified"]
 

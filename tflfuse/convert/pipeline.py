@@ -307,6 +307,10 @@ def quantize(rec: Recipe, ctx: Context) -> None:
     fused_q, _, by_converter = _quantize_one(rec, ctx, "fused", fused)
     unfused_q, left, _ = _quantize_one(rec, ctx, "unfused", unfused)
     assert fused_q is not None  # (only the unfused baseline is left to the baselines stage)
+    if fused_q.model is not None:  # its IR, handed on to the int8 rules (and not kept here)
+        ctx.handed, fused_q.model = (fused_q.data, fused_q.model), None
+    if unfused_q is not None:
+        unfused_q.model = None
     ctx.quantized = QuantizedRecord(
         fused_q,
         unfused_q,

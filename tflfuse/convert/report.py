@@ -232,9 +232,8 @@ def edgetpu_cut(data: bytes, model: Model | None = None) -> EdgeTPUCut:
     """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why
     (`model`: `data` already parsed), with the Prediction itself under `_prediction` (for the
     section's channels-last effect; popped before the report is written)."""
-    prediction = targets.predict_edgetpu(
-        model if model is not None else flatbuffer.from_bytes(data)
-    )
+    parsed = model if model is not None else flatbuffer.from_bytes(data)
+    prediction = targets.predict_edgetpu(parsed)
     out: EdgeTPUCut = {
         "mapped": prediction.mapped,
         "ops": len(prediction.ops),
@@ -252,7 +251,6 @@ def edgetpu_cut(data: bytes, model: Model | None = None) -> EdgeTPUCut:
         out["other_readings"] = [
             {**r.to_dict(), "where": r.where} for r in prediction.other_readings
         ]
-    parsed = model if model is not None else flatbuffer.from_bytes(data)
     out["compile_modes"] = compare_modes(parsed).to_dict()
     out["_prediction"] = prediction
     return out

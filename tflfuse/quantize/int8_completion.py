@@ -55,7 +55,7 @@ from typing import Any, ClassVar, cast
 
 import numpy as np
 
-from tflfuse.ir import Op, Quantization, Tensor, flatbuffer
+from tflfuse.ir import Model, Op, Quantization, Tensor, flatbuffer
 from tflfuse.json_types import JSONDict
 from tflfuse.rewrite import (
     DeadCodeElimination,
@@ -356,6 +356,9 @@ class Completion:
     kept_float: dict[str, tuple[int, str]] = field(default_factory=dict)  # op -> (n, why)
     verification: dict[str, Any] = field(default_factory=dict)
     kept: bool = True  # False: the completed model failed verification; `data` is the input
+    # the IR of `data` as its parse reads (flatbuffer.read_back), for the caller to go on with;
+    # None where the passes changed the given model and `data` is the input (parse `data`)
+    model: Model | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> JSONDict:
         return {
@@ -369,13 +372,16 @@ class Completion:
         }
 
 
-def complete(data: bytes, *, verify: bool = True, target: Target | None = None) -> Completion:
+def complete(
+    data: bytes, *, model: Model, verify: bool = True, target: Target | None = None
+) -> Completion:
     """The quantized model `data` with its PRELU / RELU_0_TO_1 / DEPTH_TO_SPACE float islands
     made int8 where that pays on `target` (module docstring), checked against `data` within the
-    declared int8 error. A result outside it is not kept: `data` is returned with the reason."""
-    model = flatbuffer.from_bytes(data, "quantized")
+    declared int8 error. A result outside it is not kept: `data` is returned with the reason.
+    `model`: the parse of `data`, which the passes rewrite in place (the result's `model` says
+    what to go on with)."""
     if not any(op.type in COMPLETED_OPS for op in model.main.ops):
-        return Completion(data)
+        return Completion(data, model=model)  # (untouched)
     rules = rules_for(target)
     candidate = verified.apply(
         data, lambda: [(*rules, DeadCodeElimination(), TopologicalSort())], model=model
@@ -390,7 +396,8 @@ def complete(data: bytes, *, verify: bool = True, target: Target | None = None) 
     failure, record = verified.judge(candidate, verify)
     if failure is not None:
         return Completion(data, made, refusals, kept_float, {**record, "failure": failure}, False)
-    return Completion(out, made, refusals, kept_float, record)
+    kept = flatbuffer.read_back(candidate.model)  # (after the check, which reads it as made)
+    return Completion(out, made, refusals, kept_float, record, model=kept)
 
 
 def _kept_float(rules: tuple[_Completion, ...], refusals: list[Any]) -> dict[str, tuple[int, str]]:

@@ -53,6 +53,9 @@ class Quantized:
     layer_error: list[dict[str, Any]] = field(default_factory=list)
     ranges_adjusted: dict[str, str] = field(default_factory=dict)  # tensor -> what changed
     completion: dict[str, Any] = field(default_factory=dict)  # int8_completion's record
+    # the IR of `data` as its parse reads (flatbuffer.read_back), for the next stage to take
+    # instead of parsing `data` (None: parse it)
+    model: Model | None = field(default=None, repr=False, compare=False)
 
 
 def _aeq_recipe(mode: str) -> Any:
@@ -129,31 +132,43 @@ def quantize(
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
     which = desc.removeprefix("calibrating ")
-    qmodel = flatbuffer.from_bytes(data)  # (parsed once: read here, and below unless completed)
+    qmodel = flatbuffer.from_bytes(data)  # (parsed once: read here, completed, handed on)
     qparams.check(qmodel, f"litert-quantizer's output ({which})")
     out = Quantized(data, f"litert-quantizer {mode}", ranges_adjusted=adjusted)
     if layer_error and samples:
         pair = (bytes(float_model), data)
         out.layer_error = _layer_error_within_budget(q, signature.key, samples, model, pair)
     if mode == "int8" and complete_int8:
-        done = complete(data, verify=verify, target=target)
-        out.completion = done.to_dict()
-        made = ", ".join(f"{n} {op}" for op, n in sorted(done.completed.items()))
-        if done.kept and done.completed:
-            data = done.data
-            qmodel = flatbuffer.from_bytes(data)
-            out.route += f"; {made} it left in float made int8 by tflfuse (int8_completion)"
-        elif not done.kept:
-            failure = done.verification.get("failure", "")
-            out.route += f"; {made} left in float: their int8 form was not kept ({failure})"
-        for op, (n, why) in sorted(done.kept_float.items()):
-            out.route += f"; {n} {op} kept in float ({why})"
+        data, qmodel = _completed(out, data, qmodel, verify, target)
     if mode == "int8":
         out.float_ops = float_compute_ops(qmodel.main)
         set_io_types(qmodel, input_type, output_type)
         data = flatbuffer.to_bytes(qmodel)
     out.data = data
+    out.model = flatbuffer.read_back(qmodel)
     return out
+
+
+def _completed(
+    out: Quantized, data: bytes, qmodel: Model, verify: bool, target: Target | None
+) -> tuple[bytes, Model]:
+    """The quantizer's int8 model `data` (parsed: `qmodel`, which the completion rewrites) with
+    the float islands it left made int8 (`int8_completion`), and its IR; `out` records how."""
+    done = complete(data, model=qmodel, verify=verify, target=target)
+    out.completion = done.to_dict()
+    made = ", ".join(f"{n} {op}" for op, n in sorted(done.completed.items()))
+    if done.kept and done.completed:
+        data = done.data
+        out.route += f"; {made} it left in float made int8 by tflfuse (int8_completion)"
+    elif not done.kept:
+        failure = done.verification.get("failure", "")
+        out.route += f"; {made} left in float: their int8 form was not kept ({failure})"
+    for op, (n, why) in sorted(done.kept_float.items()):
+        out.route += f"; {n} {op} kept in float ({why})"
+    # on with the completion's IR where it is that of `data` (else its passes changed `qmodel`,
+    # and `data` is parsed again)
+    held = done.model if done.data is data else None
+    return data, held if held is not None else flatbuffer.from_bytes(data)
 
 
 def _statistics(
