@@ -415,6 +415,22 @@ def predicted_memory(
     return memory
 
 
+# what each of `predicted_memory`'s undecided counts leaves open, in the order the line says it
+_UNDECIDED_REASONS = {
+    "undecided_softmax": "a softmax of a form or class count no compiled model lays out",
+    "undecided_fc_width": (
+        f"whether a FULLY_CONNECTED of {WIDE_FC_CACHED:,} to {WIDE_FC_STREAMED:,} inputs is"
+        " cached or streamed"
+    ),
+    "undecided_small_conv": "how a CONV_2D of 2 or 3 outputs is padded (to 4 or to 16)",
+    "undecided_reshape": "what a RESHAPE turning a column into a row holds",
+    "undecided_flatten": "what flattening a map whose channels are not a multiple of 4 holds",
+    "undecided_tiles": "how a later product of a constant of more than 4 rows tiles it",
+    "undecided_row_to_column": "what a RESHAPE of a row read from a CPU op into a column holds",
+    "undecided_channel_slice": "what a slice of channels starting off a multiple of 4 holds",
+}
+
+
 def undecided_line(memory: dict[str, int]) -> str | None:
     """One line naming what the evidence cannot decide of `predicted_memory`'s numbers, or None
     when every layer is laid out by a rule the compiled models show."""
@@ -424,25 +440,7 @@ def undecided_line(memory: dict[str, int]) -> str | None:
         reasons.append(
             f"{n} layer{'s' * (n > 1)} whose parameters the layout does not cover (counted as 0)"
         )
-    if memory.get("undecided_softmax"):
-        reasons.append("a softmax of a form or class count no compiled model lays out")
-    if memory.get("undecided_fc_width"):
-        reasons.append(
-            f"whether a FULLY_CONNECTED of {WIDE_FC_CACHED:,} to {WIDE_FC_STREAMED:,} inputs is"
-            " cached or streamed"
-        )
-    if memory.get("undecided_small_conv"):
-        reasons.append("how a CONV_2D of 2 or 3 outputs is padded (to 4 or to 16)")
-    if memory.get("undecided_reshape"):
-        reasons.append("what a RESHAPE turning a column into a row holds")
-    if memory.get("undecided_flatten"):
-        reasons.append("what flattening a map whose channels are not a multiple of 4 holds")
-    if memory.get("undecided_tiles"):
-        reasons.append("how a later product of a constant of more than 4 rows tiles it")
-    if memory.get("undecided_row_to_column"):
-        reasons.append("what a RESHAPE of a row read from a CPU op into a column holds")
-    if memory.get("undecided_channel_slice"):
-        reasons.append("what a slice of channels starting off a multiple of 4 holds")
+    reasons += [why for key, why in _UNDECIDED_REASONS.items() if memory.get(key)]
     if memory.get("undecided_split"):
         reasons.append(
             f"which layers a model of more than {SPLIT_SURE_BYTES:,} parameter bytes"
