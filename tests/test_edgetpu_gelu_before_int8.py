@@ -24,7 +24,7 @@ from tflfuse.targets.edgetpu.gelu import (
     MAX_STEPS,
     LegalizeGeluInt8,
     gelu_steps,
-    lifted_once_quantized,
+    float_gelu_lifted,
 )
 
 
@@ -145,4 +145,4 @@ def test_a_gelu_its_int8_form_cannot_map_stays_a_cut() -> None:
     gate keeps reading it as a cut)."""
     for shape, lifted in (((1, 8, 32), True), ((1, 2, 400000), False)):
         gelu = flatbuffer.from_bytes(_gelu_then_leaky(shape)).main.ops[1]
-        assert gelu.type == "GELU" and lifted_once_quantized(gelu) is lifted
+        assert gelu.type == "GELU" and float_gelu_lifted(gelu) is lifted

@@ -74,7 +74,7 @@ def pieces_unshown(x: Tensor) -> str | None:
 
 
 @lifts_the_cut
-def lifted_once_quantized(op: Op, graph: Graph | None = None) -> bool:
+def float_gelu_lifted(op: Op, graph: Graph | None = None) -> bool:
     """A float GELU the quantized stage spells in mapped ops (`LegalizeGeluInt8`): where the
     recipe keeps GELU float until quantization (its tanh form loses the signal in int8), the
     float stage must not read it as a cut, or every legalization after the first MLP of a ViT

@@ -14,7 +14,7 @@ attention's BATCH_MATMUL of two activations stays one op instead of nine: benchm
 A float TRANSPOSE over the element limit that the quantized stage splits into mapped pieces
 (`split_once_quantized`) is no cut there: at 640 px YOLO's [1, 20, 20, 256] layout TRANSPOSE held
 the attention product, which must be legalized in float to be calibrated, on the CPU. Nor is a
-float GELU the quantized stage spells in mapped ops (`gelu.lifted_once_quantized`): the recipe
+float GELU the quantized stage spells in mapped ops (`gelu.float_gelu_lifted`): the recipe
 keeps it float until then, and read as a cut it held back every legalization after a ViT's MLP.
 
 Most rules work on float graphs (the `edgetpu` recipe fuses and legalizes in float, then
