@@ -23,8 +23,8 @@ from tflfuse.targets import target as target_named
 from tflfuse.targets.edgetpu.gelu import (
     MAX_STEPS,
     LegalizeGeluInt8,
-    gelu_steps,
     float_gelu_lifted,
+    gelu_steps,
 )
 
 
