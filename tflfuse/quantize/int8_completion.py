@@ -375,9 +375,9 @@ class Completion:
 def complete(
     data: bytes, *, model: Model, verify: bool = True, target: Target | None = None
 ) -> Completion:
-    """The quantized model `data` with its PRELU / RELU_0_TO_1 / DEPTH_TO_SPACE float islands
-    made int8 where that pays on `target` (module docstring), checked against `data` within the
-    declared int8 error. A result outside it is not kept: `data` is returned with the reason.
+    """The quantized model `data` with its float islands of `COMPLETED_OPS` made int8 where
+    that pays on `target` (module docstring), checked against `data` within the declared int8
+    error. A result outside it is not kept: `data` is returned with the reason.
     `model`: the parse of `data`, which the passes rewrite in place (the result's `model` says
     what to go on with)."""
     if not any(op.type in COMPLETED_OPS for op in model.main.ops):
