@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -71,9 +72,8 @@ def child(variant: str, src: str, calib: str, out: str) -> int:
 
 
 def convert(variant: str, side: Path, out: Path) -> tuple[float, int, str]:
-    """A child converting `side`'s float export: (seconds, exit code, last stderr line)."""
-    if out.exists():
-        shutil.rmtree(out)
+    """A child converting `side`'s float export into `out` (a folder that does not exist yet):
+    (seconds, exit code, last stderr line)."""
     src, calib = side.with_suffix(".tflite"), side.with_suffix(".calib.npy")
     cmd = ["nice", sys.executable, __file__, "--child", variant, str(src), str(calib), str(out)]
     t0 = time.perf_counter()
@@ -106,18 +106,23 @@ def variant_row(side: Path, variant: str, args: argparse.Namespace, ref, xs) -> 
         if row.get("key") == key:
             log(f"{side.stem} {variant}: cached")
             return {**row, "cached": True}
-    out = args.out / f"{side.stem}.{variant}"
-    seconds, code, last = convert(variant, side, out)
-    row: dict[str, Any] = {"key": key, "variant": variant, "convert_s": round(seconds, 1)}
-    if code != 0:
-        row["convert_error"] = last
-    else:
-        report = json.loads((out / "report.json").read_text())
-        row["refused_as_useless"] = report.get("accuracy_loss_accepted")
-        row["fused"] = measured(out / "model.tflite", ref, xs)
-        if with_stock:
-            row["stock"] = measured(out / "model_stock.tflite", ref, xs)
-        shutil.rmtree(out)  # the models are large; the figures are kept
+    # a folder of this run's own in --out, removed after: the models are large, the figures
+    # are kept, and nothing this script did not write is ever deleted
+    work = Path(tempfile.mkdtemp(prefix=f"{side.stem}.{variant}.", dir=args.out))
+    out = work / "convert"
+    try:
+        seconds, code, last = convert(variant, side, out)
+        row: dict[str, Any] = {"key": key, "variant": variant, "convert_s": round(seconds, 1)}
+        if code != 0:
+            row["convert_error"] = last
+        else:
+            report = json.loads((out / "report.json").read_text())
+            row["refused_as_useless"] = report.get("accuracy_loss_accepted")
+            row["fused"] = measured(out / "model.tflite", ref, xs)
+            if with_stock:
+                row["stock"] = measured(out / "model_stock.tflite", ref, xs)
+    finally:
+        shutil.rmtree(work)
     log(f"{side.stem} {variant}: {summary(row)}")
     cache.write_text(json.dumps(row, indent=1) + "\n")
     return row
