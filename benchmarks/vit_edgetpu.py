@@ -96,20 +96,23 @@ def default_files(corpus: Path) -> list[Path]:
 
 
 def measure(files: list[Path], trees: dict[str, Path], rows: dict, fresh: bool) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="vit_edgetpu_"))
-    for path in files:
-        if not path.is_file():
-            log(f"{path.name}: not in the corpus")
-            continue
-        for label, tree in trees.items():  # before and after, alternating per model
-            key = f"{path.name}|{label}"
-            if key in rows and not fresh:
+    """Convert each file with each tree in a temporary folder of its own (removed after: the
+    figures are kept in OUT, the models are not)."""
+    with tempfile.TemporaryDirectory(prefix="vit_edgetpu_") as tmp:
+        work = Path(tmp)
+        for path in files:
+            if not path.is_file():
+                log(f"{path.name}: not in the corpus")
                 continue
-            log(f"{path.name}: {label} ({tree})")
-            rows[key] = {"file": path.name, "tree": label, **convert(tree, path, work)}
-            log(json.dumps(rows[key])[:400])
-            OUT.parent.mkdir(exist_ok=True)
-            OUT.write_text(json.dumps(rows, indent=1))
+            for label, tree in trees.items():  # before and after, alternating per model
+                key = f"{path.name}|{label}"
+                if key in rows and not fresh:
+                    continue
+                log(f"{path.name}: {label} ({tree})")
+                rows[key] = {"file": path.name, "tree": label, **convert(tree, path, work)}
+                log(json.dumps(rows[key])[:400])
+                OUT.parent.mkdir(exist_ok=True)
+                OUT.write_text(json.dumps(rows, indent=1))
     return rows
 
 
