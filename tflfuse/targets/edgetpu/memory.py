@@ -60,6 +60,7 @@ from tflfuse.targets.edgetpu.memory_forest import (
     SELECTION,
     SUM_COLUMNS_SHOWN,
     one_element_sub,
+    row_to_column_bytes,
     selection_bytes,
     sum_column_lanes,
     tiled_constant_bytes,
@@ -379,6 +380,8 @@ def predicted_memory(
         if not first_computed and op.type == "FULLY_CONNECTED" and computed_weights(op):
             size = tiled_constant_bytes(op) + selection_bytes(op, mapped)  # `memory_forest`
             counts["undecided_tiles"] += undecided_tiles(op)
+        if size is not None:
+            size += row_to_column_bytes(op, mapped)  # `memory_forest`: lanes, at N shown
         if op.type == "SOFTMAX":
             size = softmax_bytes(op, compiler_major)
             counts["undecided_softmax"] += _undecided_softmax(op, compiler_major)

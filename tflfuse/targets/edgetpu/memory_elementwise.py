@@ -8,6 +8,11 @@ below was located byte by byte in the parameter streams of dev twins
 the memory is undecided:
 
 - A MUL of a one-element constant: none (the GEMM random forests' MUL by one value).
+- A SUB of a one-element constant from an activation of more than one element: none (two dev
+  forests of 64 and 300 samples, SUB(c [1, 1], x [1, N]): their first subgraph streams exactly
+  their FULLY_CONNECTED's constant, 64 bytes; the holdout MoveNet Lightning's SUB of one value
+  from [1, 192, 192, 3] holds none as well). From a one-element activation it is one cached
+  block (`memory_forest.one_element_sub`).
 - A SUB of a constant [..., N, 1] broadcast along the channel axis: the constant as it is, not
   widened to the output (a dev forest's threshold SUB(c [480, 1], x [480, 64]): 480 bytes, 512
   with the padding, right after the FULLY_CONNECTED's constant in its stream, both streamed);
@@ -15,7 +20,7 @@ the memory is undecided:
   SUB(c [N, 1], x [N, 1]), N = 8, 384, 800, 2,624: their first subgraph's bytes exact).
 
 Not shown by a dev twin, so left undecided: an ADD of a constant (no pair at hand maps one), a
-SUB of one value, a MUL of a constant of more than one value, a SUB of a per-channel constant.
+MUL of a constant of more than one value, a SUB of a per-channel constant.
 A holdout twin (Coral's MoveNet Lightning, checked, not derived from) streams 2,368 bytes beside
 2,862,656 cached: its [48, 48, 1] MUL constant as it is (2,304) and its [1, 1, 1, 3] SUB mean as
 4 bytes a channel (64), its MUL and SUB by one value none; the forms a dev twin must show before
@@ -79,7 +84,8 @@ def elementwise_bytes(op: Op) -> int | None:
     out = tuple(int(d) for d in op.outputs[0].shape) if op.outputs else ()
     n = _size(shape)
     if n == 1:
-        return 0 if op.type == "MUL" else None
+        several = _size(out) > 1  # a one-element SUB is `memory_forest.one_element_sub`'s
+        return 0 if op.type == "MUL" or (op.type == "SUB" and several) else None
     channels = out[-1] if out else 0
     if op.type == "SUB" and shape[-1:] == (1,) and channels >= 1 and n * channels == _size(out):
         return _pad(n, SECTION)  # one value per position

@@ -23,10 +23,15 @@ between the products. Read in the parameter streams of their dev twins
   one-hot block per lane (`memory._lanes`; dev: n = 4 in one twin, 320 bytes, and n = 2 in
   another, 192); other n are laid out so but said undecided.
 
-Not shown, so still undecided: a RESHAPE of a row into a column read from a CPU op
-(`undecided_row_to_column`) and a TRANSPOSE of a tensor read from one (`memory_shown`: not
-laid out); the forests of 64 and 300 samples hold thousands of lane bytes there whose pattern
-three dev twins do not pin down. A UNIDIRECTIONAL_SEQUENCE_LSTM (Coral's keras_lstm_mnist_ptq,
+- A RESHAPE of a row [1, 1, N] read from a CPU op into a column [N, 1] (a product's weights)
+  holds lane selections at the N dev twins show (`ROW_TO_COLUMN_SHOWN`): N = 64 a zero block
+  and 64 one-hot blocks (4,160 bytes), N = 300 1,709 blocks (109,376); each the forest's middle
+  subgraph exact with its product's tile and block (two dev twins of one tree, whose first
+  subgraphs stream exactly their product's constant and whose last ones hold the transposes
+  of `memory_shown`). The two do not give a formula (300 lanes are not 1 + 300 blocks), so
+  other N stay undecided (`undecided_row_to_column`; the holdout's 256 samples among them).
+
+A UNIDIRECTIONAL_SEQUENCE_LSTM (Coral's keras_lstm_mnist_ptq,
 the one twin that maps one: 34,944 bytes more than its dense layer and softmax as laid out, of
 selection blocks, gate weights in rows of 128 bytes and int32 words) stays not laid out. No
 TensorFlow here.
@@ -89,18 +94,36 @@ def selection_bytes(op: Op, mapped: set[int]) -> int:
     return SELECTION if weights_from_cpu(op, mapped) else 0
 
 
-def undecided_row_to_column(op: Op, mapped: set[int]) -> bool:
-    """A RESHAPE of a row of several elements ([1, ..., 1, N]) into a column ([N, 1]) read from
-    a tensor no Edge TPU op computes: the dev forests of 64 and 300 samples hold 4,160 and
-    109,376 bytes there (beside their product's tile and block), of lanes whose pattern two
-    twins do not pin down; a RESHAPE of one element holds none (a forest of one sample)."""
+# The lengths N whose RESHAPE of a row read from a CPU op into a column a dev twin shows, and
+# the bytes it holds there (module docstring).
+ROW_TO_COLUMN_SHOWN = {64: 4_160, 300: 109_376}
+
+
+def row_to_column(op: Op, mapped: set[int]) -> int | None:
+    """N for a RESHAPE of a row of several elements ([1, ..., 1, N]) into a column ([N, 1]) read
+    from a tensor no Edge TPU op computes, else None (a RESHAPE of one element holds none: a
+    forest of one sample)."""
     x = op.inputs[0] if op.type == "RESHAPE" and op.inputs else None
     if x is None or not x.shape or not op.outputs:
-        return False
+        return None
     n = int(x.shape[-1])
     row = n > 1 and all(int(d) == 1 for d in x.shape[:-1])
     column = tuple(int(d) for d in op.outputs[0].shape) == (n, 1)
-    return row and column and (x.producer is None or id(x.producer) not in mapped)
+    cpu = x.producer is None or id(x.producer) not in mapped
+    return n if row and column and cpu else None
+
+
+def row_to_column_bytes(op: Op, mapped: set[int]) -> int:
+    """The lane bytes of a `row_to_column` RESHAPE at a length a dev twin shows, else 0."""
+    n = row_to_column(op, mapped)
+    return ROW_TO_COLUMN_SHOWN.get(n, 0) if n is not None else 0
+
+
+def undecided_row_to_column(op: Op, mapped: set[int]) -> bool:
+    """A `row_to_column` RESHAPE of a length no dev twin shows: its lanes' pattern two twins
+    do not pin down."""
+    n = row_to_column(op, mapped)
+    return n is not None and n not in ROW_TO_COLUMN_SHOWN
 
 
 def one_element_sub(op: Op) -> bool:

@@ -24,6 +24,15 @@ from tflfuse.ir import Op
 #   on the [1, 4, N] one. The forest of 300 samples in three subgraphs transposes [2, 300] and
 #   [4, 300] by (1, 0) after its SUM: the same two blocks (one a selection of 4 lanes), its
 #   last subgraph's 192 bytes exact with its product's tile (1 dev twin).
+# - The GEMM forests of 64 samples in three subgraphs, each [R, 64] transposed by (1, 0) into a
+#   product's weights hold lane selections (one-hot blocks, 64-byte aligned) whose count the
+#   twins show only at these R; the streams repeat one period per tree, so each is located
+#   exactly: [15, 64] 353 blocks (22,592 bytes) and [16, 64] 354 (22,656), read from a CPU op
+#   through a RESHAPE (32 each in one dev twin: its two cached subgraphs, 755,712 and 750,656
+#   bytes, exact with the products' tiles); [4, 64] after the SUM 273 (17,472: that twin's
+#   tail, and a dev forest of one tree whose last subgraph's 17,536 bytes are it and one tile,
+#   so its [2, 64] holds none, as [2, 300] and [2, 1000] do). Other R at 64 samples (the
+#   holdout's 256 samples too) are not shown: a pattern, not a formula, so not laid out.
 TRANSPOSE_SHOWN: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {
     ((1, 20, 20, 68), (0, 3, 1, 2)): 12_864,
     ((1, 20, 20, 144), (0, 3, 1, 2)): 12_864,
@@ -36,6 +45,10 @@ TRANSPOSE_SHOWN: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {
     ((2, 1000), (1, 0)): 0,
     ((1, 4, 1000), (2, 1, 0)): 128,
     ((4, 300), (1, 0)): 128,
+    ((2, 64), (1, 0)): 0,
+    ((4, 64), (1, 0)): 17_472,
+    ((15, 64), (1, 0)): 22_592,
+    ((16, 64), (1, 0)): 22_656,
 }
 # A PACK along axis 0 of a [1, 1] activation and a [1, 1] constant: a 64-byte block holding the
 # constant, streamed although the model fits, and a 64-byte lane selection, cached (7 dev twins
