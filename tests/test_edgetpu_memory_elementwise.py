@@ -51,13 +51,12 @@ def test_a_forests_threshold_sub_and_scaling_mul_stream_the_constant_as_it_is() 
 
 def test_forms_no_dev_twin_shows_are_said_undecided() -> None:
     """MoveNet Lightning's (a holdout twin: checked, not derived from) MUL of a [48, 48, 1]
-    constant, SUB of a [1, 1, 1, 3] mean and SUB of one value; an ADD of a constant or of one
+    constant and SUB of a [1, 1, 1, 3] mean; an ADD of a constant or of one
     value; a MUL of a broadcast constant: no dev twin shows them, so they are not laid out and
     `check` says so."""
     unshown = [
         _elementwise("MUL", (1, 48, 48, 1), (48, 48, 1)),
         _elementwise("SUB", (1, 192, 192, 3), (1, 1, 1, 3)),
-        _elementwise("SUB", (1, 192, 192, 3), ()),
         _elementwise("ADD", (1, 8, 8, 16), (1, 8, 8, 16)),
         _elementwise("ADD", (1, 8, 8, 16), ()),
         _elementwise("MUL", (1, 8, 8, 16), (1, 1, 1, 16)),
@@ -66,6 +65,17 @@ def test_forms_no_dev_twin_shows_are_said_undecided() -> None:
         assert elementwise_bytes(op) is None
         line = undecided_line(predicted_memory([op], capability("edgetpu")))
         assert line is not None and "does not cover" in line
+
+
+def test_a_sub_of_one_value_from_several_elements_holds_none() -> None:
+    """Two dev forests of 64 and 300 samples stream exactly their first product's constant
+    beside SUB(c [1, 1], x [1, N]): that SUB holds none (MoveNet Lightning's, a holdout twin,
+    SUB of one value from [1, 192, 192, 3] holds none too); an ADD of one value stays
+    undecided."""
+    for shape in ((1, 64), (1, 300), (1, 192, 192, 3)):
+        assert elementwise_bytes(_elementwise("SUB", shape, (1, 1)[: min(2, len(shape))])) == 0
+    assert elementwise_bytes(_elementwise("SUB", (1, 192, 192, 3), ())) == 0
+    assert elementwise_bytes(_elementwise("ADD", (1, 64), (1, 1))) is None
 
 
 def _strided_slice(channels: int, begin: int, size: int, begin_mask: int = 0) -> Op:
