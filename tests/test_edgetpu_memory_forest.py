@@ -32,9 +32,13 @@ class _Forest:
         self.n += 1
         return self.g.add_tensor(f"t{self.n}", shape, dtype, quantization=Q)
 
-    def c(self, shape: tuple[int, ...], value: int = 3) -> Tensor:
+    def c(self, shape: tuple[int, ...], value: int | None = None) -> Tensor:
+        """A constant, each one's bytes its own unless `value` is given (trees of one shape
+        share their path matrix: a repeated constant is undecided, `repeated_constant`)."""
         self.n += 1
-        return self.g.add_constant(f"c{self.n}", np.full(shape, value, np.int8), quantization=Q)
+        fill = self.n % 251 - 125 if value is None else value
+        data = np.full(shape, fill, np.int8)
+        return self.g.add_constant(f"c{self.n}", data, quantization=Q)
 
     def op(self, kind: str, inputs: list[Tensor | None], out: Tensor, *, cpu: bool = False) -> Op:
         made = self.g.add_op(kind, inputs, [out])
@@ -54,10 +58,10 @@ class _Forest:
         self.op("QUANTIZE", [self.t(shape, "FLOAT32")], y, cpu=True)
         return y
 
-    def product(self, rows: tuple[int, int], w: Tensor) -> Tensor:
+    def product(self, rows: tuple[int, int], w: Tensor, value: int | None = None) -> Tensor:
         """FULLY_CONNECTED(constant [M, K], computed weights [N, K]) -> [M, N]."""
         y = self.t((rows[0], int(w.shape[0])))
-        self.op("FULLY_CONNECTED", [self.c(rows), w, None], y)
+        self.op("FULLY_CONNECTED", [self.c(rows, value), w, None], y)
         return y
 
     def transpose(self, x: Tensor) -> Tensor:
@@ -260,3 +264,20 @@ def test_the_transposes_of_a_forest_of_32_trees_of_64_samples() -> None:
     memory = f.memory()
     assert (middle - before, memory["parameter_bytes"] - middle) == (755_712, 750_656)
     assert undecided_line(memory) is None
+
+
+def test_a_constant_repeated_in_several_products_is_undecided() -> None:
+    """The dev twins store a repeated constant each time (8 identical [2, 1] of a forest of 8
+    trees), yet a forest of 128 trees with 10 distinct [16, 15] constants holds far fewer bytes
+    than 128 copies: a later product whose constant repeats an earlier one's is undecided,
+    the bytes still counted per copy; the column [1, 2, 1] a CPU op computes read as the
+    weights [1, 2] holds none (decided: 4 dev twins)."""
+    f = _Forest()
+    _first_subgraph(f, (8, 2), 1)
+    for _ in range(8):
+        f.product((2, 2), f.reshape(f.cpu_value((1, 2, 1)), (1, 2)), value=5)
+    memory = f.memory()
+    assert memory["parameter_bytes"] - 128 == 8 * 128
+    line = undecided_line(memory)
+    assert line is not None and "repeated in several matrix products" in line
+    assert "column into a row" not in line

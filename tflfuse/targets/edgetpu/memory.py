@@ -60,12 +60,14 @@ from tflfuse.targets.edgetpu.memory_forest import (
     SELECTION,
     SUM_COLUMNS_SHOWN,
     one_element_sub,
+    repeated_constant,
     row_to_column_bytes,
     selection_bytes,
     sum_column_lanes,
     tiled_constant_bytes,
     undecided_row_to_column,
     undecided_tiles,
+    weights_column,
 )
 from tflfuse.targets.edgetpu.memory_shown import pack_bytes, pack_streamed_bytes, transpose_bytes
 
@@ -371,8 +373,10 @@ def predicted_memory(
     keys: tuple[str, ...] = ("layers_not_laid_out", "undecided_softmax", "undecided_fc_width")
     keys += ("undecided_small_conv", "undecided_flatten", "undecided_reshape")
     keys += ("undecided_channel_slice", "undecided_tiles", "undecided_row_to_column")
+    keys += ("undecided_repeated",)
     counts = dict.fromkeys(keys, 0)
     seen: set[int] = set()
+    constants: set[bytes] = set()  # later products' constants, to find repeated ones
     first_computed = True
     mapped = {id(op) for op in mapped_ops}
     for op in mapped_ops:
@@ -380,6 +384,7 @@ def predicted_memory(
         if not first_computed and op.type == "FULLY_CONNECTED" and computed_weights(op):
             size = tiled_constant_bytes(op) + selection_bytes(op, mapped)  # `memory_forest`
             counts["undecided_tiles"] += undecided_tiles(op)
+            counts["undecided_repeated"] += repeated_constant(op, constants)
         if size is not None:
             size += row_to_column_bytes(op, mapped)  # `memory_forest`: lanes, at N shown
         if op.type == "SOFTMAX":
@@ -396,7 +401,7 @@ def predicted_memory(
         counts["undecided_fc_width"] += _undecided_width(op)
         counts["undecided_small_conv"] += _undecided_small_conv(op)
         counts["undecided_flatten"] += _undecided_flatten(op)
-        counts["undecided_reshape"] += _undecided_reshape(op)
+        counts["undecided_reshape"] += _undecided_reshape(op) and not weights_column(op, mapped)
         counts["undecided_channel_slice"] += undecided_channel_slice(op)
         counts["undecided_row_to_column"] += undecided_row_to_column(op, mapped)
         for t in op.inputs:
@@ -431,6 +436,10 @@ _UNDECIDED_REASONS = {
     "undecided_tiles": "how a later product of a constant of more than 4 rows tiles it",
     "undecided_row_to_column": "what a RESHAPE of a row read from a CPU op into a column holds",
     "undecided_channel_slice": "what a slice of channels starting off a multiple of 4 holds",
+    "undecided_repeated": (
+        "whether a constant repeated in several matrix products is stored once or each time"
+        " (compiled models show both)"
+    ),
 }
 
 

@@ -31,6 +31,17 @@ between the products. Read in the parameter streams of their dev twins
   of `memory_shown`). The two do not give a formula (300 lanes are not 1 + 300 blocks), so
   other N stay undecided (`undecided_row_to_column`; the holdout's 256 samples among them).
 
+- A RESHAPE of a column [1, K, 1] a CPU op computes (a SPLIT of the trees' rows) into the
+  row [1, K] a later product reads as its weights holds none (`weights_column`): the product's
+  block above is all its twins hold for it (4 dev twins of 8 to 32 trees, K = 2 and 48 to 83,
+  their totals exact).
+- A later product whose constant repeats an earlier later product's (the same bytes: trees of
+  one shape share their path matrix) is undecided (`repeated_constant`): the dev twins store
+  each copy (8 identical [2, 1] in one, 32 products of 4 distinct [16, 15] in another), but a
+  forest of 128 trees whose [16, 15] constants are 10 distinct holds 12,416 bytes in that
+  subgraph, not 128 x 1,088: about one tile set and block per distinct constant and 1,536
+  bytes more, a sharing no rule here accounts for.
+
 A UNIDIRECTIONAL_SEQUENCE_LSTM (Coral's keras_lstm_mnist_ptq,
 the one twin that maps one: 34,944 bytes more than its dense layer and softmax as laid out, of
 selection blocks, gate weights in rows of 128 bytes and int32 words) stays not laid out. No
@@ -38,6 +49,8 @@ TensorFlow here.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from tflfuse.ir import Op, Tensor
 
@@ -151,3 +164,38 @@ def sum_column_lanes(op: Op) -> int | None:
     if len(shape) != 2 or shape[1] != 1 or y != (1, shape[0]):
         return None
     return shape[0]
+
+
+def weights_column(op: Op, mapped: set[int]) -> bool:
+    """A RESHAPE of a column [1, K, 1] a CPU op computes into the row [1, K] that only
+    FULLY_CONNECTEDs read, as their weights (module docstring: none)."""
+    x = op.inputs[0] if op.type == "RESHAPE" and op.inputs else None
+    if x is None or x.producer is None or id(x.producer) in mapped or not op.outputs:
+        return False
+    shape = tuple(int(d) for d in x.shape)
+    y = op.outputs[0]
+    if len(shape) != 3 or shape[0] != 1 or shape[2] != 1 or tuple(y.shape) != shape[:2]:
+        return False
+    readers = y.consumers
+    return bool(readers) and all(
+        r.type == "FULLY_CONNECTED" and len(r.inputs) > 1 and r.inputs[1] is y for r in readers
+    )
+
+
+def constant_digest(op: Op) -> bytes | None:
+    """The bytes of a product's constant input (to find constants repeated across products)."""
+    x = op.inputs[0] if op.inputs else None
+    if x is None or not x.is_constant or x.is_raw:
+        return None
+    return np.asarray(x.data).tobytes() + str(tuple(x.shape)).encode()
+
+
+def repeated_constant(op: Op, seen: set[bytes]) -> bool:
+    """A later product whose constant's bytes an earlier later product already holds (`seen`,
+    updated here): whether the compiler stores it again is undecided (module docstring)."""
+    digest = constant_digest(op)
+    if digest is None:
+        return False
+    repeated = digest in seen
+    seen.add(digest)
+    return repeated
