@@ -29,13 +29,16 @@ finding each layer's weights in them (the comment above [meta] in `delegates/edg
 - An elementwise SUB or MUL of a constant at the forms dev twins show, streamed; a channel
   slice starting off a multiple of 4 said undecided (`memory_elementwise`).
 - The GEMM forests' later products of a constant input in 4 x 4 tiles, a one-element SUB's
-  cached block, a SUM column's lanes (`memory_forest`).
+  cached block, a SUM column's lanes, a CPU op's row read as a column at the lengths dev twins
+  show (`memory_forest`), their [R, 64] transposes at the R shown (`memory_shown`); a constant
+  repeated across products said undecided.
 
 Applied to the ops each twin maps (`benchmarks/edgetpu_oracle_score.py`), on the 115 pairs at
 hand whose package parses (shared, fetch-more, Coral's test data and edgetpu repositories, a
-YOLOv5n): the total exact dev 60/66, holdout 43/49; cached and streamed both exact dev 57/66,
-holdout 40/49; the streamed bytes exact dev 61/66, holdout 42/49 (before `memory_forest`: 55,
-39; 55, 38; 60, 42. The previous round, on 316
+YOLOv5n; a holdout copy of a dev pair counted as dev: 70 dev, 45 holdout): the total exact dev
+66/70, holdout 40/45; cached and streamed both exact dev 63/70, holdout 37/45; the streamed
+bytes exact dev 64/70, holdout 39/45 (before the forests of 64 and 300 samples were laid out:
+63, 40; 60, 37; 64, 39. The previous round, on 316
 pairs of local sets no longer at hand: the total exact on 284, dev 135/149, holdout 149/167;
 both exact on 264, dev 126, holdout 138); what the layout does not cover is in the comment above
 [meta] in `delegates/edgetpu.toml`, and `undecided_line` says it of a model. Co-compiled twins
