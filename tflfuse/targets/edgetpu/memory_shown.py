@@ -31,8 +31,9 @@ from tflfuse.ir import Op
 #   through a RESHAPE (32 each in one dev twin: its two cached subgraphs, 755,712 and 750,656
 #   bytes, exact with the products' tiles); [4, 64] after the SUM 273 (17,472: that twin's
 #   tail, and a dev forest of one tree whose last subgraph's 17,536 bytes are it and one tile,
-#   so its [2, 64] holds none, as [2, 300] and [2, 1000] do). Other R at 64 samples (the
-#   holdout's 256 samples too) are not shown: a pattern, not a formula, so not laid out.
+#   the first 272 blocks byte for byte the same in both; so its [2, 64] holds none, as
+#   [2, 300] and [2, 1000] do). Other R at 64 samples (the holdout's 256 samples too) are not
+#   shown: a pattern, not a formula, so not laid out.
 TRANSPOSE_SHOWN: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {
     ((1, 20, 20, 68), (0, 3, 1, 2)): 12_864,
     ((1, 20, 20, 144), (0, 3, 1, 2)): 12_864,
