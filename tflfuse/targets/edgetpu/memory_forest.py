@@ -34,7 +34,7 @@ between the products. Read in the parameter streams of their dev twins
 - A RESHAPE of a column [1, K, 1] a CPU op computes (a SPLIT of the trees' rows) into the
   row [1, K] a later product reads as its weights holds none (`weights_column`): the product's
   block above is all its twins hold for it (4 dev twins of 8 to 32 trees, K = 2 and 48 to 83,
-  their totals exact).
+  compiled together: their split is the compile's, their totals exact).
 - A later product whose constant repeats an earlier later product's (the same bytes: trees of
   one shape share their path matrix) is undecided (`repeated_constant`): the dev twins store
   each copy (8 identical [2, 1] in one, 32 products of 4 distinct [16, 15] in another), but a
