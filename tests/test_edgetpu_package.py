@@ -38,7 +38,13 @@ from tflfuse.targets.edgetpu.package import (
     package_memory,
     read_package,
 )
-from tflfuse.targets.edgetpu.truth import Truth, read_truth, truth_of, twin_compiler_major
+from tflfuse.targets.edgetpu.truth import (
+    Truth,
+    format_package,
+    read_truth,
+    truth_of,
+    twin_compiler_major,
+)
 
 MORE = ORACLE.parent / "edgetpu-more"
 
@@ -662,3 +668,24 @@ def test_a_fully_connected_of_a_constant_input_stores_the_constant_as_it_is() ->
     # a TRANSPOSE of [5, 1000] no twin shows is not laid out
     line = undecided_line(predicted_memory([first, transpose, second], capability("edgetpu")))
     assert line is not None and "does not cover" in line
+
+
+@needs_oracle()
+def test_the_package_says_what_the_activations_need() -> None:
+    """libedgetpu's executable.fbs: `used_narrow_memory_bytes_per_tile` (field 12) and
+    `scratch_size_bytes` (field 4) of the executable that runs; the LSTM keeps 672 bytes of
+    activations in host memory, MobileNet v1 none; both sizes are those of Coral's twins."""
+    lstm = model_packages(flatbuffer.load(ORACLE / "keras_lstm_mnist_ptq_edgetpu.tflite"))[0]
+    mobilenet = model_packages(
+        flatbuffer.load(ORACLE / "mobilenet_v1_0.25_128_quant_edgetpu.tflite")
+    )[0]
+    assert lstm is not None and mobilenet is not None
+    (run,) = [e for e in lstm.executables if e.type == "EXECUTION_ONLY"]
+    assert (run.narrow_bytes_per_tile, run.scratch_bytes) == (4_876, 672)
+    (run,) = [e for e in mobilenet.executables if e.type == "EXECUTION_ONLY"]
+    assert (run.narrow_bytes_per_tile, run.scratch_bytes) == (8_996, 0)
+    assert all(e.instruction_bytes > 0 for e in (*lstm.executables, *mobilenet.executables))
+    memory = package_memory(flatbuffer.load(ORACLE / "keras_lstm_mnist_ptq_edgetpu.tflite"))
+    assert memory is not None
+    lines = format_package(dict(memory))
+    assert any("4,876 B of on-chip memory per tile, 672 B in host memory" in x for x in lines)

@@ -13,6 +13,12 @@ are what it loads once into the 8 MiB on-chip SRAM ("On-chip memory used for cac
 parameters"); an EXECUTION_ONLY or STAND_ALONE executable's parameters are streamed from the
 host on every inference ("Off-chip memory used for streaming uncached model parameters").
 Executables sharing a `parameter_caching_token` (models compiled together) share the cache.
+Each executable also says what its activations need: `used_narrow_memory_bytes_per_tile` (the
+on-chip activation memory each tile uses: at most 196,596 bytes, just under 192 KiB, on the 115
+twins at hand) and `scratch_size_bytes` (activations kept in host memory: 4 twins, up to
+1,393,920 bytes, beside 1.9 to 3.5 MB of cached parameters); and the size of its instruction
+bitstreams (Coral's documentation: the cache is what remains of the SRAM after "a small amount"
+reserved for the executable). benchmarks/EDGETPU_SPLIT.md sets these beside the split.
 
 The accessors below are written from the schema's field order (a flatbuffer table's field i sits
 at vtable slot 4 + 2 i; a union takes two slots, its type then its value); no generated code.
@@ -39,9 +45,9 @@ _PACKAGE_ID = b"DWN1"
 
 # field numbers, from executable.fbs
 _PKG_RUNTIME, _PKG_MULTI, _PKG_COMPILER, _PKG_IDENTIFIER = 0, 1, 4, 7
-_EXE_NAME, _EXE_BATCH, _EXE_SCRATCH, _EXE_PARAMS = 1, 3, 4, 6
+_EXE_NAME, _EXE_BATCH, _EXE_SCRATCH, _EXE_CODE, _EXE_PARAMS = 1, 3, 4, 5, 6
 _EXE_INPUTS, _EXE_OUTPUTS, _EXE_CHIP, _EXE_TYPE, _EXE_TOKEN = 8, 9, 10, 13, 14
-_EXE_CYCLES_32, _EXE_DRAM, _EXE_CYCLES = 11, 15, 16
+_EXE_CYCLES_32, _EXE_NARROW, _EXE_DRAM, _EXE_CYCLES = 11, 12, 15, 16
 _LAYER_NAME, _LAYER_SIZE, _LAYER_Y, _LAYER_X, _LAYER_Z = 0, 1, 2, 3, 4
 _LAYER_TYPE, _LAYER_COUNT = 6, 9  # field 7/8 is the AnyLayer union (type, value)
 _DATA_TYPES = {0: "UINT8", 1: "UINT16", 2: "INT32", 3: "BFLOAT16", 4: "FLOAT16", 5: "FLOAT32"}
@@ -129,8 +135,11 @@ class Executable:
     type: str  # one of EXECUTABLE_TYPES
     parameter_bytes: int
     caching_token: int
-    scratch_bytes: int
+    scratch_bytes: int  # activations kept off chip (host memory), for batch 1
     name: str | None = None
+    # the on-chip activation ("narrow") memory each tile uses, below 192 KiB on every twin at hand
+    narrow_bytes_per_tile: int = 0
+    instruction_bytes: int = 0  # the encoded instruction bitstreams
     batch_size: int = 0
     chip: str | None = None
     estimated_cycles: int = 0
@@ -145,6 +154,8 @@ class Executable:
             "parameter_bytes": self.parameter_bytes,
             "caching_token": f"{self.caching_token:#018x}",
             "scratch_bytes": self.scratch_bytes,
+            "narrow_bytes_per_tile": self.narrow_bytes_per_tile,
+            "instruction_bytes": self.instruction_bytes,
             "estimated_cycles": self.estimated_cycles,
             "inputs": [layer.to_dict() for layer in self.inputs],
             "outputs": [layer.to_dict() for layer in self.outputs],
@@ -244,6 +255,8 @@ def _executable(raw: bytes) -> Executable:
         caching_token=_scalar(t, _EXE_TOKEN, fb_types.Uint64Flags),
         scratch_bytes=_scalar(t, _EXE_SCRATCH, fb_types.Int32Flags),
         name=_text(t, _EXE_NAME),
+        narrow_bytes_per_tile=_scalar(t, _EXE_NARROW, fb_types.Int32Flags),
+        instruction_bytes=sum(_vector_length(code, 0) for code in _tables(t, _EXE_CODE)),
         batch_size=_scalar(t, _EXE_BATCH, fb_types.Int32Flags),
         chip=_text(t, _EXE_CHIP),
         estimated_cycles=_scalar(t, _EXE_CYCLES, fb_types.Int64Flags),

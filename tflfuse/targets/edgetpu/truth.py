@@ -453,6 +453,15 @@ def format_package(package: dict[str, object] | None) -> list[str]:
         ins = ", ".join(f"{x['name']} {x['yxz']}" for x in pkg["inputs"])
         outs = ", ".join(f"{x['name']} {x['yxz']}" for x in pkg["outputs"])
         lines.append(f"  segment {i}: inputs {ins or '-'}; outputs {outs or '-'}")
+        running = [e for e in pkg["executable_list"] if e["type"] != "PARAMETER_CACHING"]
+        if running:
+            narrow = max(int(e.get("narrow_bytes_per_tile", 0)) for e in running)
+            scratch = max(int(e["scratch_bytes"]) for e in running)
+            code = sum(int(e.get("instruction_bytes", 0)) for e in pkg["executable_list"])
+            lines.append(
+                f"    activations: {narrow:,} B of on-chip memory per tile, {scratch:,} B in"
+                f" host memory (scratch); instructions {code:,} B"
+            )
     return lines
 
 
