@@ -15,10 +15,11 @@ host on every inference ("Off-chip memory used for streaming uncached model para
 Executables sharing a `parameter_caching_token` (models compiled together) share the cache.
 Each executable also says what its activations need: `used_narrow_memory_bytes_per_tile` (the
 on-chip activation memory each tile uses: at most 196,596 bytes, just under 192 KiB, on the 115
-twins at hand) and `scratch_size_bytes` (activations kept in host memory: 4 twins, up to
-1,393,920 bytes, beside 1.9 to 3.5 MB of cached parameters); and the size of its instruction
-bitstreams (Coral's documentation: the cache is what remains of the SRAM after "a small amount"
-reserved for the executable). benchmarks/EDGETPU_SPLIT.md sets these beside the split.
+twins at hand) and `scratch_size_bytes` (activations kept in host memory: 672 bytes in the
+LSTM's, 409,600 to 1,393,920 in 3 others, beside 2.0 to 3.5 MB of cached parameters); and the
+size of its instruction bitstreams (Coral's documentation: the cache is what remains of the SRAM
+after "a small amount" reserved for the executable). benchmarks/EDGETPU_SPLIT.md sets these
+beside the split.
 
 The accessors below are written from the schema's field order (a flatbuffer table's field i sits
 at vtable slot 4 + 2 i; a union takes two slots, its type then its value); no generated code.
@@ -301,6 +302,26 @@ def read_package(custom_options: bytes) -> Package:
         )
     except (IndexError, ValueError, TypeError, struct_error) as exc:
         raise PackageError(f"the package does not parse ({type(exc).__name__})") from None
+
+
+def parameter_streams(compiled: Model) -> dict[str, bytes]:
+    """The parameter bytes of a compiled model by executable type, each type's streams joined
+    in segment order (PARAMETER_CACHING: what is cached on chip; the others: what is streamed),
+    to find where the compiler put a layer's weights (benchmarks/edgetpu_split.py). Custom ops
+    holding no package this reader understands are skipped."""
+    found: dict[str, bytes] = {}
+    for op in compiled.main.ops:
+        if op.custom_code != CUSTOM_OP:
+            continue
+        try:
+            multi = _bytes(_root(_package_bytes(bytes(op.custom_options or b""))), _PKG_MULTI)
+            for serialized in _strings(_root(multi), 0) if multi else []:
+                t = _root(serialized)
+                kind = EXECUTABLE_TYPES[_scalar(t, _EXE_TYPE, fb_types.Int16Flags)]
+                found[kind] = found.get(kind, b"") + (_bytes(t, _EXE_PARAMS) or b"")
+        except (PackageError, IndexError, ValueError, TypeError, struct_error):
+            continue
+    return found
 
 
 def model_packages(compiled: Model) -> list[Package | None]:
