@@ -36,6 +36,7 @@ from tflfuse.targets.edgetpu.package import (
     compiler_generation,
     model_packages,
     package_memory,
+    parameter_streams,
     read_package,
 )
 from tflfuse.targets.edgetpu.truth import (
@@ -689,3 +690,28 @@ def test_the_package_says_what_the_activations_need() -> None:
     assert memory is not None
     lines = format_package(dict(memory))
     assert any("4,876 B of on-chip memory per tile, 672 B in host memory" in x for x in lines)
+
+
+@needs_oracle()
+def test_the_streams_show_which_layers_the_demo_classifier_streams() -> None:
+    """Coral's demo-manufacturing classifier (compiler 15) streams 598,080 of its 3,094,912
+    parameter bytes: the bias words the layout puts before each layer's weights place its
+    first convolution (112 x 112) in the streamed executable and its last one (1280 outputs)
+    and every depthwise layer in the cached one (benchmarks/EDGETPU_SPLIT.md)."""
+    base = MORE / "google-coral__demo-manufacturing" / "models__classifier"
+    cpu = flatbuffer.load(base / "classifier.tflite")
+    streams = parameter_streams(flatbuffer.load(base / "classifier_edgetpu.tflite"))
+    assert {k: len(v) for k, v in streams.items()} == {
+        "EXECUTION_ONLY": 598_080,
+        "PARAMETER_CACHING": 2_496_832,
+    }
+
+    def kept(op: Op) -> str:
+        key = np.asarray(op.input(2).data).astype("<i4")[:4].tobytes()
+        return "".join(sorted(k for k, v in streams.items() if key in v))
+
+    convs = [op for op in cpu.main.ops if op.type == "CONV_2D"]
+    assert kept(convs[0]) == "EXECUTION_ONLY" and convs[0].outputs[0].shape[1] == 112
+    assert kept(convs[-2]) == "PARAMETER_CACHING" and convs[-2].outputs[0].shape[-1] == 1280
+    depthwise = [op for op in cpu.main.ops if op.type == "DEPTHWISE_CONV_2D"]
+    assert depthwise and {kept(op) for op in depthwise} == {"PARAMETER_CACHING"}
