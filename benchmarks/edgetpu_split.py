@@ -74,6 +74,11 @@ CONSOLE = (
 )  # fmt: skip
 
 
+# One user's YOLOv5s exported by one pipeline at six sizes and compiled by 16.0
+# (google-coral/edgetpu#512): whether "Compilation failed due to large activation tensors".
+GH512 = ((224, False), (256, False), (352, True), (384, False), (480, True), (512, False))
+
+
 # -- activation measures of the ops a twin maps ----------------------------------------------
 def _bytes(t: Tensor) -> int:
     return int(np.prod(t.shape, dtype=np.int64)) * max(1, t.nbytes // max(1, t.size))
@@ -457,8 +462,26 @@ def report(rows: list[Row], found: dict[str, Path]) -> str:
         + " bytes) and compile, caching "
         + ", ".join(f"{r.cached:,}" for r in scratch)
         + " bytes. Activations that do not fit on chip spill to host memory rather than failing"
-        " or evicting parameters on these twins; what makes a compile fail with 'large activation"
-        " tensors' is not shown by any twin at hand (none failed).",
+        " the compile, and the judged ones among these twins ("
+        + ", ".join(r.name for r in scratch if r.judged)
+        + ") cache every parameter the rules leave; what makes a compile fail with 'large"
+        " activation tensors' is not shown by any twin at hand (none failed).",
+        "",
+        "## 'Compilation failed due to large activation tensors'",
+        "",
+        "One YOLOv5s, exported by one pipeline at six input sizes and compiled by 16.0"
+        " (google-coral/edgetpu#512):",
+        "",
+        "| input | compile |",
+        "|---:|---|",
+        *[f"| {size} px | {'failed' if failed else 'compiled'} |" for size, failed in GH512],
+        "",
+        "Every tensor of one architecture grows with its input (SAME convolutions, 2x"
+        " upsampling, concatenations), so each activation measure above is non-decreasing in"
+        " the input size; a failure at 352 and 480 px beside compiles at 384 and 512 px rules"
+        " out any rule 'the activations exceed a capacity' on such a measure. With the twins"
+        " spilling to host memory above, the failure stays undecided (`check` says so;"
+        " `modes.failure_note`).",
         "",
         "## Every pair",
         "",
