@@ -355,6 +355,7 @@ def _quantize_one(
         verify=ctx.options.verify,
         target=rec.target,  # where the int8 op pays (an int8 PRELU on XNNPACK does not)
         parsed=parsed,
+        share_ranges=True,  # copies and concatenation parts round once (stock: as it is)
     )
     return quantized, left, False
 

@@ -10,6 +10,9 @@ several quantizations):
   ranges      statistics no scale can represent corrected or refused (`calibrated_ranges`:
               sentinel pad values such as PADV2's -inf never enter a range, an overflow is one
               line naming the tensor, a range of only zeros is widened)
+  share       (`share_ranges=True`) a tensor only copied on takes the range of its source or of
+              the concatenation it is part of (`shared_ranges`: one rounding where the float
+              graph has one)
   quantize    litert-quantizer's `static_wi8_ai8` with those ranges
   complete    (`complete_int8=True`) the ops it leaves in float made int8 between the scales it
               chose (`int8_completion`: PRELU, RELU_0_TO_1, DEPTH_TO_SPACE), verified within
@@ -37,6 +40,7 @@ from tflfuse.ir import Graph, Model, Quantization, flatbuffer, qparams
 from tflfuse.quantize import layer_error as layer_error_mod
 from tflfuse.quantize.calibrated_ranges import Stats, TensorStats, usable_ranges
 from tflfuse.quantize.int8_completion import COMPLETED_OPS, complete
+from tflfuse.quantize.shared_ranges import shared_ranges
 from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination
 from tflfuse.targets import Target
@@ -92,13 +96,17 @@ def quantize(
     verify: bool = True,
     target: Target | None = None,
     parsed: Model | None = None,
+    share_ranges: bool = False,
 ) -> Quantized:
     """The quantized model (bytes) and how it was made; `mode` 'none' returns the input.
 
     `complete_int8` makes the ops litert-quantizer leaves in float int8 (`int8_completion`),
     checked against its output unless `verify` is False, where that pays on `target` (an
     int8 PRELU on XNNPACK does not: `int8_completion`); without it the result is the
-    quantizer's own (the stock baseline). `parsed`: `float_model` already parsed (only read).
+    quantizer's own (the stock baseline). `share_ranges`: a tensor only copied on takes the
+    range of what it copies or of the concatenation it is part of (`shared_ranges`: one
+    rounding, not two); off for the stock baseline. `parsed`: `float_model` already parsed
+    (only read).
     Raises TflfuseError (one line naming the tensor) for calibration statistics no scale can
     represent and for unusable quantization parameters."""
     if mode == "none":
@@ -127,6 +135,9 @@ def quantize(
         isolation.detail(f"litert-quantizer {desc}")
         stats = _statistics(q, float_model, mode, signature.key, samples, desc, progress)
         calibration_result, adjusted = usable_ranges(model.main, stats)
+        if share_ranges:
+            calibration_result, shared = shared_ranges(model.main, calibration_result)
+            adjusted.update((k, v) for k, v in shared.items() if k not in adjusted)
         calibration_result = in_tensor_ranks(model.main, calibration_result)
     isolation.detail(f"litert-quantizer quantizing ({desc})")
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
