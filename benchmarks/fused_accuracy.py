@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Fused against stock, faithful to the float export: the error of `convert --recipe edgetpu`
+made by two trees (before and after a change), beside stock's, on more inputs than
+YOLO_EDGETPU.md's 8, with the spread of that table's figure.
+
+    /work/main/.venv/bin/python benchmarks/fused_accuracy.py --before /work/main --after . \
+        [--only yolo11n-320.litert ...] [--eval 32] [--out DIR] [--md benchmarks/FUSED_ACCURACY.md]
+
+For every float export named (the corpus `benchmarks/attention_corpus.py` builds, default
+/work/corpus), `tflfuse convert X.tflite --recipe edgetpu --calib X.calib.npy
+--accept-accuracy-loss` runs in a child whose working directory is the tree (`python -m`
+puts it first on sys.path, so each tree's own tflfuse converts), before and after in turn for
+each model (interleaved). Each convert writes its stock model too (litert-quantizer's int8 of
+the same float export: the same in both trees unless the change touches it, which the table
+shows). Measured on `--eval` image-like inputs calibration never saw (seed 99,
+`yolo_edgetpu.eval_inputs`; the first 8 are YOLO_EDGETPU.md's):
+
+  max, first 8     largest |output - float output| on the first 8 (YOLO_EDGETPU.md's figure)
+  max per 8        the same figure on each further block of 8 inputs: how much it moves when
+                   only the inputs change (the spread of a maximum over 8 x outputs elements)
+  max, all         over all `--eval` inputs
+  p99.99           the 99.99th percentile of |error| over every output element of every input
+  rms              root mean square error over the float output's root mean square
+  cosine           the worst over inputs and outputs
+
+and the Edge TPU mapping tflfuse's predictor gives in one segment (mapped/total; predicted,
+not compiled). Converts are cached in `--out` (per tree: the models and the figures, keyed by
+the float file's, its calibration's and the tree's package sha256). Writes the markdown and
+`--out`/fused_accuracy.json. Accuracy only: no timing claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import yolo_edgetpu  # noqa: E402  (eval inputs, running a model, placement)
+
+CORPUS = Path(os.environ.get("TFLFUSE_CORPUS") or "/work/corpus")
+MODELS = [
+    "yolo11n-320.litert",
+    "yolo11n-pose-320.litert",
+    "yolo26n-320.edgetpu-float32",
+    "efficientformer_l1.litert",
+    "mobilenet_v3_large.onnx2tf26",
+]
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def tree_hash(tree: Path) -> str:
+    """sha256 over the tree's tflfuse package (names and bytes of its source and data files)."""
+    h = hashlib.sha256()
+    root = tree / "tflfuse"
+    for f in sorted(root.rglob("*")):
+        if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def convert(tree: Path, side: Path, out: Path) -> tuple[int, str]:
+    """`tflfuse convert` of `side`'s float export with `tree`'s tflfuse into `out`: (exit
+    code, last stderr line)."""
+    src, calib = side.with_suffix(".tflite"), side.with_suffix(".calib.npy")
+    cmd = ["nice", sys.executable, "-m", "tflfuse.cli", "convert", str(src), "--recipe"]
+    cmd += ["edgetpu", "--calib", str(calib), "-o", str(out), "--force", "--accept-accuracy-loss"]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    lines = [ln for ln in proc.stderr.replace("\r", "\n").splitlines() if ln.strip()]
+    return proc.returncode, (lines or [""])[-1][:300]
+
+
+def figures(ref: list, got: list) -> dict[str, Any]:
+    """The module docstring's figures of `got` against `ref` (per input: lists of outputs)."""
+    per = [yolo_edgetpu.errors([r], [g]) for r, g in zip(ref, got)]
+    if any("error" in p for p in per):
+        return {"error": next(p["error"] for p in per if "error" in p)}
+    diffs = [np.abs(g[0] - r[0]).ravel() for r, g in zip(ref, got)]
+    e = np.concatenate(diffs)
+    r = np.concatenate([r[0].ravel() for r in ref])
+    maxima = [float(d.max()) for d in diffs]
+    blocks = [max(maxima[i : i + 8]) for i in range(0, len(maxima), 8)]
+    return {
+        "max8": yolo_edgetpu.errors(ref[:8], got[:8])["max_abs"],
+        "blocks": blocks,
+        "max": max(p["max_abs"] for p in per),
+        "p9999": float(np.quantile(e, 0.9999)),
+        "rms": float(np.sqrt((e**2).mean() / max((r**2).mean(), 1e-24))),
+        "cosine": min(p["cosine"] for p in per),
+    }
+
+
+def measured(path: Path, ref: list, xs: np.ndarray) -> dict[str, Any]:
+    place = yolo_edgetpu.placement(path)
+    result = figures(ref, yolo_edgetpu.run_model(path, xs))
+    return {**result, "mapped": place["mapped"], "total": place["total"]}
+
+
+def one(tree: Path, label: str, side: Path, args: argparse.Namespace, ref, xs) -> dict:
+    """One tree's convert of one model, measured (cached in `args.out`)."""
+    src = side.with_suffix(".tflite")
+    files = (src, side.with_suffix(".calib.npy"))
+    key = "-".join([yolo_edgetpu.file_hash(f)[:16] for f in files] + [tree_hash(tree)[:16]])
+    key += f"-e{args.eval}"
+    folder = args.out / f"{side.stem}.{label}"
+    cache = folder / "figures.json"
+    if cache.is_file() and json.loads(cache.read_text()).get("key") == key:
+        log(f"{side.stem} {label}: cached")
+        return json.loads(cache.read_text())
+    log(f"{side.stem} {label}: convert with {tree}")
+    code, last = convert(tree, side, folder / "convert")
+    row: dict[str, Any] = {"key": key, "tree": str(tree)}
+    if code != 0:
+        row["convert_error"] = last
+    else:
+        row["fused"] = measured(folder / "convert" / "model.tflite", ref, xs)
+        row["stock"] = measured(folder / "convert" / "model_stock.tflite", ref, xs)
+    cache.write_text(json.dumps(row, indent=1) + "\n")
+    return row
+
+
+def _cell(p: dict[str, Any]) -> str:
+    if "error" in p:
+        return f"fails: {p['error'][:60]} | | | | | |"
+    blocks = ", ".join(f"{b:.3g}" for b in p["blocks"][1:])
+    return (
+        f"{p['mapped']}/{p['total']} | {p['max8']:.3g} | {blocks} | {p['max']:.3g} |"
+        f" {p['p9999']:.3g} | {p['rms']:.4f} | {p['cosine']:.4f} |"
+    )
+
+
+def table(models: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| model | int8 model | mapped, one segment | max, first 8 | max per further 8 |"
+        " max, all | p99.99 | rms | cosine |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in models:
+        for label, row in (("before", m["before"]), ("after", m["after"])):
+            head = f"| {m['stem']} |"
+            if "convert_error" in row:
+                lines.append(f"{head} tflfuse, {label} | convert failed: {row['convert_error']}")
+                continue
+            if label == "before" or row["stock"] != m["before"].get("stock"):
+                lines.append(f"{head} stock ({label}'s tree) | {_cell(row['stock'])}")
+            lines.append(f"{head} tflfuse, {label} | {_cell(row['fused'])}")
+    return lines
+
+
+def render(models: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    return "\n".join(
+        [
+            "# Fused against stock, faithful to the float export (before and after)",
+            "",
+            f"Generated by `{meta['command']}` in {meta['minutes']:.1f} min on {meta['corpus']}"
+            f" (random weights, `benchmarks/attention_corpus.py`). Before: {meta['before']}"
+            f" (package {meta['before_hash'][:12]}); after: {meta['after']} (package"
+            f" {meta['after_hash'][:12]}). {meta['eval']} image-like inputs calibration never"
+            " saw (seed 99; the first 8 are YOLO_EDGETPU.md's). Columns: this script's"
+            " docstring. Stock is litert-quantizer's int8 of the same float export (shown once"
+            " when both trees make the same).",
+            "",
+            *table(models),
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, required=True, help="a tflfuse checkout")
+    parser.add_argument("--after", type=Path, required=True, help="a tflfuse checkout")
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--only", nargs="*", default=MODELS, help="float exports' stems")
+    parser.add_argument("--eval", type=int, default=32, help="image-like inputs")
+    parser.add_argument("--out", type=Path, default=HERE / "out" / "fused_accuracy")
+    parser.add_argument("--md", type=Path, default=HERE / "FUSED_ACCURACY.md")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    models = []
+    for stem in args.only:
+        side = args.corpus / f"{stem}.json"
+        (args.out / f"{stem}.before").mkdir(parents=True, exist_ok=True)
+        (args.out / f"{stem}.after").mkdir(parents=True, exist_ok=True)
+        xs = yolo_edgetpu.eval_inputs(json.loads(side.read_text()), args.eval)
+        ref = yolo_edgetpu.run_model(side.with_suffix(".tflite"), xs)
+        before = one(args.before.resolve(), "before", side, args, ref, xs)
+        after = one(args.after.resolve(), "after", side, args, ref, xs)
+        models.append({"stem": stem, "before": before, "after": after})
+        (args.out / "fused_accuracy.json").write_text(json.dumps(models, indent=1) + "\n")
+    meta = {
+        "command": "python benchmarks/fused_accuracy.py " + " ".join(argv or sys.argv[1:]),
+        "minutes": (time.perf_counter() - started) / 60,
+        "corpus": str(args.corpus),
+        "before": str(args.before),
+        "after": str(args.after),
+        "before_hash": tree_hash(args.before.resolve()),
+        "after_hash": tree_hash(args.after.resolve()),
+        "eval": args.eval,
+    }
+    args.md.write_text(render(models, meta))
+    print(f"{len(models)} models -> {args.md} in {meta['minutes']:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
