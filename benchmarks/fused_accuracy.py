@@ -135,6 +135,83 @@ def one(tree: Path, label: str, side: Path, args: argparse.Namespace, ref, xs) -
     return row
 
 
+def _tensor_values(path: Path, xs: np.ndarray) -> dict[str, np.ndarray]:
+    """Every float or int8 tensor of `path` (dequantized) on each input, by name."""
+    from tflfuse.device.interpreter import make_interpreter
+
+    it = make_interpreter(path.read_bytes(), delegate="none", keep_all=True)
+    inp = it.get_input_details()[0]
+    details = it.get_tensor_details()
+    values: dict[str, list[np.ndarray]] = {}
+    for x in xs:
+        x = x[None]
+        if inp["dtype"] != np.float32:
+            scale, zero = inp["quantization"]
+            info = np.iinfo(inp["dtype"])
+            x = np.clip(np.round(x / scale + zero), info.min, info.max)
+        it.set_tensor(inp["index"], x.astype(inp["dtype"]))
+        it.invoke()
+        for d in details:
+            try:
+                v = it.get_tensor(d["index"])
+            except ValueError:
+                continue
+            if v is None or not v.size or d["dtype"] not in (np.float32, np.int8, np.uint8):
+                continue
+            v = np.asarray(v, np.float64)
+            if d["dtype"] != np.float32:
+                scale, zero = d["quantization"]
+                if not scale:
+                    continue
+                v = (v - zero) * scale
+            values.setdefault(d["name"], []).append(v)
+    return {
+        k: np.stack(v)
+        for k, v in values.items()
+        if len(v) == len(xs) and len({a.shape for a in v}) == 1
+    }
+
+
+def attribution(side: Path, models: dict[str, Path], n: int = 4) -> list[dict[str, Any]]:
+    """Per tensor of the float export (in op order) that every model in `models` also holds
+    under its name and shape: each model's error there, rms over the float tensor's rms, on
+    the first `n` inputs. Where the fused model's rule-written ops replace a tensor it is
+    absent, so the rows are the points where the graphs agree."""
+    src = side.with_suffix(".tflite")
+    xs = yolo_edgetpu.eval_inputs(json.loads(side.read_text()), n)
+    ref = _tensor_values(src, xs)
+    got = {label: _tensor_values(path, xs) for label, path in models.items()}
+    from tflfuse.ir import flatbuffer
+
+    rows = []
+    for op in flatbuffer.load(src).main.ops:
+        for t in op.outputs:
+            r = ref.get(t.name)
+            if r is None or any(g.get(t.name, r[:0]).shape != r.shape for g in got.values()):
+                continue
+            rms = float(np.sqrt((r**2).mean())) or 1e-12
+            errors = {
+                k: float(np.sqrt(((g[t.name] - r) ** 2).mean())) / rms for k, g in got.items()
+            }
+            rows.append({"tensor": t.name, "shape": list(r.shape[1:]), **errors})
+    return rows
+
+
+def attribution_lines(stem: str, rows: list[dict[str, Any]], labels: list[str]) -> list[str]:
+    """The tensors where a fused model's error first exceeds stock's by over 2%, and at the
+    outputs: a table per model."""
+    out = [f"### {stem}", "", "| tensor | shape | " + " | ".join(labels) + " |"]
+    out.append("|---|---|" + "---|" * len(labels))
+    shown = 0
+    for i, row in enumerate(rows):
+        worse = any(row[k] > 1.02 * row["stock"] for k in labels if k != "stock")
+        if (worse and shown < 6) or i >= len(rows) - 2:
+            shown += worse
+            cells = " | ".join(f"{row[k]:.4f}" for k in labels)
+            out.append(f"| `{row['tensor'][-60:]}` | {row['shape']} | {cells} |")
+    return [*out, ""]
+
+
 def _cell(p: dict[str, Any]) -> str:
     if "error" in p:
         return f"fails: {p['error'][:60]} | | | | | |"
@@ -164,6 +241,13 @@ def table(models: list[dict[str, Any]]) -> list[str]:
 
 
 def render(models: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    labels = ["stock", "before", "after"]
+    where = [
+        ln
+        for m in models
+        if m.get("tensors")
+        for ln in attribution_lines(m["stem"], m["tensors"], labels)
+    ]
     return "\n".join(
         [
             "# Fused against stock, faithful to the float export (before and after)",
@@ -178,6 +262,14 @@ def render(models: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             *table(models),
             "",
+            "## Where the error grows (per tensor, first 4 inputs)",
+            "",
+            "Error of each int8 model at the tensors of the float export it holds too (same name"
+            " and shape), rms over the float tensor's rms: the first tensors where a fused model"
+            " is over 2% worse than stock, and the last two (the outputs). Stock: the before"
+            " tree's.",
+            "",
+            *where,
         ]
     )
 
@@ -191,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", type=int, default=32, help="image-like inputs")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "fused_accuracy")
     parser.add_argument("--md", type=Path, default=HERE / "FUSED_ACCURACY.md")
+    parser.add_argument("--tensors", action="store_true", help="per-tensor attribution too")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     models = []
@@ -202,7 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         ref = yolo_edgetpu.run_model(side.with_suffix(".tflite"), xs)
         before = one(args.before.resolve(), "before", side, args, ref, xs)
         after = one(args.after.resolve(), "after", side, args, ref, xs)
-        models.append({"stem": stem, "before": before, "after": after})
+        entry = {"stem": stem, "before": before, "after": after}
+        made = {
+            "stock": args.out / f"{stem}.before" / "convert" / "model_stock.tflite",
+            "before": args.out / f"{stem}.before" / "convert" / "model.tflite",
+            "after": args.out / f"{stem}.after" / "convert" / "model.tflite",
+        }
+        if args.tensors and all(p.is_file() for p in made.values()):
+            entry["tensors"] = attribution(side, made)
+        models.append(entry)
         (args.out / "fused_accuracy.json").write_text(json.dumps(models, indent=1) + "\n")
     meta = {
         "command": "python benchmarks/fused_accuracy.py " + " ".join(argv or sys.argv[1:]),
