@@ -212,6 +212,42 @@ def attribution_lines(stem: str, rows: list[dict[str, Any]], labels: list[str]) 
     return [*out, ""]
 
 
+def per_input(path: Path, ref: list, xs: np.ndarray) -> dict[str, list[float]]:
+    """Per input: the largest |error| and the rms error over the float output's rms (the
+    first output)."""
+    got = yolo_edgetpu.run_model(path, xs)
+    maxima, rms = [], []
+    for r, g in zip(ref, got):
+        d = g[0] - r[0]
+        maxima.append(float(np.abs(d).max()))
+        rms.append(float(np.sqrt((d**2).mean() / max((r[0] ** 2).mean(), 1e-24))))
+    return {"max": maxima, "rms": rms}
+
+
+def paired_lines(models: list[dict[str, Any]]) -> list[str]:
+    """Per model and fused tree: the mean over inputs of (fused - stock) for the per-input
+    largest error and rms error, with its standard error, and on how many inputs fused is
+    the closer."""
+    out = [
+        "| model | tflfuse | max error - stock's (mean +- s.e.) | fused closer (max) |"
+        " rms error - stock's (mean +- s.e.) | fused closer (rms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in models:
+        per = m.get("paired")
+        if not per:
+            continue
+        for label in ("before", "after"):
+            cells = []
+            for key in ("max", "rms"):
+                d = np.array(per[label][key]) - np.array(per["stock"][key])
+                se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+                closer = int(np.sum(d < 0))
+                cells.append(f"{d.mean():+.4f} +- {se:.4f} | {closer}/{len(d)}")
+            out.append(f"| {m['stem']} | {label} | {' | '.join(cells)} |")
+    return out
+
+
 def _cell(p: dict[str, Any]) -> str:
     if "error" in p:
         return f"fails: {p['error'][:60]} | | | | | |"
@@ -262,6 +298,15 @@ def render(models: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             *table(models),
             "",
+            "## Paired against stock (per input)",
+            "",
+            "The same inputs through stock and each fused model: the mean over the inputs of"
+            " the fused model's error minus stock's (negative: closer to the float export), its"
+            " standard error, and on how many inputs the fused model is the closer. Largest"
+            " |error| and rms error (over the float output's rms) of the first output, per input.",
+            "",
+            *paired_lines(models),
+            "",
             "## Where the error grows (per tensor, first 4 inputs)",
             "",
             "Error of each int8 model at the tensors of the float export it holds too (same name"
@@ -302,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             "after": args.out / f"{stem}.after" / "convert" / "model.tflite",
         }
         if args.tensors and all(p.is_file() for p in made.values()):
+            entry["paired"] = {k: per_input(p, ref, xs) for k, p in made.items()}
             entry["tensors"] = attribution(side, made)
         models.append(entry)
         (args.out / "fused_accuracy.json").write_text(json.dumps(models, indent=1) + "\n")
