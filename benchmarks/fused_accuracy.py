@@ -307,6 +307,33 @@ def render(models: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             *paired_lines(models),
             "",
+            "## Causes (read from the per-tensor tables below)",
+            "",
+            "- YOLO11n/YOLO26n (C2PSA attention): the first tensor where the fused model's error"
+            " exceeds stock's is attention's Q.K^T logits. `LegalizeActivationMatmul` writes"
+            " the product of two activations as copy convolutions, a MUL and a sum, calibrated"
+            " one tensor each: every product of the d contracted terms rounds at the product"
+            " tensor's step (inherent to the MUL form: the Edge TPU has no op accumulating an"
+            " activation x activation product in int32), and before this change the copies and"
+            " the pieces' joins rounded again, onto scales of their own."
+            " `tflfuse/quantize/shared_ranges.py` (after) removes those two: a copy keeps its"
+            " input's range and a CONCATENATION's parts take its range. After the logits the"
+            " difference propagates through the rest of the network, and at the outputs the"
+            " largest error over 8 inputs moves with the inputs by more than the fused-stock"
+            " gap (columns `max per further 8`; the paired table: the mean difference is"
+            " within about one standard error).",
+            "- EfficientFormer-L1: the error first exceeds stock's at the first GELU and grows"
+            " at every one: `LegalizeGeluInt8` writes GELU as x * LOGISTIC(1.702 x) (the table"
+            " has no GELU), a sigmoid approximation whose LOGISTIC rounds at 1/256, where the"
+            " GELU kernel stock keeps rounds once. Not changed here.",
+            "- MobileNetV3-large (onnx2tf 2.6): the error first exceeds stock's in the"
+            " squeeze-and-excitation blocks, at the squeeze (a MEAN over the image that"
+            " `CutMeanIntoShownPieces` cuts into pieces, each rounding) before fc2, and again at"
+            " the classifier's HARD_SWISH (`LegalizeHardSwish`: x * relu6(x + 3) / 6 in int8"
+            " ops, where stock keeps the HARD_SWISH kernel and leaves RELU_0_TO_1 in float)."
+            " Not changed here; over 32 inputs the paired difference is within its standard"
+            " error.",
+            "",
             "## Where the error grows (per tensor, first 4 inputs)",
             "",
             "Error of each int8 model at the tensors of the float export it holds too (same name"
