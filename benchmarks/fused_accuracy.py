@@ -327,13 +327,15 @@ def render(models: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             " largest error over 8 inputs moves with the inputs by more than the fused-stock"
             " gap (columns `max per further 8`; the paired table: the mean difference is"
             " within about one standard error).",
-            "- EfficientFormer-L1: the error first exceeds stock's at the first GELU and grows"
-            " at every one: `LegalizeGeluInt8` writes GELU as x * LOGISTIC(1.702 x) (the table"
+            "- EfficientFormer-L1 (the one row where the paired gap is several standard errors):"
+            " the error first exceeds stock's at the first GELU and grows at every one:"
+            " `LegalizeGeluInt8` writes GELU as x * LOGISTIC(1.702 x) (the table"
             " has no GELU), a sigmoid approximation whose LOGISTIC rounds at 1/256, where the"
             " GELU kernel stock keeps rounds once. Not changed here.",
             "- MobileNetV3-large (onnx2tf 2.6): the error first exceeds stock's in the"
-            " squeeze-and-excitation blocks, at the squeeze (a MEAN over the image that"
-            " `CutMeanIntoShownPieces` cuts into pieces, each rounding) before fc2, and again at"
+            " squeeze-and-excitation blocks, first at fc2's input (after the squeeze, a MEAN over"
+            " the image that `CutMeanIntoShownPieces` cuts into pieces, each rounding, and fc1;"
+            " which of the two adds it is not separated here), and again at"
             " the classifier's HARD_SWISH (`LegalizeHardSwish`: x * relu6(x + 3) / 6 in int8"
             " ops, where stock keeps the HARD_SWISH kernel and leaves RELU_0_TO_1 in float)."
             " Not changed here; over 32 inputs the paired difference is within its standard"
@@ -355,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, required=True, help="a tflfuse checkout")
     parser.add_argument("--after", type=Path, required=True, help="a tflfuse checkout")
+    parser.add_argument("--names", nargs=2, help="what the two trees are (e.g. their commits)")
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--only", nargs="*", default=MODELS, help="float exports' stems")
     parser.add_argument("--eval", type=int, default=32, help="image-like inputs")
@@ -405,8 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             else ""
         ),
         "corpus": str(args.corpus),
-        "before": str(args.before),
-        "after": str(args.after),
+        "before": args.names[0] if args.names else str(args.before),
+        "after": args.names[1] if args.names else str(args.after),
         "before_hash": tree_hash(args.before.resolve()),
         "after_hash": tree_hash(args.after.resolve()),
         "eval": args.eval,
