@@ -421,6 +421,32 @@ def cut_lines(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def row_package(row: dict[str, Any]) -> str:
+    """The tflfuse package (12 hex digits) a row was measured on, read off its cache key."""
+    key = row.get("key", "")
+    return key.split("-")[-2][:12] if key.count("-") >= 2 else "unknown"
+
+
+def provenance_lines(rows: list[dict[str, Any]], package: str) -> list[str]:
+    """Rows rendered with `--cached` may come from several packages: say which, row by row,
+    so a table never passes older rows off as the header's package."""
+    older: dict[str, list[str]] = {}
+    for row in rows:
+        if (measured := row_package(row)) != package[:12]:
+            older.setdefault(measured, []).append(f"{row['model']} / {row['route']}")
+    return (
+        [
+            "",
+            *(
+                f"Measured on tflfuse package {pkg}, not the header's: {', '.join(names)}."
+                for pkg, names in sorted(older.items())
+            ),
+        ]
+        if older
+        else []
+    )
+
+
 def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
         "# Attention models and YOLO heads on the Edge TPU (predicted)",
@@ -444,6 +470,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f" figure) is run again with `{ACCEPT}` and measured on its own row, `{ACCEPTED[1]}`.",
         "",
         *table_lines(rows),
+        *provenance_lines(rows, meta["package"]),
         "",
         "## Where each is cut (one segment)",
         "",

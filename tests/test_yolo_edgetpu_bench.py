@@ -95,3 +95,16 @@ def test_measure_converts_a_refused_model_again_with_the_flag(bench, tmp_path, m
     assert row["convert_error"].endswith("keeps the model)") and "fused" not in row
     assert row["accepted"] == {"who": "accepted", "dir": "m.litert.accepted"}
     assert row["stock"]["dir"] == "m.litert.accepted" and row["accepted_s"] == 3.0
+
+
+def test_rows_of_an_older_package_are_named_not_passed_off_as_the_headers(bench):
+    current, older = "a" * 64, "b" * 64
+    rows = [
+        {"model": "m1", "route": "litert-torch", "key": f"f1-f2-{current[:20]}-e8"},
+        {"model": "m2", "route": "litert-torch", "key": f"f3-f4-{older[:20]}-e8"},
+    ]
+    lines = bench.provenance_lines(rows, current)
+    assert lines[1:] == [
+        f"Measured on tflfuse package {older[:12]}, not the header's: m2 / litert-torch."
+    ]
+    assert bench.provenance_lines(rows[:1], current) == []
