@@ -125,3 +125,25 @@ def test_op_counts_and_activations() -> None:
     assert [t.name for t in g.activations()] == ["add", "relu"]
     assert a.output.nbytes == 1 * 2 * 2 * 2 * 4
     assert x.consumers == [a]  # read twice by one op, listed once
+
+
+def _wiring(g: Graph) -> list:
+    """The graph's structure by position: each tensor's name, producer and readers (op indices)."""
+    index = {id(op): i for i, op in enumerate(g.ops)}
+    where = lambda op: None if op is None else index.get(id(op), "stray")  # noqa: E731
+    tensors = [(t.name, where(t.producer), [where(o) for o in t._uses]) for t in g.tensors]
+    ops = [(op.type, [t.name if t else None for t in op.inputs], op.name) for op in g.ops]
+    return [tensors, ops]
+
+
+def test_a_snapshot_of_some_ops_is_the_copy_with_the_others_removed() -> None:
+    g, x, c, r = small_graph()
+    unary(g, "RELU6", c.output)  # a second reader of the conv's output
+    add(g, r.output, g.ops[-1].output)
+    for keep in ({1, 2}, {0, 3}, {3}, set()):
+        full = g.snapshot()
+        for i, op in reversed(list(enumerate(full.ops))):
+            if i not in keep:
+                full.remove_op(op)
+        assert _wiring(g.snapshot(only=keep)) == _wiring(full)
+    assert _wiring(g) == _wiring(g.snapshot())  # (and the original untouched)

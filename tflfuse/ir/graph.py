@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast, overload
 
@@ -398,10 +398,12 @@ class Graph:
     def _tensor_set(self) -> set[Tensor]:
         return set(self.tensors)
 
-    def snapshot(self) -> Graph:
+    def snapshot(self, only: Collection[int] | None = None) -> Graph:
         """A structural copy, to compare with after rewrites edit this graph in place: new
         ops, tensors and option dicts; constant arrays and quantization parameters are shared
-        (rules replace them, never edit them in place)."""
+        (rules replace them, never edit them in place). `only` (op indices): just those ops,
+        the graph a full copy leaves after `remove_op` of every other op (every tensor copied,
+        the ones no kept op touches unwired), without making and unwiring the others."""
         twin: dict[int, Tensor] = {}
 
         @overload
@@ -427,7 +429,9 @@ class Graph:
 
         tensors = [copy(t) for t in self.tensors]
         ops = []
-        for op in self.ops:
+        for i, op in enumerate(self.ops):
+            if only is not None and i not in only:
+                continue
             options = {k: list(v) if isinstance(v, list) else v for k, v in op.options.items()}
             ops.append(
                 Op(
