@@ -11,12 +11,14 @@ repeat is answered from here (calibration statistics too: litert-quantizer's cal
 the interpreter). The key is what decides the outputs: a digest of the model bytes, of every
 input array (dtype, shape and bytes), the kind of run and its settings. The most recent
 results are kept, up to `BUDGET` bytes of arrays; the arrays handed out are the stored ones,
-which callers only read.
+which callers only read. Threads may ask at once (the report runs its models two at a time): a
+key another thread is computing is waited for, not computed twice.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -27,6 +29,8 @@ T = TypeVar("T")
 BUDGET = 256 << 20  # bytes of stored arrays
 
 _store: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
+_lock = threading.Lock()  # guards _store, _running and hits (never held while computing)
+_running: dict[tuple, threading.Event] = {}  # keys a thread is computing now
 hits = 0  # how many answers came from here (tests, benchmarks)
 
 
@@ -53,20 +57,34 @@ def remembered(kind: str, key: tuple, compute: Callable[[], T]) -> T:
     the most recent results that fit in BUDGET."""
     global hits
     full = (kind, *key)
-    if full in _store:
-        _store.move_to_end(full)
-        hits += 1
-        return _store[full][0]
-    value = compute()
-    size = _nbytes(value)
-    if size <= BUDGET:
-        _store[full] = (value, size)
-        while sum(n for _, n in _store.values()) > BUDGET:
-            _store.popitem(last=False)
+    while True:
+        with _lock:
+            if full in _store:
+                _store.move_to_end(full)
+                hits += 1
+                return _store[full][0]
+            busy = _running.get(full)
+            if busy is None:
+                done = _running[full] = threading.Event()
+                break
+        busy.wait()  # then answered from the store (or, when it failed or was too big, run here)
+    try:
+        value = compute()
+        size = _nbytes(value)
+        with _lock:
+            if size <= BUDGET:
+                _store[full] = (value, size)
+                while sum(n for _, n in _store.values()) > BUDGET:
+                    _store.popitem(last=False)
+    finally:
+        with _lock:
+            del _running[full]
+        done.set()
     return value
 
 
 def clear() -> None:
     global hits
-    _store.clear()
-    hits = 0
+    with _lock:
+        _store.clear()
+        hits = 0
