@@ -9,9 +9,11 @@ No TensorFlow here (the interpreter comes from `tflfuse.device`).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, cast
@@ -46,6 +48,9 @@ from tflfuse.verification.runs import run_float
 
 if TYPE_CHECKING:
     from tflfuse.targets.capabilities import Prediction
+
+
+RUNS_AT_ONCE = 2  # interpreter runs of the report at once (a worker each; the machine has 2 cores)
 
 
 class ParseOnce:
@@ -94,22 +99,34 @@ def invoke_failure(exc: BaseException) -> str:
     return f"op {node} ({op}) failed to {step}" + (f": {check[:160]}" if check else "")
 
 
+def model_outputs(
+    data: bytes, inputs: list[np.ndarray], interface: LayoutChange | None = None
+) -> list[np.ndarray]:
+    """The model's outputs on the source-layout `inputs`, in output units and the source's
+    layout (`interface`, as `agreement` takes it); TflfuseError when it fails to run."""
+    if interface is None:
+        return run_float(data, inputs)
+    return interface.adapt_outputs(run_float(data, interface.adapt_inputs(inputs)))
+
+
 def agreement(
     data: bytes,
     inputs: list[np.ndarray],
     reference: list[np.ndarray],
     interface: LayoutChange | None = None,
     classifier: Sequence[bool] | None = None,
+    outputs: Callable[[], list[np.ndarray]] | None = None,
+    known: list[ReferenceFacts] | None = None,
 ) -> ModelAgreement:
     """Max and mean absolute error against the reference, in output units; top-1 agreement for
     the outputs `classifier` marks as class scores (`tflfuse.convert.caveats.class_scores`; when it
     is not given, every (batch, classes) output). `interface` (a layout.LayoutChange) lays the
-    source-layout inputs out for the model and its outputs back, when the two differ."""
+    source-layout inputs out for the model and its outputs back, when the two differ.
+    `outputs`: what `model_outputs` gives for them, run elsewhere (a future's `result`, which
+    raises as the run did); `known`: the reference's `ReferenceFacts`, shared by the models
+    measured against it."""
     try:
-        if interface is None:
-            got = run_float(data, inputs)
-        else:
-            got = interface.adapt_outputs(run_float(data, interface.adapt_inputs(inputs)))
+        got = outputs() if outputs is not None else model_outputs(data, inputs, interface)
     except TflfuseError as exc:
         if "failed to run the model" in str(exc):  # (tflfuse.verification.runs)
             return {"verified": False, "runs": False, "reason": invoke_failure(exc)}
@@ -118,28 +135,76 @@ def agreement(
         return {"verified": False, "runs": False, "reason": invoke_failure(exc)}
     rows: list[OutputAgreement] = []
     out: ModelAgreement = {"verified": True, "samples": len(inputs[0]), "outputs": rows}
-    for k, (ref, cand) in enumerate(zip(reference, got)):
-        ref = ref.astype(np.float64)
-        diff = np.abs(ref - cand.reshape(ref.shape))
+    facts = known if known is not None else [ReferenceFacts(r) for r in reference]
+    for k, (fact, cand) in enumerate(zip(facts, got)):
+        ref = fact.ref
+        cand = cand.reshape(ref.shape)
+        diff = np.abs(ref - cand)
         row: OutputAgreement = {
             "max_abs": float(diff.max()) if diff.size else 0.0,
             "mean_abs": float(diff.mean()) if diff.size else 0.0,
-            "reference_range": float(ref.max() - ref.min()) if ref.size else 0.0,
-            "varies": bool(len(ref) > 1 and not np.allclose(ref, ref[:1])),
+            "reference_range": fact.reference_range,
+            "varies": fact.varies,
         }
         if row["varies"]:
-            row["cosine"] = centered_cosine(ref, cand.reshape(ref.shape))
-            row["spread"] = float(np.sqrt(np.mean((ref - ref.mean(0)) ** 2)))
+            row["cosine"] = fact.cosine(cand)
+            row["spread"] = fact.spread
         scores = classifier[k] if classifier is not None and k < len(classifier) else None
         if scores is None:
             scores = ref.ndim == 2 and ref.shape[1] > 1
         if scores:
-            ref_class = ref.argmax(1)
-            row["top1_agreement"] = float(np.mean(ref_class == cand.reshape(ref.shape).argmax(1)))
-            row["reference_classes"] = int(np.unique(ref_class).size)
+            row["top1_agreement"] = float(np.mean(fact.ref_class == cand.argmax(1)))
+            row["reference_classes"] = fact.reference_classes
         rows.append(row)
     out["max_abs"] = max((r["max_abs"] for r in rows), default=0.0)
     return out
+
+
+class ReferenceFacts:
+    """One reference output (in float64) and what `agreement` reads of it alone, computed once
+    for all the models measured against it (its range, whether it varies, its deviations from
+    its mean over the inputs, its classes), each as `agreement` computed it per model."""
+
+    def __init__(self, reference: np.ndarray) -> None:
+        self.ref = reference.astype(np.float64)
+
+    @functools.cached_property
+    def reference_range(self) -> float:
+        ref = self.ref
+        return float(ref.max() - ref.min()) if ref.size else 0.0
+
+    @functools.cached_property
+    def varies(self) -> bool:
+        ref = self.ref
+        return bool(len(ref) > 1 and not np.allclose(ref, ref[:1]))
+
+    @functools.cached_property
+    def _centered(self) -> np.ndarray:
+        return self.ref - self.ref.mean(0)
+
+    @functools.cached_property
+    def spread(self) -> float:
+        return float(np.sqrt(np.mean(self._centered**2)))
+
+    @functools.cached_property
+    def _deviations(self) -> tuple[np.ndarray, np.floating]:
+        a = self._centered.ravel().astype(np.float64)
+        return a, np.linalg.norm(a)
+
+    def cosine(self, cand: np.ndarray) -> float:
+        """`centered_cosine(ref, cand)`, the reference's half computed once."""
+        a, norm_a = self._deviations
+        b = (cand - cand.mean(0)).ravel().astype(np.float64)
+        norm = float(norm_a * np.linalg.norm(b))
+        return float(a @ b / norm) if norm > 0 else 0.0
+
+    @functools.cached_property
+    def ref_class(self) -> np.ndarray:
+        return self.ref.argmax(1)
+
+    @functools.cached_property
+    def reference_classes(self) -> int:
+        return int(np.unique(self.ref_class).size)
 
 
 def centered_cosine(ref: np.ndarray, cand: np.ndarray) -> float:
@@ -276,6 +341,45 @@ def _edgetpu_section(
     return section
 
 
+def _measured(
+    loaded: LoadRecord,
+    start: FloatRecord,
+    groups: dict[str, dict[str, bytes]],
+    eval_inputs: list[np.ndarray],
+    parse: ParseOnce,
+) -> tuple[list[np.ndarray], list[bool], dict[str, ModelAgreement], dict[str, ModelAgreement]]:
+    """The source's outputs, which of them are class scores, and the agreement of each model
+    of `groups` ("models": the written ones, "floats": the float ones) with the source. The
+    models run `RUNS_AT_ONCE` at a time while the source runs here: independent interpreters,
+    so each gives the outputs a run alone gives; they are measured in order, and each run's
+    outputs are let go once measured."""
+    src = loaded.source
+    pool = ThreadPoolExecutor(RUNS_AT_ONCE)
+    try:
+        runs = {
+            (group, k): pool.submit(model_outputs, v, eval_inputs, loaded.interface(k))
+            for group, models in groups.items()
+            for k, v in models.items()
+        }
+        reference = src.reference(eval_inputs)
+        scores = _classifier_outputs(start, src, reference, parse)
+
+        known = [ReferenceFacts(r) for r in reference]
+
+        def measure(group: str, k: str, v: bytes) -> ModelAgreement:
+            outputs = runs.pop((group, k)).result
+            interface = loaded.interface(k)
+            return agreement(v, eval_inputs, reference, interface, scores, outputs, known)
+
+        agree, float_agree = (
+            {k: measure(group, k, v) for k, v in groups[group].items()}
+            for group in ("models", "floats")
+        )
+    finally:  # (on a failure, the runs not started are not started)
+        pool.shutdown(cancel_futures=True)
+    return reference, scores, agree, float_agree
+
+
 def assemble(
     rec: Recipe,
     loaded: LoadRecord,
@@ -296,18 +400,11 @@ def assemble(
     parse = parse if parse is not None else ParseOnce()
     src = loaded.source
     eval_inputs = src.eval_inputs(loaded.calib, seed)
-    reference = src.reference(eval_inputs)
     models = written.models
     floats = {"fused": fused.data, "unfused": unfused.data}
-    scores = _classifier_outputs(start, src, reference, parse)
-    agree = {
-        k: agreement(v, eval_inputs, reference, loaded.interface(k), scores)
-        for k, v in models.items()
-    }
-    float_agree = {
-        k: agreement(v, eval_inputs, reference, loaded.interface(k), scores)
-        for k, v in floats.items()
-    }
+    reference, scores, agree, float_agree = _measured(
+        loaded, start, {"models": models, "floats": floats}, eval_inputs, parse
+    )
     change = src.layout
     out: Report = {
         "source": src.name,
