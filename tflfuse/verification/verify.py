@@ -13,6 +13,7 @@ error bound that `tflfuse.rewrite.int8_error_bounds` computes for each output.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -172,21 +173,28 @@ def _run_pair(
     keep: set[str] | None = None,
 ) -> tuple[list, list[str], list, list]:
     """(inputs, output names, reference outputs, candidate outputs) on `runs` seeded input sets;
-    a failure of the reference is `UnverifiableError`, of the candidate `CandidateFailedError`."""
+    a failure of the reference is `UnverifiableError`, of the candidate `CandidateFailedError`.
+    Once the reference's interpreter is made, the candidate runs in a worker thread while the
+    reference runs here: two independent interpreters, each giving a lone run's outputs."""
     try:
         in_details, names, ref_interp = _details(reference, delegate)
         inputs = [seeded_input_values(in_details, seed + i) for i in range(runs)]
-        kept = activations(reference, keep, seed=seed, runs=runs) if keep else []
-        if delegate == "none" and kept and all(n in kept[0] for n in names):
-            ref = [[k[n] for n in names] for k in kept]  # the same kernels, the same run
-        else:
-            ref = run(reference, inputs, delegate, ref_interp)
     except TflfuseError as exc:
         raise UnverifiableError(str(exc)) from None
-    try:
-        cand = run(candidate, inputs, delegate)
-    except TflfuseError as exc:
-        raise CandidateFailedError(str(exc)) from None
+    with ThreadPoolExecutor(1) as pool:
+        candidate_run = pool.submit(run, candidate, inputs, delegate)
+        try:
+            kept = activations(reference, keep, seed=seed, runs=runs) if keep else []
+            if delegate == "none" and kept and all(n in kept[0] for n in names):
+                ref = [[k[n] for n in names] for k in kept]  # the same kernels, the same run
+            else:
+                ref = run(reference, inputs, delegate, ref_interp)
+        except TflfuseError as exc:
+            raise UnverifiableError(str(exc)) from None
+        try:
+            cand = candidate_run.result()
+        except TflfuseError as exc:
+            raise CandidateFailedError(str(exc)) from None
     return inputs, names, ref, cand
 
 
