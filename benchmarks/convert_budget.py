@@ -85,6 +85,8 @@ def main() -> int:
     ap.add_argument("--before", help="another tflfuse source tree, run interleaved")
     ap.add_argument("--markdown", help="write the table to this file")
     ap.add_argument("--note", default="", help="a paragraph under the title: what the trees are")
+    ap.add_argument("--keep", help="keep each run's output folder here (STEM-TREE-REPEAT), e.g."
+                    " to compare the trees' models and reports")  # fmt: skip
     ap.add_argument("--from-log", nargs="+",
                     help="no runs: the table of runs' printed lines, from one or more logs"
                     " (no stage split)")  # fmt: skip
@@ -108,11 +110,14 @@ def main() -> int:
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     loads = []
     with tempfile.TemporaryDirectory() as tmp:
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+        where = Path(args.keep or tmp)
         for rep in range(args.repeats):
             for stem, flags in models:
                 model = " ".join([stem, *flags])
                 for tree, path in trees:
-                    out = Path(tmp) / f"{stem}{len(flags)}-{tree}-{rep}"
+                    out = where / f"{stem}{len(flags)}-{tree}-{rep}"
                     cmd = [sys.executable, "-m", "tflfuse.cli", "convert",
                            str(corpus / f"{stem}.tflite"), "--recipe", "edgetpu",
                            "--calib", str(corpus / f"{stem}.calib.npy"), "-o", str(out),
