@@ -175,6 +175,7 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
     from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION
     from tflfuse.targets.edgetpu.nhwc import NHWC_LEGALIZATION
+    from tflfuse.targets.edgetpu.patchbranches import PATCH_BRANCH_LEGALIZATION
     from tflfuse.targets.edgetpu.patches import PATCH_LEGALIZATION
     from tflfuse.targets.edgetpu.rowmean import ROW_MEAN_LEGALIZATION
     from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
@@ -189,6 +190,7 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     legalizations = (
         *EDGETPU_LEGALIZATION,
         *CLASS_TOKEN_LEGALIZATION,
+        *PATCH_BRANCH_LEGALIZATION,
         *PATCH_LEGALIZATION,
         *ATTENTION_LEGALIZATION,
         *BROADCAST_LEGALIZATION,
