@@ -170,7 +170,8 @@ def _layer_norm_from(root: Op, mul: Op, x: Tensor, r: Tensor, offset: Tensor) ->
     if operands != {id(r), id(mean)}:
         return None
     ops = [mean.op, sq, var_mean, add_eps, rsqrt, mul, pm, *negation, root]
-    for t in (mean_t, var, rsqrt.input(0), *mul.operands, offset, prod, *pm.operands):
+    scale = [t for t in mul.operands if t is not x]  # x itself may be read elsewhere
+    for t in (mean_t, var, rsqrt.input(0), *scale, offset, prod, *pm.operands):
         ops.extend(_reshape_ops(t))
     return _LayerNorm(x, float(eps), list(dict.fromkeys(ops)))
 

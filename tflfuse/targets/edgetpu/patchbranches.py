@@ -32,6 +32,11 @@ only: the quantizer calibrates the branches like any tensor. Fires only where ev
 unfold and fold write is accepted by the compiler's table and, for a form the forms gate asks
 about, shown mapped (`headsplit.unshown`); CONCATENATION is asked too (the gate does not ask
 about joins). No name is read: the chain's shapes and index maps decide.
+
+Not held back by the one-segment cut (`rules.after_the_cut`), unlike the other legalizations:
+it must take the unfold and fold as the exporter wrote them, in the first round, before the
+layout rules rewrite those chains (a later block's fold, after the cut of an earlier one, would
+otherwise be cut into pieces it no longer reads). Behind a cut it only writes exact CPU ops.
 """
 
 from __future__ import annotations
@@ -56,7 +61,6 @@ from tflfuse.targets.edgetpu.headsplit import (
     window,
 )
 from tflfuse.targets.edgetpu.patches import _downstream, _upstream, digits_of
-from tflfuse.targets.edgetpu.rules import _gated
 
 MAX_POSITIONS = 16
 UNARY = frozenset(
@@ -523,7 +527,6 @@ class RunPatchPositionsApart(Rule):
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.RESHAPE(p.x, p.const("shape"))
 
-    @_gated
     def check(self, m: Match, *, x: Tensor) -> Refusal | Branches:
         """A refusal, or the unfold, the ops per position and the folds (the plan)."""
         out = m.root.output
