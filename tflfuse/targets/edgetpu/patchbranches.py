@@ -422,6 +422,8 @@ def plan_branches(graph: Graph, unfold: Unfold) -> Branches | Refusal:
     for op in graph.ops:
         if id(op) in chain_ops or not any(t is not None and id(t) in lays for t in op.inputs):
             continue
+        if op.type == "SHAPE":  # static shapes (onnx2tf's dead SHAPE ops): left to DCE
+            continue
         got = clone_of(op, lays, positions)
         if isinstance(got, Refusal):
             if op.type not in MOVES:
@@ -445,7 +447,8 @@ def plan_branches(graph: Graph, unfold: Unfold) -> Branches | Refusal:
     folding = {id(f.ops[0]) for f in folds}
     for c in clones:
         t = c.op.outputs[0]
-        readers = [r for r in t.consumers if id(r) not in region and id(r) not in folding]
+        inside = region.keys() | folding
+        readers = [r for r in t.consumers if id(r) not in inside and r.type != "SHAPE"]
         if graph.is_graph_output(t) or readers:
             return refuse(f"{t.name!r} is read outside the patches' ops")
     return Branches(unfold, clones, lays, folds)
