@@ -175,10 +175,10 @@ def clone_of(op: Op, lays: dict[int, Lay], positions: int) -> Clone | Refusal:
         return _broadcasting(op, lays, positions, mine, ins)
     if op.type == "FULLY_CONNECTED":
         x = op.input(0)
-        lay = lays.get(id(x))
-        if lay is None or len(mine) != 1 or lay.axis == len(x.shape) - 1:
+        row = lays.get(id(x))
+        if row is None or len(mine) != 1 or row.axis == len(x.shape) - 1:
             return refuse("FULLY_CONNECTED mixes the patch positions")
-        stride = stride_of(tuple(x.shape), lay) // x.shape[-1] * shape[-1]
+        stride = stride_of(tuple(x.shape), row) // x.shape[-1] * shape[-1]
         got = lay_of(shape, stride, positions)
         return refuse("the FULLY_CONNECTED's rows split the positions") if got is None else (
             Clone(op, got))  # fmt: skip
@@ -238,7 +238,7 @@ def _movement(op: Op, lay: Lay, positions: int) -> Clone | Refusal:
         perm = _ints(op.inputs[1])
         assert perm is not None
         axis = perm.index(lay.axis)
-        got: Lay | None = Lay(axis, lay.outer, lay.inner)
+        got = Lay(axis, lay.outer, lay.inner)
     elif op.type == "SLICE":
         begin, size = _ints(op.inputs[1]), _ints(op.inputs[2])
         assert begin is not None and size is not None
@@ -248,9 +248,10 @@ def _movement(op: Op, lay: Lay, positions: int) -> Clone | Refusal:
         params[2] = np.array(size, np.int32)
         got = lay
     elif op.type in ("RESHAPE", "SQUEEZE", "EXPAND_DIMS"):
-        got = lay_of(ys, stride_of(xs, lay), positions)
-        if got is None:
+        found = lay_of(ys, stride_of(xs, lay), positions)
+        if found is None:
             return refuse("the reshape splits the patch positions")
+        got = found
         if op.type == "RESHAPE" and len(op.inputs) > 1 and op.inputs[1] is not None:
             params[1] = np.array(branch_shape(ys, got, positions), np.int32)
     else:
@@ -459,7 +460,7 @@ Written = tuple[str, list[tuple[int, ...]], tuple[int, ...], dict, list[np.ndarr
 
 
 def _unfold_writes(plan: Branches) -> list[Written]:
-    u, out = plan.unfold, []
+    u, out = plan.unfold, cast("list[Written]", [])
     xs = tuple(u.x.shape)
     for end, lay, windows in u.ends:
         piece = branch_shape(tuple(end.shape), lay, u.positions)
@@ -639,7 +640,7 @@ def write_branches(m: Match, plan: Branches) -> None:
     folded = [(f, _write_fold(b, f, n, parts)) for f in plan.folds]
     b.commit()
     for f, value in folded:
-        g.replace_uses(f.y, cast(Value, value).tensor)
+        g.replace_uses(f.y, cast(Value, value).made)
     old = [
         *plan.unfold.ops,
         *(c.op for c in plan.clones),
