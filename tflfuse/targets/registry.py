@@ -173,6 +173,7 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     from tflfuse.targets.edgetpu.broadcast import BROADCAST_LEGALIZATION
     from tflfuse.targets.edgetpu.clstoken import CLASS_TOKEN_LEGALIZATION
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
+    from tflfuse.targets.edgetpu.l2norm import L2_NORM_LEGALIZATION
     from tflfuse.targets.edgetpu.layout import LAYOUT_LEGALIZATION
     from tflfuse.targets.edgetpu.nhwc import NHWC_LEGALIZATION
     from tflfuse.targets.edgetpu.patchbranches import PATCH_BRANCH_LEGALIZATION
@@ -189,6 +190,7 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     # chain is taken whole, with the layout ops around it, before those cut its pieces
     legalizations = (
         *EDGETPU_LEGALIZATION,
+        *L2_NORM_LEGALIZATION,
         *CLASS_TOKEN_LEGALIZATION,
         *PATCH_BRANCH_LEGALIZATION,
         *PATCH_LEGALIZATION,
