@@ -89,7 +89,9 @@ class SpellOutL2Normalization(Rule):
         full = b.CONV_2D(s, b.const(np.ones((n, 1, 1, 1), np.float32), "copy_weights"),
                          b.const(np.zeros(n, np.float32), "copy_bias"), name="sum_per_element",
                          shape=view, **CONV)  # fmt: skip
-        floor = b.MAXIMUM(full, b.const(np.array([EPS * EPS], np.float32), "eps2"), name="floor")
+        floor = b.MAXIMUM(
+            full, b.const(np.full((1, 1, 1, 1), EPS * EPS, np.float32), "eps2"), name="floor"
+        )
         y = b.MUL(xr, b.RSQRT(floor, name="inverse_norm"), name="normalized")
         b.replace(m.root, b.RESHAPE(y, b.ints(tuple(x.shape), "shape"), shape=tuple(x.shape)))
 
