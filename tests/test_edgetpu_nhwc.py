@@ -9,7 +9,7 @@ import numpy as np
 from rulekit import G, apply, assert_same_function, ops, refusals
 from test_rules_edgetpu import Q8, mapped
 
-from tflfuse.targets.edgetpu.nhwc import ComputeNchwIslandInNhwc
+from tflfuse.targets.edgetpu.nhwc import ComputeNchwIslandInNhwc, ReduceBeforeTranspose
 from tflfuse.verification import verify
 
 
@@ -79,3 +79,26 @@ def test_an_island_tensor_leaving_in_nchw_is_refused() -> None:
         "its output is not an island the other layout computes: 'relu6' is a model output"
         in refusals(result, "ComputeNchwIslandInNhwc")
     )
+
+
+def _nchw_head(keep: bool = False) -> bytes:
+    """EdgeNeXt's head through litert-torch: the NHWC map moved to NCHW, averaged over H, W."""
+    g = G()
+    x = g.input((1, 4, 4, 8), "x")
+    y = g.binary("ADD", x, x)
+    t = g.op("TRANSPOSE", [y, g.const(np.array([0, 3, 1, 2], np.int32))], (1, 8, 4, 4))
+    shape = (1, 8, 1, 1) if keep else (1, 8)
+    mean = g.op("MEAN", [t, g.const(np.array([2, 3], np.int32))], shape, keep_dims=keep)
+    return g.bytes(g.binary("ADD", mean, mean))
+
+
+def test_a_mean_over_an_nchw_plane_reads_the_nhwc_map() -> None:
+    before = _nchw_head()
+    after, model, result = apply(before, ReduceBeforeTranspose())
+    assert result.fired() == {"ReduceBeforeTranspose": 1}
+    assert ops(model) == ["ADD", "MEAN", "ADD"]
+    mean = model.main.ops[1]
+    assert [int(a) for a in mean.inputs[1].data] == [1, 2]
+    assert_same_function(before, after, atol=1e-6, rtol=1e-6)
+    kept, result = apply(_nchw_head(keep=True), ReduceBeforeTranspose())[1:]
+    assert result.fired() == {} and ops(kept) == ["ADD", "TRANSPOSE", "MEAN", "ADD"]

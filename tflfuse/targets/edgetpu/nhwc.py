@@ -224,4 +224,41 @@ class ComputeNchwIslandInNhwc(Rule):
         op.inputs = ins
 
 
-NHWC_LEGALIZATION: tuple[Rule, ...] = (ComputeNchwIslandInNhwc(),)
+class ReduceBeforeTranspose(Rule):
+    """MEAN(TRANSPOSE(x, perm), axes), keep_dims False, the kept axes in x's order  =>
+    MEAN(x, perm[axes]).
+
+    A classifier head exported from NCHW (EdgeNeXt through litert-torch) moves its last NHWC map
+    to NCHW and averages H and W there: a MEAN "krr" no compiled model shows mapped, where the
+    global pool of the NHWC map ("rrk") is shown. The same elements are averaged and the kept
+    ones come out in the same order: float the same up to the sum's order; int8 the same codes
+    summed in int32 and rounded once (bit-identical)."""
+
+    quantized_ok = True
+    int8_error_steps = 0  # the same integer sum, one rounding
+
+    def pattern(self, p: PatternBuilder) -> OpPattern:
+        return p.MEAN(p.TRANSPOSE(p.x, p.const("perm"), out="moved"), p.const("axes"))
+
+    def check(self, m: Match, *, x: Tensor, moved: Tensor, axes: Tensor) -> Refusal | list[int]:
+        """A refusal, or the axes of x to average (the plan)."""
+        if m.root.options.get("keep_dims"):
+            return NotApplicable("keep_dims: the result keeps the transposed layout")
+        perm = [int(v) for v in np.asarray(moved.op.input(1).data).reshape(-1)]
+        rank = len(moved.shape)
+        reduced = sorted({int(a) % rank for a in np.asarray(axes.data).reshape(-1)})
+        kept = [perm[a] for a in range(rank) if a not in reduced]
+        if kept != sorted(kept):
+            return NotApplicable("the kept axes come out in another order")
+        if len(moved.consumers) != 1:
+            return refuse("the TRANSPOSE is read elsewhere too")
+        return sorted(perm[a] for a in reduced)
+
+    def rewrite(self, m: Match, *, x: Tensor, plan: list[int]) -> None:
+        b = m.builder()
+        out = m.root.output
+        b.replace(m.root, b.MEAN(x, b.ints(plan, "axes"), shape=tuple(out.shape), like=out,
+                                 keep_dims=False))  # fmt: skip
+
+
+NHWC_LEGALIZATION: tuple[Rule, ...] = (ComputeNchwIslandInNhwc(), ReduceBeforeTranspose())
