@@ -33,6 +33,17 @@ unfold and fold write is accepted by the compiler's table and, for a form the fo
 about, shown mapped (`headsplit.unshown`); CONCATENATION is asked too (the gate does not ask
 about joins). No name is read: the chain's shapes and index maps decide.
 
+Evidence (`delegates/edgetpu_forms.toml`, MobileViT-xxs's largest block in brackets): RESHAPE
+nt=3>3 (shown by 5 compiled models up to 408,000 elements, 10,200 innermost; [1, 32, 32, 64] ->
+[16, 32, 128]: 65,536 / 4,096), RESHAPE nt=3>2 and 2>3, CONCATENATION n=4 axis=inner (13 models,
+up to 819,200 / 10,240; [1, 16, 16, 256]: 65,536 / 4,096), RESIZE_NEAREST_NEIGHBOR f=2x2 (7
+models, up to 819,200 / 10,240; [1, 32, 32, 256]: 262,144 / 8,192), CONV_2D 1x1 (176 models).
+SLICE and the MUL by the constant mask are forms the forms gate does not ask about (trusted to
+the op table, as the predictor does for every SLICE and every product with a constant); no
+compiled model shows a MUL(a, c) "same" over 3 dims > 1 (over 2 dims: shown). A TRANSPOSE_CONV
+(the fold's usual spelling) or DEPTH_TO_SPACE is not written: no compiled model shows the first,
+one refuses the second.
+
 Not held back by the one-segment cut (`rules.after_the_cut`), unlike the other legalizations:
 it must take the unfold and fold as the exporter wrote them, in the first round, before the
 layout rules rewrite those chains (a later block's fold, after the cut of an earlier one, would
