@@ -41,7 +41,8 @@ does not ask about joins, so an unshown one would be counted mapped. SLICE is tr
 table, as the predictor does (no compiled model in the evidence shows a SLICE, only
 STRIDED_SLICE). Where a join is not shown (MobileViT-xxs's unfold at 32 x 32 x 64 joins 4 rows
 of 16384 into 65536, where the largest 4-way join shown holds 10240 in its two innermost
-dims), the chain stays whole, with that reason.
+dims), the chain stays whole, with that reason; in float, `patchbranches.py` runs such a
+block's patch positions apart first, so that no join of them is written at all.
 """
 
 from __future__ import annotations
