@@ -225,8 +225,8 @@ class ComputeNchwIslandInNhwc(Rule):
 
 
 class ReduceBeforeTranspose(Rule):
-    """MEAN(TRANSPOSE(x, perm), axes), keep_dims False, the kept axes in x's order  =>
-    MEAN(x, perm[axes]).
+    """MEAN(TRANSPOSE(x, perm), axes), the kept axes in x's order  =>  MEAN(x, perm[axes])
+    (keep_dims: and a RESHAPE to the NCHW shape, the same data order).
 
     A classifier head exported from NCHW (EdgeNeXt through litert-torch) moves its last NHWC map
     to NCHW and averages H and W there: a MEAN "krr" no compiled model shows mapped, where the
@@ -242,8 +242,6 @@ class ReduceBeforeTranspose(Rule):
 
     def check(self, m: Match, *, x: Tensor, moved: Tensor, axes: Tensor) -> Refusal | list[int]:
         """A refusal, or the axes of x to average (the plan)."""
-        if m.root.options.get("keep_dims"):
-            return NotApplicable("keep_dims: the result keeps the transposed layout")
         perm = [int(v) for v in np.asarray(moved.op.input(1).data).reshape(-1)]
         rank = len(moved.shape)
         reduced = sorted({int(a) % rank for a in np.asarray(axes.data).reshape(-1)})
@@ -257,8 +255,12 @@ class ReduceBeforeTranspose(Rule):
     def rewrite(self, m: Match, *, x: Tensor, plan: list[int]) -> None:
         b = m.builder()
         out = m.root.output
-        b.replace(m.root, b.MEAN(x, b.ints(plan, "axes"), shape=tuple(out.shape), like=out,
-                                 keep_dims=False))  # fmt: skip
+        keep = bool(m.root.options.get("keep_dims"))
+        shape = tuple(1 if a in plan else d for a, d in enumerate(x.shape)) if keep else out.shape
+        mean = b.MEAN(x, b.ints(plan, "axes"), shape=tuple(shape), like=out, keep_dims=keep)
+        if tuple(shape) != tuple(out.shape):  # keep_dims: the same data, in the NCHW shape
+            mean = b.RESHAPE(mean, b.ints(tuple(out.shape), "shape"), like=out)
+        b.replace(m.root, mean)
 
 
 NHWC_LEGALIZATION: tuple[Rule, ...] = (ComputeNchwIslandInNhwc(), ReduceBeforeTranspose())
