@@ -427,9 +427,13 @@ def row_package(row: dict[str, Any]) -> str:
     return key.split("-")[-2][:12] if key.count("-") >= 2 else "unknown"
 
 
-def provenance_lines(rows: list[dict[str, Any]], package: str) -> list[str]:
+def provenance_lines(
+    rows: list[dict[str, Any]], package: str, labels: dict[str, str] | None = None
+) -> list[str]:
     """Rows rendered with `--cached` may come from several packages: say which, row by row,
-    so a table never passes older rows off as the header's package."""
+    so a table never passes older rows off as the header's package (`labels`: what each
+    package hash was, e.g. the commit it was measured on, from `--label HASH=TEXT`)."""
+    labels = labels or {}
     older: dict[str, list[str]] = {}
     for row in rows:
         if (measured := row_package(row)) != package[:12]:
@@ -438,7 +442,9 @@ def provenance_lines(rows: list[dict[str, Any]], package: str) -> list[str]:
         [
             "",
             *(
-                f"Measured on tflfuse package {pkg}, not the header's: {', '.join(names)}."
+                f"Measured on tflfuse package {pkg}"
+                + (f" ({labels[pkg]})" if pkg in labels else "")
+                + f", not the header's: {', '.join(names)}."
                 for pkg, names in sorted(older.items())
             ),
         ]
@@ -470,7 +476,7 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f" figure) is run again with `{ACCEPT}` and measured on its own row, `{ACCEPTED[1]}`.",
         "",
         *table_lines(rows),
-        *provenance_lines(rows, meta["package"]),
+        *provenance_lines(rows, meta["package"], meta.get("labels")),
         "",
         "## Where each is cut (one segment)",
         "",
@@ -622,6 +628,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="render the rows earlier runs left in --out, whatever they were measured on",
     )
+    parser.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="HASH=TEXT",
+        help="with --cached: what a row's package (12 hex digits) was, e.g. its commit",
+    )
     parser.add_argument("--row", type=Path, help=argparse.SUPPRESS)  # a child: one sidecar
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -648,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
         "minutes": (time.perf_counter() - started) / 60,
         "corpus": str(args.corpus),
         "package": package_hash(),
+        "labels": dict(label.split("=", 1) for label in args.label),
     }
     (args.out.parent / "yolo_edgetpu.json").write_text(json.dumps(ordered, indent=1) + "\n")
     args.md.write_text(render(ordered, meta))

@@ -108,3 +108,5 @@ def test_rows_of_an_older_package_are_named_not_passed_off_as_the_headers(bench)
         f"Measured on tflfuse package {older[:12]}, not the header's: m2 / litert-torch."
     ]
     assert bench.provenance_lines(rows[:1], current) == []
+    labelled = bench.provenance_lines(rows, current, {older[:12]: "main at abc1234"})
+    assert labelled[1].startswith(f"Measured on tflfuse package {older[:12]} (main at abc1234),")
