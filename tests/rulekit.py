@@ -11,6 +11,7 @@ from tflfuse.convert.rule_sets import pipeline
 from tflfuse.ir import Graph, Model, Tensor, flatbuffer
 from tflfuse.rewrite import PassManager, PassResult, Rule
 from tflfuse.targets import target as target_named
+from tflfuse.targets.edgetpu.predict import predict_edgetpu
 from tflfuse.verification import verify
 
 
@@ -175,3 +176,11 @@ def apply(data: bytes, *rules: Any) -> tuple[bytes, Model, PassResult]:
     from tflfuse.rewrite import DeadCodeElimination, TopologicalSort
 
     return run_rules(data, [*rules, DeadCodeElimination(), TopologicalSort()])
+
+
+def edgetpu_placed(data: bytes) -> tuple[int, int]:
+    """(ops predicted on the Edge TPU, on the CPU) in one segment, forms evidence included: an
+    op of a form no compiled model shows at its size counts on the CPU."""
+    p = predict_edgetpu(flatbuffer.from_bytes(data))
+    on = sum(o.status.startswith("Mapped") for o in p.ops)
+    return on, len(p.ops) - on

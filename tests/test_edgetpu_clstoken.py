@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 from rulekit import G, apply, assert_same_function, ops, refusals
 from test_edgetpu_heads import mapped
-from test_rules_property_int8 import observed_ranges, quantize_graph
+from test_rules_property_int8 import int8_twin
 
-from tflfuse.ir import flatbuffer
 from tflfuse.targets.edgetpu.clstoken import MoveClassTokenIntoAdd
 
 RULE = "MoveClassTokenIntoAdd"
@@ -32,11 +31,6 @@ def class_token(tokens: int = 16, width: int = 8, cls_zero: bool = False, read_t
     return g.bytes(*outs)
 
 
-def _int8(data: bytes) -> bytes:
-    graph = flatbuffer.from_bytes(data).main
-    return quantize_graph(graph, observed_ranges(graph))
-
-
 def test_a_class_token_moves_into_the_added_constant_bit_exactly_and_the_join_maps() -> None:
     before = class_token()
     after, model, result = apply(before, MoveClassTokenIntoAdd())
@@ -47,8 +41,8 @@ def test_a_class_token_moves_into_the_added_constant_bit_exactly_and_the_join_ma
     assert_same_function(before, after, atol=0, rtol=0)
     # int8 twins: the source cuts at the join (its constant input is not all zeros); the result
     # maps whole
-    assert mapped(_int8(before)) == (1, 3)
-    assert mapped(_int8(after)) == (4, 0)
+    assert mapped(int8_twin(before)) == (1, 3)
+    assert mapped(int8_twin(after)) == (4, 0)
 
 
 def test_a_join_read_elsewhere_or_already_zero_is_left_alone() -> None:

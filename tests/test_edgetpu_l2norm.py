@@ -5,12 +5,10 @@ MUL of two operands of one shape. Float, the same function up to round-off."""
 from __future__ import annotations
 
 import numpy as np
-from rulekit import G, apply, assert_same_function, ops
-from test_rules_property_int8 import observed_ranges, quantize_graph
+from rulekit import G, apply, assert_same_function, edgetpu_placed, ops
+from test_rules_property_int8 import int8_twin
 
-from tflfuse.ir import flatbuffer
 from tflfuse.targets.edgetpu.l2norm import SpellOutL2Normalization
-from tflfuse.targets.edgetpu.predict import predict_edgetpu
 
 
 def normalized(heads: int = 2, d: int = 4, tokens: int = 32) -> bytes:
@@ -18,18 +16,6 @@ def normalized(heads: int = 2, d: int = 4, tokens: int = 32) -> bytes:
     x = g.input((1, heads, d, tokens), "q")
     y = g.op("L2_NORMALIZATION", [g.binary("ADD", x, x)], x.shape, fused_activation_function="NONE")
     return g.bytes(g.binary("ADD", y, y))
-
-
-def mapped(data: bytes) -> tuple[int, int]:
-    """(ops predicted on the Edge TPU, on the CPU) in one segment, forms evidence included."""
-    p = predict_edgetpu(flatbuffer.from_bytes(data))
-    on = sum(o.status.startswith("Mapped") for o in p.ops)
-    return on, len(p.ops) - on
-
-
-def _int8(data: bytes) -> bytes:
-    graph = flatbuffer.from_bytes(data).main
-    return quantize_graph(graph, observed_ranges(graph))
 
 
 def test_an_l2_normalization_is_spelled_in_shown_forms_and_maps() -> None:
@@ -40,12 +26,12 @@ def test_an_l2_normalization_is_spelled_in_shown_forms_and_maps() -> None:
     assert ops(model).count("CONV_2D") == 2 and ops(model).count("RSQRT") == 1
     assert_same_function(before, after, atol=1e-6, rtol=1e-5)
     # int8 twins: the kernel is undecided (no compiled model shows it) and cuts; the spelling maps
-    assert mapped(_int8(before)) == (1, 2)
-    assert mapped(_int8(after)) == (len(ops(model)), 0)
+    assert edgetpu_placed(int8_twin(before)) == (1, 2)
+    assert edgetpu_placed(int8_twin(after)) == (len(ops(model)), 0)
 
 
 def test_an_int8_l2_normalization_is_left_to_the_kernel() -> None:
-    data = _int8(normalized())
+    data = int8_twin(normalized())
     _, _, result = apply(data, SpellOutL2Normalization())
     assert result.fired() == {}
-    assert np.isfinite(mapped(data)[0])
+    assert np.isfinite(edgetpu_placed(data)[0])

@@ -7,13 +7,12 @@ one-hot 1 x 1 conv. Float, exact; every tensor at most 3 dims > 1."""
 from __future__ import annotations
 
 import numpy as np
-from rulekit import G, apply, assert_same_function, ops, refusals
-from test_rules_property_int8 import observed_ranges, quantize_graph
+from rulekit import G, apply, assert_same_function, edgetpu_placed, ops, refusals
+from test_rules_property_int8 import int8_twin
 
 from tflfuse.ir import Tensor, flatbuffer
 from tflfuse.targets.edgetpu.headsplit import nontrivial
 from tflfuse.targets.edgetpu.patchbranches import RunPatchPositionsApart
-from tflfuse.targets.edgetpu.predict import predict_edgetpu
 from tflfuse.targets.edgetpu.rowmean import ReplicateRowMean
 
 RULE = "RunPatchPositionsApart"
@@ -69,18 +68,6 @@ def mobilevit_block(h: int = 8, c: int = 8, attention: bool = True, mix: bool = 
     return g.bytes(g.conv(a, c))
 
 
-def mapped(data: bytes) -> tuple[int, int]:
-    """(ops predicted on the Edge TPU, on the CPU) in one segment, forms evidence included."""
-    p = predict_edgetpu(flatbuffer.from_bytes(data))
-    on = sum(o.status.startswith("Mapped") for o in p.ops)
-    return on, len(p.ops) - on
-
-
-def _int8(data: bytes) -> bytes:
-    graph = flatbuffer.from_bytes(data).main
-    return quantize_graph(graph, observed_ranges(graph))
-
-
 def _widest(data: bytes) -> int:
     graph = flatbuffer.from_bytes(data).main
     return max(nontrivial(t.shape) for t in graph.tensors if not t.is_constant)
@@ -110,8 +97,8 @@ def test_the_block_maps_whole_once_its_positions_run_apart() -> None:
     assert_same_function(before, after, atol=1e-5, rtol=1e-5)
     # int8 twins, predicted with the forms evidence: the source cuts at the unfold (a tensor of
     # 4 dims > 1, op 2); the result maps whole
-    assert mapped(_int8(reference)) == (2, 23)
-    assert mapped(_int8(after)) == (len(ops(model)), 0) == (59, 0)
+    assert edgetpu_placed(int8_twin(reference)) == (2, 23)
+    assert edgetpu_placed(int8_twin(after)) == (len(ops(model)), 0) == (59, 0)
 
 
 def test_an_op_mixing_the_positions_keeps_the_block_as_it_is() -> None:

@@ -326,3 +326,9 @@ def test_every_target_pipeline_keeps_random_int8_graphs_running_and_within_toler
         result = optimize_bytes(int8, target=target)  # raises when it breaks or drifts
         v = result.verification
         assert v["verified"] and v.get("ok", False), (target, v, result.result.fired())
+
+
+def int8_twin(data: bytes) -> bytes:
+    """The int8 twin of a float model's bytes, at the ranges `observed_ranges` sees."""
+    graph = flatbuffer.from_bytes(data).main
+    return quantize_graph(graph, observed_ranges(graph))
