@@ -150,12 +150,7 @@ def _tensor_values(path: Path, xs: np.ndarray) -> dict[str, np.ndarray]:
     details = it.get_tensor_details()
     values: dict[str, list[np.ndarray]] = {}
     for x in xs:
-        x = x[None]
-        if inp["dtype"] != np.float32:
-            scale, zero = inp["quantization"]
-            info = np.iinfo(inp["dtype"])
-            x = np.clip(np.round(x / scale + zero), info.min, info.max)
-        it.set_tensor(inp["index"], x.astype(inp["dtype"]))
+        it.set_tensor(inp["index"], yolo_edgetpu.as_input(x[None], inp))
         it.invoke()
         for d in details:
             try:

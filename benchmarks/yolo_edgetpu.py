@@ -134,6 +134,15 @@ def placement(path: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- error against the float model
 
 
+def as_input(x: np.ndarray, detail: dict[str, Any]) -> np.ndarray:
+    """`x` (float, batch first) in the input's type: quantized at its scale and zero point."""
+    if detail["dtype"] != np.float32:
+        scale, zero = detail["quantization"]
+        info = np.iinfo(detail["dtype"])
+        x = np.clip(np.round(x / scale + zero), info.min, info.max)
+    return x.astype(detail["dtype"])
+
+
 def run_model(path: Path, xs: np.ndarray) -> list[list[np.ndarray]]:
     """Float outputs of `path` on each sample (int I/O quantized / dequantized with the model's
     parameters), in output-index order."""
@@ -145,12 +154,7 @@ def run_model(path: Path, xs: np.ndarray) -> list[list[np.ndarray]]:
     outs = sorted(it.get_output_details(), key=lambda d: d["index"])
     results = []
     for x in xs:
-        x = x[None]
-        if inp["dtype"] != np.float32:
-            scale, zero = inp["quantization"]
-            info = np.iinfo(inp["dtype"])
-            x = np.clip(np.round(x / scale + zero), info.min, info.max)
-        it.set_tensor(inp["index"], x.astype(inp["dtype"]))
+        it.set_tensor(inp["index"], as_input(x[None], inp))
         it.invoke()
         row = []
         for o in outs:
