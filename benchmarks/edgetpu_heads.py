@@ -73,7 +73,7 @@ def placement(model: Model) -> dict[str, Any]:
     one = predict_edgetpu(model)
     many = predict_edgetpu(model, multiple_subgraphs=True)
     graph = model.main
-    on_tpu = {id(op) for op, p in zip(graph.ops, one.ops, strict=True) if p.target == "edgetpu"}
+    on_tpu = {id(op) for op, p in zip(graph.ops, one.ops, strict=True) if p.runs_on == "edgetpu"}
     crossing = {
         id(t): t.nbytes
         for op in graph.ops
@@ -90,7 +90,7 @@ def placement(model: Model) -> dict[str, Any]:
         "mapped_a": many.mapped,
         "mapped_a_other": max([many.mapped, *(r.mapped for r in many.other_readings)]),
         "segments_a": many.segments,
-        "cpu": dict(Counter(p.op for p in one.ops if p.target == "cpu")),
+        "cpu": dict(Counter(p.op for p in one.ops if p.runs_on == "cpu")),
         "bytes_to_cpu": int(sum(crossing.values())),
         "undecided": sum(undecided.values()),
         "undecided_forms": dict(undecided.most_common(5)),

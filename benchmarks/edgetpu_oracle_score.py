@@ -72,10 +72,10 @@ def _miss_line(s: PairScore, show_path: bool) -> str:
         return f"    {where}: does not load ({s.error[:120]})"
     t, p = s.truth, s.prediction
     assert t is not None and p is not None
-    predicted = Counter(o.op for o in p.ops if o.target == "cpu")
+    predicted = Counter(o.op for o in p.ops if o.runs_on == "cpu")
     extra = predicted - t.cpu_types
     missing = t.cpu_types - predicted
-    first = next((o for o in p.ops if o.target == "cpu"), None)
+    first = next((o for o in p.ops if o.runs_on == "cpu"), None)
     seg = f" segments {getattr(p, 'segments', None)} vs {t.segments}" if s.mode == "multi" else ""
     return (
         f"    {where}: mapped {p.mapped} vs {t.mapped} of {t.total};"

@@ -394,9 +394,9 @@ def _quantize(data: bytes, calib, io: str) -> bytes:
 
 def _mapped(data: bytes) -> dict[str, Any]:
     p = targets.predict_edgetpu(flatbuffer.from_bytes(data))
-    cut = next((o for o in p.ops if o.target == "cpu" and "More than one" not in o.status), None)
+    cut = next((o for o in p.ops if o.runs_on == "cpu" and "More than one" not in o.status), None)
     cpu_kinds = sorted(
-        {o.op for o in p.ops if o.target == "cpu" and "More than one" not in o.status}
+        {o.op for o in p.ops if o.runs_on == "cpu" and "More than one" not in o.status}
     )
     return {
         "mapped": p.mapped,

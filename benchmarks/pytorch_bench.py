@@ -62,7 +62,7 @@ def mapped(path: Path) -> dict[str, Any]:
     """Predicted Edge TPU mapping, the first op that cuts, and (where the evidence cannot decide
     the compiler's placement: a refused op near the input) the other reading's count."""
     p = predict_edgetpu(flatbuffer.load(path))
-    cut = next((o for o in p.ops if o.target == "cpu" and not o.reason.startswith("after")), None)
+    cut = next((o for o in p.ops if o.runs_on == "cpu" and not o.reason.startswith("after")), None)
     return {
         "mapped": p.mapped,
         "total": len(p.ops),

@@ -112,10 +112,10 @@ def placement(path: Path) -> dict[str, Any]:
     model = flatbuffer.load(path)
     one = predict_edgetpu(model)
     many = predict_edgetpu(model, multiple_subgraphs=True)
-    cpu = [o for o in one.ops if o.target == "cpu"]
+    cpu = [o for o in one.ops if o.runs_on == "cpu"]
     roots = [o for o in cpu if not o.reason.startswith("after the cut")]
-    cross1 = crossings(model.main, [o.target != "cpu" for o in one.ops])
-    cross_a = crossings(model.main, [o.target != "cpu" for o in many.ops])
+    cross1 = crossings(model.main, [o.runs_on != "cpu" for o in one.ops])
+    cross_a = crossings(model.main, [o.runs_on != "cpu" for o in many.ops])
     return {
         "total": len(one.ops),
         "mapped": one.mapped,
@@ -127,7 +127,7 @@ def placement(path: Path) -> dict[str, Any]:
         "crossings_a": cross_a,
         "cpu_types": dict(Counter(o.op for o in cpu)),
         "refused": [f"op {o.index} {o.op}: {o.reason}" for o in roots],
-        "refused_a": dict(Counter(o.op for o in many.ops if o.target == "cpu")),
+        "refused_a": dict(Counter(o.op for o in many.ops if o.runs_on == "cpu")),
     }
 
 

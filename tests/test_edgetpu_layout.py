@@ -47,7 +47,7 @@ def mapped(data: bytes) -> tuple[int, int]:
     """Ops predicted on the Edge TPU (the evidence reading: undecided forms on the CPU), ops."""
     model = flatbuffer.from_bytes(data)
     prediction = predict_edgetpu(model)
-    return sum(o.target == "edgetpu" for o in prediction.ops), len(prediction.ops)
+    return sum(o.runs_on == "edgetpu" for o in prediction.ops), len(prediction.ops)
 
 
 def undecided(data: bytes) -> list[str]:

@@ -199,7 +199,7 @@ def test_exact_needs_the_same_cpu_ops_and_in_multi_mode_the_same_segments() -> N
     assert prediction.cpu_ops() == [2]
     assert not is_exact(prediction, truth)
     assert not is_exact(documented_rule(model), truth)  # documented: the same two convs map
-    prediction.ops[1].target = "cpu"
+    prediction.ops[1].runs_on = "cpu"
     assert is_exact(prediction, truth)
     truth.segments = 2
     assert is_exact(prediction, truth) and not is_exact(prediction, truth, count_segments=True)

@@ -514,7 +514,7 @@ def test_a_segmentation_models_half_pixel_full_size_resize_is_tiled_exactly(q8: 
         # tiles are undecided, predicted on the CPU, and the other reading maps every op
         p = predict(model, target_named("edgetpu"))
         n = len(model.main.ops)
-        assert all(p.ops[i].target == "cpu" for i, op in enumerate(model.main.ops)
+        assert all(p.ops[i].runs_on == "cpu" for i, op in enumerate(model.main.ops)
                    if op.type == "RESIZE_BILINEAR")  # fmt: skip
         assert [r.mapped for r in p.other_readings] == [n]
     else:
@@ -619,7 +619,7 @@ def test_int8_maxpool_relu_stays_separate_and_all_of_it_maps() -> None:
     assert verify.compare(before, cpu, int_atol=1).ok
     # what the edgetpu pipeline avoided: the predictor leaves the fused pool on the CPU
     p = predict(cpu_model, target_named("edgetpu"))
-    assert [o.target for o in p.ops] == ["edgetpu", "cpu"]
+    assert [o.runs_on for o in p.ops] == ["edgetpu", "cpu"]
     assert "fused activation RELU" in p.ops[1].reason
 
 

@@ -63,7 +63,7 @@ def test_deeplab_cut_is_the_align_corners_resize_and_the_rest_follows() -> None:
 def test_posenet_custom_decoder_is_not_supported() -> None:
     model = flatbuffer.load(ORACLE / "posenet_mobilenet_v1_075_353_481_16_quant_decoder.tflite")
     p = predict(model, target_named("edgetpu"))
-    assert [o.op for o in p.ops if o.target == "cpu"] == ["PosenetDecoderOp"]
+    assert [o.op for o in p.ops if o.runs_on == "cpu"] == ["PosenetDecoderOp"]
     assert p.ops[-1].status == STATUS["unsupported"]
 
 
@@ -101,7 +101,7 @@ def test_ops_after_an_unsupported_op_run_on_the_cpu_even_when_supported() -> Non
     g.add_op("LEAKY_RELU", [y], [z], {"alpha": 0.1})
     out = conv(g, z, 4, name="c2")
     p = predict(model_of(g, [x], [out]), target_named("edgetpu"))
-    assert [o.target for o in p.ops] == ["edgetpu", "cpu", "cpu"]
+    assert [o.runs_on for o in p.ops] == ["edgetpu", "cpu", "cpu"]
     assert [o.status for o in p.ops] == [
         STATUS["mapped"],
         STATUS["unsupported"],
@@ -120,7 +120,7 @@ def test_float_io_leaves_boundary_quantize_ops_on_the_cpu_without_cutting() -> N
     out = g.add_tensor("out", y.shape, "FLOAT32")
     g.add_op("DEQUANTIZE", [y], [out])
     p = predict(model_of(g, [x], [out]), target_named("edgetpu"))
-    assert [o.target for o in p.ops] == ["cpu", "edgetpu", "cpu"]
+    assert [o.runs_on for o in p.ops] == ["cpu", "edgetpu", "cpu"]
     # the compiler's logs: a float -> int8 QUANTIZE is "otherwise supported, but not mapped"
     assert p.ops[0].status == STATUS["limitation"]
     assert p.ops[2].status == STATUS["data_type"]  # DEQUANTIZE writes float
@@ -359,7 +359,7 @@ def test_an_op_the_segment_does_not_need_does_not_cut_it() -> None:
     g.add_op("ARG_MAX", [x, g.add_constant("axis", np.array([3], np.int32))], [idx])
     y = conv(g, x, 8)
     p = predict(model_of(g, [x], [idx, y]), target_named("edgetpu"))
-    assert [o.target for o in p.ops] == ["cpu", "edgetpu"]
+    assert [o.runs_on for o in p.ops] == ["cpu", "edgetpu"]
     assert p.ops[0].status == STATUS["data_type"]
 
 
@@ -381,7 +381,7 @@ def test_the_cut_follows_the_data_flow_not_the_execution_order() -> None:
     joined = act(g, "joined", (1, 64, 1600))
     g.add_op("CONCATENATION", [flat2, flat], [joined], {"axis": 1})
     p = predict(model_of(g, [x], [joined]), target_named("edgetpu"))
-    assert [o.target for o in p.ops] == ["edgetpu", "cpu", "edgetpu", "edgetpu", "cpu", "cpu"]
+    assert [o.runs_on for o in p.ops] == ["edgetpu", "cpu", "edgetpu", "edgetpu", "cpu", "cpu"]
     assert p.ops[1].status == STATUS["limitation"]
     assert p.ops[4].status == STATUS["after_cut"] and "after the cut at op 1" in p.ops[4].reason
     assert p.segments == 1
@@ -401,7 +401,7 @@ def test_ops_before_the_segment_stay_on_the_cpu_without_cutting() -> None:
     g.add_op("LEAKY_RELU", [y], [z], {"alpha": 0.1})
     out = conv(g, z, 4, name="c2")
     p = predict(model_of(g, [x], [out]), target_named("edgetpu"))
-    assert [o.target for o in p.ops] == ["cpu", "cpu", "edgetpu", "cpu", "cpu"]
+    assert [o.runs_on for o in p.ops] == ["cpu", "cpu", "edgetpu", "cpu", "cpu"]
     assert [o.status for o in p.ops[3:]] == [STATUS["unsupported"], STATUS["after_cut"]]
 
 
@@ -425,10 +425,10 @@ def _two_islands() -> Model:
 def test_multiple_subgraphs_maps_every_mappable_op_and_counts_segments() -> None:
     model = _two_islands()
     single = predict(model, target_named("edgetpu"))
-    assert [o.target for o in single.ops] == ["edgetpu"] + ["cpu"] * 5
+    assert [o.runs_on for o in single.ops] == ["edgetpu"] + ["cpu"] * 5
     assert single.segments == 1 and single.ops[5].status == STATUS["after_cut"]
     multi = predict_edgetpu(model, multiple_subgraphs=True)
-    assert [o.target for o in multi.ops] == ["edgetpu", "cpu", "cpu", "cpu", "cpu", "edgetpu"]
+    assert [o.runs_on for o in multi.ops] == ["edgetpu", "cpu", "cpu", "cpu", "cpu", "edgetpu"]
     assert multi.segments == 2
     assert [o.status for o in multi.ops[1:5]] == [
         STATUS["data_type"],
@@ -503,7 +503,7 @@ def test_a_refusal_right_after_the_input_requantization_cuts_and_names_the_other
     which no compiled model decides against, leaves the QUANTIZE on the CPU too and maps the
     rest."""
     p = predict(_nchw_front("UINT8"), target_named("edgetpu"))
-    assert [o.target for o in p.ops] == ["edgetpu", "cpu", "cpu", "cpu", "cpu"]
+    assert [o.runs_on for o in p.ops] == ["edgetpu", "cpu", "cpu", "cpu", "cpu"]
     assert p.ops[1].status == STATUS["limitation"]
     (other,) = p.other_readings
     assert (other.ops, other.mapped) == ([1], 3)  # c1, c2 and the output QUANTIZE
@@ -519,7 +519,7 @@ def test_a_refusal_ahead_of_every_mapped_op_stays_ahead_and_names_the_other_read
     TRANSPOSE: predicted ahead of the segment (the convolutions map), and the documented rule's
     reading (it cuts everything after it) is given beside it."""
     p = predict(_nchw_front("FLOAT32"), target_named("edgetpu"))
-    assert [o.target for o in p.ops] == ["cpu", "cpu", "edgetpu", "edgetpu", "edgetpu"]
+    assert [o.runs_on for o in p.ops] == ["cpu", "cpu", "edgetpu", "edgetpu", "edgetpu"]
     (other,) = p.other_readings
     assert (other.ops, other.mapped) == ([1], 0)
     assert "documentation" in other.reading

@@ -27,7 +27,7 @@ def test_table_agrees_with_the_interpreter(path: Path) -> None:
     seen = observable_ops(model)
     actual = xnnpack_delegated_ops(data) & seen
     prediction = predict(model, target_named("xnnpack"))
-    predicted = {o.index for o in prediction.ops if o.target == "xnnpack"} & seen
+    predicted = {o.index for o in prediction.ops if o.runs_on == "xnnpack"} & seen
     assert predicted == actual
     assert prediction.mapped + prediction.cpu == len(model.main.ops)
 

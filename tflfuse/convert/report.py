@@ -307,11 +307,11 @@ def edgetpu_cut(data: bytes, model: Model | None = None) -> EdgeTPUCut:
     # ops after the cut name it in their reason; without any, the first CPU op is the cut
     marks = [re.match(r"after the cut at op (\d+)", o.reason) for o in prediction.ops]
     index = next((int(m.group(1)) for m in marks if m), None)
-    cpu = [o for o in prediction.ops if o.target == "cpu"]
+    cpu = [o for o in prediction.ops if o.runs_on == "cpu"]
     cut = next((o for o in cpu if o.index == index), cpu[0] if cpu else None)
     if cut is not None:
         out["cut"] = {"index": cut.index, "op": cut.op, "status": cut.status, "reason": cut.reason}
-    out["cpu_ops"] = sorted({o.op for o in prediction.ops if o.target == "cpu"})
+    out["cpu_ops"] = sorted({o.op for o in prediction.ops if o.runs_on == "cpu"})
     if prediction.other_readings:  # where the evidence cannot decide the compiler's placement
         out["other_readings"] = [
             {**r.to_dict(), "where": r.where} for r in prediction.other_readings

@@ -182,7 +182,7 @@ def edgetpu_effect(
     if not indices:
         return "the stock model reads no input through a TRANSPOSE; no change to the mapping"
     first = stock.ops[indices[0]]
-    where = "maps it" if first.target != "cpu" else f"leaves it on the CPU: {first.reason}"
+    where = "maps it" if first.runs_on != "cpu" else f"leaves it on the CPU: {first.reason}"
     return (
         f"the stock model reads its input through the NCHW->NHWC TRANSPOSE (op {first.index}; the"
         f" Edge TPU prediction {where}); with --channels-last that op is gone"

@@ -73,7 +73,7 @@ def capability(name: str) -> CapabilityTable:
 class OpPrediction:
     index: int
     op: str
-    target: str  # the accelerator's name, or "cpu"
+    runs_on: str  # where it runs: the prediction's target's name, or "cpu" (JSON: "target")
     status: str
     reason: str
 
@@ -81,7 +81,7 @@ class OpPrediction:
         return {
             "index": self.index,
             "op": self.op,
-            "target": self.target,
+            "target": self.runs_on,
             "status": self.status,
             "reason": self.reason,
         }
@@ -111,9 +111,13 @@ class OtherReading:
 
 @dataclass
 class Prediction:
-    """Per-op placement for one target, totals, and (Edge TPU) parameter memory."""
+    """Per-op placement for one target, totals, and (Edge TPU) parameter memory.
 
-    target: str
+    `target_name` is the name its `Target` has in `tflfuse.targets.registry` (JSON: "target"):
+    a name, not the `Target`, because the predictors that make it sit below the registry, which
+    imports them on first use."""
+
+    target_name: str
     ops: list[OpPrediction]
     memory: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -125,18 +129,18 @@ class Prediction:
 
     @property
     def mapped(self) -> int:
-        return sum(1 for o in self.ops if o.target != "cpu")
+        return sum(1 for o in self.ops if o.runs_on != "cpu")
 
     @property
     def cpu(self) -> int:
-        return sum(1 for o in self.ops if o.target == "cpu")
+        return sum(1 for o in self.ops if o.runs_on == "cpu")
 
     @property
     def fraction_mapped(self) -> float:
         return self.mapped / len(self.ops) if self.ops else 1.0
 
     def cpu_ops(self) -> list[int]:
-        return [o.index for o in self.ops if o.target == "cpu"]
+        return [o.index for o in self.ops if o.runs_on == "cpu"]
 
     def table(self) -> list[tuple[str, int, str]]:
         """(operator, count, status) rows, as in the compiler's `Operator Count Status` table."""
@@ -147,7 +151,7 @@ class Prediction:
 
     def to_dict(self) -> JSONDict:
         out: dict[str, Any] = {
-            "target": self.target,
+            "target": self.target_name,
             "ops": [o.to_dict() for o in self.ops],
             "mapped": self.mapped,
             "cpu": self.cpu,

@@ -24,7 +24,7 @@ def _mib(n: int) -> str:
 
 def format_prediction(prediction: Prediction, model_name: str) -> str:
     """The text report of `tflfuse check`: header, status table, then each CPU op and why."""
-    accel = target(prediction.target).label
+    accel = target(prediction.target_name).label
     lines = [f"{model_name}: predicted placement on {accel}"]
     if prediction.compiler_version is not None:
         lines[0] += f" (edgetpu_compiler {prediction.compiler_version}, {prediction.mode})"
@@ -54,7 +54,7 @@ def format_prediction(prediction: Prediction, model_name: str) -> str:
         "",
         *format_table(prediction.table()),
     ]
-    cpu = [o for o in prediction.ops if o.target == "cpu"]
+    cpu = [o for o in prediction.ops if o.runs_on == "cpu"]
     if cpu:
         lines += ["", "On the CPU, and why:"]
         lines += [f"  #{o.index:<4} {o.op:<24} {o.reason}" for o in cpu]

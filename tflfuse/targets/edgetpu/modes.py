@@ -124,7 +124,7 @@ class ModeChoice:
 
 
 def _outcome(mode: str, flags: list[str], graph: Graph, prediction: Prediction) -> ModeOutcome:
-    mapped = [o.target != "cpu" for o in prediction.ops]
+    mapped = [o.runs_on != "cpu" for o in prediction.ops]
     segments = prediction.segments if prediction.segments is not None else int(any(mapped))
     return ModeOutcome(
         mode, flags, prediction.mapped, len(prediction.ops), segments, crossings(graph, mapped)
@@ -184,10 +184,10 @@ def predict_pipelined(
         piece = Model([segment_graph(graph, split, k), *model.subgraphs[1:]])
         predicted = predict_edgetpu(piece, compiler_version)
         for index, o in zip(indices, predicted.ops):
-            ops.append(OpPrediction(index, o.op, o.target, o.status, o.reason))
+            ops.append(OpPrediction(index, o.op, o.runs_on, o.status, o.reason))
     whole = Prediction("edgetpu", ops, compiler_version=compiler_version, mode="pipelined")
     whole.segments = sum(
-        any(o.target != "cpu" for o in ops if o.index in set(indices)) for indices in split.ops
+        any(o.runs_on != "cpu" for o in ops if o.index in set(indices)) for indices in split.ops
     )
     return split, whole
 
@@ -223,7 +223,7 @@ def failure_note(model: Model, prediction: Prediction) -> str | None:
     dev pairs show compiled (`largest_activation_compiled` in the table); None otherwise."""
     limit = capability("edgetpu")["meta"].get("largest_activation_compiled")
     ops = model.main.ops
-    mapped = [ops[o.index] for o in prediction.ops if o.target != "cpu"]
+    mapped = [ops[o.index] for o in prediction.ops if o.runs_on != "cpu"]
     tensors = [t for op in mapped for t in (*op.inputs, *op.outputs) if t is not None]
     biggest = max((t for t in tensors if not t.is_constant), key=lambda t: t.nbytes, default=None)
     if not limit or biggest is None or biggest.nbytes <= limit:

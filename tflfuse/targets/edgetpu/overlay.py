@@ -44,11 +44,11 @@ def node_data(model: Model, prediction: Prediction) -> JSONDict:
             f"the prediction covers {len(prediction.ops)} ops, the main subgraph has "
             f"{len(graph.ops)}: it was made for another model"
         )
-    where = target.label if (target := find(prediction.target)) else prediction.target
-    after_cut = _after_cut_status() if prediction.target == "edgetpu" else None
+    where = target.label if (target := find(prediction.target_name)) else prediction.target_name
+    after_cut = _after_cut_status() if prediction.target_name == "edgetpu" else None
     results: dict[str, dict[str, Any]] = {}
     for op in prediction.ops:
-        if op.target != "cpu":
+        if op.runs_on != "cpu":
             value, color = where, MAPPED_COLOR
         elif after_cut is not None and op.status == after_cut:
             value, color = f"CPU: {op.status} - {op.reason}", AFTER_CUT_COLOR

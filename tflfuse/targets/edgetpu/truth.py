@@ -185,7 +185,7 @@ def is_exact(prediction: Prediction, truth: Truth, *, count_segments: bool = Fal
     Edge TPU segments must also equal the number of `edgetpu-custom-op`s in the twin.
     """
     if truth.unmatched:
-        predicted = Counter(o.op for o in prediction.ops if o.target == "cpu")
+        predicted = Counter(o.op for o in prediction.ops if o.runs_on == "cpu")
         same = predicted == truth.cpu_types and prediction.mapped == truth.mapped
     else:
         same = prediction.cpu_ops() == truth.cpu_ops
@@ -358,7 +358,7 @@ def memory_comparison(prediction: Prediction, truth: Truth) -> JSONDict | None:
     major = twin_compiler_major(truth)
     table = capability("edgetpu")
     layout = predicted_memory([op for i, op in enumerate(ops) if i not in cpu], table, major)
-    mapped = [ops[o.index] for o in prediction.ops if o.target != "cpu"]
+    mapped = [ops[o.index] for o in prediction.ops if o.runs_on != "cpu"]
     predicted = predicted_memory(mapped, table, major) if prediction.ops else prediction.memory
     on, off = truth.memory["on_chip_bytes"], truth.memory["off_chip_bytes"]
     return {
