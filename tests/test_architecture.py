@@ -16,6 +16,8 @@ importer sits inside them. The checks:
   - no rule (nor the engine) compares anything with a target's name: what differs per target
     is a trait of its `Target` (tflfuse/targets/registry.py), so a new target needs no edit
     of the rules;
+  - no parameter or field below the door is a target's name (`target: str`): `api` and `cli`
+    resolve it once, every layer under them takes the `Target`;
   - at most MAX_ANY_SIGNATURES public functions and methods in tflfuse/ have `Any` in their
     signature (an alias of a type that holds `Any` counts as `Any`).
 Each failure names the importing file and line and the import itself. The checker is tried on
@@ -394,6 +396,26 @@ def target_name_branches(root: Path) -> list[str]:
     return [f"{where}:{line}: {text}" for where, line, text in sorted(found)]
 
 
+def target_names_below_the_door(root: Path) -> list[str]:
+    """'path:line: annotation' for each parameter or field under root/tflfuse named `target`
+    and annotated as a name only (`str`, `str | None`): the name is resolved once, at the door
+    (`api`, `cli`; `Target | str` there), and every layer below takes the `Target`."""
+    found = []
+    for path in sorted((root / "tflfuse").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.arg):
+                name, annotation = node.arg, node.annotation
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                name, annotation = node.target.id, node.annotation
+            else:
+                continue
+            names = _names(annotation)
+            if name == "target" and "str" in names and "Target" not in names:
+                text = f"{name}: {ast.unparse(annotation)}" if annotation else name
+                found.append((str(path.relative_to(root)), node.lineno, text))
+    return [f"{where}:{line}: {text}" for where, line, text in sorted(found)]
+
+
 # Public functions and methods with `Any` in a parameter or the return annotation: what is left
 # to type (counted down, never up; the IR's own open dicts, op options and `extra`, stay).
 MAX_ANY_SIGNATURES = 1
@@ -481,6 +503,35 @@ def test_no_rule_branches_on_a_target_name() -> None:
     assert not findings, "ask the target's trait in tflfuse/targets/registry.py:\n" + "\n".join(
         findings
     )
+
+
+def test_no_layer_below_the_door_takes_a_target_name() -> None:
+    findings = target_names_below_the_door(REPO)
+    assert not findings, "take the `Target` (tflfuse.targets.target(name) at the door):\n" + (
+        "\n".join(findings)
+    )
+
+
+def test_the_target_name_annotation_check_finds_planted_ones(tmp_path: Path) -> None:
+    _tree(
+        tmp_path,
+        {
+            "tflfuse/rules/a.py": """\
+                from dataclasses import dataclass
+
+                def door(target: "Target | str") -> None: ...
+                def below(x: int, target: str | None = None) -> None: ...
+                @dataclass
+                class Record:
+                    target: str
+                    target_name: str
+                """
+        },
+    )
+    assert target_names_below_the_door(tmp_path) == [
+        "tflfuse/rules/a.py:4: target: str | None",
+        "tflfuse/rules/a.py:7: target: str",
+    ]
 
 
 def test_few_public_signatures_have_any() -> None:
