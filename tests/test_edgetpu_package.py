@@ -395,7 +395,7 @@ def test_the_report_tables_the_modes_and_names_the_flags(tmp_path: Path) -> None
     from tflfuse.convert import report
 
     data = _chain_with_a_custom_op(tmp_path).read_bytes()
-    section = {name: report.edgetpu_cut(data) for name in ("fused", "stock")}
+    section = {name: report.edgetpu_cut(flatbuffer.from_bytes(data)) for name in ("fused", "stock")}
     for v in section.values():
         v.pop("_prediction")
     text = "\n".join(report._edgetpu_lines(section))

@@ -550,8 +550,8 @@ def test_the_report_gives_the_other_reading_beside_the_mapped_count() -> None:
     from tflfuse.convert import report
 
     section = {
-        "stock": report.edgetpu_cut(flatbuffer.to_bytes(_nchw_front("UINT8"))),
-        "fused": report.edgetpu_cut(flatbuffer.to_bytes(_nchw_front("FLOAT32"))),
+        "stock": report.edgetpu_cut(flatbuffer.read_back(_nchw_front("UINT8"))),
+        "fused": report.edgetpu_cut(flatbuffer.read_back(_nchw_front("FLOAT32"))),
     }
     for v in section.values():
         v.pop("_prediction")

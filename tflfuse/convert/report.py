@@ -65,15 +65,14 @@ class ParseOnce:
 
     def __call__(self, data: bytes) -> Model:
         model = self._models.get(data)
-        if model is None:
+        if model is None:  # bytes no stage holds the IR of (see `pipeline.report`): parsed here
             model = self._models[data] = flatbuffer.from_bytes(data)
         return model
 
 
-def model_facts(data: bytes, model: Model | None = None) -> JSONDict:
+def model_facts(data: bytes, model: Model) -> JSONDict:
     """Op count and table, activation and parameter bytes, quantization kind, file size (`model`:
-    `data` already parsed)."""
-    model = model if model is not None else flatbuffer.from_bytes(data)
+    the parse of `data`)."""
     g = model.main
     return {
         "op_count": sum(len(sg.ops) for sg in model.subgraphs),
@@ -252,11 +251,9 @@ def warnings(
     ]
 
 
-def delegate_check(data: bytes, delegate: str, model: Model | None = None) -> JSONDict:
-    """Where the fused model's ops run on the recipe's delegate (tflfuse.targets; `model`:
-    `data` already parsed)."""
+def delegate_check(model: Model, delegate: str) -> JSONDict:
+    """Where the fused model's ops run on the recipe's delegate (tflfuse.targets)."""
     try:
-        model = model if model is not None else flatbuffer.from_bytes(data)
         found = targets.find(delegate)  # the recipe's delegate: a name, checked here
         if found is None:
             choices = ", ".join(targets.names(predicts=True))
@@ -293,11 +290,10 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
-def edgetpu_cut(data: bytes, model: Model | None = None) -> EdgeTPUCut:
-    """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why
-    (`model`: `data` already parsed), with the Prediction itself under `_prediction` (for the
-    section's channels-last effect; popped before the report is written)."""
-    parsed = model if model is not None else flatbuffer.from_bytes(data)
+def edgetpu_cut(parsed: Model) -> EdgeTPUCut:
+    """Where the Edge TPU compiler is predicted to cut the model (tflfuse.targets) and why, with
+    the Prediction itself under `_prediction` (for the section's channels-last effect; popped
+    before the report is written)."""
     prediction = targets.predict_edgetpu(parsed)
     out: EdgeTPUCut = {
         "mapped": prediction.mapped,
@@ -326,7 +322,7 @@ def _edgetpu_section(
 ) -> dict[str, Any]:
     """Stock against fused on the Edge TPU: mapped ops, the cut and its reason, and what the
     channels-last interface (`change`) changed for the mapping."""
-    per = {k: edgetpu_cut(models[k], parse(models[k])) for k in ("fused", "stock")}
+    per = {k: edgetpu_cut(parse(models[k])) for k in ("fused", "stock")}
     section: dict[str, Any] = {}
     if change is not None:
         section["channels_last"] = layout.edgetpu_effect(
@@ -432,7 +428,7 @@ def assemble(
         "baseline_check": unfused.check,
         "class_score_outputs": [n for n, c in zip(src.output_names, scores) if c],
         "warnings": warnings(loaded, legalization, reference, scores, agree),
-        "delegate_check": delegate_check(models["fused"], rec.delegate, parse(models["fused"])),
+        "delegate_check": delegate_check(parse(models["fused"]), rec.delegate),
         "files": {
             "fused": "model.tflite",
             "unfused": "model_unfused.tflite",
