@@ -132,6 +132,8 @@ class Context:
     # the quantized fused model's IR as the stage before left it, with the bytes it is the parse
     # of (flatbuffer.read_back): the next stage takes it instead of parsing them again
     handed: tuple[bytes, Model] | None = field(default=None, repr=False)
+    # each written model parsed once by the report, and read again by the usefulness judgement
+    parsed: report_mod.ParseOnce = field(default_factory=report_mod.ParseOnce, repr=False)
 
     @property
     def source(self) -> Source:
@@ -554,8 +556,9 @@ def report(rec: Recipe, ctx: Context) -> None:
     models = ctx.baselines.models
     for name, data in zip((FUSED, UNFUSED, STOCK), (models[m] for m in MODELS)):
         (ctx.folder / name).write_bytes(data)
-    parse = report_mod.ParseOnce()
-    parse.known(models["fused"], _written_fused(ctx))
+    parse = ctx.parsed  # (the fused model's IR as the last stage handed it on, or its parse)
+    if ctx.handed is not None and ctx.handed[0] is models["fused"]:
+        parse.known(*ctx.handed)
     try:
         ctx.report = report_mod.assemble(
             rec,
@@ -760,28 +763,20 @@ def _run_stages(rec: Recipe, ctx: Context, started: float) -> Report:
     return ctx.report
 
 
-def _written_fused(ctx: Context) -> Model:
-    """The IR of the fused model as written (only read): the one the last stage handed on with
-    those bytes, or their parse."""
-    data = ctx.baselines.models["fused"]
-    if ctx.handed is None or ctx.handed[0] is not data:
-        ctx.handed = (data, flatbuffer.from_bytes(data))
-    return ctx.handed[1]
-
-
 def _judge_usefulness(ctx: Context) -> None:
     """Refuse a fused model whose outputs carry nothing of the source's where the data shows they
     could (tflfuse.convert.usefulness), unless the user accepts it: then the report says so."""
     # (the report's section as `report.agreement` wrote it)
     agreement = ctx.report.get("agreement", {})
     fused: ModelAgreement = agreement.get("fused") or {}
-    steps = usefulness.output_steps(_written_fused(ctx))
+    written = ctx.baselines.models
+    steps = usefulness.output_steps(ctx.parsed(written["fused"]))  # (as the report parsed them)
     names = list(ctx.loaded.source.output_names)
     if usefulness.useless(fused, steps, names, FUSED) is None:
         return
     stock: ModelAgreement = agreement.get("stock") or {}  # its own figure, said too
-    stock_data = ctx.baselines.models.get("stock")
-    stock_steps = usefulness.output_steps(flatbuffer.from_bytes(stock_data)) if stock_data else None
+    stock_data = written.get("stock")
+    stock_steps = usefulness.output_steps(ctx.parsed(stock_data)) if stock_data else None
     verdict = usefulness.useless(fused, steps, names, FUSED, stock, stock_steps)
     if verdict is None:
         return
