@@ -294,7 +294,7 @@ def quantize(rec: Recipe, ctx: Context) -> None:
     fused, unfused = ctx.fused.data, ctx.unfused.data
     if ctx.source.quantized:
         route = f"already int8: not re-quantized; I/O {rec.input_type} -> {rec.output_type}"
-        fused_io, ir = _with_io_types(fused, rec)
+        fused_io, ir = _with_io_types(fused, rec, flatbuffer.read_back(ctx.fused.model))
         ctx.quantized = QuantizedRecord(
             Quantized(fused_io, route), Quantized(_with_io_types(unfused, rec)[0], route)
         )
@@ -362,10 +362,12 @@ def _quantize_one(
     return quantized, left, False
 
 
-def _with_io_types(data: bytes, rec: Recipe) -> tuple[bytes, Model]:
+def _with_io_types(data: bytes, rec: Recipe, model: Model | None = None) -> tuple[bytes, Model]:
     """An int8 model with the recipe's I/O types (float, int8 or uint8 boundaries), and its IR
-    as the parse of those bytes reads (flatbuffer.read_back)."""
-    model = flatbuffer.from_bytes(data, "int8")
+    as the parse of those bytes reads (flatbuffer.read_back). `model`: the IR of `data` as its
+    parse reads it, rewritten here (the fused model's, which `fuse` hands on)."""
+    if model is None:  # the unfused baseline: bytes from the defused route, no IR kept
+        model = flatbuffer.from_bytes(data, "int8")
     set_io_types(model, rec.input_type, rec.output_type)
     data = flatbuffer.to_bytes(model)
     return data, flatbuffer.read_back(model)
