@@ -140,7 +140,7 @@ def optimize_bytes(
     target = check_options(level=level, target=target, disabled=disabled)
     if runtime is not None:
         runtime = resolve(runtime)
-    parsed = flatbuffer.from_bytes(data, source)
+    parsed = flatbuffer.from_bytes(data, source)  # (given as bytes: a file, a converter's output)
     check_names(parsed, source)  # (the interpreter decodes the I/O names strictly)
     before = _totals(parsed)  # (read before the passes rewrite `parsed` in place)
     stages = _stages(level, target, runtime, before_int8, before_int8 and int8_completes)

@@ -330,6 +330,7 @@ def _quantize_one(
     calib = ctx.loaded.inputs_for(which, ctx.loaded.calib)
     # (only read, by both): the fused float model's IR as `fuse` left it, or a parse
     held = ctx.fused.model if data is ctx.fused.data else None
+    # (the unfused baseline is bytes: the converter's, or the defused route's)
     parsed = flatbuffer.read_back(held) if held is not None else flatbuffer.from_bytes(data)
     left = aeq_unsupported(data, parsed) if rec.quant_mode == "int8" else []
     if left:
@@ -380,6 +381,8 @@ def _fused_ir(ctx: Context, name: str) -> Model:
     data = ctx.quantized.fused.data
     if handed is not None and handed[0] is data:
         return handed[1]
+    # bytes no IR is held for: the converter PTQ's, or those an int8 legalization that was not
+    # kept leaves (it rewrote the IR in place)
     return flatbuffer.from_bytes(data, name)
 
 

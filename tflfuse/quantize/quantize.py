@@ -114,6 +114,7 @@ def quantize(
     from litert_quantizer import quantizer
 
     logging.getLogger("absl").setLevel(logging.ERROR)
+    # (convert passes its IR; the stock route and the tests give the file's bytes only)
     model = parsed if parsed is not None else flatbuffer.from_bytes(float_model)
     if not model.signatures:
         raise TflfuseError("the float model has no signature; litert-quantizer needs one")
@@ -143,7 +144,8 @@ def quantize(
     result = q.quantize(calibration_result, enable_progress_bar=False, enable_progress_report=False)
     data = bytes(result.quantized_model)
     which = desc.removeprefix("calibrating ")
-    qmodel = flatbuffer.from_bytes(data)  # (parsed once: read here, completed, handed on)
+    # litert-quantizer writes bytes: parsed once, read here, completed and handed on as IR
+    qmodel = flatbuffer.from_bytes(data)
     qparams.check(qmodel, f"litert-quantizer's output ({which})")
     out = Quantized(data, f"litert-quantizer {mode}", ranges_adjusted=adjusted)
     if layer_error and samples:
@@ -340,6 +342,7 @@ def aeq_unsupported(float_model: bytes, parsed: Model | None = None) -> list[str
     from litert_quantizer import qtyping
 
     known = set(qtyping.TFLOperationName.__members__) | COMPLETED_OPS
+    # (convert passes its IR; a caller with the file's bytes only has them parsed)
     graph = (parsed if parsed is not None else flatbuffer.from_bytes(float_model)).main
     return sorted({op.type for op in graph.ops if op.type not in known | BOUNDARY_OPS})
 
