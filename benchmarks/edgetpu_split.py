@@ -252,6 +252,18 @@ def separation_table(rows: list[Row]) -> list[str]:
     return lines
 
 
+def caching_peers(r: Row, judged: list[Row]) -> list[Row]:
+    """The judged twins of `r`'s compiler generation that cache all the rules leave and are at
+    least as large as `r` in every measure but the instruction bytes."""
+    return [
+        o
+        for o in judged
+        if not o.streams_more
+        and o.generation == r.generation
+        and all(m(o) >= m(r) for k, m in MEASURES.items() if "instruction" not in k)
+    ]
+
+
 def dominating(rows: list[Row]) -> list[str]:
     """For each judged twin streaming more than the rules: the judged twins of its compiler
     generation that cache all the rules leave and are at least as large in every measure but
@@ -261,13 +273,7 @@ def dominating(rows: list[Row]) -> list[str]:
     lines = []
     judged = [r for r in rows if r.judged]
     for r in (r for r in judged if r.streams_more):
-        larger = [
-            o
-            for o in judged
-            if not o.streams_more
-            and o.generation == r.generation
-            and all(m(o) >= m(r) for k, m in MEASURES.items() if "instruction" not in k)
-        ]
+        larger = caching_peers(r, judged)
         names = ", ".join(f"{o.name} ({o.half}, {o.parameters:,} B)" for o in larger) or "none"
         lines.append(
             f"- {r.name} ({r.set}, {r.half}, compiler {r.generation}): {r.streamed:,} of"
@@ -363,13 +369,7 @@ def _instruction_note(rows: list[Row]) -> str:
     dev = [r for r in judged if r.half == "dev"]
     notes = []
     for r in (r for r in judged if r.streams_more):
-        same = [
-            o
-            for o in judged
-            if not o.streams_more
-            and o.generation == r.generation
-            and all(m(o) >= m(r) for k, m in MEASURES.items() if "instruction" not in k)
-        ]
+        same = caching_peers(r, judged)
         for o in same:
             notes.append(
                 f"{r.name} holds {r.instructions - o.instructions:,} instruction bytes more than"
