@@ -72,12 +72,12 @@ def is_exact_copy(op: Op) -> bool:
     values = np.asarray(w.data, np.float64)
     if values.size == 0 or not np.all((values == 0) | (values == 1)):
         return False
-    per_channel = values.reshape(-1, values.shape[-1]) if op.type == "DEPTHWISE_CONV_2D" else None
-    ones = (
-        per_channel.sum(axis=0)
-        if per_channel is not None
-        else values.reshape(len(values), -1).sum(1)
-    )
+    # ones per output channel: the last axis of a depthwise kernel [1, h, w, C], the first of a
+    # conv's [O, h, w, I]
+    if op.type == "DEPTHWISE_CONV_2D":
+        ones = values.reshape(-1, values.shape[-1]).sum(axis=0)
+    else:
+        ones = values.reshape(len(values), -1).sum(axis=1)
     if not np.all(ones == 1):
         return False
     bias = op.inputs[2] if len(op.inputs) > 2 else None
