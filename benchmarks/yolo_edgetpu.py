@@ -128,6 +128,9 @@ def placement(path: Path) -> dict[str, Any]:
         "cpu_types": dict(Counter(o.op for o in cpu)),
         "refused": [f"op {o.index} {o.op}: {o.reason}" for o in roots],
         "refused_a": dict(Counter(o.op for o in many.ops if o.runs_on == "cpu")),
+        # parameters of the mapped ops in one segment, and those streamed on every inference
+        "parameter_bytes": (one.memory or {}).get("parameter_bytes"),
+        "streamed_bytes": (one.memory or {}).get("off_chip_bytes"),
     }
 
 
@@ -356,6 +359,15 @@ def _crossing(pair: list[int] | tuple[int, int] | None) -> str:
     return f"{pair[0]} x {pair[1] / 1024:.0f} KiB"
 
 
+def _params(p: dict[str, Any]) -> str:
+    """Predicted Edge TPU parameters in one segment and the part streamed on every inference
+    ("-" for a row measured before the table recorded them)."""
+    total, streamed = p.get("parameter_bytes"), p.get("streamed_bytes")
+    if total is None or streamed is None:
+        return "-"
+    return f"{total / 2**20:.1f} ({streamed / 2**20:.1f})"
+
+
 def _err(p: dict[str, Any]) -> str:
     e = p.get("error", {})
     if "error" in e:
@@ -372,13 +384,13 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     """Per model x route, one line each for the user's int8, stock and tflfuse."""
     lines = [
         "| model | route | file | mapped, one segment | crossings | mapped, -a | -a crossings |"
-        " error vs float export | convert s / MiB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " params MiB (streamed) | error vs float export | convert s / MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         head = f"| {r['model']} | {r['route']} |"
         if r.get("user_missing"):
-            lines.append(f"{head} user's int8 | none | | | | | |")
+            lines.append(f"{head} user's int8 | none | | | | | | |")
         for who, label in WHO:
             p = r.get(who)
             if not p:
@@ -386,17 +398,19 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
             conv = f"{r.get('convert_s', '-')} / {r.get('peak_rss_mib', '-')}" * (who == "fused")
             lines.append(
                 f"{head} {label} | {_mapped(p, False)} | {_crossing(p.get('crossings'))} |"
-                f" {_mapped(p, True)} | {_crossing(p.get('crossings_a'))} | {_err(p)} | {conv} |"
+                f" {_mapped(p, True)} | {_crossing(p.get('crossings_a'))} | {_params(p)} |"
+                f" {_err(p)} | {conv} |"
             )
         if r.get("convert_error"):
             failed = r["convert_error"].removeprefix("tflfuse: error: ")
-            lines.append(f"{head} tflfuse | refused: {failed[:120]} (below) | | | | | |")
+            lines.append(f"{head} tflfuse | refused: {failed[:120]} (below) | | | | | | |")
         p = r.get(ACCEPTED[0])
         if p:
             conv = f"{r.get('accepted_s', '-')} / {r.get('accepted_rss_mib', '-')}"
             lines.append(
                 f"{head} {ACCEPTED[1]} | {_mapped(p, False)} | {_crossing(p.get('crossings'))} |"
-                f" {_mapped(p, True)} | {_crossing(p.get('crossings_a'))} | {_err(p)} | {conv} |"
+                f" {_mapped(p, True)} | {_crossing(p.get('crossings_a'))} | {_params(p)} |"
+                f" {_err(p)} | {conv} |"
             )
     return lines
 
@@ -477,7 +491,11 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         " counted on the CPU); `(or N)`: the other reading, where those forms map. One segment:"
         " the compiler's default; `-a`: several Edge TPU subgraphs, `in S` segments. Crossings:"
         " tensors x bytes moving between the CPU and the Edge TPU per inference (graph inputs"
-        " and outputs included). Error: largest |output - float export| on image-like inputs"
+        " and outputs included). Params: the Edge TPU parameters of the mapped ops in one"
+        " segment, in the compiler's layout (each layer its own copy of a shared kernel), and"
+        " in brackets the part streamed from host memory on every inference (over the 8 MiB"
+        " cache); `-` for a row measured before the table recorded them. Error: largest"
+        " |output - float export| on image-like inputs"
         " calibration never saw (over the float output's largest magnitude; worst cosine)."
         " A convert refused as useless (`tflfuse.convert.usefulness`: its line gives stock's own"
         f" figure) is run again with `{ACCEPT}` and measured on its own row, `{ACCEPTED[1]}`.",

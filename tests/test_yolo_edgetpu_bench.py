@@ -110,3 +110,16 @@ def test_rows_of_an_older_package_are_named_not_passed_off_as_the_headers(bench)
     assert bench.provenance_lines(rows[:1], current) == []
     labelled = bench.provenance_lines(rows, current, {older[:12]: "main at abc1234"})
     assert labelled[1].startswith(f"Measured on tflfuse package {older[:12]} (main at abc1234),")
+
+
+def test_the_parameters_streamed_every_inference_have_a_column(bench):
+    """Mapped is not fast when the parameters stream: each line gives the predicted Edge TPU
+    parameters and the part streamed, `-` for a row measured before they were recorded, and
+    every line of the table has the header's number of cells."""
+    heavy = _placed(100) | {"parameter_bytes": 777 * 2**20, "streamed_bytes": 769 * 2**20}
+    row = {"model": "m", "route": "r", "file": "m.tflite", "input": "[1, 3, 8, 8]"}
+    row |= {"stock": _placed(90), "fused": heavy, "convert_error": ""}
+    lines = bench.table_lines([row])
+    assert [line.count("|") for line in lines] == [lines[0].count("|")] * len(lines)
+    stock, fused = lines[2].split(" | "), lines[3].split(" | ")
+    assert stock[7] == "-" and fused[7] == "777.0 (769.0)"
