@@ -450,6 +450,17 @@ _UNDECIDED_REASONS = {
 }
 
 
+def undecided_counts(memory: dict[str, int]) -> dict[str, int]:
+    """The counts of `predicted_memory` that say what the evidence leaves undecided (its
+    `layers_not_laid_out` and `undecided_*` keys), the rest left out: what a caller carries
+    beside the bytes, and hands back to `undecided_line`."""
+    return {
+        key: int(n)
+        for key, n in memory.items()
+        if n and (key == "layers_not_laid_out" or key.startswith("undecided_"))
+    }
+
+
 def undecided_line(memory: dict[str, int]) -> str | None:
     """One line naming what the evidence cannot decide of `predicted_memory`'s numbers, or None
     when every layer is laid out by a rule the compiled models show."""

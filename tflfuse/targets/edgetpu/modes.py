@@ -26,6 +26,7 @@ from tflfuse.json_types import JSONDict
 from tflfuse.targets.capabilities import OpPrediction, Prediction, capability
 from tflfuse.targets.edgetpu.failures import whole_model_failures
 from tflfuse.targets.edgetpu.limits import interface_limit_notes
+from tflfuse.targets.edgetpu.mode_memory import ParameterMemory, mib, segment_lines
 from tflfuse.targets.edgetpu.pipeline import PipelineSplit, pipeline_split, segment_graph
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 
@@ -69,7 +70,9 @@ def crossings(graph: Graph, mapped: list[bool]) -> Crossings:
 
 @dataclass
 class ModeOutcome:
-    """One compile mode predicted: what maps, in how many segments, what crosses, the flags."""
+    """One compile mode predicted: what maps, in how many segments, what crosses, the flags, and
+    its parameter memory (`memory`; for `-n N` the sum of `segment_memory`, one per segment,
+    each on an Edge TPU of its own)."""
 
     mode: str  # "single", "multi" or "pipelined"
     flags: list[str]
@@ -79,9 +82,21 @@ class ModeOutcome:
     crossings: Crossings
     note: str = ""
     pieces: list[JSONDict] = field(default_factory=list)  # -n: each segment's ops and bytes
+    memory: ParameterMemory = field(default_factory=ParameterMemory)
+    segment_memory: list[ParameterMemory] = field(default_factory=list)
 
     def command(self, model_name: str = "MODEL.tflite") -> str:
         return " ".join([COMPILER, *self.flags, model_name])
+
+    @property
+    def label(self) -> str:
+        """ "one segment", "-a" or "-n N"."""
+        return {"single": "one segment", "multi": "-a"}.get(self.mode, " ".join(self.flags))
+
+    @property
+    def edgetpus(self) -> int:
+        """Edge TPUs the compiled model runs on: N for `-n N`, else one."""
+        return int(self.flags[1]) if self.mode == "pipelined" else 1
 
     def to_dict(self) -> JSONDict:
         return {
@@ -94,9 +109,17 @@ class ModeOutcome:
             "crossings_to_cpu": self.crossings.to_cpu,
             "crossings_to_edgetpu": self.crossings.to_edgetpu,
             "crossing_bytes": self.crossings.bytes,
+            "edgetpus": self.edgetpus,
+            "cached_bytes": self.memory.cached_bytes,
+            "streamed_bytes": self.memory.streamed_bytes,
+            "parameter_memory": self.memory.to_dict(),
             **({"note": self.note} if self.note else {}),
             **({"pieces": self.pieces} if self.pieces else {}),
         }
+
+    def memory_lines(self) -> list[str]:
+        """Its parameters in words: one Edge TPU's in a line, N segments' summarised in two."""
+        return segment_lines(self.segment_memory) if self.segment_memory else [self.memory.line()]
 
 
 @dataclass
@@ -114,20 +137,143 @@ class ModeChoice:
     def of(self, mode: str) -> ModeOutcome | None:
         return next((o for o in self.outcomes if o.mode == mode), None)
 
+    def ranked(self) -> list[ModeOutcome]:
+        """The outcomes best first (`rank_key`), the chosen one leading."""
+        rest = [o for i, o in enumerate(self.outcomes) if i != self.best]
+        return [self.chosen, *sorted(rest, key=rank_key)]
+
+    def on_one_edgetpu(self) -> ModeOutcome | None:
+        """The best mode that needs one Edge TPU, when the chosen one needs several (None
+        otherwise)."""
+        if self.chosen.edgetpus == 1:
+            return None
+        return next((o for o in self.ranked() if o.edgetpus == 1), None)
+
     def to_dict(self) -> JSONDict:
+        one = self.on_one_edgetpu()
         return {
             "modes": [o.to_dict() for o in self.outcomes],
             "best": self.chosen.mode,
             "best_flags": list(self.chosen.flags),
             "notes": list(self.notes),
+            "why": why_line(self),
+            "best_streamed_bytes": self.chosen.memory.streamed_bytes,
+            **(
+                {"best_on_one_edgetpu": one.mode, "best_on_one_edgetpu_flags": one.flags}
+                if one
+                else {}
+            ),
         }
+
+
+def rank_key(o: ModeOutcome) -> tuple[int, ...]:
+    """What orders the modes: the most ops mapped, then the fewest CPU <-> Edge TPU crossings
+    and bytes crossing, then the fewest parameter bytes streamed per inference (the predicted
+    layout's, undecided parts included as predicted), then the fewest Edge TPUs and segments."""
+    return (
+        -o.mapped,
+        o.crossings.count,
+        o.crossings.bytes,
+        o.memory.streamed_bytes,
+        o.edgetpus,
+        o.segments,
+    )
+
+
+def _memory_fact(o: ModeOutcome) -> str:
+    """The chosen mode's parameters in a clause: do they fit, what streams per inference."""
+    m = o.memory
+    undecided = " (layout undecided in part)" if m.undecided else ""
+    if o.segment_memory:
+        parts = o.segment_memory
+        over = sum(p.exceeds_cache for p in parts)
+        streaming = sum(bool(p.streamed_bytes) for p in parts)
+        fit = (
+            f"{over} of {len(parts)} segments exceed their cache"
+            if over
+            else "every segment's parameters fit its cache"
+        )
+        flow = (
+            f"{'one' if streaming == 1 else streaming} segment{'s' * (streaming > 1)}"
+            f" stream{'s' * (streaming == 1)}"
+            f" {mib(m.streamed_bytes)} per inference"
+            if streaming
+            else "no segment streams"
+        )
+        return f"on {o.edgetpus} Edge TPUs, {fit}; {flow}{undecided}"
+    if not m.streamed_bytes:
+        cached = f"{mib(m.cached_bytes)} of {mib(m.cache_bytes)}"
+        return f"its parameters fit the cache ({cached}){undecided}"
+    return (
+        f"it streams {mib(m.streamed_bytes)} of its {mib(m.parameter_bytes)} of parameters per"
+        f" inference{undecided}"
+    )
+
+
+def _reason(best: ModeOutcome, other: ModeOutcome) -> str:
+    """Why `best` ranks before `other`: the first count of `rank_key` where they differ."""
+    a, b = rank_key(best), rank_key(other)
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    same = f"maps as many as {other.label}"
+    if first == 0:
+        more = best.mapped - other.mapped
+        return f"maps {best.mapped}/{best.total} ops, {more} more than {other.label}"
+    if first == 1:
+        n = other.crossings.count - best.crossings.count
+        return f"{same} with {n} fewer CPU<->Edge TPU crossing{'s' * (n > 1)}"
+    if first == 2:
+        fewer = other.crossings.bytes - best.crossings.bytes
+        return f"{same} with as many crossings and {fewer:,} fewer bytes crossing"
+    if first == 3:
+        theirs = mib(other.memory.streamed_bytes)
+        return f"{same} with as few crossings and streams less ({other.label}: {theirs})"
+    if first in (4, 5):
+        return (
+            f"ties with {other.label} on ops, crossings and streamed bytes, on fewer Edge TPUs"
+            " or segments"
+        )
+    return f"ties with {other.label} on every count"
+
+
+def why_line(choice: ModeChoice) -> str:
+    """One line: the chosen mode, why it ranks first (against the runner-up), and its memory."""
+    ranked = choice.ranked()
+    best = ranked[0]
+    reason = _reason(best, ranked[1]) if len(ranked) > 1 else "the only mode predicted"
+    return f"{best.label}: {reason}; {_memory_fact(best)}"
+
+
+def streaming_line(choice: ModeChoice) -> str | None:
+    """Said plainly when even the chosen mode streams parameters on every inference: how many
+    bytes, and whether the model's parameters exceed one Edge TPU's cache (None when nothing
+    streams)."""
+    m = choice.chosen.memory
+    if not m.streamed_bytes:
+        return None
+    line = (
+        f"Parameters stream on every inference, even in the best mode: {mib(m.streamed_bytes)}"
+        f" ({m.streamed_bytes:,} bytes) per inference"
+    )
+    whole = max(o.memory.parameter_bytes for o in choice.outcomes)
+    if m.cache_bytes and whole > m.cache_bytes:
+        line += (
+            f"; the model's {mib(whole)} of parameters exceed one Edge TPU's"
+            f" {mib(m.cache_bytes)} cache"
+        )
+    return line + (" (layout undecided in part)" if m.undecided else "")
 
 
 def _outcome(mode: str, flags: list[str], graph: Graph, prediction: Prediction) -> ModeOutcome:
     mapped = [o.runs_on != "cpu" for o in prediction.ops]
     segments = prediction.segments if prediction.segments is not None else int(any(mapped))
     return ModeOutcome(
-        mode, flags, prediction.mapped, len(prediction.ops), segments, crossings(graph, mapped)
+        mode,
+        flags,
+        prediction.mapped,
+        len(prediction.ops),
+        segments,
+        crossings(graph, mapped),
+        memory=ParameterMemory.of(prediction.memory),
     )
 
 
@@ -145,8 +291,8 @@ def compare_modes(
     model: Model, compiler_version: str | None = None, num_segments: int | None = None
 ) -> ModeChoice:
     """The one-segment and `-a` compiles predicted (and `-n N` where the parameters exceed the
-    cache, or `num_segments` asks), and the best: the most ops mapped, then the fewest
-    crossings, then segments."""
+    cache, or `num_segments` asks), and the best (`rank_key`): the most ops mapped, then the
+    fewest crossings and bytes crossing, then the fewest parameter bytes streamed."""
     graph = model.main
     single = predict_edgetpu(model, compiler_version)
     multi = predict_edgetpu(model, compiler_version, multiple_subgraphs=True)
@@ -157,10 +303,7 @@ def compare_modes(
     pieces = num_segments or pipeline_segments(single)
     if pieces and pieces > 1:
         outcomes.append(pipelined_outcome(model, pieces, compiler_version, single))
-    ranked = sorted(
-        range(len(outcomes)),
-        key=lambda i: (-outcomes[i].mapped, outcomes[i].crossings.count, outcomes[i].segments),
-    )
+    ranked = sorted(range(len(outcomes)), key=lambda i: rank_key(outcomes[i]))
     notes = [f.line() for f in whole_model_failures(model, compiler_version)]
     notes += interface_limit_notes(model)
     failure = failure_note(model, multi)
@@ -169,52 +312,72 @@ def compare_modes(
     return ModeChoice(outcomes, ranked[0], notes)
 
 
+@dataclass
+class Pipelined:
+    """`edgetpu_compiler -n N` predicted: the cuts, the whole placement, each piece's memory."""
+
+    split: PipelineSplit
+    prediction: Prediction
+    memory: list[ParameterMemory]
+
+
 def predict_pipelined(
     model: Model, n: int, compiler_version: str | None = None
-) -> tuple[PipelineSplit, Prediction] | None:
+) -> Pipelined | None:
     """`edgetpu_compiler -n N`: the cuts (`pipeline.pipeline_split`) and every piece predicted in
-    the default one-segment mode on its own, as the compiler compiles them (None when the
-    model cannot be cut N times)."""
+    the default one-segment mode on its own, as the compiler compiles them, with its parameter
+    memory on its own Edge TPU (None when the model cannot be cut N times)."""
     graph = model.main
     split = pipeline_split(graph, n)
     if split is None:
         return None
     ops: list[OpPrediction] = []
+    memory: list[ParameterMemory] = []
+    segments = 0
     for k, indices in enumerate(split.ops):
         piece = Model([segment_graph(graph, split, k), *model.subgraphs[1:]])
         predicted = predict_edgetpu(piece, compiler_version)
         for index, o in zip(indices, predicted.ops):
             ops.append(OpPrediction(index, o.op, o.runs_on, o.status, o.reason))
+        memory.append(ParameterMemory.of(predicted.memory))
+        segments += predicted.mapped > 0
     whole = Prediction("edgetpu", ops, compiler_version=compiler_version, mode="pipelined")
-    whole.segments = sum(
-        any(o.runs_on != "cpu" for o in ops if o.index in set(indices)) for indices in split.ops
-    )
-    return split, whole
+    whole.segments = segments
+    return Pipelined(split, whole, memory)
 
 
 def pipelined_outcome(
     model: Model, pieces: int, compiler_version: str | None, single: Prediction
 ) -> ModeOutcome:
-    """The `-n N` outcome: its pieces predicted, or (when the model cannot be cut N times) the
-    one-segment mapping with a note saying so."""
+    """The `-n N` outcome: its pieces predicted, each with its parameter memory, or (when the
+    model cannot be cut N times) the one-segment mapping with a note saying so."""
     graph = model.main
     found = predict_pipelined(model, pieces, compiler_version)
     if found is None:
         outcome = _outcome("pipelined", ["-n", str(pieces)], graph, single)
         outcome.note = f"cannot be cut into {pieces} segments (a first segment over the average)"
         return outcome
-    split, prediction = found
-    outcome = _outcome("pipelined", ["-n", str(pieces)], graph, prediction)
+    outcome = _outcome("pipelined", ["-n", str(pieces)], graph, found.prediction)
     outcome.segments = pieces
-    outcome.pieces = split.segments()
-    cache = single.memory.get("cache_bytes", 0)
-    over = [k for k, b in enumerate(split.parameter_bytes) if cache and b > cache]
+    outcome.memory = ParameterMemory.summed(found.memory)
+    outcome.segment_memory = found.memory
+    outcome.pieces = [
+        {**piece, "predicted_parameter_bytes": m.parameter_bytes, **_piece_memory(m)}
+        for piece, m in zip(found.split.segments(), found.memory)
+    ]
+    sizes = found.split.parameter_bytes
     outcome.note = (
-        "cuts by Coral's parameter heuristic: "
-        + ", ".join(f"{len(s)} ops / {b:,} B" for s, b in zip(split.ops, split.parameter_bytes))
-        + (f"; segment {over[0]} still exceeds one cache" if over else "")
+        f"cuts by Coral's parameter heuristic into {pieces} segments of"
+        f" {min(sizes):,} to {max(sizes):,} constant bytes (each segment in --json)"
     )
     return outcome
+
+
+def _piece_memory(m: ParameterMemory) -> JSONDict:
+    """A segment's memory for its `pieces` entry (its laid-out total is added beside)."""
+    d = m.to_dict()
+    keys = ("cached_bytes", "streamed_bytes", "exceeds_cache", "undecided")
+    return {k: d[k] for k in keys if k in d}
 
 
 def failure_note(model: Model, prediction: Prediction) -> str | None:
@@ -259,18 +422,29 @@ def search_note(total: int, step: int = 10) -> str:
 
 
 def format_modes(choice: ModeChoice, model_name: str = "MODEL.tflite") -> list[str]:
-    """The lines `check` and the report print: each mode, then the one to use and its command."""
-    names = {"single": "one segment", "multi": "-a", "pipelined": "-n"}
+    """The lines `check` and the report print: each mode (its mapping, then its parameters:
+    `-n N`'s segments summarised, listed only in --json), then the one to use, its command and
+    why, and what streams on every inference."""
     lines = ["Compile modes (predicted):"]
     for o in choice.outcomes:
-        label = names[o.mode] + (f" {o.flags[1]}" if o.mode == "pipelined" else "")
         lines.append(
-            f"  {label:<12} {o.mapped}/{o.total} mapped in {o.segments} Edge TPU segment"
+            f"  {o.label:<12} {o.mapped}/{o.total} mapped in {o.segments} Edge TPU segment"
             f"{'s' * (o.segments != 1)}; {o.crossings.count} CPU<->Edge TPU crossings"
             f" ({o.crossings.bytes:,} bytes)" + (f"; {o.note}" if o.note else "")
         )
+        lines += [f"  {'':<12} {line}" for line in o.memory_lines()]
     if any(n.startswith(FAILS) for n in choice.notes):
         lines.append("Best mode: none, the compiler refuses the model (see the note)")
-    else:
-        lines.append(f"Best mode: {choice.chosen.command(model_name)}")
+        return lines + [f"note: {n}" for n in choice.notes]
+    lines.append(f"Best mode: {choice.chosen.command(model_name)}")
+    lines.append(f"  why: {why_line(choice)}")
+    one = choice.on_one_edgetpu()
+    if one is not None:
+        lines.append(
+            f"Best mode on one Edge TPU: {one.command(model_name)} (streams"
+            f" {mib(one.memory.streamed_bytes)} per inference)"
+        )
+    streaming = streaming_line(choice)
+    if streaming:
+        lines.append(streaming)
     return lines + [f"note: {n}" for n in choice.notes]
