@@ -43,6 +43,7 @@ from tflfuse.quantize.quantize import float_compute_ops
 from tflfuse.sources import layout
 from tflfuse.sources.layout import LayoutChange
 from tflfuse.sources.protocol import Source
+from tflfuse.targets.edgetpu.mode_memory import mib
 from tflfuse.targets.edgetpu.modes import compare_modes
 from tflfuse.verification.runs import run_float
 
@@ -743,14 +744,16 @@ def _edgetpu_lines(section: dict[str, Any] | None) -> list[str]:
 
 def _mode_lines(section: dict[str, Any]) -> list[str]:
     """The compile modes of the fused and stock models (`targets.edgetpu.modes`): mapped ops,
-    segments, CPU <-> Edge TPU crossings and their bytes, and the mode to compile with."""
+    segments, CPU <-> Edge TPU crossings and their bytes, parameters cached and streamed per
+    inference, and the mode to compile with and why."""
     rows = [(name, section[name].get("compile_modes")) for name in ("fused", "stock")]
     if not any(modes for _, modes in rows):
         return []
     lines = [
         "",
-        "| model | mode | flags | mapped | segments | crossings | bytes crossing |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| model | mode | flags | mapped | segments | crossings | bytes crossing | parameters"
+        " cached | streamed per inference |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, modes in rows:
         for m in (modes or {}).get("modes", []):
@@ -758,11 +761,50 @@ def _mode_lines(section: dict[str, Any]) -> list[str]:
             lines.append(
                 f"| {name} | {m['mode']}{best} | `{' '.join(m['flags']) or '(none)'}` |"
                 f" {m['mapped']}/{m['ops']} | {m['segments']} | {m['crossings']} |"
-                f" {m['crossing_bytes']:,} |"
+                f" {m['crossing_bytes']:,} | {m.get('cached_bytes', 0):,} |"
+                f" {m.get('streamed_bytes', 0):,} |"
             )
     fused = section["fused"].get("compile_modes")
     if fused:
         flags = " ".join(["edgetpu_compiler", *fused["best_flags"], "fused.tflite"])
         lines += ["", f"Compile the fused model with `{flags}`."]
+        if fused.get("why"):
+            lines.append(f"Why: {fused['why']}.")
+        lines += _streamed_lines(fused, section["stock"].get("compile_modes"))
         lines += [f"Note: {n}." for n in fused.get("notes", [])]
     return lines
+
+
+def _best(modes: dict[str, Any]) -> dict[str, Any] | None:
+    return next((m for m in modes.get("modes", []) if m["mode"] == modes.get("best")), None)
+
+
+def _streamed_lines(fused: dict[str, Any], stock: dict[str, Any] | None) -> list[str]:
+    """Parameters streamed per inference, predicted, by the fused model beside stock's (each in
+    its best mode), and one warning line when fused streams more: where a legalization that
+    adds parameters may not pay on the Edge TPU."""
+    ours, theirs = _best(fused), _best(stock) if stock else None
+    if ours is None or "streamed_bytes" not in ours:
+        return []
+    line = f"Parameters streamed per inference (predicted, best mode): fused {_streamed(ours)}"
+    if theirs is None or "streamed_bytes" not in theirs:
+        return [line + "."]
+    line += f", stock {_streamed(theirs)}."
+    more = ours["streamed_bytes"] - theirs["streamed_bytes"]
+    if more <= 0:
+        return [line]
+    return [
+        line,
+        f"Warning: the fused model streams {more:,} bytes more parameters per inference than"
+        " stock: a legalization that adds parameters may not pay on the Edge TPU.",
+    ]
+
+
+def _streamed(mode: dict[str, Any]) -> str:
+    """A mode's streamed bytes, its flags, and whether its layout is undecided in part."""
+    n = int(mode["streamed_bytes"])
+    flags = " ".join(mode["flags"]) or "one segment"
+    undecided = (
+        "; layout undecided in part" if mode.get("parameter_memory", {}).get("undecided") else ""
+    )
+    return f"{n:,} bytes ({mib(n)}, {flags}{undecided})"

@@ -33,7 +33,7 @@ from tflfuse.ir import Model, Op, flatbuffer
 from tflfuse.json_types import JSONDict
 from tflfuse.targets.capabilities import OpPrediction, Prediction, op_label
 from tflfuse.targets.edgetpu.compiler_log import CompilerLog, _status, parse_log
-from tflfuse.targets.edgetpu.modes import ModeChoice, compare_modes
+from tflfuse.targets.edgetpu.modes import ModeChoice, compare_modes, why_line
 from tflfuse.targets.edgetpu.predict import predict_edgetpu
 from tflfuse.targets.edgetpu.truth import (
     Truth,
@@ -188,7 +188,8 @@ MODES = ("single", "multi", "auto")
 def choose_mode(model: Model, mode: str) -> tuple[bool, int | None, ModeChoice | None]:
     """(multiple subgraphs, number of segments, the modes compared) for `--mode`: "single" (the
     compiler's default), "multi" (`-a`) or "auto", the mode `modes.compare_modes` predicts
-    best (the most ops mapped, then the fewest CPU <-> Edge TPU crossings)."""
+    best, as `check` names it (`modes.rank_key`: the most ops mapped, then the fewest CPU <->
+    Edge TPU crossings and bytes crossing, then the fewest parameter bytes streamed)."""
     if mode not in MODES:
         raise TflfuseError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
     if mode != "auto":
@@ -275,8 +276,10 @@ def format_comparison(result: CompileResult) -> str:
         lines.append(
             f"  --mode auto chose {chosen.mode}: {chosen.command(result.model.name)}"
             f" ({chosen.mapped}/{chosen.total} predicted mapped,"
-            f" {chosen.crossings.count} CPU<->Edge TPU crossings)"
+            f" {chosen.crossings.count} CPU<->Edge TPU crossings,"
+            f" {chosen.memory.streamed_bytes:,} B of parameters streamed per inference)"
         )
+        lines.append(f"  why: {why_line(result.modes)}")
     for key in ("on_chip_memory", "off_chip_memory"):
         if key in h:
             lines.append(f"  {key.replace('_', ' ')}: {h[key]}")
