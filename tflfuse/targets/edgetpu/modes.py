@@ -365,11 +365,7 @@ def pipelined_outcome(
         {**piece, "predicted_parameter_bytes": m.parameter_bytes, **_piece_memory(m)}
         for piece, m in zip(found.split.segments(), found.memory)
     ]
-    sizes = found.split.parameter_bytes
-    outcome.note = (
-        f"cuts by Coral's parameter heuristic into {pieces} segments of"
-        f" {min(sizes):,} to {max(sizes):,} constant bytes (each segment in --json)"
-    )
+    outcome.note = "cut by Coral's parameter heuristic (each segment in --json)"
     return outcome
 
 
