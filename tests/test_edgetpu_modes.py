@@ -87,6 +87,8 @@ def test_each_mode_carries_the_bytes_of_the_ops_it_maps() -> None:
     pieces = piped.to_dict()["pieces"]
     assert [p["predicted_parameter_bytes"] for p in pieces] == [4096, 8192]
     assert [p["streamed_bytes"] for p in pieces] == [0, 0]
+    # the second segment reads the custom op's [1, 1, 1, 64] output: one tensor through the host
+    assert piped.handoffs == (1, 64) and piped.to_dict()["segment_handoff_bytes"] == 64
 
 
 def test_streamed_bytes_break_the_tie_and_change_the_choice() -> None:
@@ -230,3 +232,21 @@ def test_oracle_modes_carry_the_package_bytes() -> None:
     assert all(0 < m.parameter_bytes < CACHE for m in piped.segment_memory)
     # -a maps 5 ops more; -n 2 ties one segment on every count but the Edge TPUs it needs
     assert [o.mode for o in choice.ranked()] == ["multi", "single", "pipelined"]
+
+
+def test_n_is_offered_when_what_a_maps_exceeds_the_cache() -> None:
+    """Two layers, a custom op, 38 layers of 262,144 bytes: one segment stops at the custom op
+    (2 layers, 512 KiB: fits), -a maps all 40 (10 MiB: exceeds), so -n 2 is offered from what
+    -a maps. Its first piece (2 layers, the custom op, 18 layers) stops at the custom op too:
+    22 mapped. -a maps the most and is chosen, and it streams: said plainly."""
+    choice = compare_modes(_chain(["CONV_2D"] * 2 + ["CUSTOM"] + ["CONV_2D"] * 38, channels=512))
+    single, multi, piped = (choice.of(m) for m in ("single", "multi", "pipelined"))
+    assert single is not None and multi is not None and piped is not None
+    assert (single.mapped, single.memory.streamed_bytes) == (2, 0)
+    assert (multi.mapped, multi.memory.parameter_bytes) == (40, BIG)
+    assert piped.flags == ["-n", "2"] and piped.mapped == 22
+    assert [m.parameter_bytes for m in piped.segment_memory] == [2 * 512 * 512, 20 * 512 * 512]
+    assert choice.chosen.mode == "multi"
+    text = "\n".join(format_modes(choice))
+    assert "why: -a: maps 40/41 ops, 18 more than -n 2; it streams 2.0 MiB of its 10.0 MiB" in text
+    assert "Parameters stream on every inference, even in the best mode: 2.0 MiB" in text

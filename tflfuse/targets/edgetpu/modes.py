@@ -84,6 +84,7 @@ class ModeOutcome:
     pieces: list[JSONDict] = field(default_factory=list)  # -n: each segment's ops and bytes
     memory: ParameterMemory = field(default_factory=ParameterMemory)
     segment_memory: list[ParameterMemory] = field(default_factory=list)
+    handoffs: tuple[int, int] | None = None  # -n: tensors passed between segments, their bytes
 
     def command(self, model_name: str = "MODEL.tflite") -> str:
         return " ".join([COMPILER, *self.flags, model_name])
@@ -115,6 +116,11 @@ class ModeOutcome:
             "parameter_memory": self.memory.to_dict(),
             **({"note": self.note} if self.note else {}),
             **({"pieces": self.pieces} if self.pieces else {}),
+            **(
+                {"segment_handoffs": self.handoffs[0], "segment_handoff_bytes": self.handoffs[1]}
+                if self.handoffs is not None
+                else {}
+            ),
         }
 
     def memory_lines(self) -> list[str]:
@@ -200,7 +206,8 @@ def _memory_fact(o: ModeOutcome) -> str:
             if streaming
             else "no segment streams"
         )
-        return f"on {o.edgetpus} Edge TPUs, {fit}; {flow}{undecided}"
+        passed = f" (passing {mib(o.handoffs[1])} between them)" if o.handoffs else ""
+        return f"on {o.edgetpus} Edge TPUs{passed}, {fit}; {flow}{undecided}"
     if not m.streamed_bytes:
         cached = f"{mib(m.cached_bytes)} of {mib(m.cache_bytes)}"
         return f"its parameters fit the cache ({cached}){undecided}"
@@ -278,8 +285,10 @@ def _outcome(mode: str, flags: list[str], graph: Graph, prediction: Prediction) 
 
 
 def pipeline_segments(prediction: Prediction) -> int | None:
-    """Edge TPUs a pipelined compile (`-n N`) needs to cache every parameter, when one is not
-    enough (None otherwise)."""
+    """Edge TPUs a pipelined compile (`-n N`) needs to cache every parameter of the ops
+    `prediction` maps, when one is not enough (None otherwise). `compare_modes` asks it of the
+    one-segment and the `-a` prediction and takes the larger: each piece of a pipeline starts
+    a segment afresh, so it can map ops past the point where one segment stops."""
     memory = prediction.memory
     total, cache = memory.get("parameter_bytes", 0), memory.get("cache_bytes", 0)
     if not cache or total <= cache:
@@ -300,7 +309,7 @@ def compare_modes(
         _outcome("single", [], graph, single),
         _outcome("multi", ["-a"], graph, multi),
     ]
-    pieces = num_segments or pipeline_segments(single)
+    pieces = num_segments or max(filter(None, map(pipeline_segments, (single, multi))), default=0)
     if pieces and pieces > 1:
         outcomes.append(pipelined_outcome(model, pieces, compiler_version, single))
     ranked = sorted(range(len(outcomes)), key=lambda i: rank_key(outcomes[i]))
@@ -365,8 +374,22 @@ def pipelined_outcome(
         {**piece, "predicted_parameter_bytes": m.parameter_bytes, **_piece_memory(m)}
         for piece, m in zip(found.split.segments(), found.memory)
     ]
-    outcome.note = "cut by Coral's parameter heuristic (each segment in --json)"
+    handoffs, handoff_bytes = segment_handoffs(graph, found.split)
+    outcome.handoffs = (handoffs, handoff_bytes)
+    outcome.note = (
+        f"cut by Coral's parameter heuristic (segments in --json); {handoffs} tensors"
+        f" ({handoff_bytes:,} bytes) pass between segments through the host"
+    )
     return outcome
+
+
+def segment_handoffs(graph: Graph, split: PipelineSplit) -> tuple[int, int]:
+    """The tensors a segment reads from earlier ones, and their bytes: what leaves one Edge TPU
+    and enters another through the host on every inference of a pipeline (not counted as
+    CPU <-> Edge TPU crossings, which are the model's own CPU ops)."""
+    tensors = {t.name: t for op in graph.ops for t in op.outputs if t is not None}
+    names = [name for names in split.inputs for name in names if name in tensors]
+    return len(names), sum(tensors[name].nbytes for name in names)
 
 
 def _piece_memory(m: ParameterMemory) -> JSONDict:
@@ -426,8 +449,9 @@ def format_modes(choice: ModeChoice, model_name: str = "MODEL.tflite") -> list[s
         lines.append(
             f"  {o.label:<12} {o.mapped}/{o.total} mapped in {o.segments} Edge TPU segment"
             f"{'s' * (o.segments != 1)}; {o.crossings.count} CPU<->Edge TPU crossings"
-            f" ({o.crossings.bytes:,} bytes)" + (f"; {o.note}" if o.note else "")
+            f" ({o.crossings.bytes:,} bytes)"
         )
+        lines += [f"  {'':<12} {o.note}"] if o.note else []
         lines += [f"  {'':<12} {line}" for line in o.memory_lines()]
     if any(n.startswith(FAILS) for n in choice.notes):
         lines.append("Best mode: none, the compiler refuses the model (see the note)")
