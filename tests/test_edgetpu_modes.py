@@ -34,15 +34,15 @@ from tflfuse.targets.edgetpu.package import package_memory
 CACHE = int(capability("edgetpu")["meta"]["parameter_cache_bytes"])
 
 
-def _chain(kinds: list[str], channels: int = 64) -> Model:
-    """int8 1x1 convolutions of `channels` channels on a 1x1 map (or a custom op where `kinds`
-    says "CUSTOM")."""
+def _chain(kinds: list[str], channels: int = 64, side: int = 1) -> Model:
+    """int8 1x1 convolutions of `channels` channels on a `side` x `side` map (or a custom op
+    where `kinds` says "CUSTOM")."""
     qp = Quantization(scale=np.array([0.1], np.float32), zero_point=np.array([0], np.int64))
     g = Graph("main")
-    x = g.add_tensor("x", (1, 1, 1, channels), "INT8", quantization=qp)
+    x = g.add_tensor("x", (1, side, side, channels), "INT8", quantization=qp)
     g.inputs = [x]
     for i, kind in enumerate(kinds):
-        y = g.add_tensor(f"t{i}", (1, 1, 1, channels), "INT8", quantization=qp)
+        y = g.add_tensor(f"t{i}", (1, side, side, channels), "INT8", quantization=qp)
         if kind == "CUSTOM":
             g.add_op("CUSTOM", [x], [y], custom_code="MyOp")
         else:
@@ -67,8 +67,8 @@ def _chain(kinds: list[str], channels: int = 64) -> Model:
 BIG = 40 * 512 * 512
 
 
-def _big() -> Model:
-    return _chain(["CONV_2D"] * 40, channels=512)
+def _big(side: int = 1) -> Model:
+    return _chain(["CONV_2D"] * 40, channels=512, side=side)
 
 
 def test_each_mode_carries_the_bytes_of_the_ops_it_maps() -> None:
@@ -108,12 +108,26 @@ def test_streamed_bytes_break_the_tie_and_change_the_choice() -> None:
     assert old.mode == "single" and choice.chosen.mode == "pipelined"
     why = why_line(choice)
     assert why.startswith("-n 2: maps as many as one segment with as few crossings")
-    assert "streams less (one segment: 2.0 MiB)" in why
+    assert "moves fewer bytes through the host per inference" in why
+    assert "(512 B; one segment: 2.0 MiB)" in why
     assert "every segment's parameters fit its cache; no segment streams" in why
     text = "\n".join(format_modes(choice, "big.tflite"))
     assert "Best mode: edgetpu_compiler -n 2 big.tflite" in text
     assert "Best mode on one Edge TPU: edgetpu_compiler big.tflite (streams 2.0 MiB" in text
     assert "Parameters stream on every inference" not in text  # the best mode streams none
+
+
+def test_n_does_not_win_by_passing_more_between_segments_than_one_streams() -> None:
+    """The same 40 layers on an 80 x 80 map: -n 2 still streams nothing, but its second segment
+    reads a 3,276,800-byte tensor from the first through the host, more than the 2 MiB one
+    segment streams: one segment is chosen."""
+    choice = compare_modes(_big(side=80))
+    single, piped = choice.of("single"), choice.of("pipelined")
+    assert single is not None and piped is not None
+    assert piped.memory.streamed_bytes == 0 and piped.handoffs == (1, 80 * 80 * 512)
+    assert single.host_bytes == single.memory.streamed_bytes == BIG - CACHE
+    assert choice.chosen.mode == "single"
+    assert piped.to_dict()["host_bytes"] == 80 * 80 * 512
 
 
 def test_the_undecided_layout_travels_with_the_bytes() -> None:

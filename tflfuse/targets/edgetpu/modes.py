@@ -99,6 +99,12 @@ class ModeOutcome:
         """Edge TPUs the compiled model runs on: N for `-n N`, else one."""
         return int(self.flags[1]) if self.mode == "pipelined" else 1
 
+    @property
+    def host_bytes(self) -> int:
+        """Bytes through the host per inference besides the CPU crossings: the parameters
+        streamed, and for `-n N` the tensors passed from one segment to a later one."""
+        return self.memory.streamed_bytes + (self.handoffs[1] if self.handoffs else 0)
+
     def to_dict(self) -> JSONDict:
         return {
             "mode": self.mode,
@@ -114,6 +120,7 @@ class ModeOutcome:
             "cached_bytes": self.memory.cached_bytes,
             "streamed_bytes": self.memory.streamed_bytes,
             "parameter_memory": self.memory.to_dict(),
+            "host_bytes": self.host_bytes,
             **({"note": self.note} if self.note else {}),
             **({"pieces": self.pieces} if self.pieces else {}),
             **(
@@ -175,12 +182,15 @@ class ModeChoice:
 def rank_key(o: ModeOutcome) -> tuple[int, ...]:
     """What orders the modes: the most ops mapped, then the fewest CPU <-> Edge TPU crossings
     and bytes crossing, then the fewest parameter bytes streamed per inference (the predicted
-    layout's, undecided parts included as predicted), then the fewest Edge TPUs and segments."""
+    layout's, undecided parts included as predicted; for `-n N` with the tensors its segments
+    pass each other through the host, which a pipeline moves on every inference too: `-n N`
+    does not win by streaming less only to pass more between its Edge TPUs), then the fewest
+    Edge TPUs and segments."""
     return (
         -o.mapped,
         o.crossings.count,
         o.crossings.bytes,
-        o.memory.streamed_bytes,
+        o.host_bytes,
         o.edgetpus,
         o.segments,
     )
@@ -231,6 +241,12 @@ def _reason(best: ModeOutcome, other: ModeOutcome) -> str:
     if first == 2:
         fewer = other.crossings.bytes - best.crossings.bytes
         return f"{same} with as many crossings and {fewer:,} fewer bytes crossing"
+    if first == 3 and (best.handoffs or other.handoffs):
+        return (
+            f"{same} with as few crossings and moves fewer bytes through the host per inference,"
+            f" parameters streamed and tensors passed between segments ({mib(best.host_bytes)};"
+            f" {other.label}: {mib(other.host_bytes)})"
+        )
     if first == 3:
         theirs = mib(other.memory.streamed_bytes)
         return f"{same} with as few crossings and streams less ({other.label}: {theirs})"
