@@ -220,7 +220,9 @@ def _memory_fact(o: ModeOutcome) -> str:
         return f"on {o.edgetpus} Edge TPUs{passed}, {fit}; {flow}{undecided}"
     if not m.streamed_bytes:
         cached = f"{mib(m.cached_bytes)} of {mib(m.cache_bytes)}"
-        return f"its parameters fit the cache ({cached}){undecided}"
+        if m.undecided:
+            cached += "; layout undecided in part"
+        return f"its parameters fit the cache ({cached})"
     return (
         f"it streams {mib(m.streamed_bytes)} of its {mib(m.parameter_bytes)} of parameters per"
         f" inference{undecided}"
