@@ -13,8 +13,14 @@
 
 Between the CPU and the Edge TPU, data crosses wherever a tensor written on one side is read on
 the other: `crossings` counts those tensors and their bytes (model inputs and outputs, which
-cross in every mode, are not counted). The best mode maps the most ops, then has the fewest
-crossings, then the fewest segments. No TensorFlow here.
+cross in every mode, are not counted). Each mode carries its parameter memory as the memory
+predictor lays it out (`mode_memory`): cached on chip, and streamed on every inference; for
+`-n N` per segment, each on an Edge TPU of its own, with the tensors its segments pass each
+other through the host (`segment_handoffs`). The best mode (`rank_key`) maps the most ops, then
+has the fewest crossings and bytes crossing, then moves the fewest bytes through the host per
+inference (parameters streamed, and `-n`'s hand-offs), then needs the fewest Edge TPUs and
+segments; `why_line` says which of these decided, and `streaming_line` what still streams.
+No TensorFlow here.
 """
 
 from __future__ import annotations
