@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ORACLE, needs_oracle
+from test_edgetpu_compiler import _chain_with_a_custom_op, stand_in  # noqa: F401
 
 from tflfuse.cli import main
 from tflfuse.convert import report
@@ -264,3 +265,16 @@ def test_n_is_offered_when_what_a_maps_exceeds_the_cache() -> None:
     text = "\n".join(format_modes(choice))
     assert "why: -a: maps 40/41 ops, 18 more than -n 2; it streams 2.0 MiB of its 10.0 MiB" in text
     assert "Parameters stream on every inference, even in the best mode: 2.0 MiB" in text
+
+
+def test_compile_mode_auto_prints_why(
+    stand_in: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`compile --mode auto` (the compiler stood in for): the chosen flags, and the line `check`
+    prints saying why."""
+    model = _chain_with_a_custom_op(stand_in)
+    assert main(["compile", str(model), "-o", str(stand_in / "auto"), "--mode", "auto"]) == 0
+    text = capsys.readouterr().out
+    assert "--mode auto chose multi" in text and "0 B of parameters streamed per inference" in text
+    assert "  why: -a: maps 2/3 ops, 1 more than one segment; its parameters fit the cache" in text
