@@ -278,3 +278,11 @@ def test_compile_mode_auto_prints_why(
     text = capsys.readouterr().out
     assert "--mode auto chose multi" in text and "0 B of parameters streamed per inference" in text
     assert "  why: -a: maps 2/3 ops, 1 more than one segment; its parameters fit the cache" in text
+
+
+def test_a_refused_model_names_no_mode_in_the_why_either() -> None:
+    from test_edgetpu_failures import _relu
+
+    choice = compare_modes(_relu("FLOAT32"))
+    assert choice.refused and choice.to_dict()["why"].startswith("none, the compiler refuses")
+    assert not compare_modes(_relu("INT8")).refused

@@ -38,6 +38,7 @@ from tflfuse.targets.edgetpu.predict import predict_edgetpu
 
 COMPILER = "edgetpu_compiler"
 FAILS = "edgetpu_compiler fails"  # how a decided whole-model refusal's note starts (failures.py)
+REFUSED = "none, the compiler refuses the model (see the note)"
 
 
 @dataclass
@@ -156,6 +157,11 @@ class ModeChoice:
     def of(self, mode: str) -> ModeOutcome | None:
         return next((o for o in self.outcomes if o.mode == mode), None)
 
+    @property
+    def refused(self) -> bool:
+        """A decided whole-model refusal (`failures`): no mode compiles."""
+        return any(n.startswith(FAILS) for n in self.notes)
+
     def ranked(self) -> list[ModeOutcome]:
         """The outcomes best first (`rank_key`), the chosen one leading."""
         rest = [o for i, o in enumerate(self.outcomes) if i != self.best]
@@ -175,7 +181,7 @@ class ModeChoice:
             "best": self.chosen.mode,
             "best_flags": list(self.chosen.flags),
             "notes": list(self.notes),
-            "why": why_line(self),
+            "why": why_line(self) if not self.refused else REFUSED,
             "best_streamed_bytes": self.chosen.memory.streamed_bytes,
             **(
                 {"best_on_one_edgetpu": one.mode, "best_on_one_edgetpu_flags": one.flags}
@@ -477,8 +483,8 @@ def format_modes(choice: ModeChoice, model_name: str = "MODEL.tflite") -> list[s
         )
         lines += [f"  {'':<12} {o.note}"] if o.note else []
         lines += [f"  {'':<12} {line}" for line in o.memory_lines()]
-    if any(n.startswith(FAILS) for n in choice.notes):
-        lines.append("Best mode: none, the compiler refuses the model (see the note)")
+    if choice.refused:
+        lines.append(f"Best mode: {REFUSED}")
         return lines + [f"note: {n}" for n in choice.notes]
     lines.append(f"Best mode: {choice.chosen.command(model_name)}")
     lines.append(f"  why: {why_line(choice)}")
