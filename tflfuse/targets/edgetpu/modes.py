@@ -269,7 +269,8 @@ def _reason(best: ModeOutcome, other: ModeOutcome) -> str:
             f"ties with {other.label} on ops, crossings and streamed bytes, on fewer Edge TPUs"
             " or segments"
         )
-    return f"ties with {other.label} on every count"
+    default = " and is the compiler's default" if best.mode == "single" else ""
+    return f"ties with {other.label} on every count{default}"
 
 
 def why_line(choice: ModeChoice) -> str:
