@@ -95,16 +95,25 @@ def test_each_mode_carries_the_bytes_of_the_ops_it_maps() -> None:
 def test_streamed_bytes_break_the_tie_and_change_the_choice() -> None:
     """40 layers of 262,144 bytes: every mode maps all 40 with no crossing; one segment and -a
     cache 8 MiB and stream the rest on every inference, -n 2 caches each half on its own Edge
-    TPU. By mapped ops, crossings and then segments (the order before streamed bytes counted)
-    one segment won; by streamed bytes -n 2 does, and the line says why."""
-    choice = compare_modes(_big())
+    TPU. A user with one Edge TPU gets one segment (the pipeline is offered, with why it was
+    not chosen); one who says they have two (`--num-segments 2`) gets -n 2, by streamed bytes,
+    which the old order (mapped ops, crossings, then segments) never chose."""
+    one_tpu = compare_modes(_big())
+    assert [o.mode for o in one_tpu.ranked()] == ["single", "multi", "pipelined"]
+    piped_one = one_tpu.of("pipelined")
+    assert piped_one is not None and rank_key(piped_one)[3] == 1  # needs 2 of the user's 1
+    assert one_tpu.to_dict()["best_flags"] == []
+    assert "needs 2 Edge TPUs: chosen only where it maps more or crosses less, or when" in (
+        "\n".join(format_modes(one_tpu))
+    )
+    choice = compare_modes(_big(), num_segments=2)
     single, piped = choice.of("single"), choice.of("pipelined")
     assert single is not None and piped is not None and piped.flags == ["-n", "2"]
     assert single.memory.parameter_bytes == BIG == piped.memory.parameter_bytes
     assert (single.memory.cached_bytes, single.memory.streamed_bytes) == (CACHE, BIG - CACHE)
     assert [m.parameter_bytes for m in piped.segment_memory] == [20 * 512 * 512] * 2
     assert piped.memory.streamed_bytes == 0
-    assert rank_key(single)[:3] == rank_key(piped)[:3]  # ops, crossings, bytes crossing: tied
+    assert rank_key(single, 2)[:4] == rank_key(piped, 2)[:4]  # ops, crossings, bytes, devices
     old = min(choice.outcomes, key=lambda o: (-o.mapped, o.crossings.count, o.segments))
     assert old.mode == "single" and choice.chosen.mode == "pipelined"
     why = why_line(choice)
@@ -202,7 +211,8 @@ def test_check_json_adds_the_bytes_and_keeps_the_keys(
 
 
 def test_the_report_puts_fused_streamed_bytes_beside_stock_and_warns() -> None:
-    big, small = (compare_modes(m).to_dict() for m in (_big(), _chain(["CONV_2D"] * 3)))
+    big = compare_modes(_big(), None, 2).to_dict()  # a user with two Edge TPUs: -n 2
+    small = compare_modes(_chain(["CONV_2D"] * 3)).to_dict()
     big_one = compare_modes(_big())
     big_one = ModeChoice([o for o in big_one.outcomes if o.mode != "pipelined"], 0, [])
     streams = big_one.to_dict()
@@ -222,7 +232,8 @@ def test_the_report_puts_fused_streamed_bytes_beside_stock_and_warns() -> None:
 
 
 def test_compile_mode_auto_takes_the_choice_check_names() -> None:
-    multiple, pieces, choice = choose_mode(_big(), "auto")
+    assert choose_mode(_big(), "auto")[:2] == (False, None)  # one Edge TPU: one segment
+    multiple, pieces, choice = choose_mode(_big(), "auto", num_segments=2)
     assert (multiple, pieces) == (False, 2)
     assert choice is not None and choice.chosen.flags == ["-n", "2"]
     multiple, pieces, _ = choose_mode(_chain(["CONV_2D", "CUSTOM", "CONV_2D"]), "auto")

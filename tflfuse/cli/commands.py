@@ -271,8 +271,8 @@ def _add_compile(sub: Any) -> None:
         choices=("single", "multi", "auto"),
         help="one Edge TPU subgraph (single, the default), several (multi: -a), or the one"
         " `check` predicts best (auto: the most ops mapped, then the fewest CPU<->Edge TPU"
-        " crossings, then the fewest parameter bytes streamed per inference; -n N when that"
-        " streams least)",
+        " crossings, then one Edge TPU unless --num-segments N says N, then the fewest"
+        " parameter bytes streamed per inference)",
     )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
 

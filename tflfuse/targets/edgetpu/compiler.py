@@ -185,16 +185,19 @@ def find_compiler() -> str:
 MODES = ("single", "multi", "auto")
 
 
-def choose_mode(model: Model, mode: str) -> tuple[bool, int | None, ModeChoice | None]:
+def choose_mode(
+    model: Model, mode: str, num_segments: int | None = None
+) -> tuple[bool, int | None, ModeChoice | None]:
     """(multiple subgraphs, number of segments, the modes compared) for `--mode`: "single" (the
     compiler's default), "multi" (`-a`) or "auto", the mode `modes.compare_modes` predicts
     best, as `check` names it (`modes.rank_key`: the most ops mapped, then the fewest CPU <->
-    Edge TPU crossings and bytes crossing, then the fewest parameter bytes streamed)."""
+    Edge TPU crossings and bytes crossing, then no more Edge TPUs than `num_segments` (the
+    user's `--num-segments`; one without it), then the fewest parameter bytes streamed)."""
     if mode not in MODES:
         raise TflfuseError(f"--mode {mode!r} is not one of {', '.join(MODES)}")
     if mode != "auto":
         return mode == "multi", None, None
-    choice = compare_modes(model)
+    choice = compare_modes(model, None, num_segments)
     chosen = choice.chosen
     pieces = int(chosen.flags[1]) if chosen.mode == "pipelined" else None
     return chosen.mode == "multi", pieces, choice
@@ -224,7 +227,7 @@ def compile_model(
     if mode is not None:
         if multiple_subgraphs and mode != "multi":
             raise TflfuseError(f"--multiple-subgraphs is --mode multi, not --mode {mode}")
-        multiple_subgraphs, pieces, choice = choose_mode(cpu, mode)
+        multiple_subgraphs, pieces, choice = choose_mode(cpu, mode, num_segments)
         num_segments = num_segments or pieces
     compiler = find_compiler()
     out_dir = Path(out_dir) if out_dir is not None else model.parent

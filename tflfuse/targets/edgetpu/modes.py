@@ -17,7 +17,8 @@ cross in every mode, are not counted). Each mode carries its parameter memory as
 predictor lays it out (`mode_memory`): cached on chip, and streamed on every inference; for
 `-n N` per segment, each on an Edge TPU of its own, with the tensors its segments pass each
 other through the host (`segment_handoffs`). The best mode (`rank_key`) maps the most ops, then
-has the fewest crossings and bytes crossing, then moves the fewest bytes through the host per
+has the fewest crossings and bytes crossing, then needs no more Edge TPUs than the user has
+(one, unless `--num-segments N` says N), then moves the fewest bytes through the host per
 inference (parameters streamed, and `-n`'s hand-offs), then needs the fewest Edge TPUs and
 segments; `why_line` says which of these decided, and `streaming_line` what still streams.
 No TensorFlow here.
@@ -149,6 +150,7 @@ class ModeChoice:
     outcomes: list[ModeOutcome] = field(default_factory=list)
     best: int = 0
     notes: list[str] = field(default_factory=list)
+    edgetpus: int = 1  # Edge TPUs the user has said they have (`--num-segments N`), else one
 
     @property
     def chosen(self) -> ModeOutcome:
@@ -165,7 +167,7 @@ class ModeChoice:
     def ranked(self) -> list[ModeOutcome]:
         """The outcomes best first (`rank_key`), the chosen one leading."""
         rest = [o for i, o in enumerate(self.outcomes) if i != self.best]
-        return [self.chosen, *sorted(rest, key=rank_key)]
+        return [self.chosen, *sorted(rest, key=lambda o: rank_key(o, self.edgetpus))]
 
     def on_one_edgetpu(self) -> ModeOutcome | None:
         """The best mode that needs one Edge TPU, when the chosen one needs several (None
@@ -191,17 +193,20 @@ class ModeChoice:
         }
 
 
-def rank_key(o: ModeOutcome) -> tuple[int, ...]:
+def rank_key(o: ModeOutcome, edgetpus: int = 1) -> tuple[int, ...]:
     """What orders the modes: the most ops mapped, then the fewest CPU <-> Edge TPU crossings
-    and bytes crossing, then the fewest parameter bytes streamed per inference (the predicted
-    layout's, undecided parts included as predicted; for `-n N` with the tensors its segments
-    pass each other through the host, which a pipeline moves on every inference too: `-n N`
-    does not win by streaming less only to pass more between its Edge TPUs), then the fewest
-    Edge TPUs and segments."""
+    and bytes crossing, then a mode that needs no more Edge TPUs than `edgetpus` (the user has
+    one unless `--num-segments N` says N: a `-n N` pipeline that maps no more is offered, not
+    chosen, for a user who has one USB Accelerator), then the fewest parameter bytes streamed
+    per inference (the predicted layout's, undecided parts included as predicted; for `-n N`
+    with the tensors its segments pass each other through the host, which a pipeline moves on
+    every inference too: `-n N` does not win by streaming less only to pass more between its
+    Edge TPUs), then the fewest Edge TPUs and segments."""
     return (
         -o.mapped,
         o.crossings.count,
         o.crossings.bytes,
+        int(o.edgetpus > edgetpus),
         o.host_bytes,
         o.edgetpus,
         o.segments,
@@ -241,9 +246,9 @@ def _memory_fact(o: ModeOutcome) -> str:
     )
 
 
-def _reason(best: ModeOutcome, other: ModeOutcome) -> str:
+def _reason(best: ModeOutcome, other: ModeOutcome, edgetpus: int = 1) -> str:
     """Why `best` ranks before `other`: the first count of `rank_key` where they differ."""
-    a, b = rank_key(best), rank_key(other)
+    a, b = rank_key(best, edgetpus), rank_key(other, edgetpus)
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
     same = f"maps as many as {other.label}"
     if first == 0:
@@ -255,16 +260,22 @@ def _reason(best: ModeOutcome, other: ModeOutcome) -> str:
     if first == 2:
         fewer = other.crossings.bytes - best.crossings.bytes
         return f"{same} with as many crossings and {fewer:,} fewer bytes crossing"
-    if first == 3 and (best.handoffs or other.handoffs):
+    if first == 3:
+        return (
+            f"{same} with as few crossings on {best.edgetpus} Edge TPU{'s' * (best.edgetpus > 1)};"
+            f" {other.label} needs {other.edgetpus} (`--num-segments {other.edgetpus}` chooses"
+            f" among modes on that many)"
+        )
+    if first == 4 and (best.handoffs or other.handoffs):
         return (
             f"{same} with as few crossings and moves fewer bytes through the host per inference,"
             f" parameters streamed and tensors passed between segments ({mib(best.host_bytes)};"
             f" {other.label}: {mib(other.host_bytes)})"
         )
-    if first == 3:
+    if first == 4:
         theirs = mib(other.memory.streamed_bytes)
         return f"{same} with as few crossings and streams less ({other.label}: {theirs})"
-    if first in (4, 5):
+    if first in (5, 6):
         return (
             f"ties with {other.label} on ops, crossings and streamed bytes, on fewer Edge TPUs"
             " or segments"
@@ -277,7 +288,9 @@ def why_line(choice: ModeChoice) -> str:
     """One line: the chosen mode, why it ranks first (against the runner-up), and its memory."""
     ranked = choice.ranked()
     best = ranked[0]
-    reason = _reason(best, ranked[1]) if len(ranked) > 1 else "the only mode predicted"
+    reason = (
+        _reason(best, ranked[1], choice.edgetpus) if len(ranked) > 1 else "the only mode predicted"
+    )
     return f"{best.label}: {reason}; {_memory_fact(best)}"
 
 
@@ -332,7 +345,8 @@ def compare_modes(
 ) -> ModeChoice:
     """The one-segment and `-a` compiles predicted (and `-n N` where the parameters exceed the
     cache, or `num_segments` asks), and the best (`rank_key`): the most ops mapped, then the
-    fewest crossings and bytes crossing, then the fewest parameter bytes streamed."""
+    fewest crossings and bytes crossing, then no more Edge TPUs than `num_segments` (else one),
+    then the fewest parameter bytes streamed."""
     graph = model.main
     single = predict_edgetpu(model, compiler_version)
     multi = predict_edgetpu(model, compiler_version, multiple_subgraphs=True)
@@ -343,13 +357,14 @@ def compare_modes(
     pieces = num_segments or max(filter(None, map(pipeline_segments, (single, multi))), default=0)
     if pieces and pieces > 1:
         outcomes.append(pipelined_outcome(model, pieces, compiler_version, single))
-    ranked = sorted(range(len(outcomes)), key=lambda i: rank_key(outcomes[i]))
+    edgetpus = num_segments or 1
+    ranked = sorted(range(len(outcomes)), key=lambda i: rank_key(outcomes[i], edgetpus))
     notes = [f.line() for f in whole_model_failures(model, compiler_version)]
     notes += interface_limit_notes(model)
     failure = failure_note(model, multi)
     if failure:
         notes.append(f"{failure}; {search_note(len(graph.ops))}")
-    return ModeChoice(outcomes, ranked[0], notes)
+    return ModeChoice(outcomes, ranked[0], notes, edgetpus)
 
 
 @dataclass
@@ -484,6 +499,11 @@ def format_modes(choice: ModeChoice, model_name: str = "MODEL.tflite") -> list[s
         )
         lines += [f"  {'':<12} {o.note}"] if o.note else []
         lines += [f"  {'':<12} {line}" for line in o.memory_lines()]
+        if o.edgetpus > choice.edgetpus:
+            lines.append(
+                f"  {'':<12} needs {o.edgetpus} Edge TPUs: chosen only where it maps more or"
+                f" crosses less, or when `--num-segments {o.edgetpus}` says you have them"
+            )
     if choice.refused:
         lines.append(f"Best mode: {REFUSED}")
         return lines + [f"note: {n}" for n in choice.notes]
