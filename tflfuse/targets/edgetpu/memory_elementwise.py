@@ -19,8 +19,18 @@ the memory is undecided:
   the same with one channel, a constant of the output's shape (the benchmarked forests'
   SUB(c [N, 1], x [N, 1]), N = 8, 384, 800, 2,624: their first subgraph's bytes exact).
 
-Not shown by a dev twin, so left undecided: an ADD of a constant (no pair at hand maps one), a
-MUL of a constant of more than one value, a SUB of a per-channel constant.
+- A MUL or an ADD of a per-channel constant (one value per channel of the activation, every
+  other axis 1) of at most 16 channels: a word of 4 bytes per channel, the section padded to
+  64, streamed (a twin found by issue 27's fourth round, IanisRusitoru/CoralModel, dev: a
+  3-channel input scaling MUL(x [1, 256, 256, 3], c [3]) and ADD(x, c [3]) before its first
+  CONV_2D; its EXECUTION_ONLY stream opens with the MUL's 3 float words, then the ADD's 3
+  int32 words, each padded to 64 bytes, 128 in all beside its streamed FULLY_CONNECTED).
+  More than 16 channels (more than one 64-byte block) no twin shows.
+
+Not shown by a dev twin, so left undecided: an ADD of any other constant, a MUL of a constant
+of more than one value not per channel (or of more than 16 channels), a SUB of a per-channel
+constant (the holdout MoveNet's, below, agrees with the MUL's and ADD's form; it is checked,
+not derived from).
 A holdout twin (Coral's MoveNet Lightning, checked, not derived from) streams 2,368 bytes beside
 2,862,656 cached: its [48, 48, 1] MUL constant as it is (2,304) and its [1, 1, 1, 3] SUB mean as
 4 bytes a channel (64), its MUL and SUB by one value none; the forms a dev twin must show before
@@ -44,6 +54,8 @@ from tflfuse.ir import Op, Tensor
 ELEMENTWISE = ("ADD", "SUB", "MUL")
 SECTION = 64  # each op's section is padded to this many bytes
 CHUNK = 4  # channels per 4-byte chunk: a slice starting elsewhere is undecided
+WORD = 4  # bytes per channel of a per-channel MUL's or ADD's constant
+PER_CHANNEL_SHOWN = 16  # the most channels whose per-channel words a twin shows (one section)
 _SLICES = ("SLICE", "STRIDED_SLICE", "SPLIT", "SPLIT_V")
 
 
@@ -89,7 +101,21 @@ def elementwise_bytes(op: Op) -> int | None:
     channels = out[-1] if out else 0
     if op.type == "SUB" and shape[-1:] == (1,) and channels >= 1 and n * channels == _size(out):
         return _pad(n, SECTION)  # one value per position
+    if op.type in ("MUL", "ADD") and per_channel(shape, out) and n <= PER_CHANNEL_SHOWN:
+        return _pad(WORD * n, SECTION)  # one word per channel
     return None
+
+
+def per_channel(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether a constant of `shape` holds one value per channel of an output `out` of
+    several positions: its last axis the output's channels, every other axis 1."""
+    return (
+        len(out) >= 2
+        and len(shape) >= 1
+        and shape[-1] == out[-1] > 1
+        and all(d == 1 for d in shape[:-1])
+        and _size(out) > out[-1]
+    )
 
 
 def _starts(op: Op) -> tuple[list[int], list[int]] | None:
