@@ -23,6 +23,10 @@ inference do (what decides the speed of a model that fits), and the layout alone
 A holdout pair byte for byte a copy of a dev pair (the same model and twin in two sets: Coral's
 test data holds 4 of the 5 original dev pairs) is scored as dev: rules were derived from it, so it
 is not held out (`fold_dev_copies`; the score prints how many).
+A folder holding a `dev.txt` is a set found after the hash split was fixed (issue 27's fourth
+round): its pairs are all holdout but those whose key (the CPU model's path in the folder) the
+file lists, one a line, the pairs a rule was derived from (`set_pairs`); a hash would put half
+of them in dev without any rule drawn from them.
 Twins compiled together with another compiled model of the set (a shared caching token,
 `tflfuse.targets.edgetpu.package.cocompiled`) are counted apart: their split between the cache
 and streaming depends on the models compiled with them, which one model cannot show.
@@ -181,6 +185,35 @@ def _digest(pair: Pair) -> bytes:
     return hashlib.sha256(pair.cpu.read_bytes() + pair.compiled.read_bytes()).digest()
 
 
+DEV_LIST = "dev.txt"
+
+
+class ListedPair(Pair):
+    """A pair of a set with a `DEV_LIST`: dev when listed there (`listed_dev`), else holdout."""
+
+    listed_dev = False
+
+    @property
+    def half(self) -> str:
+        return "dev" if self.all_dev or self.listed_dev else "holdout"
+
+
+def set_pairs(name: str, root: Path) -> list[Pair]:
+    """The pairs of one set with their halves: the original 5-pair set all dev; a folder with a
+    `DEV_LIST` all holdout but the keys listed there; any other by the fixed hash."""
+    pairs = find_pairs(root, all_dev=name == "edgetpu")
+    listing = root / DEV_LIST
+    if not listing.is_file():
+        return pairs
+    keys = {line.strip() for line in listing.read_text().splitlines() if line.strip()}
+    listed = []
+    for p in pairs:
+        pair = ListedPair(p.root, p.cpu, p.compiled, p.log, p.all_dev)
+        pair.listed_dev = p.key in keys
+        listed.append(pair)
+    return listed
+
+
 def fold_dev_copies(pairs: list[Pair]) -> int:
     """Put into the dev half every holdout pair whose model and twin are byte for byte a dev
     pair's (a copy in another set is not held out); the number moved."""
@@ -246,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     total_status = [0, 0]
     memory_totals: dict[str, list[int]] = {"dev": [0, 0, 0, 0], "holdout": [0, 0, 0, 0]}
-    pairs = {name: find_pairs(root, all_dev=name == "edgetpu") for name, root in found.items()}
+    pairs = {name: set_pairs(name, root) for name, root in found.items()}
     moved = fold_dev_copies([p for listed in pairs.values() for p in listed])
     print(f"holdout pairs that copy a dev pair byte for byte, scored as dev: {moved}")
     for name, root in found.items():

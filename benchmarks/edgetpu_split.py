@@ -36,6 +36,7 @@ from edgetpu_oracle_score import (
     LICENSED,
     fold_dev_copies,
     mark_cocompiled,
+    set_pairs,
     sets,
 )
 
@@ -45,7 +46,6 @@ from tflfuse.targets.edgetpu.memory import predicted_memory
 from tflfuse.targets.edgetpu.package import model_packages, parameter_streams
 from tflfuse.targets.edgetpu.truth import (
     PairScore,
-    find_pairs,
     score_pair,
     twin_compiler_major,
 )
@@ -194,7 +194,7 @@ def _row(name: str, s: PairScore) -> Row | None:
 
 def gather(extra: list[str] | None) -> list[Row]:
     found = sets(extra)
-    pairs = {name: find_pairs(root, all_dev=name == "edgetpu") for name, root in found.items()}
+    pairs = {name: set_pairs(name, root) for name, root in found.items()}
     fold_dev_copies([p for listed in pairs.values() for p in listed])
     rows = []
     for name, root in found.items():

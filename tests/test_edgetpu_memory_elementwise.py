@@ -52,16 +52,16 @@ def test_a_forests_threshold_sub_and_scaling_mul_stream_the_constant_as_it_is() 
 def test_forms_no_dev_twin_shows_are_said_undecided() -> None:
     """MoveNet Lightning's (a holdout twin: checked, not derived from) MUL of a [48, 48, 1]
     constant and SUB of a [1, 1, 1, 3] mean; an ADD of a constant or of one
-    value; a MUL or an ADD of a per-channel constant of more than 16 channels: no dev twin shows
-    them, so they are not laid out and
+    value; a MUL or an ADD of a per-channel constant of more than 128 channels: no dev twin
+    shows them, so they are not laid out and
     `check` says so."""
     unshown = [
         _elementwise("MUL", (1, 48, 48, 1), (48, 48, 1)),
         _elementwise("SUB", (1, 192, 192, 3), (1, 1, 1, 3)),
         _elementwise("ADD", (1, 8, 8, 16), (1, 8, 8, 16)),
         _elementwise("ADD", (1, 8, 8, 16), ()),
-        _elementwise("MUL", (1, 8, 8, 32), (1, 1, 1, 32)),
-        _elementwise("ADD", (1, 8, 8, 32), (32,)),
+        _elementwise("MUL", (1, 8, 8, 256), (1, 1, 1, 256)),
+        _elementwise("ADD", (1, 8, 256), (256,)),
     ]
     for op in unshown:
         assert elementwise_bytes(op) is None
@@ -70,23 +70,25 @@ def test_forms_no_dev_twin_shows_are_said_undecided() -> None:
 
 
 def test_a_per_channel_mul_and_add_hold_a_word_per_channel_streamed() -> None:
-    """IanisRusitoru/CoralModel's twin (issue 27's fourth round, dev) scales its input by
-    MUL(x [1, 256, 256, 3], c [3]) and ADD(x, c [3]): its EXECUTION_ONLY stream opens with 3
-    float words and 3 int32 words, each padded to 64 bytes, 128 streamed in all beside its
-    wide FULLY_CONNECTED. Up to 16 channels fill the one section; both shapes of the constant,
-    [C] and [1, 1, 1, C], are per channel."""
+    """IanisRusitoru/CoralModel's twin (issue 27's fourth round, dev, compiler 16) scales its
+    input by MUL(x [1, 256, 256, 3], c [3]) and ADD(x, c [3]): 3 float words in one 64-byte
+    block and 3 int32 words in the next, 128 bytes streamed. Octogonapus/edgetpu-test's
+    (dev, compiler 1.0) MUL(x [1, 128], c [128]) and ADD(x, c [128]) stream 4,096 bytes: 4
+    words to a block, 32 blocks each. Both shapes of the constant, [C] and [1, 1, 1, C], are
+    per channel; one value per position is not."""
     ops = [
         _elementwise("MUL", (1, 256, 256, 3), (3,)),
         _elementwise("ADD", (1, 256, 256, 3), (3,)),
+        _elementwise("MUL", (1, 128), (128,)),
+        _elementwise("ADD", (1, 128), (128,)),
         _elementwise("MUL", (1, 8, 8, 16), (1, 1, 1, 16)),
+        _elementwise("ADD", (1, 8, 8, 5), (5,)),
     ]
-    assert [elementwise_bytes(op) for op in ops] == [64, 64, 64]
-    memory = predicted_memory(ops[:2], capability("edgetpu"))
-    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (0, 128)
+    assert [elementwise_bytes(op) for op in ops] == [64, 64, 2048, 2048, 256, 128]
+    memory = predicted_memory(ops[:4], capability("edgetpu"))
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (0, 128 + 4096)
     assert undecided_line(memory) is None
-    # one value per position is not per channel; a one-position output neither
     assert elementwise_bytes(_elementwise("MUL", (1, 4, 4, 1), (1, 4, 4, 1))) is None
-    assert elementwise_bytes(_elementwise("ADD", (1, 3), (3,))) is None
 
 
 def test_a_sub_of_one_value_from_several_elements_holds_none() -> None:

@@ -40,3 +40,20 @@ def test_a_holdout_copy_of_a_dev_pair_is_scored_as_dev(tmp_path: Path) -> None:
     assert after[f"{held}.tflite"] == "dev"
     moved = [k for k in after if after[k] != halves_before[k]]
     assert moved == [f"{held}.tflite"]
+
+
+def test_a_set_with_a_dev_list_is_holdout_but_the_pairs_listed(tmp_path: Path) -> None:
+    """A set found after the split was fixed holds a `dev.txt`: its pairs are holdout, whatever
+    the hash says, except those listed there (the ones a rule was derived from); a folder
+    without it keeps the hash."""
+    score = benchmark_module("edgetpu_oracle_score")
+    new = tmp_path / "new"
+    dev, held = _stem(new, "dev"), _stem(new, "holdout")
+    for stem in (dev, held, "derived"):
+        _pair(new, stem, stem.encode(), b"twin " + stem.encode())
+    (new / score.DEV_LIST).write_text("derived.tflite\n")
+    halves = {p.key: p.half for p in score.set_pairs("new", new)}
+    assert halves == {f"{dev}.tflite": "holdout", f"{held}.tflite": "holdout",
+                      "derived.tflite": "dev"}  # fmt: skip
+    (new / score.DEV_LIST).unlink()
+    assert {p.key: p.half for p in score.set_pairs("new", new)}[f"{dev}.tflite"] == "dev"

@@ -20,15 +20,17 @@ the memory is undecided:
   SUB(c [N, 1], x [N, 1]), N = 8, 384, 800, 2,624: their first subgraph's bytes exact).
 
 - A MUL or an ADD of a per-channel constant (one value per channel of the activation, every
-  other axis 1) of at most 16 channels: a word of 4 bytes per channel, the section padded to
-  64, streamed (a twin found by issue 27's fourth round, IanisRusitoru/CoralModel, dev: a
-  3-channel input scaling MUL(x [1, 256, 256, 3], c [3]) and ADD(x, c [3]) before its first
-  CONV_2D; its EXECUTION_ONLY stream opens with the MUL's 3 float words, then the ADD's 3
-  int32 words, each padded to 64 bytes, 128 in all beside its streamed FULLY_CONNECTED).
-  More than 16 channels (more than one 64-byte block) no twin shows.
+  other axis 1) of at most 128 channels: a 4-byte word per channel, 4 channels to a 64-byte
+  block, streamed. Two twins found by issue 27's fourth round show it, both dev:
+  IanisRusitoru/CoralModel (compiler 16) scales its input by MUL(x [1, 256, 256, 3], c [3])
+  and ADD(x, c [3]): its EXECUTION_ONLY stream opens with the MUL's 3 float words in one block
+  and the ADD's 3 int32 words in the next, 128 bytes beside its streamed FULLY_CONNECTED;
+  Octogonapus/edgetpu-test (compiler 1.0, two commits of one graph) follows a dense layer
+  with MUL(x [1, 128], c [128]) and ADD(x, c [128]) and streams 4,096 bytes: per op 32 blocks
+  each of 4 words and 48 zero bytes. More channels no twin shows.
 
 Not shown by a dev twin, so left undecided: an ADD of any other constant, a MUL of a constant
-of more than one value not per channel (or of more than 16 channels), a SUB of a per-channel
+of more than one value not per channel (or of more than 128 channels), a SUB of a per-channel
 constant (the holdout MoveNet's, below, agrees with the MUL's and ADD's form; it is checked,
 not derived from).
 A holdout twin (Coral's MoveNet Lightning, checked, not derived from) streams 2,368 bytes beside
@@ -54,8 +56,8 @@ from tflfuse.ir import Op, Tensor
 ELEMENTWISE = ("ADD", "SUB", "MUL")
 SECTION = 64  # each op's section is padded to this many bytes
 CHUNK = 4  # channels per 4-byte chunk: a slice starting elsewhere is undecided
-WORD = 4  # bytes per channel of a per-channel MUL's or ADD's constant
-PER_CHANNEL_SHOWN = 16  # the most channels whose per-channel words a twin shows (one section)
+PER_BLOCK = 4  # channels of a per-channel MUL's or ADD's constant to one 64-byte block
+PER_CHANNEL_SHOWN = 128  # the most channels a twin shows in that form
 _SLICES = ("SLICE", "STRIDED_SLICE", "SPLIT", "SPLIT_V")
 
 
@@ -102,19 +104,18 @@ def elementwise_bytes(op: Op) -> int | None:
     if op.type == "SUB" and shape[-1:] == (1,) and channels >= 1 and n * channels == _size(out):
         return _pad(n, SECTION)  # one value per position
     if op.type in ("MUL", "ADD") and per_channel(shape, out) and n <= PER_CHANNEL_SHOWN:
-        return _pad(WORD * n, SECTION)  # one word per channel
+        return SECTION * -(-n // PER_BLOCK)  # a word per channel, 4 to a block
     return None
 
 
 def per_channel(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
-    """Whether a constant of `shape` holds one value per channel of an output `out` of
-    several positions: its last axis the output's channels, every other axis 1."""
+    """Whether a constant of `shape` holds one value per channel of an output `out`: its
+    last axis the output's channels, every other axis 1."""
     return (
         len(out) >= 2
         and len(shape) >= 1
         and shape[-1] == out[-1] > 1
         and all(d == 1 for d in shape[:-1])
-        and _size(out) > out[-1]
     )
 
 
