@@ -30,6 +30,8 @@ of them in dev without any rule drawn from them.
 Twins compiled together with another compiled model of the set (a shared caching token,
 `tflfuse.targets.edgetpu.package.cocompiled`) are counted apart: their split between the cache
 and streaming depends on the models compiled with them, which one model cannot show.
+A twin without a log whose package's form reads 15 may be 2.x's (the same form,
+`package.compiler_generation`): where the two layouts differ `mark_compiler_undecided` says so.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from collections import Counter
 from pathlib import Path
 
 from tflfuse.ir import flatbuffer
+from tflfuse.targets.capabilities import capability
+from tflfuse.targets.edgetpu.memory import predicted_memory
 from tflfuse.targets.edgetpu.package import cocompiled, package_memory
 from tflfuse.targets.edgetpu.pipeline import pipeline_split
 from tflfuse.targets.edgetpu.truth import Pair, PairScore, find_pairs, score_pair
@@ -52,6 +56,7 @@ ORACLE = Path(os.environ.get("TFLFUSE_SHARED") or HERE.parent.parent / "shared")
 
 
 LICENSED = ("edgetpu", "edgetpu-more")
+OLDER_FORM_15 = 2  # the other compiler generation that writes the form read as 15 (2.x)
 
 
 def extra_sets(extra: list[str] | None = None) -> dict[str, Path]:
@@ -135,12 +140,14 @@ def _print_memory(
         not s.memory["exact"] and not s.memory["undecided"] and not s.memory.get("cocompiled")
         for s in parsed
     )
+    which = sum(bool(s.memory.get("compiler_undecided")) for s in parsed)
     print(
         f"{name:<12} {half:<8} memory: on-chip and streamed exact {exact}/{n},"
         f" streamed exact {streamed}/{n}, total exact {total}/{n},"
         f" layout on the twin's ops exact {layout}/{n}"
         f" (within 1%: {near}/{n}; {len(scores) - n} packages unreadable;"
         f" co-compiled {len(together)}, their layout exact {together_layout};"
+        f" compiler 15.0 or 2.x, layouts differing: {which};"
         f" inexact without `check` saying undecided, not co-compiled: {confident})"
     )
     for s in parsed:
@@ -154,6 +161,7 @@ def _print_memory(
             f" predicted {m['predicted_on_chip_bytes']} + {m['predicted_off_chip_bytes']};"
             f" layout on the twin's ops {m['layout_bytes']}"
             f"{' (co-compiled)' if m.get('cocompiled') else ''}"
+            f"{' (15.0 or 2.x)' if m.get('compiler_undecided') else ''}"
         )
     return exact, streamed, layout, n
 
@@ -176,6 +184,30 @@ def mark_cocompiled(root: Path, scores: list[PairScore]) -> None:
     for s in scores:
         if s.memory is not None:
             s.memory["cocompiled"] = str(s.pair.compiled) in together
+
+
+def mark_compiler_undecided(scores: list[PairScore]) -> int:
+    """Set `memory["compiler_undecided"]` (and `undecided`) on the pairs whose twin has no log
+    and whose package's form reads 15 (`package.compiler_generation`: 15.0, or 2.x, which writes
+    the same form) when the layout for 2.x gives other bytes than 15's: which compiler made the
+    twin, and so which layout is right, one twin cannot show. The number marked."""
+    table = capability("edgetpu")
+    marked = 0
+    for s in scores:
+        t, p, m = s.truth, s.prediction, s.memory
+        if t is None or p is None or m is None or t.compiler_version or not p.ops:
+            continue
+        if m.get("compiler_major") != 15:
+            continue
+        mapped = [t.model.main.ops[o.index] for o in p.ops if o.runs_on != "cpu"]
+        older = predicted_memory(mapped, table, OLDER_FORM_15)
+        if (older["on_chip_bytes"], older["off_chip_bytes"]) != (
+            m["predicted_on_chip_bytes"],
+            m["predicted_off_chip_bytes"],
+        ):
+            m["compiler_undecided"] = m["undecided"] = True
+            marked += 1
+    return marked
 
 
 _SEGMENT = re.compile(r"^(?P<stem>.+)_segment_(?P<k>\d+)_of_(?P<n>\d+)_edgetpu\.tflite$")
@@ -287,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         shown = licensed or args.misses
         scores = [score_pair(p) for p in pairs[name]]
         mark_cocompiled(root, scores)
+        mark_compiler_undecided(scores)
         for half in ("dev", "holdout"):
             if args.half and half != args.half:
                 continue

@@ -84,19 +84,22 @@ ALIGN = 64  # every layer's section starts on this boundary
 WIDE_FC_INPUTS = 8192
 WIDE_FC_CACHED = 6272
 WIDE_FC_STREAMED = 16384
-# Below this many parameter bytes every fully laid-out dev twin compiled by 15 or 16 caches all
-# it does not stream by `streamed_layer`: the largest such dev twins are Coral's MobileNetV2s
-# compiled by 15 (3,900,864 bytes, all cached, 3 dev twins); above it no dev twin is at hand
-# (the last round's local sets, no longer here, held iNat birds of 3,947,328 streaming 1,623,872
-# in one commit and none in two others), so the split is said undecided there. Derived from dev
-# pairs only. The holdout half disagrees below it: Coral's demo-manufacturing classifier
-# (compiler 15, 3,094,912 bytes) streams 598,080, a miss `check` does not flag. The previous
+# Up to this many parameter bytes every fully laid-out dev twin compiled by 15 or 16 caches all
+# it does not stream by `streamed_layer`: the largest such dev twin is Coral's iNat-birds
+# MobileNetV2 compiled by 16 in HanChangHun/Segments-Runner (3,947,328 bytes, all cached; found
+# by issue 27's fourth round, dev: its caching token is shared by no other twin at hand), then
+# Coral's MobileNetV2s compiled by 15 (3,900,864 bytes, all cached, 3 dev twins); above it no
+# dev twin is at hand, so the split is said undecided there. (The third round's local sets, no
+# longer here, held the same iNat twin streaming 1,623,872 bytes in a co-compile with a
+# 16,320-byte dummy and caching all in two other commits.) Derived from dev pairs only. The
+# holdout half disagrees below it: Coral's demo-manufacturing classifier (compiler 15,
+# 3,094,912 bytes) streams 598,080, a miss `check` does not flag. The previous
 # bound, 3,000,000, was read off that holdout pair; it is not used, so the holdout stays a test.
 # Activations do not explain it (benchmarks/EDGETPU_SPLIT.md): a dev twin of the same graph by
 # compiler 15 (5 classes, 3,095,040 bytes, a slightly larger input activation) caches all, and
 # the demo streams its early 1x1 convolutions, not its last layers: a budget the model does not
 # set (a co-compile with the demo's detector would, but its twin is not at hand).
-SPLIT_SURE_BYTES = 3_900_864
+SPLIT_SURE_BYTES = 3_947_328
 # Compilers older than this generation store a bias word even for an all-zero bias.
 BIAS_ALWAYS_BEFORE = 15
 # Compilers before 15 cache less: their dev twins cache all of MobileNetV2 (3,900,864 bytes) but

@@ -225,7 +225,12 @@ def compiler_generation(package: Package) -> int | None:
     On the twins whose compiler log survives: 16.0 wrote runtime 14 and no estimate (123 of 123),
     15.0 runtime 12 with an estimate (3 of 3), 1.0 runtime 10 with or without one (43). A twin of
     runtime 12 without an estimate is 16 asked for an older runtime (`-m 12`): Coral's MoveNet
-    and LSTM twins, which map what only 16 maps."""
+    and LSTM twins, which map what only 16 maps. The form read as 15 is not 15's alone: a twin
+    found in issue 27's fourth round (cmpss94068/tensorflowlite's SSD detector) has it beside a
+    log of 2.1.302470888, and the MobileNetV2 compiled next to it, without a log, lays out no
+    softmax, as 2.x does (256 bytes fewer than 15's two sections). So 15 here means "15.0, or
+    2.x": `benchmarks/edgetpu_oracle_score.py` says so of a twin without a log where the two
+    layouts differ."""
     if package.runtime_version < 12:
         return None
     running = [e for e in package.executables if e.type != "PARAMETER_CACHING"]
