@@ -22,7 +22,8 @@ def _elementwise(kind: str, x_shape: tuple[int, ...], c_shape: tuple[int, ...]) 
     """`kind`(x, c) of an int8 activation and an int8 constant, the output broadcast."""
     g = Graph("main")
     x = g.add_tensor("x", x_shape, "INT8", quantization=Q)
-    c = g.add_constant("c", np.full(c_shape, 3, np.int8), quantization=Q)
+    values = np.arange(int(np.prod(c_shape)), dtype=np.int64) % 120 + 3
+    c = g.add_constant("c", values.astype(np.int8).reshape(c_shape), quantization=Q)
     out = tuple(int(d) for d in np.broadcast_shapes(x_shape, c_shape))
     y = g.add_tensor("y", out, "INT8", quantization=Q)
     return g.add_op(kind, [x, c], [y])
@@ -89,6 +90,29 @@ def test_a_per_channel_mul_and_add_hold_a_word_per_channel_streamed() -> None:
     assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (0, 128 + 4096)
     assert undecided_line(memory) is None
     assert elementwise_bytes(_elementwise("MUL", (1, 4, 4, 1), (1, 4, 4, 1))) is None
+
+
+def test_a_constant_broadcast_over_some_positions_is_widened_to_the_output() -> None:
+    """YOLOv5n's decode (Sandhya1708/modelnew, dev): MUL(x [1, N, 3, 2], anchors [1, 1, 3, 2])
+    and ADD(x, grid [1, N, 1, 2]), N = 400 and 1,600, stream N x 6 bytes each, padded to 64:
+    24,064 in all, its whole EXECUTION_ONLY stream. A per-channel [1, 2] of one value in both
+    channels is not in it: undecided. A constant varying along every axis, or broadcast along
+    every position axis (per channel), is another form."""
+    ops = [
+        _elementwise(kind, (1, n, 3, 2), shape)
+        for n in (400, 1600)
+        for kind, shape in (("MUL", (1, 1, 3, 2)), ("ADD", (1, n, 1, 2)))
+    ]
+    assert [elementwise_bytes(op) for op in ops] == [2432, 2432, 9600, 9600]
+    memory = predicted_memory(ops, capability("edgetpu"))
+    assert (memory["on_chip_bytes"], memory["off_chip_bytes"]) == (0, 24_064)
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 400, 3, 2), "INT8", quantization=Q)
+    ones = g.add_constant("c", np.full((1, 2), 127, np.int8), quantization=Q)
+    y = g.add_tensor("y", (1, 400, 3, 2), "INT8", quantization=Q)
+    assert elementwise_bytes(g.add_op("MUL", [x, ones], [y])) is None
+    assert elementwise_bytes(_elementwise("ADD", (1, 8, 8, 4), (1, 8, 8, 4))) is None
+    assert elementwise_bytes(_elementwise("SUB", (1, 400, 3, 2), (1, 1, 3, 2))) is None
 
 
 def test_a_sub_of_one_value_from_several_elements_holds_none() -> None:

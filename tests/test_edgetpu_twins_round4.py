@@ -7,6 +7,8 @@ repositories carry no licence, so the files are never committed: skipped without
 - Octogonapus/edgetpu-test (dev, two commits): the same of 128 channels, 2,048 bytes each.
 - HanChangHun/Segments-Runner's iNat birds (dev): 3,947,328 bytes all cached by 16
   (`memory.SPLIT_SURE_BYTES`).
+- Sandhya1708/modelnew's YOLOv5n (dev): its decode's anchors and grid widened to the output,
+  24,064 bytes streamed (`memory_elementwise`); what it caches beyond the layout is undecided.
 - cmpss94068/tensorflowlite's MobileNetV2 (holdout) next to a detector whose log names 2.1: a
   package form read as 15 whose bytes are 2.x's layout (`mark_compiler_undecided`).
 """
@@ -78,3 +80,10 @@ def test_a_form_read_as_15_may_be_2x_and_the_score_says_so() -> None:
     assert benchmark_module("edgetpu_oracle_score").mark_compiler_undecided([score]) == 1
     assert m["compiler_undecided"] and m["undecided"]
     assert undecided_line(predicted_memory(mapped, capability("edgetpu"), 15)) is None
+
+
+def test_yolov5ns_decode_streams_its_widened_anchors_and_grid() -> None:
+    m = _scored("Sandhya1708__modelnew@ff6dfcb/yolov5n-int8.tflite").memory
+    assert m is not None
+    assert m["off_chip_bytes"] == m["predicted_off_chip_bytes"] == 24_064
+    assert m["on_chip_bytes"] == 1_979_968 and m["undecided"]

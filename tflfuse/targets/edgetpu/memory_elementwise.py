@@ -29,6 +29,15 @@ the memory is undecided:
   with MUL(x [1, 128], c [128]) and ADD(x, c [128]) and streams 4,096 bytes: per op 32 blocks
   each of 4 words and 48 zero bytes. More channels no twin shows.
 
+- A MUL or an ADD of a constant that varies along the channels and along some other axes
+  of a rank-4 output, broadcast along the rest: the constant widened to the output, a byte
+  an element, padded to 64, streamed. YOLOv5n's decode (Sandhya1708/modelnew, found by issue
+  27's fourth round, dev): MUL(x [1, N, 3, 2], anchors [1, 1, 3, 2]) and ADD(x, grid
+  [1, N, 1, 2]) for N = 400 and 1,600 fill its EXECUTION_ONLY stream exactly, each as N x 6
+  bytes (2,432 and 9,600 with the padding; 24,064 in all), anchors before grid. Its MULs by
+  a per-channel [1, 2] of one value in both channels are not in that stream: where such a
+  uniform constant is kept no twin shows (undecided).
+
 Not shown by a dev twin, so left undecided: an ADD of any other constant, a MUL of a constant
 of more than one value not per channel (or of more than 128 channels), a SUB of a per-channel
 constant (the holdout MoveNet's, below, agrees with the MUL's and ADD's form; it is checked,
@@ -103,9 +112,27 @@ def elementwise_bytes(op: Op) -> int | None:
     channels = out[-1] if out else 0
     if op.type == "SUB" and shape[-1:] == (1,) and channels >= 1 and n * channels == _size(out):
         return _pad(n, SECTION)  # one value per position
-    if op.type in ("MUL", "ADD") and per_channel(shape, out) and n <= PER_CHANNEL_SHOWN:
+    if op.type not in ("MUL", "ADD"):
+        return None
+    if per_channel(shape, out) and n <= PER_CHANNEL_SHOWN:
+        if np.unique(np.asarray(const.data)).size == 1:
+            return None  # one value in every channel: no twin shows where it is kept
         return SECTION * -(-n // PER_BLOCK)  # a word per channel, 4 to a block
+    if widened_over_positions(shape, out):
+        return _pad(_size(out), SECTION)  # the constant broadcast to the output, a byte each
     return None
+
+
+def widened_over_positions(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether a constant of `shape` varies along the output's channels and along some of its
+    other axes but not all, broadcast along the rest: the forms YOLOv5n's decode shows, a MUL of
+    [1, 1, 3, 2] and an ADD of [1, N, 1, 2] on [1, N, 3, 2] (rank 4 only)."""
+    if len(shape) != len(out) or len(out) != 4 or shape[-1] != out[-1] or out[-1] <= 1:
+        return False
+    if any(c not in (1, o) for c, o in zip(shape, out, strict=True)):
+        return False
+    varied = [c > 1 for c, o in zip(shape[:-1], out[:-1], strict=True) if o > 1]
+    return any(varied) and not all(varied)
 
 
 def per_channel(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
