@@ -403,7 +403,8 @@ def _instruction_note(rows: list[Row]) -> str:
 
 
 def _mib(n: float) -> str:
-    return f"{n / MIB:.2f} MiB"
+    """Bytes as the compiler's console prints them: KiB below 1 MiB."""
+    return f"{n / MIB:.2f} MiB" if n >= MIB or n == 0 else f"{n / KIB:.2f} KiB"
 
 
 def _cocompile_lines(rows: list[Row]) -> list[str]:
