@@ -148,6 +148,26 @@ def test_status_agreement_counts_per_op_type_and_status() -> None:
     assert status_agreement(Prediction("edgetpu", ops), log) == (2, 3)
 
 
+def test_status_agreement_names_a_custom_op_as_the_log_does() -> None:
+    """The log lists a custom op as CUSTOM whatever its code (an SSD's postprocess op, compiler
+    2.1's log); the prediction labels it by its code: given the model, the two meet."""
+    from tflfuse.ir import Graph, Model
+    from tflfuse.targets import OpPrediction, Prediction
+
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 4), "UINT8")
+    y = g.add_tensor("y", (1, 4), "FLOAT32")
+    g.add_op("CUSTOM", [x], [y], custom_code="TFLite_Detection_PostProcess")
+    status = "Operation is working on an unsupported data type"
+    log = parse_log(
+        "Edge TPU Compiler version 2.1.302470888\n\nOperator  Count  Status\n\n"
+        f"CUSTOM  1  {status}\n"
+    )
+    ops = [OpPrediction(0, "TFLite_Detection_PostProcess", "cpu", status, "")]
+    assert status_agreement(Prediction("edgetpu", ops), log) == (0, 1)
+    assert status_agreement(Prediction("edgetpu", ops), log, Model([g])) == (1, 1)
+
+
 # -- the truth reader and the exact measure, on tiny inline graphs ---------------------------------
 def _chain() -> tuple:
     """x -> CONV -> CONV -> DEQUANTIZE, and a twin where the first conv went into the custom op."""

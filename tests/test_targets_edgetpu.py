@@ -60,11 +60,13 @@ def test_deeplab_cut_is_the_align_corners_resize_and_the_rest_follows() -> None:
 
 
 @needs_oracle()
-def test_posenet_custom_decoder_is_not_supported() -> None:
+def test_posenet_custom_decoder_stays_on_the_cpu_for_its_float_outputs() -> None:
+    """Its four outputs are FLOAT32: the data type is judged before the op type, a custom op's
+    too (the logs of an SSD's TFLite_Detection_PostProcess, compilers 2.1 and 16)."""
     model = flatbuffer.load(ORACLE / "posenet_mobilenet_v1_075_353_481_16_quant_decoder.tflite")
     p = predict(model, target_named("edgetpu"))
     assert [o.op for o in p.ops if o.runs_on == "cpu"] == ["PosenetDecoderOp"]
-    assert p.ops[-1].status == STATUS["unsupported"]
+    assert p.ops[-1].status == STATUS["data_type"]
 
 
 # -- tiny graphs ---------------------------------------------------------------------------------
@@ -165,10 +167,62 @@ def test_mean_over_a_large_plane_is_a_limitation_and_a_small_one_maps() -> None:
     assert edgetpu_op_status(op)[0] == "mapped"
 
 
-def test_more_than_three_nontrivial_dims_is_a_limitation() -> None:
+def test_a_dimension_outside_the_three_innermost_is_an_unsupported_rank() -> None:
+    """Coral's requirement ("only the 3 innermost dimensions may have a size greater than 1"),
+    with the compiler's own words for it; an outer dimension of 1 is fine."""
     op, _ = _single("RELU", [(2, 4, 4, 4)], (2, 4, 4, 4))
     key, reason = edgetpu_op_status(op)
-    assert key == "limitation" and "3 dimensions" in reason
+    assert key == "rank" and "3 innermost" in reason
+    assert STATUS[key] == "Tensor has unsupported rank (up to 3 innermost dimensions mapped)"
+    op, _ = _single("RELU", [(2, 1, 1, 4)], (2, 1, 1, 4))  # two dimensions > 1, one outer
+    assert edgetpu_op_status(op)[0] == "rank"
+    op, _ = _single("RELU", [(1, 1, 4, 4, 4)], (1, 1, 4, 4, 4))
+    assert edgetpu_op_status(op)[0] == "mapped"
+
+
+def _dequantize(g: Graph, shape: tuple[int, ...], name: str) -> Tensor:
+    w = g.add_constant(f"{name}_fp16", np.ones(shape, np.float16))
+    y = g.add_tensor(name, shape, "FLOAT32")
+    g.add_op("DEQUANTIZE", [w], [y])
+    return y
+
+
+def test_the_rank_is_judged_before_the_data_type_but_not_on_a_filter() -> None:
+    """An fp16 model's DEQUANTIZE of a [O, kh, kw, I] filter (O > 1) is an unsupported rank,
+    though it writes float; one of [1, N, 1, 2] is refused for its data type, and the CONV_2D
+    reading the computed filter for its data type too (the compiler 16 log of a fp16
+    YOLOv5n-seg: 60 DEQUANTIZE so, its CONV_2D all data type)."""
+    g = Graph("main")
+    x = g.add_tensor("x", (1, 8, 8, 4), "FLOAT32")
+    w = _dequantize(g, (8, 3, 3, 4), "w")
+    b = _dequantize(g, (8,), "b")
+    grid = _dequantize(g, (1, 64, 1, 2), "grid")
+    y = g.add_tensor("y", (1, 8, 8, 8), "FLOAT32")
+    opts = {"padding": "SAME", "stride_w": 1, "stride_h": 1, "fused_activation_function": "NONE"}
+    g.add_op("CONV_2D", [x, w, b], [y], opts)
+    p = predict_edgetpu(model_of(g, [x], [y, grid]))
+    assert [o.status for o in p.ops] == [
+        STATUS["rank"],
+        STATUS["data_type"],
+        STATUS["data_type"],
+        STATUS["data_type"],
+    ]
+    assert p.mapped == 0
+
+
+def test_an_int8_op_refused_for_its_rank_cuts_what_follows() -> None:
+    """The rank refusal places like any other refusal: after the segment it cuts."""
+    g = Graph("main")
+    x = act(g, "x", (1, 8, 8, 4))
+    y = conv(g, x, 8)
+    wide = act(g, "wide", (2, 4, 8, 8))
+    shape = g.add_constant("shape", np.array([2, 4, 8, 8], np.int32))
+    g.add_op("RESHAPE", [y, shape], [wide])
+    out = act(g, "out", wide.shape)
+    g.add_op("RELU", [wide], [out])
+    p = predict_edgetpu(model_of(g, [x], [out]))
+    assert [o.runs_on for o in p.ops] == ["edgetpu", "cpu", "cpu"]
+    assert p.ops[1].status == STATUS["rank"] and p.ops[2].status == STATUS["rank"]
 
 
 def test_pool_with_fused_activation_is_a_limitation() -> None:
@@ -212,12 +266,21 @@ def test_softmax_over_the_last_axis_maps_for_any_allowed_shape() -> None:
     op, _ = _single("SOFTMAX", [(1, 4, 2100, 16)], (1, 4, 2100, 16), {"beta": 1.0})
     assert edgetpu_op_status(op)[0] == "mapped"
     op, _ = _single("SOFTMAX", [(2, 4, 8, 2)], (2, 4, 8, 2), {"beta": 1.0})
-    assert edgetpu_op_status(op)[0] == "limitation"  # four dimensions > 1
+    assert edgetpu_op_status(op)[0] == "rank"  # a dimension > 1 outside the 3 innermost
+
+
+def test_a_custom_op_writing_float_is_refused_for_its_data_type() -> None:
+    """The data type is judged before the op type, a custom op's too: an SSD's
+    TFLite_Detection_PostProcess (float outputs) is logged "working on an unsupported data
+    type" by compilers 2.1 and 16; one writing int8 is not supported (outside the table)."""
     g = Graph("main")
     x = act(g, "x", (1, 10))
-    y = g.add_tensor("y", (1, 10), "FLOAT32")  # a float output does not change the status
-    op = g.add_op("CUSTOM", [x], [y], custom_code="MyOp")
-    key, reason = edgetpu_op_status(op)
+    y = g.add_tensor("y", (1, 10), "FLOAT32")
+    z = act(g, "z", (1, 10))
+    floats = g.add_op("CUSTOM", [x], [y], custom_code="MyOp")
+    ints = g.add_op("CUSTOM", [x], [z], custom_code="MyOp")
+    assert edgetpu_op_status(floats)[0] == "data_type"
+    key, reason = edgetpu_op_status(ints)
     assert key == "unsupported" and "MyOp" in reason
 
 
@@ -270,6 +333,7 @@ def test_table_rows_each_cite_a_source() -> None:
         "after_cut",
         "limitation",
         "data_type",
+        "rank",
         "unsupported",
         "version",
         "first_dimension",
@@ -347,6 +411,8 @@ def test_pack_along_dimension_zero_maps_below_rank_four() -> None:
     op, _ = _single("PACK", [(2, 1), (2, 1)], (2, 2, 1), {"axis": 0, "values_count": 2})
     assert edgetpu_op_status(op)[0] == "mapped"
     op, _ = _single("PACK", [(1, 4, 4), (1, 4, 4)], (2, 1, 4, 4), {"axis": 0, "values_count": 2})
+    assert edgetpu_op_status(op)[0] == "rank"  # its output's batch of 2 is judged first
+    op, _ = _single("PACK", [(1, 4, 4)], (1, 1, 4, 4), {"axis": 0, "values_count": 1})
     key, reason = edgetpu_op_status(op)
     assert key == "limitation" and "batch" in reason
 

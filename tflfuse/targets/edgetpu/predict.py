@@ -219,21 +219,29 @@ def edgetpu_op_status(
     """(status key, reason) for one op on its own: "mapped" or why not (keys of [status]).
 
     The order of the checks is the compiler's, as its logs show (see the semantics block of
-    `delegates/edgetpu.toml`): an op writing a tensor that is not int8/uint8 is "working on an
-    unsupported data type" whatever its type; otherwise an op outside the table is "not
-    supported"; then the compiler version (ops and op versions it has), inputs, shapes and the
-    row's constraints. `compiler_version` defaults to the table's (16.0).
+    `delegates/edgetpu.toml`): an activation with a dimension > 1 outside its 3 innermost is an
+    "unsupported rank" (`_outer_dimension`); an op writing a tensor that is not int8/uint8 is
+    "working on an unsupported data type" whatever its type, a custom op included; otherwise a
+    custom op or an op outside the table is "not supported"; then the compiler version (ops and
+    op versions it has), inputs, shapes and the row's constraints. `compiler_version` defaults
+    to the table's (16.0).
     """
     table = table or capability("edgetpu")
     version = compiler_version_key(compiler_version or default_compiler_version(table))
     meta = table["meta"]
     acts, consts = set(meta["activation_types"]), set(meta["constant_types"])
     states = set(meta["state_types"])
-    if op.type == "CUSTOM":
-        return "unsupported", f"{op_label(op)} is a custom op, which the compiler does not map"
+    outer = _outer_dimension(op)
+    if outer is not None:
+        return "rank", (
+            f"tensor {outer.name!r} {list(outer.shape)} has a dimension > 1 outside its 3"
+            " innermost (only those are mapped)"
+        )
     for y in op.outputs:
         if y is not None and not y.is_constant and y.dtype not in acts:
             return "data_type", f"writes {y.dtype} tensor {y.name!r} (the Edge TPU computes int8)"
+    if op.type == "CUSTOM":
+        return "unsupported", f"{op_label(op)} is a custom op, which the compiler does not map"
     row = table["ops"].get(op.type)
     if row is None:
         return "unsupported", f"{op_label(op)} is not in the Edge TPU op table"
@@ -269,6 +277,32 @@ def edgetpu_op_status(
             f" from {half_pixel_since} on"
         )
     return _row_limits(op, row) or ("mapped", "in the op table; types, shapes and limits hold")
+
+
+# The operand a convolution reads its filter [O, kh, kw, I] from: not an activation the compiler
+# lays out as (y, x, z), so the rank check (`_outer_dimension`) passes it by.
+_FILTER_OPERAND = {"CONV_2D": 1, "TRANSPOSE_CONV": 1}
+_INNER_DIMS = 3  # the dimensions the compiler maps (y, x, z); any outside them must be 1
+
+
+def _outer_dimension(op: Op) -> Tensor | None:
+    """The first activation of `op` with a dimension > 1 outside its 3 innermost (Coral's model
+    requirements: "only the 3 innermost dimensions may have a size greater than 1"), a
+    convolution's filter operand excepted; None when there is none.
+
+    The compiler's log says "Tensor has unsupported rank (up to 3 innermost dimensions mapped)"
+    of such an op, and says it before the op's data type: in ml-const/edgeTPU's fp16 YOLOv5n-seg
+    log (tflite_fp32/5nano_seg-fp16_edgetpu.log, compiler 16.0.384591198), the 60 DEQUANTIZE
+    writing float32 [O, kh, kw, I] filters (O > 1) get it, its other 71 DEQUANTIZE (rank 0 to 2,
+    and rank 4 of outer dimension 1: [1, 6400, 1, 2]) the data type, and the 60 CONV_2D reading
+    those computed filters the data type too (the filter is no activation to it). No other log
+    at hand has an op with such a tensor (the score's status strings)."""
+    skip = _FILTER_OPERAND.get(op.type)
+    tensors = [t for i, t in enumerate(op.inputs) if i != skip] + list(op.outputs)
+    for t in tensors:
+        if t is not None and not t.is_constant and any(d > 1 for d in t.shape[:-_INNER_DIMS]):
+            return t
+    return None
 
 
 def _tensor_limits(op: Op, row: dict[str, Any], meta: dict[str, Any]) -> tuple[str, str] | None:
@@ -320,7 +354,7 @@ def _boundary_cpu(op: Op, graph: Graph, status: str) -> bool:
     """A DEQUANTIZE writing a model output: it stays on the CPU (float output) and cuts nothing.
     (Ops before the segment, like the float -> int8 QUANTIZE of an input, are `_single_segment`'s
     "before the segment" case.)"""
-    if op.type == "DEQUANTIZE" and status == "data_type":
+    if op.type == "DEQUANTIZE" and status in ("data_type", "rank"):
         return all(graph.is_graph_output(t) for t in op.outputs)
     return False
 
@@ -382,10 +416,16 @@ def _io_conversion(op: Op, key: str) -> bool:
     """An op the compiler leaves on the CPU for its data type: it reads or writes a type that is
     not int8/uint8 (CAST, DEQUANTIZE, int32 shape arithmetic), or it is a float -> int8 QUANTIZE.
     Hundreds of compiled models keep such ops ahead of their segment without a cut."""
-    if key == "data_type":
+    if key == "data_type" or (key == "rank" and _other_type(op)):
         return True
     x = op.inputs[0] if op.inputs else None
     return op.type == "QUANTIZE" and x is not None and x.dtype in FLOAT_TYPES
+
+
+def _other_type(op: Op) -> bool:
+    """Whether `op` reads or writes an activation that is not int8/uint8 (an op refused for its
+    rank first, `_outer_dimension`, that the data type refuses as well)."""
+    return any(t.dtype not in ("INT8", "UINT8") for t in _activations(op))
 
 
 def _input_requantization(op: Op, graph: Graph) -> bool:

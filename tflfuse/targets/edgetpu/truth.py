@@ -202,17 +202,37 @@ def predicted_segments(prediction: Prediction) -> int:
     return 1 if prediction.mapped else 0
 
 
-def status_agreement(prediction: Prediction, log: CompilerLog) -> tuple[int, int]:
-    """(ops whose predicted status the log confirms, ops the log lists), counted per op type.
+def logged_statuses(prediction: Prediction, model: Model | None = None) -> Counter[tuple[str, str]]:
+    """(operator, status) of each predicted op as the compiler's log names it: a custom op is
+    `CUSTOM` there whatever its custom code (cmpss94068/tensorflowlite detect_edgetpu.log,
+    tensorflow/models#10695: the SSD's TFLite_Detection_PostProcess is logged as CUSTOM), where
+    `op_label` names it by its code. Without `model` the labels are taken as they are."""
+    ops = model.main.ops if model is not None else None
+    return Counter(
+        ("CUSTOM" if ops is not None and ops[o.index].type == "CUSTOM" else o.op, o.status)
+        for o in prediction.ops
+    )
 
-    The log gives `Operator Count Status` rows, not per-op placement, so agreement is the
-    multiset intersection of (op type, status) between the prediction and the log's rows.
-    """
-    predicted = Counter((o.op, o.status) for o in prediction.ops)
+
+def logged_rows(log: CompilerLog) -> Counter[tuple[str, str]]:
+    """The log's `Operator Count Status` rows as a multiset of (operator, status)."""
     actual: Counter[tuple[str, str]] = Counter()
     for op, count, status in log.rows:
         actual[(op, status)] += count
-    agree = sum((predicted & actual).values())
+    return actual
+
+
+def status_agreement(
+    prediction: Prediction, log: CompilerLog, model: Model | None = None
+) -> tuple[int, int]:
+    """(ops whose predicted status the log confirms, ops the log lists), counted per op type.
+
+    The log gives `Operator Count Status` rows, not per-op placement, so agreement is the
+    multiset intersection of (op type, status) between the prediction and the log's rows, the
+    ops named as the log names them (`logged_statuses`, given the `model` predicted).
+    """
+    actual = logged_rows(log)
+    agree = sum((logged_statuses(prediction, model) & actual).values())
     return agree, sum(actual.values())
 
 
@@ -331,7 +351,7 @@ def score_pair(pair: Pair) -> PairScore:
         baseline_exact=is_exact(baseline, truth, count_segments=multi),
     )
     if truth.log is not None and truth.log.rows:
-        score.status = status_agreement(prediction, truth.log)
+        score.status = status_agreement(prediction, truth.log, truth.model)
     score.memory = memory_comparison(prediction, truth)
     return score
 
