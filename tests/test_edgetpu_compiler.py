@@ -81,6 +81,16 @@ CONCATENATION                  3          More than one subgraph is not supporte
 """  # noqa: E501
 
 
+def test_the_rank_status_is_a_known_one() -> None:
+    """The status compiler 16 gives the DEQUANTIZE of an fp16 model's [O, kh, kw, I] filters."""
+    log = parse_log(
+        "Edge TPU Compiler version 16.0.384591198\n\nOperator  Count  Status\n\n"
+        "DEQUANTIZE  60  Tensor has unsupported rank (up to 3 innermost dimensions mapped)\n"
+    )
+    assert log.rows == [("DEQUANTIZE", 60, STATUS["rank"])] and log.cpu == 60
+    assert not any("unknown status" in m for m in log.messages)
+
+
 def test_console_header_and_table_are_parsed() -> None:
     log = parse_log(CONSOLE_V16)
     h = log.header
@@ -92,8 +102,10 @@ def test_console_header_and_table_are_parsed() -> None:
     assert (h["edgetpu_subgraphs"], h["total_ops"]) == (1, 71)
     assert (h["ops_on_edgetpu"], h["ops_on_cpu"]) == (58, 13)
     assert len(log.rows) == 10
-    # every status string of the sample (the table also knows the split status of -a compiles)
-    assert {s for _, _, s in log.rows} == set(STATUS.values()) - {STATUS["first_dimension"]}
+    # every status string of the sample (the table also knows the split status of -a compiles
+    # and the rank status of an fp16 model's filters, `test_the_rank_status_is_a_known_one`)
+    shown = set(STATUS.values()) - {STATUS["first_dimension"], STATUS["rank"]}
+    assert {s for _, _, s in log.rows} == shown
     assert (log.mapped, log.cpu) == (58, 13)
     assert log.mapped + log.cpu == h["total_ops"]
     assert not any("unknown status" in m for m in log.messages)

@@ -401,29 +401,48 @@ def is_compiled(model: Model) -> bool:
     return any(op.custom_code == CUSTOM_OP for op in model.main.ops)
 
 
+def compiler_label(runtime: int | None, form: int | None) -> str:
+    """What a twin's package tells of the compiler that made it: its runtime version
+    (`package_runtime_version`) and its form (`package.compiler_generation`: 15 when a running
+    executable carries a cycle estimate, 16 when none does, None below runtime 12).
+
+    - runtime 14: compiler 16 or later (its default; 124 of 124 logged twins).
+    - runtime 12 with a cycle estimate: 15.0 or 2.x. Both write that form: Coral's
+      demo-manufacturing classifier beside a 15.0.340273435 log, cmpss94068/tensorflowlite's
+      SSD detector beside a 2.1.302470888 log. Only a log tells them apart.
+    - runtime 12 without one: 16 asked for an older runtime (-m 12; Coral's MoveNet and LSTM
+      twins map what only 16 maps), or 15.0: MarcelloCeresini/Franco's twin, beside a
+      15.0.340273435 log, carries no cycle estimate either.
+    - an older runtime: 15.0 or older, or a newer compiler asked for it (-m)."""
+    if runtime is None:
+        return "unknown (no readable package)"
+    if runtime >= 14:
+        return "edgetpu_compiler 16 or later (runtime 14: its default)"
+    if form is not None and form >= 16:
+        return (
+            f"edgetpu_compiler 16 asked for runtime {runtime} (-m {runtime}), or 15.0 (no cycle"
+            " estimate: both write that form; a log tells)"
+        )
+    if form == 15:
+        return (
+            f"edgetpu_compiler 15.0 or 2.x (runtime {runtime}, a cycle estimate: both write that"
+            " form; a log tells)"
+        )
+    return (
+        f"edgetpu_compiler 15.0 or older (runtime {runtime}), or a newer one asked for an"
+        " older runtime (-m)"
+    )
+
+
 def compiled_summary(compiled: Model) -> dict[str, object]:
     """What a compiled model says about its compile: the number of Edge TPU segments and so the
     mode (several only with `-a`), the Edge TPU runtime it needs and what that tells of the
     compiler (see `package_runtime_version`), and the ops left on the CPU."""
     segments = sum(1 for op in compiled.main.ops if op.custom_code == CUSTOM_OP)
     runtime = compiled_runtime_version(compiled)
-    if runtime is None:
-        compiler = "unknown (no readable package)"
-    elif runtime >= 14:
-        compiler = "edgetpu_compiler 16 or later (runtime 14: its default)"
-    else:
-        compiler = (
-            f"edgetpu_compiler 15.0 or older (runtime {runtime}), or a newer one asked for an"
-            " older runtime (-m)"
-        )
     package = package_memory(compiled)
     major = package.get("compiler_major") if package else None
-    if major is not None and runtime is not None and runtime < 14:  # the package's form tells
-        compiler = (
-            f"edgetpu_compiler 16 asked for runtime {runtime} (-m {runtime}: no cycle estimate)"
-            if major >= 16
-            else f"edgetpu_compiler 15.0 (runtime {runtime}, a cycle estimate)"
-        )
+    compiler = compiler_label(runtime, int(major) if major is not None else None)
     mode = (
         "several Edge TPU subgraphs (edgetpu_compiler -a)"
         if segments > 1
