@@ -167,7 +167,7 @@ def test_the_split_bound_comes_from_dev_twins() -> None:
     """Up to the largest dev twin (Coral's iNat birds by compiler 16, 3,947,328 bytes, all
     cached, a local pair of issue 27's fourth round; before it Coral's MobileNetV2s by compiler
     15, 3,900,864 bytes, one of them in the shared set) the split is decided; above it `check`
-    says it is not. The holdout classifier that streams 598,080 of 3,094,912 set no bound."""
+    says it is not. Compiler 15 has its own bound (`test_compiler_15_splits_one_graph_two_ways`)."""
     assert SPLIT_SURE_BYTES == 3_947_328
     g = Graph("main")
     x = g.add_tensor("x", (1, 1024), "INT8", quantization=Q)
@@ -181,6 +181,59 @@ def test_the_split_bound_comes_from_dev_twins() -> None:
     assert undecided_line(predicted_memory(ops[:3], table)) is None  # 3,145,728 bytes
     line = undecided_line(predicted_memory(ops, table))  # 4,194,304 bytes
     assert line is not None and "streams although it fits" in line
+
+
+def _dense_stack(layers: int, width: int = 1024) -> list[Op]:
+    """`layers` dense layers of width x width int8 weights, zero bias, one scale: width**2
+    parameter bytes each."""
+    g = Graph("main")
+    x = g.add_tensor("x", (1, width), "INT8", quantization=Q)
+    ops = []
+    for k in range(layers):
+        w = g.add_constant(f"w{k}", np.ones((width, width), np.int8), quantization=Q)
+        y = g.add_tensor(f"y{k}", (1, width), "INT8", quantization=Q)
+        ops.append(g.add_op("FULLY_CONNECTED", [x, w, None], [y]))
+        x = y
+    return ops
+
+
+def test_compiler_15_splits_one_graph_two_ways() -> None:
+    """Compiler 15 streamed 598,080 of one MobileNetV2 graph's 3,094,912 bytes (Coral's
+    demo-manufacturing classifier, by its log) and cached all of the same graph's 3,095,040
+    in a dev twin: above `SPLIT_SURE_BYTES_15` (2,729,344, the largest twin of 15 caching all
+    below it) its split is undecided, where 16's is still decided."""
+    from tflfuse.targets.edgetpu.memory import SPLIT_SURE_BYTES_15
+
+    assert SPLIT_SURE_BYTES_15 == 2_729_344 < SPLIT_SURE_BYTES
+    table = capability("edgetpu")
+    ops = _dense_stack(3)  # 3,145,728 bytes
+    assert predicted_memory(ops, table, 16).get("undecided_split") is None
+    fifteen = predicted_memory(ops, table, 15)
+    assert fifteen["undecided_split"] == 1 and fifteen["off_chip_bytes"] == 0
+    line = undecided_line(fifteen)
+    assert line is not None and "2,729,344 for compiler 15" in line
+    assert predicted_memory(ops[:2], table, 15).get("undecided_split") is None  # 2,097,152
+
+
+def test_an_older_compiler_lays_out_only_the_op_types_its_twins_show() -> None:
+    """Compilers before 15 are shown laying out convolutions, dense layers, ADD, MUL, pools,
+    RESHAPE, SOFTMAX; the one twin of theirs mapping a CONCATENATION and a LOGISTIC (a 2.1 SSD)
+    holds more than the layout: those are undecided for them, and decided for 15 and 16."""
+    g = Graph("main")
+    a = g.add_tensor("a", (1, 8, 8, 4), "INT8", quantization=Q)
+    b = g.add_tensor("b", (1, 8, 8, 4), "INT8", quantization=Q)
+    y = g.add_tensor("y", (1, 8, 8, 8), "INT8", quantization=Q)
+    concat = g.add_op("CONCATENATION", [a, b], [y], {"axis": 3})
+    z = g.add_tensor("z", (1, 8, 8, 8), "INT8", quantization=Q)
+    sigmoid = g.add_op("LOGISTIC", [y], [z])
+    table = capability("edgetpu")
+    old = predicted_memory([concat, sigmoid], table, 2)
+    assert old["undecided_old_layout"] == 2 and old["parameter_bytes"] == 0
+    line = undecided_line(old)
+    assert line is not None and "a compiler before 15" in line
+    for major in (15, 16):
+        assert "undecided_old_layout" not in predicted_memory([concat, sigmoid], table, major)
+    assert "undecided_old_layout" not in predicted_memory(_dense_stack(1, 64), table, 2)
 
 
 @needs_oracle()

@@ -57,3 +57,68 @@ def test_a_set_with_a_dev_list_is_holdout_but_the_pairs_listed(tmp_path: Path) -
                       "derived.tflite": "dev"}  # fmt: skip
     (new / score.DEV_LIST).unlink()
     assert {p.key: p.half for p in score.set_pairs("new", new)}[f"{dev}.tflite"] == "dev"
+
+
+def test_a_pair_a_rule_was_drawn_from_is_dev_for_that_measure_only(tmp_path: Path) -> None:
+    """A held-out pair whose log a status rule came from is dev for status strings, one a memory
+    rule came from dev for memory; each keeps its own half for the rest (by its CPU model's
+    sha256: unlicensed paths are not written down)."""
+    import hashlib
+
+    score = benchmark_module("edgetpu_oracle_score")
+    root = tmp_path / "set"
+    held = _stem(root, "holdout")
+    _pair(root, held, b"a held-out model", b"twin")
+    pair = find_pairs(root)[0]
+    assert (score.status_half(pair), score.memory_half(pair)) == ("holdout", "holdout")
+    digest = hashlib.sha256(b"a held-out model").hexdigest()
+    score.STATUS_DEV[digest] = "a test"
+    try:
+        assert (score.status_half(pair), score.memory_half(pair)) == ("dev", "holdout")
+        assert pair.half == "holdout"
+    finally:
+        del score.STATUS_DEV[digest]
+    score.MEMORY_DEV[digest] = "a test"
+    try:
+        assert (score.status_half(pair), score.memory_half(pair)) == ("holdout", "dev")
+    finally:
+        del score.MEMORY_DEV[digest]
+
+
+def test_the_memory_misses_table_says_how_each_miss_is_flagged(tmp_path: Path) -> None:
+    """Each inexact pair is a row with its bytes off and its flags; one without any is counted
+    as not flagged; an exact pair is no row."""
+    from types import SimpleNamespace
+
+    score = benchmark_module("edgetpu_oracle_score")
+    root = tmp_path / "set"
+    _pair(root, "m", b"model", b"twin")
+    pair = find_pairs(root)[0]
+
+    def scored(on: int, off: int, predicted: tuple[int, int], reasons: list[str]) -> object:
+        memory = {
+            "on_chip_bytes": on,
+            "off_chip_bytes": off,
+            "predicted_on_chip_bytes": predicted[0],
+            "predicted_off_chip_bytes": predicted[1],
+            "layout_bytes": sum(predicted),
+            "exact": (on, off) == predicted,
+            "undecided_reasons": reasons,
+            "compiler_major": 15,
+        }
+        truth = SimpleNamespace(compiler_version="15.0.340273435")
+        return SimpleNamespace(pair=pair, memory=memory, truth=truth)
+
+    assert score.memory_miss_row("set", scored(10, 0, (10, 0), []), True) is None
+    flagged = score.memory_miss_row("set", scored(64, 128, (192, 0), ["undecided_split"]), True)
+    bare = score.memory_miss_row("set", scored(64, 0, (128, 0), []), False)
+    assert flagged is not None and bare is not None
+    assert flagged["off"] == (128, -128) and flagged["layout"] == 0
+    assert flagged["flags"] == ["check: undecided (undecided_split)"]
+    assert bare["pair"].startswith("pair ") and bare["flags"] == []
+    out = tmp_path / "misses.md"
+    score.write_memory_md([flagged, bare], {"dev": [1, 0, 0, 3], "holdout": [0, 0, 0, 0]}, out)
+    text = out.read_text()
+    assert "of the 2 others, flagged 1, not flagged 1" in text
+    assert "| +128 / -128 | +0 | check: undecided (undecided_split) |" in text
+    assert "Not flagged: 1." in text

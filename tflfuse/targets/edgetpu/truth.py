@@ -28,7 +28,7 @@ from tflfuse.ir import Model, Op, flatbuffer
 from tflfuse.json_types import JSONDict
 from tflfuse.targets.capabilities import OpPrediction, Prediction, capability, op_label
 from tflfuse.targets.edgetpu.compiler_log import CUSTOM_OP, CompilerLog, parse_log
-from tflfuse.targets.edgetpu.memory import predicted_memory, undecided_line
+from tflfuse.targets.edgetpu.memory import predicted_memory, undecided_counts, undecided_line
 from tflfuse.targets.edgetpu.package import PackageMemory, package_memory
 from tflfuse.targets.edgetpu.predict import compiler_version_key, predict_edgetpu
 
@@ -392,6 +392,7 @@ def memory_comparison(prediction: Prediction, truth: Truth) -> JSONDict | None:
         "total_exact": predicted.get("parameter_bytes") == on + off,
         "layout_exact": layout["parameter_bytes"] == on + off,
         "undecided": undecided_line(predicted) is not None,  # `check` says what it cannot decide
+        "undecided_reasons": sorted(undecided_counts(predicted)),  # which of its reasons
     }
 
 
