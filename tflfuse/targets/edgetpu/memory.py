@@ -49,7 +49,11 @@ holdout but the 6 pairs rules were drawn from: a per-channel MUL/ADD, a decode's
 constants, the split bound): on chip and streamed exact dev 64/76 -> 67/76, holdout 49/61
 (unchanged); streamed exact dev 66 -> 70, holdout 53 -> 56 (one YOLOv5n-seg model compiled
 twice, held out, and another export of the dev YOLOv5n's graph); on the 115 earlier pairs
-nothing else moved. Co-compiled twins
+nothing else moved. Issue 27's fifth round made every miss flagged
+(benchmarks/EDGETPU_MEMORY_MISSES.md, written by the score): compiler 15's split is undecided
+above `SPLIT_SURE_BYTES_15` (the held-out classifier that streamed below the bound, now dev for
+memory: dev 67/77, holdout 49/60 both exact; not flagged: holdout 1 -> 0), and a compiler before
+15 lays out only the op types its twins show (`OLD_LAYOUT_SHOWN`). Co-compiled twins
 (`package.cocompiled`) are scored apart: their split depends on the models compiled with them.
 No TensorFlow here.
 """
