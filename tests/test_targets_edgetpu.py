@@ -13,6 +13,7 @@ from tflfuse.ir import Graph, Model, Quantization, Tensor, flatbuffer
 from tflfuse.targets import (
     capability,
     edgetpu_op_status,
+    edgetpu_shape_refusal,
     format_prediction,
     predict,
     predict_edgetpu,
@@ -178,6 +179,10 @@ def test_a_dimension_outside_the_three_innermost_is_an_unsupported_rank() -> Non
     assert edgetpu_op_status(op)[0] == "rank"
     op, _ = _single("RELU", [(1, 1, 4, 4, 4)], (1, 1, 4, 4, 4))
     assert edgetpu_op_status(op)[0] == "mapped"
+    # what a float graph's op will be once quantized: refused for its shape alone
+    float_op, _ = _single("RELU", [(2, 1, 1, 4)], (2, 1, 1, 4))
+    assert "outside its 3 innermost" in str(edgetpu_shape_refusal(float_op))
+    assert edgetpu_shape_refusal(op) is None
 
 
 def _dequantize(g: Graph, shape: tuple[int, ...], name: str) -> Tensor:

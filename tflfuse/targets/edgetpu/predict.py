@@ -346,6 +346,11 @@ def edgetpu_shape_refusal(op: Op, table: CapabilityTable | None = None) -> str |
     row = table["ops"].get(op.type)
     if row is None:
         return f"{op.type} is not in the Edge TPU op table"
+    outer = _outer_dimension(op)
+    if outer is not None:
+        return (
+            f"tensor {outer.name!r} {list(outer.shape)} has a dimension > 1 outside its 3 innermost"
+        )
     refusal = _tensor_limits(op, row, table["meta"]) or _row_limits(op, row)
     return refusal[1] if refusal else None
 
