@@ -147,3 +147,46 @@ def test_a_snapshot_of_some_ops_is_the_copy_with_the_others_removed() -> None:
                 full.remove_op(op)
         assert _wiring(g.snapshot(only=keep)) == _wiring(full)
     assert _wiring(g) == _wiring(g.snapshot())  # (and the original untouched)
+
+
+def _fresh_names(g: Graph) -> set[str]:
+    """What `unique_name` avoided before it kept an index: every name, read from the list."""
+    return {t.name for t in g.tensors}
+
+
+def test_the_tensor_index_gives_what_the_list_gives_and_follows_every_change() -> None:
+    """`unique_name` and `add_op` read an index of the tensors (`_TensorIndex`) instead of the
+    whole list per call: after each way the list changes it holds what a rebuild holds."""
+    g, x, c, r = small_graph()
+
+    def agrees() -> None:
+        assert g._tensor_set() == set(g.tensors)
+        assert g._index.names(g.tensors) == _fresh_names(g)
+
+    agrees()
+    t = g.add_tensor("relu", (1,))  # a taken name: suffixed, and then known
+    assert t.name != "relu" and t.name in g._index.names(g.tensors)
+    agrees()
+    g.tensors.append(Tensor("appended", (1,)))  # appended behind the graph's back
+    agrees()
+    assert g.add_tensor("appended", (1,)).name != "appended"
+    g.tensors = [u for u in g.tensors if u.name != "appended"]  # a new list, shorter
+    agrees()
+    assert g.add_tensor("appended", (1,)).name == "appended"  # free again
+    g.tensors.remove(x)  # shorter, the same list
+    agrees()
+    g.tensors.insert(0, x)  # as long as before, its last tensor moved
+    agrees()
+    last = g.tensors.pop()  # one removed and another added: as long, another last tensor
+    g.tensors.append(Tensor("other", (1,)))
+    agrees()
+    assert last.name not in g._index.names(g.tensors)
+    g.tensors.sort(key=lambda u: u.name)  # reordered in place: the same set and names
+    agrees()
+    y = Tensor("y_new", (1, 4, 4, 2))
+    op = g.add_op("RELU", [r.output], [y])  # a new output tensor is registered once
+    assert g.tensors.count(y) == 1 and op in r.output.consumers
+    agrees()
+    g.add_op("ADD", [y, y], [Tensor("sum", (1, 4, 4, 2))])  # one tensor read twice: kept once
+    assert g.tensors.count(y) == 1
+    agrees()

@@ -325,10 +325,11 @@ class Graph:
         self.outputs: list[Tensor] = list(outputs)
         self.extra: dict[str, Any] = extra or {}
         self._names = itertools.count()
+        self._index = _TensorIndex()
 
     # -- building --------------------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
-        taken = {t.name for t in self.tensors}
+        taken = self._index.names(self.tensors)
         if base not in taken:
             return base
         while True:
@@ -376,7 +377,7 @@ class Graph:
         op = Op(type, inputs, outputs, options, **kwargs)
         for t in [*inputs, *outputs]:
             if t is not None and t not in self._tensor_set():
-                self.tensors.append(t)
+                self.tensors.append(t)  # (the index takes appended tensors in on its next use)
         if before is not None:
             self.ops.insert(self.ops.index(before), op)
         elif after is not None:
@@ -396,7 +397,8 @@ class Graph:
         self.outputs = [new if t is old else t for t in self.outputs]
 
     def _tensor_set(self) -> set[Tensor]:
-        return set(self.tensors)
+        """The graph's tensors as a set: a view callers only read (`_TensorIndex`)."""
+        return self._index.tensors(self.tensors)
 
     def snapshot(self, only: Collection[int] | None = None) -> Graph:
         """A structural copy, to compare with after rewrites edit this graph in place: new
@@ -547,6 +549,54 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"<Graph {self.name!r}: {len(self.ops)} ops, {len(self.tensors)} tensors>"
+
+
+class _TensorIndex:
+    """The set of a graph's tensors and of their names, for `unique_name` and `add_op`, which a
+    rule calls once per tensor it adds: rebuilt from `Graph.tensors` at every call, they made
+    adding n tensors to a graph of N cost n * N (a legalization adding thousands of ops to a
+    model of thousands of tensors spent seconds there).
+
+    Kept in step with the list without asking its writers to say anything: what was indexed is
+    the list object, its length and its last tensor then; a use finding the same list, longer
+    and with that tensor still in place takes in the appended tensors only, and anything else
+    (a list assigned anew, a shorter one, an insertion or removal before the end) rebuilds the
+    index from the list. So every way tflfuse changes `Graph.tensors` (append, assignment of a
+    new list, sorting in place) gives what a rebuild gives. Not seen: a tensor replaced at a
+    position before the end, or one renamed in place, without the list changing length (tflfuse
+    does neither; the tests show the rebuild paths).
+    """
+
+    def __init__(self) -> None:
+        self._list: list[Tensor] | None = None
+        self._count = 0
+        self._last: Tensor | None = None
+        self._tensors: set[Tensor] = set()
+        self._names: set[str] = set()
+
+    def _sync(self, tensors: list[Tensor]) -> None:
+        n = self._count
+        same = (
+            tensors is self._list and len(tensors) >= n and (n == 0 or tensors[n - 1] is self._last)
+        )
+        if not same:
+            self._list, n = tensors, 0
+            self._tensors, self._names = set(), set()
+        for t in tensors[n:]:
+            self._tensors.add(t)
+            self._names.add(t.name)
+        self._count = len(tensors)
+        self._last = tensors[-1] if tensors else None
+
+    def tensors(self, tensors: list[Tensor]) -> set[Tensor]:
+        """The set of `tensors` (the graph's list), brought up to date."""
+        self._sync(tensors)
+        return self._tensors
+
+    def names(self, tensors: list[Tensor]) -> set[str]:
+        """The names of `tensors` (the graph's list), brought up to date."""
+        self._sync(tensors)
+        return self._names
 
 
 @dataclass(eq=False)
