@@ -106,3 +106,31 @@ def test_a_model_calibrated_twice_on_the_same_data_is_calibrated_once() -> None:
     other = quantize(data, "int8", [calib[0] * 2], progress=False)  # other data: calibrated
     assert run_memo.hits == kept + 1
     assert other.data != first.data
+
+
+def test_the_digest_hashes_each_array_as_its_bytes_without_copying_them() -> None:
+    """`digest` reads contiguous arrays through their buffer: the key is the one `tobytes()`
+    gave (so nothing remembered changes meaning), for every layout and dtype the runs hand it,
+    and arrays differing in contents, dtype or shape get different keys."""
+    import hashlib
+
+    def by_copy(model: bytes, arrays: list[np.ndarray]) -> str:
+        h = hashlib.sha256(model)
+        for a in arrays:
+            a = np.ascontiguousarray(a)
+            h.update(f"{a.dtype.str}{a.shape}".encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(4, 6, 5)).astype(np.float32)
+    arrays = [
+        base, base[:2], base[:, ::2], base.T, np.asarray(base, ">f4"), base.astype(np.float16),
+        base.astype(np.int8), np.array(3.0), np.zeros((0, 3), np.float32), np.ones(3, bool),
+    ]  # fmt: skip
+    for a in arrays:
+        assert run_memo.digest(b"m", [a]) == by_copy(b"m", [a])
+    assert run_memo.digest(b"m", arrays) == by_copy(b"m", arrays)
+    keys = {run_memo.digest(b"m", [a]) for a in arrays}
+    assert len(keys) == len(arrays)
+    assert run_memo.digest(b"m", [base]) != run_memo.digest(b"m", [base + 1])

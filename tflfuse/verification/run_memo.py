@@ -40,8 +40,18 @@ def digest(model: bytes, arrays: Iterable[np.ndarray] = ()) -> str:
     for a in arrays:
         a = np.ascontiguousarray(a)
         h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
+        h.update(_raw(a))
     return h.hexdigest()
+
+
+def _raw(a: np.ndarray) -> memoryview | bytes:
+    """The bytes of contiguous `a` as `a.tobytes()` gives them, without copying them (the
+    report hashes 16 input samples per model run: 78 MB at 640 px); a 0-d or empty array, or one
+    of a dtype the buffer protocol does not take, as its copy."""
+    try:
+        return memoryview(a).cast("B") if a.ndim and a.size else a.tobytes()
+    except (TypeError, ValueError):
+        return a.tobytes()
 
 
 def _nbytes(value: Any) -> int:
