@@ -190,3 +190,25 @@ def test_the_tensor_index_gives_what_the_list_gives_and_follows_every_change() -
     g.add_op("ADD", [y, y], [Tensor("sum", (1, 4, 4, 2))])  # one tensor read twice: kept once
     assert g.tensors.count(y) == 1
     agrees()
+
+
+def test_a_snapshot_copies_each_tensor_as_the_constructor_would() -> None:
+    """`snapshot` copies tensors without the constructor (`_unwired_copy`): every field is the
+    one `Tensor(...)` sets, shapes as tuples of ints, and the copies unwired until rewired."""
+    g, x, c, r = small_graph()
+    x.shape = [np.int64(1), 4, 4, 3]  # (written as a list of numpy ints: normalized)
+    x.shape_signature = [-1, 4, 4, 3]
+    x.extra["k"] = 1
+    twin = g.snapshot()
+    for t, u in zip(g.tensors, twin.tensors):
+        made = Tensor(t.name, t.shape, t.dtype, t.data, t.quantization,
+                      shape_signature=t.shape_signature, is_variable=t.is_variable,
+                      extra=dict(t.extra))  # fmt: skip
+        assert vars(u).keys() == vars(made).keys()
+        for k in ("name", "shape", "dtype", "shape_signature", "is_variable", "extra"):
+            assert getattr(u, k) == getattr(made, k) and type(getattr(u, k)) is type(
+                getattr(made, k)
+            )
+        assert all(type(d) is int for d in u.shape)
+        assert u.data is t.data and u.quantization is t.quantization and u.extra is not t.extra
+    assert _wiring(twin) == _wiring(g.snapshot())

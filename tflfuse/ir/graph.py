@@ -306,6 +306,32 @@ class Op:
         return f"<Op {self.type}{code} -> {self.name!r}>"
 
 
+def _unwired_copy(t: Tensor) -> Tensor:
+    """What `Tensor(t.name, t.shape, ..., extra=dict(t.extra))` makes of `t` (no producer, no
+    readers), without the constructor's argument handling: `snapshot` copies every tensor of a
+    graph, and a pipelined prediction snapshots the graph once per segment."""
+    c: Tensor = object.__new__(Tensor)
+    shape = t.shape
+    c.name = t.name
+    c.shape = (
+        shape
+        if type(shape) is tuple and all(type(d) is int for d in shape)
+        else (tuple(int(d) for d in shape))
+    )
+    c.dtype = t.dtype
+    c.data = t.data
+    c.quantization = t.quantization
+    signature = t.shape_signature
+    c.shape_signature = (
+        signature if signature is None or type(signature) is tuple else (tuple(signature))
+    )
+    c.is_variable = t.is_variable
+    c.extra = dict(t.extra)
+    c.producer = None
+    c._uses = []
+    return c
+
+
 class Graph:
     """One subgraph: ops in execution order, the tensors they use, inputs and outputs."""
 
@@ -415,19 +441,10 @@ class Graph:
         def copy(t: Tensor | None) -> Tensor | None:
             if t is None:
                 return None
-            if id(t) not in twin:
-                c = Tensor(
-                    t.name,
-                    t.shape,
-                    t.dtype,
-                    t.data,
-                    t.quantization,
-                    shape_signature=t.shape_signature,
-                    is_variable=t.is_variable,
-                    extra=dict(t.extra),
-                )
-                twin[id(t)] = c
-            return twin[id(t)]
+            c = twin.get(id(t))
+            if c is None:
+                c = twin[id(t)] = _unwired_copy(t)
+            return c
 
         tensors = [copy(t) for t in self.tensors]
         ops = []
