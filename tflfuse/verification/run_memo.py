@@ -49,7 +49,7 @@ def _raw(a: np.ndarray) -> memoryview | bytes:
     report hashes 16 input samples per model run: 78 MB at 640 px); a 0-d or empty array, or one
     of a dtype the buffer protocol does not take, as its copy."""
     try:
-        return memoryview(a).cast("B") if a.ndim and a.size else a.tobytes()
+        return a.data.cast("B") if a.ndim and a.size else a.tobytes()
     except (TypeError, ValueError):
         return a.tobytes()
 
