@@ -24,7 +24,12 @@ shows). Measured on `--eval` image-like inputs calibration never saw (seed 99,
   cosine           the worst over inputs and outputs
 
 and the Edge TPU mapping tflfuse's predictor gives in one segment (mapped/total; predicted,
-not compiled). Converts are cached in `--out` (per tree: the models and the figures, keyed by
+not compiled). Paired against stock (always): per input, the largest |error| and the rms error
+of each fused model minus stock's, their mean with its standard error, and on how many inputs
+the fused model is the closer (a maximum over 8 inputs moves with the inputs by more than most
+gaps: the paired means decide). `--tensors`: also the per-tensor table (error at the float
+export's tensors each int8 model holds; every tensor of each model kept for 4 inputs, so only
+under `TENSOR_BUDGET` of float activations). Converts are cached in `--out` (per tree: the models and the figures, keyed by
 the float file's, its calibration's and the tree's package sha256). Writes the markdown and
 `--out`/fused_accuracy.json. Accuracy only: no timing claim.
 """
@@ -391,8 +396,9 @@ def main(argv: list[str] | None = None) -> int:
             "before": args.out / f"{stem}.before" / "convert" / "model.tflite",
             "after": args.out / f"{stem}.after" / "convert" / "model.tflite",
         }
-        if args.tensors and all(p.is_file() for p in made.values()):
+        if all(p.is_file() for p in made.values()):
             entry["paired"] = {k: per_input(p, ref, xs) for k, p in made.items()}
+        if args.tensors and all(p.is_file() for p in made.values()):
             held = activation_bytes(flatbuffer.load(side.with_suffix(".tflite")))
             if held <= TENSOR_BUDGET:  # every tensor of 4 models on 4 inputs, kept at once
                 entry["tensors"] = attribution(side, made)
