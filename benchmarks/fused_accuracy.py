@@ -29,9 +29,9 @@ of each fused model minus stock's, their mean with its standard error, and on ho
 the fused model is the closer (a maximum over 8 inputs moves with the inputs by more than most
 gaps: the paired means decide). `--tensors`: also the per-tensor table (error at the float
 export's tensors each int8 model holds; every tensor of each model kept for 4 inputs, so only
-under `TENSOR_BUDGET` of float activations). Converts are cached in `--out` (per tree: the models and the figures, keyed by
-the float file's, its calibration's and the tree's package sha256). Writes the markdown and
-`--out`/fused_accuracy.json. Accuracy only: no timing claim.
+under `TENSOR_BUDGET` of float activations). Converts are cached in `--out` (per tree: the
+models and the figures, keyed by the float file's, its calibration's and the tree's package
+sha256). Writes the markdown and `--out`/fused_accuracy.json. Accuracy only: no timing claim.
 """
 
 from __future__ import annotations
