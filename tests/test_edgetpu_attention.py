@@ -430,3 +430,21 @@ def _refused_on_their_own(model: Model) -> list[str]:
         for i, (op, (key, why)) in enumerate(zip(model.main.ops, statuses))
         if key != "mapped" and i not in undecided and op.type not in ("QUANTIZE", "DEQUANTIZE")
     ]
+
+
+def test_a_movement_chain_is_planned_with_its_transpose_inside_the_three_innermost_dims() -> None:
+    """Coral's rank rule (only the 3 innermost dimensions may exceed 1, `predict._outer_dimension`)
+    also holds for the transpose the movement canonicalization writes: [16, 1, 1, 16] with the
+    two 16s swapped is planned over [16, 16] instead, and the plan with the outer dimension is
+    refused where the target limits the dimensions."""
+    from tflfuse.rules.exporter import _Plan, _squeezed, _transpose_fits
+
+    outer = _Plan([0, 0, 0, 0], [16, 1, 1, 16], [16, 1, 1, 16], [3, 1, 2, 0])
+    assert not _transpose_fits(outer, 3)
+    inner = _squeezed(outer)
+    assert (inner.dims, inner.perm) == ([16, 16], [1, 0]) and _transpose_fits(inner, 3)
+    moved = np.arange(256).reshape(16, 16)
+    assert np.array_equal(
+        moved.reshape(outer.dims).transpose(outer.perm).reshape(-1),
+        moved.reshape(inner.dims).transpose(inner.perm).reshape(-1),
+    )

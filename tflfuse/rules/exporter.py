@@ -376,16 +376,42 @@ def _plan(idx: np.ndarray, source_shape) -> _Plan | None:
     return _Plan(begin, box, dims, perm)
 
 
+def _squeezed(p: _Plan) -> _Plan:
+    """The same movement with the transpose over its dimensions > 1 only (its size-1 axes hold
+    no elements to move): [16, 1, 1, 16] with perm [3, 1, 2, 0] is [16, 16] with perm [1, 0]."""
+    keep = [i for i, d in enumerate(p.dims) if d > 1] or [len(p.dims) - 1]
+    return _Plan(
+        p.begin, p.box, [p.dims[i] for i in keep], [keep.index(a) for a in p.perm if a in keep]
+    )
+
+
+def _inner_only(shape, limit: int) -> bool:
+    """Whether every dimension > 1 of `shape` is among its `limit` innermost: the Edge TPU maps
+    only those ("only the 3 innermost dimensions may have a size greater than 1", Coral's model
+    requirements; `targets.edgetpu.predict._outer_dimension`)."""
+    return all(d == 1 for d in list(shape)[: max(len(shape) - limit, 0)])
+
+
+def _transpose_fits(p: _Plan, limit: int) -> bool:
+    """The plan's transpose reads and writes tensors a target of `limit` non-trivial innermost
+    dimensions maps (no transpose at all fits)."""
+    if p.perm == sorted(p.perm):
+        return True
+    out = [p.dims[a] for a in p.perm]
+    return _nontrivial(p.dims) <= limit and _inner_only(p.dims, limit) and _inner_only(out, limit)
+
+
 def _best_plan(idx: np.ndarray, source_shape, out_shape, limit: int | None) -> _Plan | None:
-    """The candidate with the fewest ops (then fewest axes) whose transpose fits `limit`."""
+    """The candidate with the fewest ops (then fewest axes) whose transpose fits `limit`: at most
+    `limit` dimensions > 1, all among the innermost `limit` (a candidate's transpose is also
+    tried over its dimensions > 1 alone, `_squeezed`)."""
     base = _plan(idx, source_shape)
     if base is None:
         return None
-    fits = [
-        p
-        for p in _refined(base, out_shape)
-        if limit is None or p.perm == sorted(p.perm) or _nontrivial(p.dims) <= limit
-    ]
+    candidates = _refined(base, out_shape)
+    if limit is not None:
+        candidates += [_squeezed(p) for p in candidates]
+    fits = [p for p in candidates if limit is None or _transpose_fits(p, limit)]
     if not fits:
         return None
     return min(fits, key=lambda p: (len(p.ops(source_shape, out_shape)), len(p.dims)))
