@@ -87,3 +87,17 @@ def test_a_transpose_no_split_maps_still_cuts() -> None:
     g.op("TRANSPOSE", [x, g.const(np.array([0, 3, 1, 2]), "perm")], (1, 1, 4, 50000))
     [transpose] = [op for op in g.graph.ops if op.type == "TRANSPOSE"]
     assert not split_once_quantized(transpose)
+
+
+def test_the_keys_transpose_is_no_cut_for_the_gate() -> None:
+    """The keys' TRANSPOSE to a batch axis ([N, H, d, 1]: a dimension > 1 outside the 3
+    innermost, refused on its own) is read through by the legalization, so the gate lifts it;
+    a TRANSPOSE also read by another op is not lifted."""
+    from tflfuse.ir.flatbuffer import from_bytes
+    from tflfuse.targets.edgetpu.attention import read_through
+
+    graph = from_bytes(_columns_on_batch()).main
+    keys = [op for op in graph.ops if op.type == "TRANSPOSE" and op.outputs[0].consumers
+            and op.outputs[0].consumers[0].type == "BATCH_MATMUL"]  # fmt: skip
+    assert keys and all(read_through(op, graph) for op in keys)
+    assert not any(read_through(op, graph) for op in graph.ops if op not in keys)

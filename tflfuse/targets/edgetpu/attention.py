@@ -122,6 +122,7 @@ from tflfuse.targets.edgetpu.rules import (
     _range_q,
     _refusal_of,
     _scale_zp,
+    lifts_the_cut,
 )
 from tflfuse.targets.edgetpu.sumconv import SUM_CONV_LEGALIZATION
 
@@ -855,6 +856,28 @@ class _Spell:
 
     def _reshape_to(self, x: Value, shape, name: str) -> Value:
         return self._reshape(x, list(shape), name, self.out.quantization)
+
+
+@lifts_the_cut
+def read_through(op: Op, graph: Graph | None = None) -> bool:
+    """A TRANSPOSE read only by products of two activations, which the legalization reads
+    through (`Operand.perm`: each head's rows are sliced from the TRANSPOSE's input, and the
+    TRANSPOSE goes with the product). The gate (`after_the_cut`) must not count it as a cut:
+    onnx2tf's keys on a batch axis ([N, H, d, 1], a dimension > 1 outside the 3 innermost, which
+    the predictor refuses) would otherwise hold back the one rule that removes them (YOLO26n's
+    Ultralytics route: cut at that TRANSPOSE, 800/859 mapped)."""
+    if op.type != "TRANSPOSE" or not op.outputs or op.outputs[0] is None:
+        return False
+    out = op.outputs[0]
+    readers = out.consumers
+    if not readers or (graph is not None and graph.is_graph_output(out)):
+        return False
+    return all(
+        r.type == "BATCH_MATMUL"
+        and len(r.inputs) >= 2
+        and all(t is not None and not t.is_constant for t in r.inputs[:2])
+        for r in readers
+    )
 
 
 def _sole_reader(graph: Graph, t: Tensor) -> Op | None:
