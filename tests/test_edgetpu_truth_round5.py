@@ -18,10 +18,10 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import local_pair
 
 from tflfuse.ir import flatbuffer
 from tflfuse.targets.edgetpu.truth import (
-    Pair,
     compiled_summary,
     compiler_label,
     find_pairs,
@@ -41,14 +41,6 @@ def test_the_compiler_label_says_what_the_package_form_cannot_tell() -> None:
     assert compiler_label(None, None) == "unknown (no readable package)"
 
 
-def _local(key: str) -> Pair:
-    for folder in os.environ.get("TFLFUSE_EXTRA_ORACLE", "").split(os.pathsep):
-        root = Path(folder) if folder else None
-        if root is not None and (root / key).is_file():
-            return next(p for p in find_pairs(root) if p.key == key)
-    pytest.skip(f"{key} is not in a folder of TFLFUSE_EXTRA_ORACLE")
-
-
 FP16_SEG = "ml-const__edgeTPU@ba0cf05/tflite_fp32/5nano_seg-fp16.tflite"
 SSD = "cmpss94068__tensorflowlite@c72e7bf/detect.tflite"
 FRANCO = "MarcelloCeresini__Franco@b89d84b/model.tflite"
@@ -56,12 +48,12 @@ FRANCO = "MarcelloCeresini__Franco@b89d84b/model.tflite"
 
 @pytest.mark.parametrize(("key", "logged"), [(FP16_SEG, 386), (SSD, 115)])
 def test_every_logged_status_is_predicted(key: str, logged: int) -> None:
-    score = score_pair(_local(key))
+    score = score_pair(local_pair(key))
     assert score.exact and score.status == (logged, logged)
 
 
 def test_the_fp16_models_filters_are_an_unsupported_rank() -> None:
-    score = score_pair(_local(FP16_SEG))
+    score = score_pair(local_pair(FP16_SEG))
     assert score.prediction is not None
     rank = [o for o in score.prediction.ops if o.status.startswith("Tensor has unsupported rank")]
     assert len(rank) == 60 and {o.op for o in rank} == {"DEQUANTIZE"}
@@ -75,7 +67,7 @@ def test_the_fp16_models_filters_are_an_unsupported_rank() -> None:
     ],
 )
 def test_the_label_holds_the_compiler_the_log_names(key: str, version: str, label: str) -> None:
-    pair = _local(key)
+    pair = local_pair(key)
     assert pair.log is not None and version in pair.log.read_text().splitlines()[0]
     summary = compiled_summary(flatbuffer.load(pair.compiled))
     assert summary["runtime_version"] == 12 and str(summary["compiler"]).startswith(label)

@@ -15,28 +15,16 @@ repositories carry no licence, so the files are never committed: skipped without
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-from conftest import benchmark_module
+from conftest import benchmark_module, local_pair
 
 from tflfuse.targets import capability
 from tflfuse.targets.edgetpu.memory import predicted_memory, undecided_line
-from tflfuse.targets.edgetpu.truth import Pair, PairScore, find_pairs, score_pair
-
-
-def _local(key: str) -> Pair:
-    """The pair of that key (the CPU model's path in its set's folder) in a local set."""
-    for folder in os.environ.get("TFLFUSE_EXTRA_ORACLE", "").split(os.pathsep):
-        root = Path(folder) if folder else None
-        if root is not None and (root / key).is_file():
-            return next(p for p in find_pairs(root) if p.key == key)
-    pytest.skip(f"{key} is not in a folder of TFLFUSE_EXTRA_ORACLE")
+from tflfuse.targets.edgetpu.truth import PairScore, score_pair
 
 
 def _scored(key: str) -> PairScore:
-    score = score_pair(_local(key))
+    score = score_pair(local_pair(key))
     assert score.exact and score.memory is not None, key
     return score
 
