@@ -101,3 +101,23 @@ def test_the_keys_transpose_is_no_cut_for_the_gate() -> None:
             and op.outputs[0].consumers[0].type == "BATCH_MATMUL"]  # fmt: skip
     assert keys and all(read_through(op, graph) for op in keys)
     assert not any(read_through(op, graph) for op in graph.ops if op not in keys)
+
+
+def test_a_chain_of_layout_ops_reaching_only_products_is_read_through() -> None:
+    """The heads on a batch axis through a TRANSPOSE and a RESHAPE ([1, 2, 32, 8] -> [2, 8, 1,
+    32] -> [2, 8, 32]) into q.k^T: both are lifted; once the RESHAPE is also read by a TANH,
+    neither is (the chain then stays, and its cut is real)."""
+    from tflfuse.targets.edgetpu.attention import read_through
+
+    for also_read in (False, True):
+        g = G()
+        x = g.unary("TANH", g.input((1, 2, 32, 8), "x"))
+        t = g.op("TRANSPOSE", [x, g.const(np.array([1, 3, 0, 2]), "perm")], (2, 8, 1, 32))
+        q = g.op("RESHAPE", [t, g.const(np.array([2, 8, 32]), "s")], (2, 8, 32))
+        k = g.unary("TANH", g.input((2, 8, 32), "k"))
+        y = g.op("BATCH_MATMUL", [q, k], (2, 8, 8), adj_y=True)
+        outs = [y, g.unary("RELU", q)] if also_read else [y]
+        graph = flatbuffer.from_bytes(g.bytes(*outs)).main
+        layout = [op for op in graph.ops if op.type in ("TRANSPOSE", "RESHAPE")]
+        assert len(layout) == 2
+        assert [read_through(op, graph) for op in layout] == [not also_read] * 2

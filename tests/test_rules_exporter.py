@@ -111,6 +111,23 @@ def test_layout_chain_becomes_one_transpose() -> None:
     assert_same_function(data, fused, atol=0, rtol=0)
 
 
+def test_layout_chain_with_an_outer_dimension_is_rewritten_for_the_edgetpu() -> None:
+    """onnx2tf's heads on a batch axis: TRANSPOSE [1, 2, 32, 100] -> [2, 100, 1, 32] (a
+    dimension > 1 outside the 3 innermost, which the Edge TPU does not map) then RESHAPE to
+    [2, 100, 32]. As short as the plan, the chain is still rewritten where the target limits
+    the dimensions, into tensors whose dimensions > 1 are all inner; left alone without it."""
+    g = G()
+    x = g.unary("RELU", g.input((1, 2, 32, 100)))
+    data = g.bytes(g.unary("TANH", _reshape(g, _transpose(g, x, (1, 3, 0, 2)), (2, 100, 32))))
+    _, plain, result = apply(data, CanonicalizeLayoutChain())
+    assert result.fired() == {}
+    fused, model, result = apply(data, CanonicalizeLayoutChain(max_nontrivial_dims=3))
+    assert result.fired() == {"CanonicalizeLayoutChain": 1}
+    for t in model.main.tensors:
+        assert all(d == 1 for d in t.shape[:-3]), (t.name, t.shape)
+    assert_same_function(data, fused, atol=0, rtol=0)
+
+
 def test_layout_chain_int8_moves_the_same_bytes() -> None:
     g = G()
     q = Quantization(np.array([0.05], np.float32), np.array([3]))

@@ -516,7 +516,9 @@ class CanonicalizeLayoutChain(Rule):
                 f"the one transpose would need more than {self.max_nontrivial_dims}"
                 " non-trivial dimensions"
             )
-        if len(plan.ops(source.shape, out.shape)) >= len(chain):
+        limit = self.max_nontrivial_dims
+        outside = limit is not None and not all(_inner_only(op.output.shape, limit) for op in chain)
+        if len(plan.ops(source.shape, out.shape)) >= len(chain) and not outside:
             return NotApplicable("the chain is already as short as it gets")
         return chain, plan
 

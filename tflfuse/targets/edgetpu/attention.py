@@ -860,24 +860,35 @@ class _Spell:
 
 @lifts_the_cut
 def read_through(op: Op, graph: Graph | None = None) -> bool:
-    """A TRANSPOSE read only by products of two activations, which the legalization reads
-    through (`Operand.perm`: each head's rows are sliced from the TRANSPOSE's input, and the
-    TRANSPOSE goes with the product). The gate (`after_the_cut`) must not count it as a cut:
-    onnx2tf's keys on a batch axis ([N, H, d, 1], a dimension > 1 outside the 3 innermost, which
-    the predictor refuses) would otherwise hold back the one rule that removes them (YOLO26n's
-    Ultralytics route: cut at that TRANSPOSE, 800/859 mapped)."""
-    if op.type != "TRANSPOSE" or not op.outputs or op.outputs[0] is None:
+    """A TRANSPOSE or RESHAPE whose output reaches only products of two activations, through
+    more TRANSPOSEs and RESHAPEs at most: the legalization reads its operands through them
+    (`Operand.perm`, `Operand.view`: each head's rows are sliced from the first one's input),
+    and they go with the product. The gate (`after_the_cut`) must not count them as a cut:
+    onnx2tf puts the heads or the keys on a batch axis ([H, N, 1, d], [N, H, d, 1]: a dimension
+    > 1 outside the 3 innermost, which the predictor refuses), and those would otherwise hold
+    back the one rule that removes them (the Ultralytics route of YOLO26n-320: cut there at
+    800/859, and of YOLO11n-320 at 296/520)."""
+    if op.type not in _READ_THROUGH or not op.outputs or op.outputs[0] is None:
         return False
-    out = op.outputs[0]
-    readers = out.consumers
-    if not readers or (graph is not None and graph.is_graph_output(out)):
+    return _reaches_products_only(op.outputs[0], graph)
+
+
+_READ_THROUGH = ("TRANSPOSE", "RESHAPE")
+
+
+def _reaches_products_only(t: Tensor, graph: Graph | None) -> bool:
+    readers = t.consumers
+    if not readers or (graph is not None and graph.is_graph_output(t)):
         return False
-    return all(
-        r.type == "BATCH_MATMUL"
-        and len(r.inputs) >= 2
-        and all(t is not None and not t.is_constant for t in r.inputs[:2])
-        for r in readers
-    )
+    return all(_product_or_through(r, graph) for r in readers)
+
+
+def _product_or_through(r: Op, graph: Graph | None) -> bool:
+    """`r` is a product of two activations, or a TRANSPOSE / RESHAPE reaching only such."""
+    if r.type == "BATCH_MATMUL":
+        return len(r.inputs) >= 2 and all(x is not None and not x.is_constant for x in r.inputs[:2])
+    out = r.outputs[0] if r.outputs else None
+    return r.type in _READ_THROUGH and out is not None and _reaches_products_only(out, graph)
 
 
 def _sole_reader(graph: Graph, t: Tensor) -> Op | None:
