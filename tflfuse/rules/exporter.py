@@ -401,6 +401,11 @@ def _transpose_fits(p: _Plan, limit: int) -> bool:
     return _nontrivial(p.dims) <= limit and _inner_only(p.dims, limit) and _inner_only(out, limit)
 
 
+def _written(p: _Plan) -> list[list[int]]:
+    """The shapes the plan's SLICE, RESHAPE and TRANSPOSE write before its last RESHAPE."""
+    return [p.box, p.dims, [p.dims[a] for a in p.perm]]
+
+
 def _best_plan(idx: np.ndarray, source_shape, out_shape, limit: int | None) -> _Plan | None:
     """The candidate with the fewest ops (then fewest axes) whose transpose fits `limit`: at most
     `limit` dimensions > 1, all among the innermost `limit` (a candidate's transpose is also
@@ -517,7 +522,11 @@ class CanonicalizeLayoutChain(Rule):
                 " non-trivial dimensions"
             )
         limit = self.max_nontrivial_dims
-        outside = limit is not None and not all(_inner_only(op.output.shape, limit) for op in chain)
+        outside = (
+            limit is not None
+            and not all(_inner_only(op.output.shape, limit) for op in chain[:-1])
+            and all(_inner_only(shape, limit) for shape in [*_written(plan), out.shape])
+        )  # the chain's own tensors go outside the innermost, the plan's and its output do not
         if len(plan.ops(source.shape, out.shape)) >= len(chain) and not outside:
             return NotApplicable("the chain is already as short as it gets")
         return chain, plan
