@@ -23,22 +23,10 @@ from tflfuse.ir import Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, refuse
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.edgetpu.forms import gate
-from tflfuse.targets.edgetpu.heads import form_verdict
-from tflfuse.targets.edgetpu.rules import _gated, _kind, _refusal_of
+from tflfuse.targets.edgetpu.headsplit import unshown
+from tflfuse.targets.edgetpu.rules import _gated, _kind
 
 _OPS = ("MUL", "ADD", "SUB")
-
-
-def _not_shown_mapped(
-    op_type: str, ins: list[Tensor], out: Tensor, options: dict, consts=()
-) -> str | None:
-    """Why the op a rule would write is not shown mapped: the op table's refusal, or the forms
-    gate's answer when it is not "mapped" (refused or undecided); None when it is shown mapped."""
-    why = _refusal_of(op_type, ins, out.shape, options, consts)
-    if why:
-        return why
-    verdict = form_verdict(op_type, ins, out.shape, options, consts)
-    return None if verdict.answer == "mapped" else f"{verdict.answer}: {verdict.reason}"
 
 
 class TileBroadcastOperand(Rule):
@@ -90,11 +78,13 @@ class TileBroadcastOperand(Rule):
             return NotApplicable("the broadcast form is shown mapped as it is")
         multiples = [o // d for d, o in zip(s.shape, out.shape)]
         tiled = Tensor("tiled", tuple(out.shape), s.dtype, quantization=s.quantization)
-        why = _not_shown_mapped("TILE", [s], tiled, {}, [np.asarray(multiples, np.int32)])
+        why = unshown(
+            "TILE", [s], tiled.shape, {}, [np.asarray(multiples, np.int32)], every_form=True
+        )
         if why:
             return refuse(f"its TILE is not shown mapped ({why})")
         operands = [tiled, b] if which == 0 else [a, tiled]
-        why = _not_shown_mapped(op.type, operands, out, op.options)
+        why = unshown(op.type, operands, out.shape, op.options, every_form=True)
         if why:
             return refuse(f"the {op.type} of two same-shape tensors is not shown mapped ({why})")
         return which, multiples

@@ -218,14 +218,17 @@ def _piece_shape(plan: EndPlan) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def unshown(op_type: str, ins: list[Tensor], out_shape, options=None, consts=()) -> str | None:
+def unshown(
+    op_type: str, ins: list[Tensor], out_shape, options=None, consts=(), *, every_form: bool = False
+) -> str | None:
     """Why an op the rule would write is not shown mapped: the op table refuses it, or its form
-    is one the forms gate asks about and compiled evidence does not show it mapped."""
+    is one the forms gate asks about (any form with `every_form`: a rule that writes no join or
+    broadcast the predictor would not ask about) and compiled evidence does not show it mapped."""
     why = _refusal_of(op_type, ins, out_shape, options, consts)
     if why:
         return why
     verdict = form_verdict(op_type, ins, out_shape, options or {}, consts)
-    if gated(verdict.form) and verdict.answer != "mapped":
+    if (every_form or gated(verdict.form)) and verdict.answer != "mapped":
         return f"{verdict.answer}: {verdict.reason}"
     return None
 

@@ -62,7 +62,6 @@ from tflfuse.ir import Graph, Op, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, refuse
 from tflfuse.rewrite.build import Builder
 from tflfuse.rewrite.common import NotApplicable, is_float
-from tflfuse.targets.edgetpu.heads import form_verdict
 from tflfuse.targets.edgetpu.headsplit import (
     MAX_DIMS,
     find_chain,
@@ -522,10 +521,7 @@ def _first_unshown(x: Tensor, writes: list[Written]) -> str | None:
             continue
         seen.add(key)
         ins = [Tensor("t", s, x.dtype) for s in shapes]
-        why = unshown(op_type, ins, out, options, consts)
-        if why is None and op_type == "CONCATENATION":
-            verdict = form_verdict(op_type, ins, out, options, consts)
-            why = None if verdict.answer == "mapped" else f"{verdict.answer}: {verdict.reason}"
+        why = unshown(op_type, ins, out, options, consts, every_form=op_type == "CONCATENATION")
         if why:
             return f"the {op_type} {list(out)} it would write is not shown mapped ({why})"
     return None
