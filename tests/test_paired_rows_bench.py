@@ -41,3 +41,17 @@ def test_a_failing_stock_gives_no_verdict(bench) -> None:
     fig = {"fused": _figures([0.1, 0.3]), "stock": _figures([0.2, 0.4])}
     line, verdict = bench.row_line("m.litert", "abc", fig)
     assert verdict == "closer" and "-0.1000 +- 0.0000 (2/2)" in line
+
+
+def test_outputs_are_paired_by_shape(bench, tmp_path, monkeypatch) -> None:
+    """A converted model that writes its outputs in another order is compared output to
+    output of the same shape, not index to index (yolo26n-seg's onnx2tf rows did)."""
+    ref = [[np.ones((1, 4, 6)), np.zeros((1, 8, 8, 2))]]
+    got = [[np.zeros((1, 8, 8, 2)), np.full((1, 4, 6), 1.5)]]
+    monkeypatch.setattr(bench.yolo_edgetpu, "run_model", lambda path, xs: got)
+    fig = bench.per_input(tmp_path / "m.tflite", ref, np.zeros((1, 1)))
+    assert fig == {"max": [0.5], "rms": [pytest.approx(0.5)]}
+    got[0] = [np.zeros((1, 8, 8, 2))]
+    assert bench.per_input(tmp_path / "m.tflite", ref, np.zeros((1, 1))) == {
+        "error": "no output of shape [1, 4, 6]"
+    }
