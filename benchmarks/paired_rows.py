@@ -6,8 +6,10 @@ YOLO_EDGETPU.md's error column is the largest |error| over 8 inputs: one draw of
 moves with the inputs by more than most fused-stock gaps (FUSED_ACCURACY.md, "max per further
 8"). This script reads the models `benchmarks/yolo_edgetpu.py` already converted (its `--out`:
 ROW/model.tflite and ROW/model_stock.tflite, with ROW.row.json naming the tflfuse package that
-made them), runs them and the float export on `--eval` image-like inputs calibration never saw
-(seed 99, `yolo_edgetpu.eval_inputs`: the table's 8 first), and pairs them per input:
+made them; ROW.accepted/ where the convert was refused as useless and run again with
+--accept-accuracy-loss), runs them and the float export on `--eval` image-like inputs
+calibration never saw (seed 99, `yolo_edgetpu.eval_inputs`: the table's 8 first), and pairs
+them per input:
 
   rms            the first output's rms error over the float output's rms, mean over inputs
   fused - stock  per input the fused model's figure minus stock's: mean +- standard error, and
@@ -45,6 +47,9 @@ import yolo_edgetpu  # noqa: E402  (eval inputs, file hashes)
 
 # The verdict's bound, in standard errors of the paired mean
 SIGMAS = 2.0
+# yolo_edgetpu.py's folder for a convert refused as useless and run again with
+# --accept-accuracy-loss (its row names it `tflfuse, --accept-accuracy-loss`)
+ACCEPTED = ".accepted"
 
 
 def log(message: str) -> None:
@@ -75,7 +80,7 @@ def per_input(path: Path, ref: list, xs: np.ndarray) -> dict[str, Any]:
 
 def measure_row(row_dir: Path, corpus: Path, n_eval: int) -> dict[str, Any] | None:
     """Per-input figures of the row's fused and stock models (and the user's int8, if any)."""
-    stem = row_dir.name
+    stem = row_dir.name.removesuffix(ACCEPTED)
     side = corpus / f"{stem}.json"
     fused, stock = row_dir / "model.tflite", row_dir / "model_stock.tflite"
     if not (side.is_file() and fused.is_file() and stock.is_file()):
@@ -189,11 +194,14 @@ def main(argv: list[str] | None = None) -> int:
         fig = measure_row(row_dir, args.corpus, args.eval)
         if fig is None:
             continue
-        sidecar = args.rows / f"{row_dir.name}.row.json"
+        sidecar = args.rows / f"{row_dir.name.removesuffix(ACCEPTED)}.row.json"
         package = ""
         if sidecar.is_file():
             package = yolo_edgetpu.row_package(json.loads(sidecar.read_text()))[:12]
-        rows.append((row_dir.name, package, fig))
+        name = row_dir.name.removesuffix(ACCEPTED)
+        if name != row_dir.name:
+            name += " (refused; --accept-accuracy-loss)"
+        rows.append((name, package, fig))
     meta = {
         "command": "python benchmarks/paired_rows.py " + " ".join(sys.argv[1:]),
         "minutes": (time.time() - t0) / 60,
