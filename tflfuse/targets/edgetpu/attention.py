@@ -109,7 +109,7 @@ from tflfuse.rewrite import (
 )
 from tflfuse.rewrite.common import NotApplicable
 from tflfuse.targets.capabilities import capability
-from tflfuse.targets.edgetpu import softmax_split
+from tflfuse.targets.edgetpu import softmax_split, spread
 from tflfuse.targets.edgetpu.gelu import GELU_LEGALIZATION
 from tflfuse.targets.edgetpu.headsplit import HEAD_SPLIT_LEGALIZATION
 from tflfuse.targets.edgetpu.rows import ROWS_LEGALIZATION
@@ -307,6 +307,7 @@ class MatmulPlan:
     kind: str = "float"
     block_sum: bool = False
     full: bool = False  # both operands repeated to [1, d, 1, n_c m_c]: shown forms only
+    spread: bool = False  # the full form laid out as [1, d, n_c, m_c] (`spread`): fewer bytes
     swapped: bool = False  # computes C^T = Y . X^T per head, then transposes it
     merge: list[Op] | None = (
         None  # the heads' merge TRANSPOSE it writes directly ([H, N, E] -> [N, H, E])
@@ -427,6 +428,31 @@ def _fewer_pieces(plan: MatmulPlan, swapped: MatmulPlan, out: Tensor) -> MatmulP
 
 # An op the decomposition would write, asked of the table: (type, inputs, output shape, constants)
 _Ask = tuple[str, list[Tensor], tuple[int, ...], list[np.ndarray]]
+
+
+def _parts_count(plan: MatmulPlan) -> tuple[int, int]:
+    """The softmax ranges of (X, Y): (1, 1) unsplit."""
+    if plan.split is None:
+        return 1, 1
+    count = len(softmax_split.parts(plan.split[1]))
+    return (count, 1) if plan.split[0] == "x" else (1, count)
+
+
+def _spread_if_cheaper(plan: MatmulPlan) -> None:
+    """A full plan laid out by `spread` instead, where that form's ops are all shown mapped and
+    its estimated time (parameters streamed, ops) is less (`spread.choose`)."""
+    if not plan.full:
+        return
+    transpose_limit, d = _limits()[2], plan.d
+    most = (
+        transpose_limit // d if plan.x.in_order else plan.n,
+        transpose_limit // d if plan.y.in_order else plan.m,
+    )
+    sizes = ([b - a for a, b in plan.rows], [b - a for a, b in plan.cols])
+    found = spread.choose(d, sizes, plan.n, plan.m, _parts_count(plan), most)
+    if found is not None:
+        plan.rows, plan.cols = _chunks(plan.n, found[0]), _chunks(plan.m, found[1])
+        plan.spread = True
 
 
 def _pieces_refusal(plan: MatmulPlan) -> Refusal | None:
@@ -559,6 +585,7 @@ class _Spell:
         self.int8 = plan.kind == "int"
         self._weights: dict[tuple[str, int], tuple[Value, Value]] = {}
         self._made: dict[tuple[str, int, int], Value] = {}
+        self._spread: dict[tuple[str, int, int, int], list[tuple[Value, float]]] = {}
 
     # constants --------------------------------------------------------------------------------
     def _conv_weights(
@@ -699,6 +726,8 @@ class _Spell:
         """C[batch] as [1, n, m, 1] or, summed by blocks, [1, n, 1, m] (column chunks joined
         along the axis of m, rows along axis 1)."""
         p, qt = self.p, self._product_quant()
+        if p.spread:
+            return self._spread_result(batch, qt)
         if p.full:
             return self._full_result(batch, qt)
         row_pieces = []
@@ -731,20 +760,80 @@ class _Spell:
             row_pieces.append(self._join(cols, 3, f"h{batch}/r{r}"))
         return self._join(row_pieces, 1, f"h{batch}")
 
-    def _depth_image(self, op: Operand, batch: int, span, which: str) -> Value:
+    def _depth_image(self, op: Operand, batch: int, span, which: str, shape=None) -> Value:
         """The operand's rows lo:hi at `batch` as [1, d, 1, rows] (rows in the channels; a 2-D
-        TRANSPOSE when they lie as [rows, d])."""
-        key = (f"{which}d", batch % op.batch, span[0])
+        TRANSPOSE when they lie as [rows, d]), or as `shape` (the same [d, rows] in order)."""
+        _, lo, hi = span
+        own = [1, self.p.d, 1, hi - lo]
+        shape = own if shape is None else list(shape)
+        key = (f"{which}d" if shape == own else f"{which}d{shape}", batch % op.batch, span[0])
         if key not in self._made:
-            _, lo, hi = span
             name, q, d = f"h{batch}/{which}{span[0]}", op.tensor.quantization, self.p.d
             piece: Value | Tensor = self._slice(op, batch, lo, hi, name)
             if op.in_order:
                 flat = self._reshape(piece, [hi - lo, d], f"{name}/flat", q)
                 piece = self.b.TRANSPOSE(flat, self.b.ints([1, 0], f"{name}/perm"),
                                          name=f"{name}/t", quant=q)  # fmt: skip
-            self._made[key] = self._reshape(piece, [1, d, 1, hi - lo], f"{name}/img", q)
+            img = f"{name}/img" if shape == own else f"{name}/plane"
+            self._made[key] = self._reshape(piece, shape, img, q)
         return self._made[key]
+
+    def _spread_result(self, batch: int, qt) -> Value:
+        """C[batch] as [1, n, 1, m], laid out by `spread` (see `_spread_piece`)."""
+        row_pieces = []
+        for r, (r0, r1) in enumerate(self.p.rows):
+            cols = [
+                self._spread_piece(batch, (r, r0, r1), (c, c0, c1), qt)
+                for c, (c0, c1) in enumerate(self.p.cols)
+            ]
+            row_pieces.append(self._join(cols, 3, f"h{batch}/r{r}"))
+        return self._join(row_pieces, 1, f"h{batch}")
+
+    def _spread_piece(self, batch: int, rows, cols, qt) -> Value:
+        """C[rows, cols] as [1, n_c, 1, m_c]: X's rows along the width repeated over m_c
+        channels by a 1x1 conv of ones, Y's copies (`_spread_y`), a MUL of the same shape
+        [1, d, n_c, m_c], and the sum over d a d x 1 depthwise conv of ones (m_c channels)."""
+        (r, r0, r1), (c, c0, c1) = rows, cols
+        n_c, m_c, tag = r1 - r0, c1 - c0, f"h{batch}/r{r}c{c}"
+        key = ("sx", batch % self.p.x.batch, r, m_c)
+        if key not in self._spread:
+            xq, d = self.p.x.tensor.quantization, self.p.d
+            col = self._depth_image(self.p.x, batch, rows, "x", (1, d, n_c, 1))
+            ones = np.ones((m_c, 1, 1, 1), np.float32)
+            self._spread[key] = self._parts(col, ones, "sx", xq, f"{tag}/x_spread",
+                                            (1, d, n_c, m_c), "x")  # fmt: skip
+        xr, yr = self._spread[key], self._spread_y(batch, cols, n_c, tag)
+        sums = []
+        for i, ((a, fa), (b, fb)) in enumerate((a, b) for a in xr for b in yr):
+            t = f"{tag}/part{i}" if len(xr) * len(yr) > 1 else tag
+            prod = self.b.MUL(a, b, name=f"{t}/product", quant=qt)
+            sums.append(self._depthwise_sum(prod, m_c, t, qt, fa * fb, len(xr) * len(yr), n_c))
+        summed = self._added(sums, f"{tag}/parts")
+        return self._reshape(summed, [1, n_c, 1, m_c], f"{tag}/c", self.out.quantization)
+
+    def _spread_y(self, batch: int, cols, n_c: int, tag: str) -> list[tuple[Value, float]]:
+        """Y's rows c0:c1 as [1, d, n_c, m_c] (yr[k, i, j] = Y[j, k]): its [d, m_c] laid out
+        as the plane [1, d1, d2, m_c], n_c copies joined along the channels by CONCATENATIONs
+        of 2-4 inputs (`spread.copy_joins`), reshaped; then the softmax ranges of a split Y
+        (a 1x1 conv of the identity each). Made once per column chunk and row height."""
+        c, c0, c1 = cols
+        key = ("sy", batch % self.p.y.batch, c, n_c)
+        if key in self._spread:
+            return self._spread[key]
+        yq, d, m_c = self.p.y.tensor.quantization, self.p.d, c1 - c0
+        d1, d2 = spread.plane(d)
+        blocks = {1: self._depth_image(self.p.y, batch, cols, "y", (1, d1, d2, m_c))}
+        for i, join in enumerate(spread.copy_joins(n_c)):
+            blocks[sum(join)] = self.b.CONCATENATION(*(blocks[k] for k in join), axis=3,
+                                                     name=f"{tag}/y_copies{i}", quant=yq)  # fmt: skip
+        wide = self._reshape(blocks[n_c], [1, d, n_c, m_c], f"{tag}/y_spread", yq)
+        if self.p.split is None or self.p.split[0] != "y":
+            self._spread[key] = [(wide, 1.0)]
+        else:
+            eye = np.eye(m_c, dtype=np.float32).reshape(m_c, 1, 1, m_c)
+            self._spread[key] = self._parts(wide, eye, "sy", yq, f"{tag}/y_range",
+                                            (1, d, n_c, m_c), "y")  # fmt: skip
+        return self._spread[key]
 
     def _full_piece(self, batch: int, rows, cols, qt) -> Value:
         """C[rows, cols] as [1, n_c, 1, m_c]: X^T and Y^T as [1, d, 1, .] images, each repeated
@@ -770,8 +859,10 @@ class _Spell:
         summed = self._added(sums, f"{tag}/parts")
         return self._reshape(summed, [1, n_c, 1, m_c], f"{tag}/c", self.out.quantization)
 
-    def _depthwise_sum(self, prod: Value, width: int, tag: str, qt, factor: float, parts: int):
-        """The sum over d of a [1, d, 1, width] product: a d x 1 depthwise conv of `factor`s
+    def _depthwise_sum(
+        self, prod: Value, width: int, tag: str, qt, factor: float, parts: int, rows: int = 1
+    ) -> Value:
+        """The sum over d of a [1, d, rows, width] product: a d x 1 depthwise conv of `factor`s
         (the op's activation on it when it is the only part). With int8 next (`sums_wait`) a
         float SUM over axis 1 (then a MUL by `factor`), which sumconv's rules turn into that
         conv once quantized: no float interpreter packs its d x width kernel."""
@@ -779,7 +870,7 @@ class _Spell:
         act = self.p.activation if parts == 1 else "NONE"
         if self.sums_wait and not self.int8 and act == "NONE":
             summed = self.b.SUM(prod, self.b.ints([1], f"{tag}/sum/axis"), keep_dims=True,
-                                name=f"{tag}/sum", shape=(1, 1, 1, width))  # fmt: skip
+                                name=f"{tag}/sum", shape=(1, 1, rows, width))  # fmt: skip
             if factor == 1.0:
                 return summed
             return self.b.MUL(summed, self.b.scalar(factor, f"{tag}/sum/factor", like=summed),
@@ -788,7 +879,7 @@ class _Spell:
                                         np.full((1, d, 1, width), factor, np.float32), qt,
                                         depthwise=True)  # fmt: skip
         return self.b.DEPTHWISE_CONV_2D(
-            prod, ones, bias, name=f"{tag}/sum", shape=(1, 1, 1, width),
+            prod, ones, bias, name=f"{tag}/sum", shape=(1, 1, rows, width),
             quant=self.out.quantization, padding="VALID", stride_w=1, stride_h=1,
             depth_multiplier=1, dilation_w_factor=1, dilation_h_factor=1,
             fused_activation_function=act,
@@ -1045,6 +1136,7 @@ class LegalizeActivationMatmul(_MatmulRule):
         )
         if isinstance(plan, MatmulPlan):
             plan.split = split_of(plan)
+            _spread_if_cheaper(plan)
         if isinstance(plan, MatmulPlan) and into is not None:
             plan.into = into
             return plan
