@@ -824,8 +824,9 @@ class _Spell:
         d1, d2 = spread.plane(d)
         blocks = {1: self._depth_image(self.p.y, batch, cols, "y", (1, d1, d2, m_c))}
         for i, join in enumerate(spread.copy_joins(n_c)):
-            blocks[sum(join)] = self.b.CONCATENATION(*(blocks[k] for k in join), axis=3,
-                                                     name=f"{tag}/y_copies{i}", quant=yq)  # fmt: skip
+            joined = [blocks[k] for k in join]
+            blocks[sum(join)] = self.b.CONCATENATION(*joined, axis=3, name=f"{tag}/y_copies{i}",
+                                                     quant=yq)  # fmt: skip
         wide = self._reshape(blocks[n_c], [1, d, n_c, m_c], f"{tag}/y_spread", yq)
         if self.p.split is None or self.p.split[0] != "y":
             self._spread[key] = [(wide, 1.0)]
