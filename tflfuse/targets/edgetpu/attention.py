@@ -32,9 +32,13 @@ to the product's shape. Why this one:
     scanned shows a MUL of two activations broadcast against each other mapped (forms:
     /work/evidence/FORMS-SUMMARY.md), this one included: `check` and the predictor call it
     undecided (the forms gate), count it on the CPU, and give the reading where it maps. A
-    MUL of two activations of the same shape is shown mapped; making both operands full
-    ([1, d, 1, n m], each repeated by a 1x1 conv, the sum a d x 1 depthwise conv of ones) would
-    use only shown forms, at n m (n + m) repeat weights and many more pieces: not done.
+    MUL of two activations of the same shape is shown mapped, so up to FULL_PIECES pieces a
+    head both operands are made full instead (the full form: [1, d, 1, n_c m_c], each repeated
+    by a 1x1 conv, the sum a d x 1 depthwise conv of ones: only shown forms). Its kernels, laid
+    out per op, stream from host memory on every inference (4 d n_c m_c bytes a sum); where
+    that costs more time than the ops it saves, the same products are laid out as
+    [1, d, n_c, m_c] (`spread`: X's conv of ones, Y's copies, sums of m_c kernels), chosen per
+    product by `spread.choose` (its constants and their sources are in that module).
   * the exporters' head split and merge TRANSPOSEs ([1, N, H, d] <-> [1, H, N, d]; no compiled
     model shows those 4-D permutations mapped) are read through: each head's rows are a SLICE
     of the split's input, and the heads are joined in the merge's order, so both go.
