@@ -133,3 +133,28 @@ def test_shared_ranges_drop_the_requantizations_and_add_no_error() -> None:
     err_plain = np.abs(run_float(plain.data, [x])[0] - ref)
     err_shared = np.abs(run_float(shared.data, [x])[0] - ref)
     assert np.sqrt((err_shared**2).mean()) <= np.sqrt((err_plain**2).mean())
+
+
+@pytest.mark.parametrize("softmax", [True, False])
+def test_joined_copies_of_one_tensor_keep_its_range(softmax: bool) -> None:
+    """spread's copies of an operand: a slice of it reshaped, joined with itself (4 copies) and
+    that join with itself: the views and joins take the operand's range (a softmax's fixed one,
+    [0, 255/256]), where calibrated alone they got the narrower one of the rows copied."""
+    g = G()
+    x = g.input((1, 8, 6))
+    a = g.op("SOFTMAX", [x], (1, 8, 6), beta=1.0) if softmax else g.unary("TANH", x)
+    begin, size = g.const(np.zeros(3, np.int32), "begin"), g.const([1, 4, 6], "size")
+    part = g.op("SLICE", [a, begin, size], (1, 4, 6))
+    plane = g.op("RESHAPE", [part, g.const([1, 2, 2, 6], "shape")], (1, 2, 2, 6))
+    four = g.op("CONCATENATION", [plane] * 4, (1, 2, 2, 24), axis=3)
+    eight = g.op("CONCATENATION", [four, four], (1, 2, 2, 48), axis=3)
+    other = g.op("CONCATENATION", [plane, g.unary("TANH", plane)], (1, 2, 2, 12), axis=3)
+    graph = g.graph
+    stats = {t.name: _stat(0.1, 0.4) for t in (part, plane, four, eight, other)}
+    stats[a.name] = _stat(-0.9, 0.95)
+    out, changed = shared_ranges(graph, stats)
+    lo, hi = (0.0, 255 / 256) if softmax else (-0.9, 0.95)
+    for t in (part, plane, four, eight):
+        assert (float(out[t.name]["min"][0]), float(out[t.name]["max"][0])) == (lo, hi)
+        assert t.name in changed
+    assert other.name not in changed  # a join of two different tensors

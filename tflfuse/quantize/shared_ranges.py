@@ -29,6 +29,15 @@ statistics as measured are left as they were):
   last op back, so a concatenation of concatenations hands its range down to the innermost
   parts, before the copies (a copy that is such a part rounds once into the concatenation's
   scale instead).
+- **Copies of one tensor joined keep its range.** A CONCATENATION every input of which is the
+  same tensor, or an earlier such join of it (`targets/edgetpu/spread.py` copies an attention
+  operand n times by joins of 2-4): its output, and the views (RESHAPE, SLICE, TRANSPOSE, ...)
+  between the tensor and the joins, take the range of the tensor the views start from (the
+  operand, whose scale the quantizer hands down the views). Calibrated on their own, the joins
+  got the narrower range of the rows they copy, and a QUANTIZE re-rounded every copied value
+  (YOLO26n-320: 8 of them, a softmax's 1/256 steps re-rounded onto 1/255). All the copies'
+  values are the operand's, so nothing clips. Where the operand is written by an op of fixed
+  output scale (SOFTMAX, LOGISTIC: 1/256 from -128), the range is that scale's, [0, 255/256].
 Ops with a fixed output scale (LOGISTIC, SOFTMAX, ...) are not in `REQUANTIZING`: the quantizer
 fixes their scale whatever the range says, and their QUANTIZE stays.
 """
@@ -58,6 +67,10 @@ REQUANTIZING = frozenset(
 # Ops the quantizer gives their input's scale (a reshape of the same values).
 SAME_SCALE_VIEWS = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
 COPY_CONVS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D"})
+# Ops that only place their input's values: a copy's range is found through them.
+VIEWS = SAME_SCALE_VIEWS | {"SLICE", "STRIDED_SLICE", "TRANSPOSE"}
+# int8 output ranges fixed by the kernel (TFLite's int8 spec: scale 1/256, zero point -128).
+FIXED_RANGES = {"SOFTMAX": (0.0, 255.0 / 256.0), "LOGISTIC": (0.0, 255.0 / 256.0)}
 
 
 def is_exact_copy(op: Op) -> bool:
@@ -152,4 +165,43 @@ def shared_ranges(graph: Graph, stats: Stats) -> tuple[dict[str, TensorStats], d
             assert x is not None
             out[op.outputs[0].name] = _entry_like(out[x.name], out[op.outputs[0].name])
             changed[op.outputs[0].name] = f"the range of {x.name!r}, which it copies exactly"
+    _share_joined_copies(graph, out, changed)
     return out, changed
+
+
+def _view_chain(t: Tensor) -> list[Tensor]:
+    """`t` and the tensors before it through VIEWS: the last one is where its values start."""
+    chain = [t]
+    while chain[-1].producer is not None and chain[-1].producer.type in VIEWS:
+        chain.append(chain[-1].producer.input(0))
+    return chain
+
+
+def _share_joined_copies(
+    graph: Graph, out: dict[str, TensorStats], changed: dict[str, str]
+) -> None:
+    """Joins of copies of one tensor, and the views before them, take that tensor's range (the
+    module docstring's third rule); `out` and `changed` updated in place."""
+    source: dict[int, Tensor] = {}  # a join's output -> the tensor it copies
+    for op in graph.ops:
+        joined = [x for x in op.inputs if x is not None]
+        if op.type != "CONCATENATION" or len(joined) < 2 or op.outputs[0].name not in out:
+            continue
+        copied = {id(source.get(id(x), x)) for x in joined}
+        if len(copied) != 1:
+            continue
+        x = source.get(id(joined[0]), joined[0])
+        chain = _view_chain(x)
+        origin = chain[-1]
+        fixed = FIXED_RANGES.get(origin.producer.type) if origin.producer is not None else None
+        if fixed is not None:
+            entry: TensorStats = {"min": np.array([fixed[0]]), "max": np.array([fixed[1]])}
+        elif origin.name in out and np.size(out[origin.name]["min"]) == 1:
+            entry = out[origin.name]
+        else:
+            continue
+        for t in (*chain[:-1], op.outputs[0]):
+            if t.name in out and np.size(out[t.name]["min"]) == 1:
+                out[t.name] = _entry_like(entry, out[t.name])
+                changed[t.name] = f"the range of {origin.name!r}, which it copies"
+        source[id(op.outputs[0])] = x
