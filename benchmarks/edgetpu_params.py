@@ -182,8 +182,9 @@ def markdown(rows: list[dict[str, Any]], labels: list[str], note: str) -> str:
         "independent numbers only.",
         "",
         "| model | tree | params MiB | streamed MiB | DW const MiB | CONV const MiB |"
-        " DW ops | CONV ops | MEAN ops | ops | mapped (one segment) | max abs | cosine |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " DW ops | CONV ops | MEAN ops | ops | mapped (one segment) | max abs | cosine |"
+        " convert CPU s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for stem in dict.fromkeys(r["model"] for r in rows):
         for label in labels:
@@ -203,8 +204,49 @@ def markdown(rows: list[dict[str, Any]], labels: list[str], note: str) -> str:
                 f" {_mib(cb.get('CONV_2D', 0) / 2**20)} | {ops.get('DEPTHWISE_CONV_2D', 0)} |"
                 f" {ops.get('CONV_2D', 0)} | {ops.get('MEAN', 0)} | {sum(ops.values())} |"
                 f" {r.get('mapped_ops')}/{r.get('total_ops')} | {err} | {cos} |"
+                f" {r.get('convert_cpu_s', '')} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def decisions(models: dict[str, Path]) -> str:
+    """The attention rule's choice per product of each float model (`spread_decision`, as the
+    rule plans it on the source graph): per head, the full form's and the spread form's ops,
+    parameter MiB (the predictor's layout) and estimated ms (spread.Cost.ms)."""
+    from tflfuse.ir.flatbuffer import load
+    from tflfuse.targets.edgetpu import spread
+    from tflfuse.targets.edgetpu.attention import spread_decision
+
+    lines = [
+        "",
+        "## The choice per product (per head; `spread.choose`)",
+        "",
+        f"Estimated time = {spread.STREAM_MS_PER_MIB} ms per MiB of parameters (all counted as"
+        f" streamed) + {spread.OP_MS} ms per op (`tflfuse/targets/edgetpu/spread.py` says where"
+        " both constants come from: Coral's benchmark table; no Coral document gives a per-op"
+        " figure, so the op cost is an upper bound). Products with the same shapes are one row.",
+        "",
+        "| model | product (a @ b) | count | full: ops, MiB, ms | spread: ops, MiB, ms | taken |",
+        "|---|---|---:|---|---|---|",
+    ]
+    for stem, path in models.items():
+        graph = load(str(path)).main
+        rows: dict[str, list] = {}
+        for op in graph.ops:
+            found = spread_decision(graph, op)
+            if found is None:
+                continue
+            key = f"{list(op.input(0).shape)} @ {list(op.input(1).shape)}"
+            rows.setdefault(key, [found, 0])[1] += 1
+        for key, ((full, after, taken), count) in rows.items():
+            cell = "none shown" if after is None else _cost_cell(after)
+            lines.append(f"| {stem} | {key} | x{count} | {_cost_cell(full)} | {cell} |"
+                         f" {'spread' if taken else 'full'} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _cost_cell(cost: Any) -> str:
+    return f"{cost.ops}, {cost.bytes / 2**20:.3f}, {cost.ms:.1f}"
 
 
 def main() -> int:
@@ -217,6 +259,7 @@ def main() -> int:
     ap.add_argument("--table-only", action="store_true", help="tabulate the kept runs only")
     ap.add_argument("--markdown", help="write the table to this file")
     ap.add_argument("--note", default="")
+    ap.add_argument("--decisions", action="store_true", help="add the choice per product")
     args = ap.parse_args()
     keep = Path(args.keep)
     keep.mkdir(parents=True, exist_ok=True)
@@ -236,6 +279,12 @@ def main() -> int:
                   flush=True)  # fmt: skip
             rows.append(row)
     table = markdown(rows, [label for label, _ in trees], args.note)
+    if args.decisions:
+        paths = {
+            stem: (Path(args.keep) if stem == SYNTHETIC else Path(args.corpus)) / f"{stem}.tflite"
+            for stem in args.models
+        }
+        table += decisions({stem: path for stem, path in paths.items() if path.is_file()})
     print(table)
     if args.markdown:
         Path(args.markdown).write_text(table)

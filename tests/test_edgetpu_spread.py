@@ -62,10 +62,10 @@ def test_the_full_form_is_kept_where_its_bytes_are_few() -> None:
 
 
 def test_a_chunking_the_forms_gate_does_not_show_is_refused() -> None:
-    """A prime depth has no plane: Y's copies are reshaped from 2 to 3 dimensions, which
-    compiled models show only up to 86,016 elements (and the squeeze to 6,144)."""
+    """197 rows of 64 columns over a depth of 197 in one piece: 2.5 M elements, past every
+    shown size of the copies' joins (819,200 elements for 4 inputs)."""
     why = spread.site_refusal(197, [(197, 64)], (1, 1))
-    assert why is not None and "RESHAPE" in why and "would not be shown mapped" in why
+    assert why is not None and "of the spread form would not be shown mapped" in why
     assert spread.site_refusal(32, [(50, 100)], (1, 1)) is None
 
 
@@ -112,3 +112,21 @@ def test_the_int8_spread_product_stays_within_its_declared_steps_and_maps() -> N
     assert agreement.ok and agreement.varies, agreement
     p = predict(model, target_named("edgetpu"))
     assert (p.mapped, p.cpu, p.other_readings) == (len(model.main.ops), 0, [])
+
+
+def test_a_prime_depth_is_padded_with_a_row_of_zeros_exactly() -> None:
+    """A.V over DeiT's 197 tokens (a prime): both operands' pieces get one row of zeros (PAD),
+    the plane is 99 x 2 and the sums have 198 taps; the products are the same."""
+    assert spread.padded(197) == 198 and spread.padded(196) == 196 and spread.padded(3) == 3
+    before = _product((1, 197, 197), (1, 197, 64), (1, 197, 64))
+    after, model, result = apply(before, LegalizeActivationMatmul())
+    assert result.fired() == {RULE: 1}
+    counts = Counter(ops(model))
+    assert counts["PAD"] >= 2 and "BATCH_MATMUL" not in counts
+    sums = [op for op in model.main.ops if op.type == "DEPTHWISE_CONV_2D"]
+    assert sums and {op.inputs[1].shape[1] for op in sums} == {198}
+    assert_same_function(before, after, atol=1e-4, rtol=1e-4)
+    for op in model.main.ops:  # (X's 2-D TRANSPOSEs are the full form's: the int8 stage cuts
+        # them into shown pieces, CutTransposeIntoShownForms)
+        if gated(form_of(op, as_quantized=True)) and op.type != "TRANSPOSE":
+            assert gate(op, as_quantized=True).answer == "mapped", (op.type, op.outputs[0].shape)

@@ -31,7 +31,7 @@ statistics as measured are left as they were):
   scale instead).
 - **Copies of one tensor joined keep its range.** A CONCATENATION every input of which is the
   same tensor, or an earlier such join of it (`targets/edgetpu/spread.py` copies an attention
-  operand n times by joins of 2-4): its output, and the views (RESHAPE, SLICE, TRANSPOSE, ...)
+  operand n times by joins of 2-4): its output, and the views (RESHAPE, SLICE, TRANSPOSE, PAD)
   between the tensor and the joins, take the range of the tensor the views start from (the
   operand, whose scale the quantizer hands down the views). Calibrated on their own, the joins
   got the narrower range of the rows they copy, and a QUANTIZE re-rounded every copied value
@@ -68,7 +68,7 @@ REQUANTIZING = frozenset(
 SAME_SCALE_VIEWS = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS"})
 COPY_CONVS = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D"})
 # Ops that only place their input's values: a copy's range is found through them.
-VIEWS = SAME_SCALE_VIEWS | {"SLICE", "STRIDED_SLICE", "TRANSPOSE"}
+VIEWS = SAME_SCALE_VIEWS | {"SLICE", "STRIDED_SLICE", "TRANSPOSE", "PAD"}
 # int8 output ranges fixed by the kernel (TFLite's int8 spec: scale 1/256, zero point -128).
 FIXED_RANGES = {"SOFTMAX": (0.0, 255.0 / 256.0), "LOGISTIC": (0.0, 255.0 / 256.0)}
 

@@ -799,21 +799,33 @@ class _Spell:
         [1, d, n_c, m_c], and the sum over d a d x 1 depthwise conv of ones (m_c channels)."""
         (r, r0, r1), (c, c0, c1) = rows, cols
         n_c, m_c, tag = r1 - r0, c1 - c0, f"h{batch}/r{r}c{c}"
-        key = ("sx", batch % self.p.x.batch, r, m_c)
+        key, dp = ("sx", batch % self.p.x.batch, r, m_c), spread.padded(self.p.d)
         if key not in self._spread:
-            xq, d = self.p.x.tensor.quantization, self.p.d
-            col = self._depth_image(self.p.x, batch, rows, "x", (1, d, n_c, 1))
+            xq = self.p.x.tensor.quantization
+            col = self._depth_image(self.p.x, batch, rows, "x", (1, self.p.d, n_c, 1))
+            col = self._padded(col, dp, f"{tag}/x_pad", xq)
             ones = np.ones((m_c, 1, 1, 1), np.float32)
             self._spread[key] = self._parts(col, ones, "sx", xq, f"{tag}/x_spread",
-                                            (1, d, n_c, m_c), "x")  # fmt: skip
+                                            (1, dp, n_c, m_c), "x")  # fmt: skip
         xr, yr = self._spread[key], self._spread_y(batch, cols, n_c, tag)
         sums = []
         for i, ((a, fa), (b, fb)) in enumerate((a, b) for a in xr for b in yr):
             t = f"{tag}/part{i}" if len(xr) * len(yr) > 1 else tag
             prod = self.b.MUL(a, b, name=f"{t}/product", quant=qt)
-            sums.append(self._depthwise_sum(prod, m_c, t, qt, fa * fb, len(xr) * len(yr), n_c))
+            n = len(xr) * len(yr)
+            sums.append(self._depthwise_sum(prod, m_c, t, qt, fa * fb, n, n_c, depth=dp))
         summed = self._added(sums, f"{tag}/parts")
         return self._reshape(summed, [1, n_c, 1, m_c], f"{tag}/c", self.out.quantization)
+
+    def _padded(self, x: Value, depth: int, name: str, q) -> Value:
+        """x [1, d, w, c] with depth - d rows of zeros under it (PAD; x itself when none)."""
+        rows = depth - x.shape[1]
+        if rows == 0:
+            return x
+        pads = np.array([[0, 0], [0, rows], [0, 0], [0, 0]], np.int32)
+        shape = (1, depth, *x.shape[2:])
+        return self.b.PAD(x, self.b.const(pads, f"{name}/paddings", "INT32"), name=name,
+                          shape=shape, quant=q)  # fmt: skip
 
     def _spread_y(self, batch: int, cols, n_c: int, tag: str) -> list[tuple[Value, float]]:
         """Y's rows c0:c1 as [1, d, n_c, m_c] (yr[k, i, j] = Y[j, k]): its [d, m_c] laid out
@@ -824,9 +836,15 @@ class _Spell:
         key = ("sy", batch % self.p.y.batch, c, n_c)
         if key in self._spread:
             return self._spread[key]
-        yq, d, m_c = self.p.y.tensor.quantization, self.p.d, c1 - c0
+        yq, d, m_c = self.p.y.tensor.quantization, spread.padded(self.p.d), c1 - c0
         d1, d2 = spread.plane(d)
-        blocks = {1: self._depth_image(self.p.y, batch, cols, "y", (1, d1, d2, m_c))}
+        if d == self.p.d:
+            first = self._depth_image(self.p.y, batch, cols, "y", (1, d1, d2, m_c))
+        else:  # a prime depth: a row of zeros, then the plane
+            image = self._depth_image(self.p.y, batch, cols, "y")
+            first = self._reshape(self._padded(image, d, f"{tag}/y_pad", yq), [1, d1, d2, m_c],
+                                  f"{tag}/y_plane", yq)  # fmt: skip
+        blocks = {1: first}
         for i, join in enumerate(spread.copy_joins(n_c)):
             joined = [blocks[k] for k in join]
             blocks[sum(join)] = self.b.CONCATENATION(*joined, axis=3, name=f"{tag}/y_copies{i}",
@@ -865,13 +883,21 @@ class _Spell:
         return self._reshape(summed, [1, n_c, 1, m_c], f"{tag}/c", self.out.quantization)
 
     def _depthwise_sum(
-        self, prod: Value, width: int, tag: str, qt, factor: float, parts: int, rows: int = 1
+        self,
+        prod: Value,
+        width: int,
+        tag: str,
+        qt,
+        factor: float,
+        parts: int,
+        rows: int = 1,
+        depth: int | None = None,
     ) -> Value:
         """The sum over d of a [1, d, rows, width] product: a d x 1 depthwise conv of `factor`s
         (the op's activation on it when it is the only part). With int8 next (`sums_wait`) a
         float SUM over axis 1 (then a MUL by `factor`), which sumconv's rules turn into that
         conv once quantized: no float interpreter packs its d x width kernel."""
-        d = self.p.d
+        d = self.p.d if depth is None else depth
         act = self.p.activation if parts == 1 else "NONE"
         if self.sums_wait and not self.int8 and act == "NONE":
             summed = self.b.SUM(prod, self.b.ints([1], f"{tag}/sum/axis"), keep_dims=True,
@@ -1199,6 +1225,34 @@ class LegalizeComputedFullyConnected(_MatmulRule):
         plan = MatmulPlan(xs, Operand(w, True), batch, m.root.fused_activation, kind=kind)
         virtual = Tensor("fc", (*x.shape[:-1], w.shape[0]), out.dtype)
         return _plan_chunks(plan, virtual) or plan
+
+
+def spread_decision(graph: Graph, op: Op) -> tuple[spread.Cost, spread.Cost | None, bool] | None:
+    """How `LegalizeActivationMatmul` decides between the full and the spread form for `op` (a
+    product of two activations in `graph`), per head: the full form's cost, the spread form's
+    (None where no chunking of it is shown mapped) and whether the spread form is taken. None
+    where the rule writes neither form (refused, or the per-channel MUL ways). For benchmarks
+    (benchmarks/edgetpu_params.py): the rule itself decides in `_spread_if_cheaper`."""
+    if op.type != "BATCH_MATMUL" or len(op.inputs) < 2:
+        return None
+    a, b = op.input(0), op.input(1)
+    plan = LegalizeActivationMatmul._plan(Match(graph, op, {}, [op]), a, b)
+    full = _layout_full(plan) if isinstance(plan, MatmulPlan) and plan.full else None
+    if not isinstance(plan, MatmulPlan) or full is None:
+        return None
+    parts, d = _parts_count(plan), plan.d
+    before = spread.full_cost(d, [y - x for x, y in full[0]], [y - x for x, y in full[1]], parts)
+    transpose_limit = _limits()[2]
+    most = (
+        transpose_limit // d if plan.x.in_order else plan.n,
+        transpose_limit // d if plan.y.in_order else plan.m,
+    )
+    found = spread.layout(d, plan.n, plan.m, parts, *most)
+    after = None
+    if found is not None:
+        rows, cols = _chunks(plan.n, found[0]), _chunks(plan.m, found[1])
+        after = spread.spread_cost(d, [y - x for x, y in rows], [y - x for x, y in cols], parts)
+    return before, after, plan.spread
 
 
 # -- the LayerNorm around attention ----------------------------------------------------------

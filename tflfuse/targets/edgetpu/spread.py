@@ -81,6 +81,13 @@ def plane(d: int) -> tuple[int, int]:
     return (d, 1) if f is None else (d // f, f)
 
 
+def padded(d: int) -> int:
+    """The depth the form sums over: d, or d + 1 for a prime d > 3 (one row of zeros, padded
+    onto both operands, adds nothing to any sum): a prime has no plane, and the 2-to-3-dims
+    RESHAPE it would need is shown only a fifth as large (DeiT's 197 tokens: 198 = 99 x 2)."""
+    return d + 1 if d > 3 and plane(d)[1] == 1 else d
+
+
 def copy_joins(n: int) -> list[list[int]]:
     """How CONCATENATIONs of 2-4 inputs make n copies of one tensor: each join's inputs (in
     copies), in the order they are made. Blocks of 4^k copies first (each join of four of the
@@ -119,10 +126,12 @@ def _scratch(ask: Ask, dtype: str) -> Op:
     for i, c in enumerate(ask.consts):
         is_bias = ask.kind in ("CONV_2D", "DEPTHWISE_CONV_2D") and i == 1
         ins.append(g.add_constant(f"c{i}", c.astype(np.int32 if is_bias else np.int8)))
+    options = {"fused_activation_function": "NONE", **dict(ask.options)}
     if ask.kind == "RESHAPE":  # its shape, as written
         ins.append(g.add_constant("shape", np.array(ask.out, np.int32)))
+    if ask.kind == "PAD":  # its paddings, as written
+        ins.append(g.add_constant("paddings", np.asarray(options.pop("paddings"), np.int32)))
     out = g.add_tensor("out", ask.out, dtype)
-    options = {"fused_activation_function": "NONE", **dict(ask.options)}
     return g.add_op(ask.kind, ins, [out], options)
 
 
@@ -145,12 +154,17 @@ def ask_bytes(ask: Ask) -> int:
 def spread_asks(d: int, n_c: int, m_c: int, parts: tuple[int, int]) -> dict[str, list[Ask]]:
     """The ops of one spread piece, by how often they are written: "row" once per row chunk,
     "col" once per column chunk, "piece" once per piece. `parts`: (X's, Y's) softmax ranges."""
-    d1, d2 = plane(d)
-    wide = (1, d, n_c, m_c)
+    dp = padded(d)
+    d1, d2 = plane(dp)
+    wide = (1, dp, n_c, m_c)
     bias = np.zeros(m_c)
-    x_conv = Ask("CONV_2D", ((1, d, n_c, 1),), wide, (np.ones((m_c, 1, 1, 1)), bias))
-    y_plane = Ask("RESHAPE", ((1, d, 1, m_c),), (1, d1, d2, m_c))
-    col = [y_plane]
+    x_conv = Ask("CONV_2D", ((1, dp, n_c, 1),), wide, (np.ones((m_c, 1, 1, 1)), bias))
+    row = [x_conv] * parts[0]
+    col = [Ask("RESHAPE", ((1, dp, 1, m_c),), (1, d1, d2, m_c))]
+    if dp != d:  # a row of zeros under each operand's piece
+        pads = np.array([[0, 0], [0, dp - d], [0, 0], [0, 0]])
+        row.insert(0, Ask("PAD", ((1, d, n_c, 1),), (1, dp, n_c, 1), (), (("paddings", pads),)))
+        col.insert(0, Ask("PAD", ((1, d, 1, m_c),), (1, dp, 1, m_c), (), (("paddings", pads),)))
     for join in copy_joins(n_c):
         ins = tuple((1, d1, d2, k * m_c) for k in join)
         col.append(Ask("CONCATENATION", ins, (1, d1, d2, sum(join) * m_c), options=(("axis", 3),)))
@@ -160,12 +174,12 @@ def spread_asks(d: int, n_c: int, m_c: int, parts: tuple[int, int]) -> dict[str,
         col += [Ask("CONV_2D", (wide,), wide, (eye, bias))] * parts[1]
     piece = [
         Ask("MUL", (wide, wide), wide),
-        Ask("DEPTHWISE_CONV_2D", (wide,), (1, 1, n_c, m_c), (np.ones((1, d, 1, m_c)), bias),
+        Ask("DEPTHWISE_CONV_2D", (wide,), (1, 1, n_c, m_c), (np.ones((1, dp, 1, m_c)), bias),
             (("depth_multiplier", 1),)),
     ] * (parts[0] * parts[1])  # fmt: skip
     piece += [Ask("ADD", ((1, 1, n_c, m_c),) * 2, (1, 1, n_c, m_c))] * (parts[0] * parts[1] - 1)
     piece.append(Ask("RESHAPE", ((1, 1, n_c, m_c),), (1, n_c, 1, m_c)))
-    return {"row": [x_conv] * parts[0], "col": col, "piece": piece}
+    return {"row": row, "col": col, "piece": piece}
 
 
 def site_refusal(d: int, sizes: list[tuple[int, int]], parts: tuple[int, int]) -> str | None:
