@@ -359,10 +359,7 @@ def render(models: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             "",
             *paired_lines(models),
             "",
-            "## Causes",
-            "",
-            *CAUSES,
-            "",
+            *(["## Causes", "", *CAUSES, ""] if meta.get("causes", True) else []),
             *(WHERE_HEAD + where if where else []),
         ]
     )
@@ -383,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
         "--rendered-from",
         type=Path,
         help="render the markdown from an earlier run's fused_accuracy.json (nothing measured)",
+    )
+    parser.add_argument(
+        "--no-causes",
+        action="store_true",
+        help="leave out the Causes section (it explains the cubic GELU's before and after)",
     )
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -429,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         "before_hash": tree_hash(args.before.resolve()),
         "after_hash": tree_hash(args.after.resolve()),
         "eval": args.eval,
+        "causes": not args.no_causes,
     }
     args.md.write_text(render(models, meta))
     print(f"{len(models)} models -> {args.md} in {meta['minutes']:.1f} min")
