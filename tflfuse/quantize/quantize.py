@@ -39,6 +39,7 @@ from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer, qparams
 from tflfuse.quantize import layer_error as layer_error_mod
 from tflfuse.quantize.calibrated_ranges import Stats, TensorStats, usable_ranges
+from tflfuse.quantize.range_hints import hinted_ranges
 from tflfuse.quantize.int8_completion import COMPLETED_OPS, complete
 from tflfuse.quantize.shared_ranges import shared_ranges
 from tflfuse.quiet import progress_bar
@@ -136,6 +137,8 @@ def quantize(
         isolation.detail(f"litert-quantizer {desc}")
         stats = _statistics(q, float_model, mode, signature.key, samples, desc, progress)
         calibration_result, adjusted = usable_ranges(model.main, stats)
+        calibration_result, hinted = hinted_ranges(model.main, calibration_result)
+        adjusted.update((k, v) for k, v in hinted.items() if k not in adjusted)
         if share_ranges:
             calibration_result, shared = shared_ranges(model.main, calibration_result)
             adjusted.update((k, v) for k, v in shared.items() if k not in adjusted)

@@ -178,6 +178,7 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
     from tflfuse.targets.edgetpu.nhwc import NHWC_LEGALIZATION
     from tflfuse.targets.edgetpu.patchbranches import PATCH_BRANCH_LEGALIZATION
     from tflfuse.targets.edgetpu.patches import PATCH_LEGALIZATION
+    from tflfuse.targets.edgetpu.renorm import RENORM_LEGALIZATION
     from tflfuse.targets.edgetpu.rowmean import ROW_MEAN_LEGALIZATION
     from tflfuse.targets.edgetpu.rules import EDGETPU_LEGALIZATION
 
@@ -197,7 +198,8 @@ def _edgetpu_legalization() -> tuple[Rule | Pass, ...]:
         *ATTENTION_LEGALIZATION,
         *BROADCAST_LEGALIZATION,
     )
-    first = (*NHWC_LEGALIZATION, *ROW_MEAN_LEGALIZATION)
+    # a normalization normalized twice before its means are replicated (it reads them as MEANs)
+    first = (*NHWC_LEGALIZATION, *RENORM_LEGALIZATION, *ROW_MEAN_LEGALIZATION)
     return (*first, *HEAD_LEGALIZATION, *legalizations, *LAYOUT_LEGALIZATION)
 
 

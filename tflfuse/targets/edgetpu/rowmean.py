@@ -71,6 +71,10 @@ def row_region(mean: Op, x: Tensor, graph) -> RowRegion | str:
             if op in region.ops or op in region.readers:
                 continue
             others = [i for i in op.inputs if i is not None and i is not t]
+            if op.type in BINARY and len(op.inputs) == 2 and not others:  # t * t: per row
+                region.ops.append(op)
+                todo.append(op.output)
+                continue
             if op.type in BINARY and len(op.inputs) == 2 and others:
                 other = others[0]
                 if tuple(other.shape) == full and tuple(op.output.shape) == full:
@@ -169,7 +173,7 @@ class ReplicateRowMean(Rule):
         if shape_in != full:
             src = b.RESHAPE(x, b.ints(shape_in, "rows_shape"), name="rows", like=x, shape=shape_in)
         w, bias = _weights(b, x, c)
-        quant = None if is_float(x) else mean.output.quantization
+        quant = mean.output.quantization  # float: none, or a range a rule recorded
         rep = b.CONV_2D(src, w, bias, name="replicated", like=x, quant=quant, shape=shape_out,
                         padding="VALID", stride_w=1, stride_h=1, dilation_w_factor=1,
                         dilation_h_factor=1)  # fmt: skip
