@@ -39,8 +39,8 @@ from tflfuse.errors import TflfuseError
 from tflfuse.ir import Graph, Model, Quantization, flatbuffer, qparams
 from tflfuse.quantize import layer_error as layer_error_mod
 from tflfuse.quantize.calibrated_ranges import Stats, TensorStats, usable_ranges
-from tflfuse.quantize.range_hints import hinted_ranges
 from tflfuse.quantize.int8_completion import COMPLETED_OPS, complete
+from tflfuse.quantize.range_hints import hinted_ranges
 from tflfuse.quantize.shared_ranges import shared_ranges
 from tflfuse.quiet import progress_bar
 from tflfuse.rewrite import DeadCodeElimination

@@ -117,7 +117,8 @@ def match(root: Op) -> Normalization | None:
         if add is None or add.type != "ADD" or add.fused_activation != "NONE":
             continue
         v = next((t for t in add.inputs if t is not None and not t.is_constant), None)
-        eps = common.scalar_value(next((t for t in add.inputs if t is not None and t.is_constant), None))
+        k = next((t for t in add.inputs if t is not None and t.is_constant), None)
+        eps = common.scalar_value(k)
         mean = v.producer if v is not None else None
         if eps is None or eps < 0 or mean is None or mean.type != "MEAN":
             continue
@@ -156,7 +157,7 @@ class NormalizeTwice(Rule):
             return refuse("the product is broadcast beyond the rows")
         inner = [op.output for op in found.inner] + [found.r]
         if any(len(t.consumers) != 1 or m.graph.is_graph_output(t) for t in inner):
-            return NotApplicable("the variance or its factor is read elsewhere (or normalized twice)")
+            return NotApplicable("the variance or its factor is read elsewhere (normalized twice?)")
         return found
 
     def rewrite(self, m: Match, *, plan: Normalization) -> None:
