@@ -29,15 +29,22 @@ more would saturate them. So the rule records a range on those two float tensors
 factor of 2 of the exact one), its rsqrt over [0, 2]. The squares c1^2 keep their calibrated
 range (that of y^2): the row mean averages their rounding over the row's length.
 
-int8 bound. y rounds once more than before (c1, then y), each by half a step of y's range; the
-second factor reads the second variance to 2/255 of 1 (about 1%, 0.4% in r2) where it is
-within its range. Declared: 2 steps of the output (`int8_error_steps`, float-only rule: the
-bound is the quantized model's, measured by `benchmarks/fused_accuracy.py`).
+int8 bound. Against the exact normalization of the int8 first output c1 itself (whatever the
+first factor's error): the second variance is within D = (s_sq + s_add + s_e + s_v) / 2 of
+mean(c1^2) + eps r1^2 (the roundings of the squares, of the eps ADD, of eps r1^2 and of the
+mean, half a step each; a mean of roundings is within the largest), the second factor within
+|rsqrt(v +- D) - rsqrt(v)| and one step of its own, the output within one step of c1 times it
+(tests/test_edgetpu_renorm.py checks each). Where the first factor is off by more than 2x (the
+second variance outside [0, 4], its rsqrt over 2), the second factor saturates at its range's
+end: the row moves toward the exact one, not all the way. Against the float model, what is left
+is c1's rounding and the rows' own (x - mean) rounding before any normalization.
 
 Matched by arithmetic, not by names: MUL(c, r) with r = RSQRT(ADD(v, eps)) or DIV(1, SQRT(ADD(v,
 eps))) (onnx2tf's, before `ReciprocalSqrtAsRsqrt`), v = MEAN over the innermost axis (keeping
 dims) of MUL(c, c) or of SQUARED_DIFFERENCE(a, b) with c = SUB(a, b) or SUB(b, a), r one value
-per row of c. A normalization already rewritten reads r1 twice (c1 and r1^2) and is left alone.
+per row of c (a DIV(1, SQRT) is written as RSQRT, the form compiled models show mapped). A
+normalization already rewritten reads r1 twice (c1 and r1^2) and is left alone; one whose rows
+are computed after the Edge TPU segment's cut is refused (it would only add CPU work).
 The new per-row ops compute on the column; `ReplicateRowMean` then writes both means as 1x1
 convolutions and every op of the form is an elementwise op of two tensors of one shape.
 """
@@ -49,10 +56,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from tflfuse.ir import Op, Quantization, Tensor
-from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, common, refuse
+from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, common, refuse
 from tflfuse.rewrite.common import NotApplicable, is_float
+from tflfuse.targets.edgetpu.predict import cut_origins
 from tflfuse.targets.edgetpu.rowmean import _row_mean
-from tflfuse.targets.edgetpu.rules import _gated
+from tflfuse.targets.edgetpu.rules import lifted_once_quantized
 
 SECOND_VARIANCE_MAX = 4.0  # the first factor within 2x of the exact one
 SECOND_RSQRT_MAX = 2.0  # 1 / sqrt(1/4)
@@ -140,12 +148,11 @@ class NormalizeTwice(Rule):
     (round-off of the extra products); in int8 the second variance is read near 1 over a
     narrow range, where the first was read over every row's range."""
 
-    int8_error_steps = 2  # float-only; y rounds twice (c1, y), each within half a step
+    int8_error_steps = 2  # float-only; y rounds twice (c1, y): the module's int8 bound
 
     def pattern(self, p: PatternBuilder) -> OpPattern:
         return p.MUL(p.a, p.b)
 
-    @_gated
     def check(self, m: Match) -> Refusal | Normalization:
         """A refusal, or what was found (the plan)."""
         found = match(m.root)
@@ -158,11 +165,22 @@ class NormalizeTwice(Rule):
         inner = [op.output for op in found.inner] + [found.r]
         if any(len(t.consumers) != 1 or m.graph.is_graph_output(t) for t in inner):
             return NotApplicable("the variance or its factor is read elsewhere (normalized twice?)")
+        # the rows' own cut only: onnx2tf's SQRT is off the table until the rule writes RSQRT
+        origins = cut_origins(m.graph, lifted=lambda op: lifted_once_quantized(op, m.graph))
+        if id(found.c) in origins:
+            cut = m.graph.ops[origins[id(found.c)]]
+            return refuse(
+                f"its rows are computed on the CPU after the Edge TPU segment (cut at {cut.type}):"
+                " normalized twice, they would still run on the CPU, in more ops"
+            )
         return found
 
     def rewrite(self, m: Match, *, plan: Normalization) -> None:
-        c, r1 = plan.c, plan.r
+        c = plan.c
         b = m.builder()
+        r1: Tensor | Value = plan.r
+        if plan.r.producer is not None and plan.r.producer.type == "DIV":  # 1 / SQRT(v + eps), once
+            r1 = b.RSQRT(plan.inner[1].output, name="factor", like=plan.r)
         c1 = b.MUL(c, r1, name="once", like=c)
         squares = b.MUL(c1, c1, name="once_squared", like=c)
         if plan.eps > 0:
