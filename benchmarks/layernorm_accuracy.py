@@ -173,9 +173,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "out" / "layernorm_accuracy")
     parser.add_argument("--md", type=Path, default=HERE / "FUSED_ACCURACY_LAYERNORM.md")
     parser.add_argument("--notes", type=Path, help="a text file appended to the markdown")
+    parser.add_argument(
+        "--also",
+        type=Path,
+        help="an earlier run's layernorm_accuracy.json (same trees and inputs): its models are"
+        " shown first, as measured then",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    models = []
+    models = json.loads(args.also.read_text()) if args.also else []
     for stem in args.only:
         models.append(measure(stem, args))
         (args.out / "layernorm_accuracy.json").write_text(json.dumps(models, indent=1) + "\n")
