@@ -22,7 +22,7 @@ RULE = "NormalizeTwice"
 ROWS, C = 64, 24
 
 
-def normalization(g: G, x, form: str):
+def normalization(g: G, x, form: str, eps: float = 1e-5):
     """c * 1/sqrt(mean(c^2) + eps) over the last axis: `form` "litert" (SQUARED_DIFFERENCE
     of x and its mean, RSQRT: ShortenLayerNorm's), "onnx2tf" (SUB, MUL(c, c), DIV(1, SQRT)),
     "rms" (no centring: MUL(x, x), RSQRT)."""
@@ -37,7 +37,7 @@ def normalization(g: G, x, form: str):
         sq = g.op("MUL", [c, c], x.shape) if form == "onnx2tf" else g.op(
             "SQUARED_DIFFERENCE", [x, mu], x.shape)  # fmt: skip
     var = g.op("MEAN", [sq, axis], row, keep_dims=True)
-    shifted = g.op("ADD", [var, g.const(np.array([1e-5], np.float32), "eps")], row)
+    shifted = g.op("ADD", [var, g.const(np.array([eps], np.float32), "eps")], row)
     if form == "onnx2tf":
         std = g.op("SQRT", [shifted], row)
         r = g.op("DIV", [g.const(np.array([1.0], np.float32), "one"), std], row)
@@ -46,12 +46,12 @@ def normalization(g: G, x, form: str):
     return g.op("MUL", [c, r], x.shape)
 
 
-def _model(form: str) -> bytes:
+def _model(form: str, eps: float = 1e-5) -> bytes:
     from tflfuse.sources import tflite as tflite_frontend
 
     g = G()
     x = g.input((1, ROWS, C))
-    return tflite_frontend.load(g.bytes(normalization(g, x, form))).float_tflite(None)
+    return tflite_frontend.load(g.bytes(normalization(g, x, form, eps))).float_tflite(None)
 
 
 def _rows(n: int, seed: int) -> np.ndarray:
@@ -80,6 +80,15 @@ def test_each_spelling_is_normalized_twice_exactly_in_mapped_forms(form: str) ->
         if t.quantization is not None and t.quantization.min is not None
     }
     assert hinted == {"second_variance": (0.0, 4.0), "second_factor": (0.0, 2.0)}, hinted
+    assert_same_function(before, after, atol=1e-5, rtol=1e-4)
+
+
+def test_without_eps_it_is_normalized_twice_once() -> None:
+    """eps = 0 writes no eps r1^2 (r1 is read once): the squared output still marks it done
+    (alone, without ReplicateRowMean taking its MEANs away)."""
+    before = _model("litert", eps=0.0)
+    after, model, result = apply(before, NormalizeTwice())
+    assert result.fired()[RULE] == 1 and ops(model).count("RSQRT") == 2
     assert_same_function(before, after, atol=1e-5, rtol=1e-4)
 
 

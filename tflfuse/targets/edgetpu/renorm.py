@@ -43,7 +43,7 @@ Matched by arithmetic, not by names: MUL(c, r) with r = RSQRT(ADD(v, eps)) or DI
 eps))) (onnx2tf's, before `ReciprocalSqrtAsRsqrt`), v = MEAN over the innermost axis (keeping
 dims) of MUL(c, c) or of SQUARED_DIFFERENCE(a, b) with c = SUB(a, b) or SUB(b, a), r one value
 per row of c (a DIV(1, SQRT) is written as RSQRT, the form compiled models show mapped). A
-normalization already rewritten reads r1 twice (c1 and r1^2) and is left alone; one whose rows
+normalization already rewritten (c1 squared, r1 read twice) is left alone; one whose rows
 are computed after the Edge TPU segment's cut is refused (it would only add CPU work).
 The new per-row ops compute on the column; `ReplicateRowMean` then writes both means as 1x1
 convolutions and every op of the form is an elementwise op of two tensors of one shape.
@@ -162,6 +162,9 @@ class NormalizeTwice(Rule):
             return NotApplicable("not float")
         if tuple(m.root.output.shape) != tuple(found.c.shape):
             return refuse("the product is broadcast beyond the rows")
+        y = m.root.output
+        if any(op.type == "MUL" and op.input(0) is y and op.input(1) is y for op in y.consumers):
+            return NotApplicable("its output is squared again: normalized twice already")
         inner = [op.output for op in found.inner] + [found.r]
         if any(len(t.consumers) != 1 or m.graph.is_graph_output(t) for t in inner):
             return NotApplicable("the variance or its factor is read elsewhere (normalized twice?)")
