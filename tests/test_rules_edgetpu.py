@@ -650,10 +650,11 @@ def test_quantized_pipeline_is_the_edgetpu_legalization_only() -> None:
     from tflfuse.convert.rule_sets import pipeline
     from tflfuse.targets.edgetpu.heads import HEAD_LEGALIZATION
     from tflfuse.targets.edgetpu.nhwc import NHWC_LEGALIZATION
+    from tflfuse.targets.edgetpu.renorm import RENORM_LEGALIZATION
     from tflfuse.targets.edgetpu.rowmean import ROW_MEAN_LEGALIZATION
 
     names = [p.name for p in pipeline(2, target_named("edgetpu"), quantized=True)]
-    first = [*NHWC_LEGALIZATION, *ROW_MEAN_LEGALIZATION]
+    first = [*NHWC_LEGALIZATION, *RENORM_LEGALIZATION, *ROW_MEAN_LEGALIZATION]
     legalization = [*first, *HEAD_LEGALIZATION, *EDGETPU_LEGALIZATION]
     assert names[: len(legalization)] == [p.name for p in legalization]
     assert "SplitOversizedTranspose" in names and "FuseActivationIntoProducer" not in names
