@@ -216,15 +216,25 @@ def attribution_lines(stem: str, rows: list[dict[str, Any]], labels: list[str]) 
     return [*out, ""]
 
 
-def per_input(path: Path, ref: list, xs: np.ndarray) -> dict[str, list[float]]:
-    """Per input: the largest |error| and the rms error over the float output's rms (the
-    first output)."""
-    got = yolo_edgetpu.run_model(path, xs)
+def per_input(path: Path, ref: list, xs: np.ndarray) -> dict[str, Any]:
+    """Per input: the largest |error| and the rms error over the float output's rms, of the
+    float export's first output against the model's first output of its shape (a converted
+    model may order its outputs otherwise: `yolo_edgetpu.errors` pairs them so too); or
+    {"error": line} where the interpreter fails or no output has that shape."""
+    try:
+        got = yolo_edgetpu.run_model(path, xs)
+    except (RuntimeError, ValueError) as exc:
+        line = str(exc).strip().splitlines()
+        return {"error": (line[0] if line else type(exc).__name__)[:120]}
     maxima, rms = [], []
-    for r, g in zip(ref, got):
-        d = g[0] - r[0]
+    for r_row, g_row in zip(ref, got):
+        r = r_row[0]
+        g = next((y for y in g_row if y.shape == r.shape), None)
+        if g is None:
+            return {"error": f"no output of shape {list(r.shape)}"}
+        d = g - r
         maxima.append(float(np.abs(d).max()))
-        rms.append(float(np.sqrt((d**2).mean() / max((r[0] ** 2).mean(), 1e-24))))
+        rms.append(float(np.sqrt((d**2).mean() / max((r**2).mean(), 1e-24))))
     return {"max": maxima, "rms": rms}
 
 

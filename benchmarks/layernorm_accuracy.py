@@ -47,21 +47,6 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def per_input(path: Path, ref: list, xs: np.ndarray) -> dict[str, Any]:
-    """Per input: the largest |error| and the rms error over the float output's rms (first
-    output), or the one-line reason the model does not run."""
-    try:
-        got = yolo_edgetpu.run_model(path, xs)
-    except (RuntimeError, ValueError) as exc:
-        return {"error": str(exc).strip().splitlines()[0][:120]}
-    maxima, rms = [], []
-    for r, g in zip(ref, got):
-        d = g[0] - r[0]
-        maxima.append(float(np.abs(d).max()))
-        rms.append(float(np.sqrt((d**2).mean() / max((r[0] ** 2).mean(), 1e-24))))
-    return {"max": maxima, "rms": rms}
-
-
 def converted(tree: Path, label: str, side: Path, out: Path) -> Path | str:
     """The folder of `tree`'s convert of `side` (cached by the files' and the tree's hashes),
     or the convert's last error line."""
@@ -106,7 +91,7 @@ def measure(stem: str, args: argparse.Namespace) -> dict[str, Any]:
     if "before" in folders:
         paths["stock"] = folders["before"] / "model_stock.tflite"
     for label, path in paths.items():
-        entry[label] = {**per_input(path, ref, xs), **model_facts(path)}
+        entry[label] = {**fused_accuracy.per_input(path, ref, xs), **model_facts(path)}
     return entry
 
 

@@ -44,6 +44,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import yolo_edgetpu  # noqa: E402  (eval inputs, file hashes)
+from fused_accuracy import per_input  # noqa: E402  (per-input errors, outputs paired by shape)
 
 # The verdict's bound, in standard errors of the paired mean
 SIGMAS = 2.0
@@ -54,28 +55,6 @@ ACCEPTED = ".accepted"
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def per_input(path: Path, ref: list, xs: np.ndarray) -> dict[str, Any]:
-    """Per input: the largest |error| and the rms error over the float output's rms, of the
-    float export's first output against the model's first output of its shape (a converted
-    model may order its outputs otherwise: `yolo_edgetpu.errors` pairs them so too); or
-    {"error": line} where the interpreter fails or no output has that shape."""
-    try:
-        got = yolo_edgetpu.run_model(path, xs)
-    except (RuntimeError, ValueError) as exc:
-        line = str(exc).strip().splitlines()
-        return {"error": (line[0] if line else type(exc).__name__)[:120]}
-    maxima, rms = [], []
-    for r_row, g_row in zip(ref, got):
-        r = r_row[0]
-        g = next((y for y in g_row if y.shape == r.shape), None)
-        if g is None:
-            return {"error": f"no output of shape {list(r.shape)}"}
-        d = g - r
-        maxima.append(float(np.abs(d).max()))
-        rms.append(float(np.sqrt((d**2).mean() / max((r**2).mean(), 1e-24))))
-    return {"max": maxima, "rms": rms}
 
 
 def measure_row(row_dir: Path, corpus: Path, n_eval: int) -> dict[str, Any] | None:
