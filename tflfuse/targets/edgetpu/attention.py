@@ -731,9 +731,9 @@ class _Spell:
         along the axis of m, rows along axis 1)."""
         p, qt = self.p, self._product_quant()
         if p.spread:
-            return self._spread_result(batch, qt)
+            return self._pieces_result(batch, qt, self._spread_piece)
         if p.full:
-            return self._full_result(batch, qt)
+            return self._pieces_result(batch, qt, self._full_piece)
         row_pieces = []
         for r, (r0, r1) in enumerate(p.rows):
             img, n_c = self._image(batch, r, r0, r1), r1 - r0
@@ -753,13 +753,14 @@ class _Spell:
             row_pieces.append(self._join(col_pieces, 3 if p.block_sum else 2, f"h{batch}/r{r}"))
         return self._join(row_pieces, 1, f"h{batch}")
 
-    def _full_result(self, batch: int, qt) -> Value:
-        """C[batch] as [1, n, 1, m], both operands repeated per piece (see `_full_piece`)."""
+    def _pieces_result(self, batch: int, qt, piece) -> Value:
+        """C[batch] as [1, n, 1, m] from `piece` (`_full_piece`: both operands repeated per
+        piece; `_spread_piece`: laid out by `spread`), column pieces joined along the axis of
+        m, rows along axis 1."""
         row_pieces = []
         for r, (r0, r1) in enumerate(self.p.rows):
             cols = [
-                self._full_piece(batch, (r, r0, r1), (c, c0, c1), qt)
-                for c, (c0, c1) in enumerate(self.p.cols)
+                piece(batch, (r, r0, r1), (c, c0, c1), qt) for c, (c0, c1) in enumerate(self.p.cols)
             ]
             row_pieces.append(self._join(cols, 3, f"h{batch}/r{r}"))
         return self._join(row_pieces, 1, f"h{batch}")
@@ -781,17 +782,6 @@ class _Spell:
             img = f"{name}/img" if shape == own else f"{name}/plane"
             self._made[key] = self._reshape(piece, shape, img, q)
         return self._made[key]
-
-    def _spread_result(self, batch: int, qt) -> Value:
-        """C[batch] as [1, n, 1, m], laid out by `spread` (see `_spread_piece`)."""
-        row_pieces = []
-        for r, (r0, r1) in enumerate(self.p.rows):
-            cols = [
-                self._spread_piece(batch, (r, r0, r1), (c, c0, c1), qt)
-                for c, (c0, c1) in enumerate(self.p.cols)
-            ]
-            row_pieces.append(self._join(cols, 3, f"h{batch}/r{r}"))
-        return self._join(row_pieces, 1, f"h{batch}")
 
     def _spread_piece(self, batch: int, rows, cols, qt) -> Value:
         """C[rows, cols] as [1, n_c, 1, m_c]: X's rows along the width repeated over m_c
