@@ -170,14 +170,15 @@ def main(argv: list[str] | None = None) -> int:
     for row_dir in sorted(p for p in args.rows.iterdir() if p.is_dir() and p.name[0] != "."):
         if args.only and row_dir.name not in args.only:
             continue
+        name = row_dir.name.removesuffix(ACCEPTED)
+        sidecar = args.rows / f"{name}.row.json"
+        row = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+        if (name != row_dir.name) != bool(row.get("convert_error")):
+            continue  # the row's model is in the other folder (an .accepted one from before)
         fig = measure_row(row_dir, args.corpus, args.eval)
         if fig is None:
             continue
-        sidecar = args.rows / f"{row_dir.name.removesuffix(ACCEPTED)}.row.json"
-        package = ""
-        if sidecar.is_file():
-            package = yolo_edgetpu.row_package(json.loads(sidecar.read_text()))[:12]
-        name = row_dir.name.removesuffix(ACCEPTED)
+        package = yolo_edgetpu.row_package(row)[:12] if row else ""
         if name != row_dir.name:
             name += " (refused; --accept-accuracy-loss)"
         rows.append((name, package, fig))
