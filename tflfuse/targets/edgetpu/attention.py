@@ -158,12 +158,10 @@ def _limits() -> tuple[int, int, int]:
 
 
 def _chunks(length: int, most: int) -> list[tuple[int, int]]:
-    """[start, stop) pieces of `length`, as few as hold at most `most` each, near equal."""
-    count = max(1, math.ceil(length / max(1, most)))
-    base, extra = divmod(length, count)
+    """[start, stop) pieces of `length`, as few as hold at most `most` each, near equal
+    (`spread.chunk_sizes`)."""
     out, start = [], 0
-    for i in range(count):
-        size = base + (1 if i < extra else 0)
+    for size in spread.chunk_sizes(length, most):
         out.append((start, start + size))
         start += size
     return out

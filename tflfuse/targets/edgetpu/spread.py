@@ -243,8 +243,9 @@ def full_cost(d: int, rows: list[int], cols: list[int], parts: tuple[int, int]) 
     return Cost(ops, total)
 
 
-def _sizes(length: int, most: int) -> list[int]:
-    """Sizes of the near-equal chunks `attention._chunks` cuts `length` into (at most `most`)."""
+def chunk_sizes(length: int, most: int) -> list[int]:
+    """Sizes of the fewest near-equal chunks of `length` that hold at most `most` each (the
+    larger first): the chunks `attention` cuts a product's rows and columns into."""
     count = max(1, math.ceil(length / max(1, most)))
     base, extra = divmod(length, count)
     return [base + (1 if i < extra else 0) for i in range(count)]
@@ -261,18 +262,18 @@ def layout(
     shown mapped. None when none is."""
     tried: set[tuple[int, int, int]] = set()
     for k_r in range(1, min(n, MOST_PIECES) + 1):
-        n_c = max(_sizes(n, math.ceil(n / k_r)))
+        n_c = max(chunk_sizes(n, math.ceil(n / k_r)))
         for k_c in range(1, min(m, MOST_PIECES // k_r) + 1):
-            m_c = max(_sizes(m, math.ceil(m / k_c)))
+            m_c = max(chunk_sizes(m, math.ceil(m / k_c)))
             if n_c <= most_rows and m_c <= most_cols and m_c <= 4096:
-                tried.add((len(_sizes(n, n_c)) * len(_sizes(m, m_c)), n_c, m_c))
+                tried.add((len(chunk_sizes(n, n_c)) * len(chunk_sizes(m, m_c)), n_c, m_c))
     best: tuple[float, int, int] | None = None
     shown = 0
     for _, n_c, m_c in sorted(tried):
-        sizes = [(a, b) for a in set(_sizes(n, n_c)) for b in set(_sizes(m, m_c))]
+        sizes = [(a, b) for a in set(chunk_sizes(n, n_c)) for b in set(chunk_sizes(m, m_c))]
         if site_refusal(d, sizes, parts) is not None:
             continue
-        ms = spread_cost(d, _sizes(n, n_c), _sizes(m, m_c), parts).ms
+        ms = spread_cost(d, chunk_sizes(n, n_c), chunk_sizes(m, m_c), parts).ms
         best = min(best or (ms, n_c, m_c), (ms, n_c, m_c))
         shown += 1
         if shown >= TRIED:
@@ -290,5 +291,5 @@ def choose(
     if found is None:
         return None
     before = full_cost(d, *full, parts)
-    after = spread_cost(d, _sizes(n, found[0]), _sizes(m, found[1]), parts)
+    after = spread_cost(d, chunk_sizes(n, found[0]), chunk_sizes(m, found[1]), parts)
     return found if after.ms < before.ms else None
