@@ -59,7 +59,7 @@ from tflfuse.ir import Op, Quantization, Tensor
 from tflfuse.rewrite import Match, OpPattern, PatternBuilder, Refusal, Rule, Value, common, refuse
 from tflfuse.rewrite.common import NotApplicable, is_float
 from tflfuse.targets.edgetpu.predict import cut_origins
-from tflfuse.targets.edgetpu.rowmean import _row_mean
+from tflfuse.targets.edgetpu.rowmean import is_row_mean
 from tflfuse.targets.edgetpu.rules import lifted_once_quantized
 
 SECOND_VARIANCE_MAX = 4.0  # the first factor within 2x of the exact one
@@ -131,7 +131,7 @@ def match(root: Op) -> Normalization | None:
         if eps is None or eps < 0 or mean is None or mean.type != "MEAN":
             continue
         s = mean.input(0)
-        if not _row_mean(s, mean) or not _square_of(s, c):
+        if not is_row_mean(s, mean) or not _square_of(s, c):
             continue
         return Normalization(c, r, float(eps), [mean, add, *rs])
     return None

@@ -49,7 +49,7 @@ class RowRegion:
     readers: list[Op] = field(default_factory=list)
 
 
-def _row_mean(x: Tensor, op: Op) -> bool:
+def is_row_mean(x: Tensor, op: Op) -> bool:
     """Whether `op` averages x over its innermost axis (and size-1 axes) keeping dims."""
     axes = op.inputs[1].data if len(op.inputs) > 1 and op.inputs[1] is not None else None
     if axes is None or not op.options.get("keep_dims") or len(x.shape) < 2 or x.shape[-1] < 2:
@@ -143,7 +143,7 @@ class ReplicateRowMean(Rule):
         mean = m.root
         if not is_float(x) and not _per_tensor_int8(x, mean.output):
             return NotApplicable("neither float nor int8 with per-tensor quantization")
-        if not _row_mean(x, mean):
+        if not is_row_mean(x, mean):
             return NotApplicable("not a mean over the innermost axis keeping dims")
         if gate(mean, as_quantized=True).answer == "mapped":
             return NotApplicable("the MEAN's form is shown mapped as it is")
