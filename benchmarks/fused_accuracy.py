@@ -238,6 +238,14 @@ def per_input(path: Path, ref: list, xs: np.ndarray) -> dict[str, Any]:
     return {"max": maxima, "rms": rms}
 
 
+def paired(a: dict[str, Any], b: dict[str, Any], key: str) -> tuple[float, float, int, int]:
+    """Mean and standard error of a[key] - b[key] over inputs (`per_input`'s figures), inputs
+    where a is the closer, inputs."""
+    d = np.array(a[key]) - np.array(b[key])
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
+    return float(d.mean()), se, int(np.sum(d < 0)), len(d)
+
+
 def paired_lines(models: list[dict[str, Any]]) -> list[str]:
     """Per model and fused tree: the mean over inputs of (fused - stock) for the per-input
     largest error and rms error, with its standard error, and on how many inputs fused is
@@ -254,10 +262,8 @@ def paired_lines(models: list[dict[str, Any]]) -> list[str]:
         for label in ("before", "after"):
             cells = []
             for key in ("max", "rms"):
-                d = np.array(per[label][key]) - np.array(per["stock"][key])
-                se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
-                closer = int(np.sum(d < 0))
-                cells.append(f"{d.mean():+.4f} +- {se:.4f} | {closer}/{len(d)}")
+                mean, se, closer, n = paired(per[label], per["stock"], key)
+                cells.append(f"{mean:+.4f} +- {se:.4f} | {closer}/{n}")
             out.append(f"| {m['stem']} | {label} | {' | '.join(cells)} |")
     return out
 

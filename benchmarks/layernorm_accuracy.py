@@ -98,9 +98,8 @@ def measure(stem: str, args: argparse.Namespace) -> dict[str, Any]:
 def _paired(a: dict, b: dict, key: str) -> str:
     if "error" in a or "error" in b or key not in a or key not in b:
         return "n/a"
-    d = np.array(a[key]) - np.array(b[key])
-    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
-    return f"{d.mean():+.4f} +- {se:.4f} ({int(np.sum(d < 0))}/{len(d)})"
+    mean, se, closer, n = fused_accuracy.paired(a, b, key)
+    return f"{mean:+.4f} +- {se:.4f} ({closer}/{n})"
 
 
 def render(models: list[dict[str, Any]], meta: dict[str, Any]) -> str:

@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import yolo_edgetpu  # noqa: E402  (eval inputs, file hashes)
-from fused_accuracy import per_input  # noqa: E402  (per-input errors, outputs paired by shape)
+from fused_accuracy import paired, per_input  # noqa: E402  (per-input errors, their pairing)
 
 # The verdict's bound, in standard errors of the paired mean
 SIGMAS = 2.0
@@ -81,14 +81,6 @@ def measure_row(row_dir: Path, corpus: Path, n_eval: int) -> dict[str, Any] | No
     result = {"key": key, **{k: per_input(p, ref, xs) for k, p in models.items()}}
     cache.write_text(json.dumps(result) + "\n")
     return result
-
-
-def paired(a: dict[str, Any], b: dict[str, Any], key: str) -> tuple[float, float, int, int]:
-    """Mean and standard error of a[key] - b[key] over inputs, inputs where a is the closer,
-    inputs."""
-    d = np.array(a[key]) - np.array(b[key])
-    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
-    return float(d.mean()), se, int(np.sum(d < 0)), len(d)
 
 
 def verdict(mean: float, se: float) -> str:
